@@ -1,0 +1,169 @@
+//! A local cache tier for completed records, in front of any store.
+//!
+//! Completed records are immutable until their TTL, so a process can replay them from memory
+//! with zero round trips. Processing and unknown records are never cached: the store stays
+//! the only judge of who holds a key.
+//!
+//! One caveat: an admin `delete` or `resolve` made through another process does not reach
+//! this cache, which may replay an entry for up to its `max_age` afterwards.
+
+use std::fmt;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use quick_cache::sync::Cache;
+
+use crate::clock::{Clock, SystemClock};
+use crate::fingerprint::Fingerprint;
+use crate::key::ScopedKey;
+use crate::record::{OwnerId, Record, ReleaseKind, StoredResponse, Timestamp};
+use crate::store::{ClaimOutcome, ClaimRequest, ListFilter, RenewOutcome, Resolution, ResolveOutcome, SettleOutcome, Store, StoreError};
+
+#[derive(Clone)]
+struct Cached {
+    fingerprint: Fingerprint,
+    response: StoredResponse,
+    until: Timestamp,
+}
+
+/// Wraps a store with a bounded local cache of completed responses.
+#[derive(Clone)]
+pub struct CachedStore<S> {
+    inner: S,
+    done: Arc<Cache<ScopedKey, Arc<Cached>>>,
+    /// Fingerprints of claims this process holds, so completing them can fill the cache.
+    held: Arc<Cache<(OwnerId, u64), Fingerprint>>,
+    clock: Arc<dyn Clock>,
+    max_age: Duration,
+}
+
+impl<S: Store> CachedStore<S> {
+    /// Caches up to `entries` completed responses for at most `max_age` each.
+    pub fn new(inner: S, entries: usize, max_age: Duration) -> Self {
+        Self::with_clock(inner, entries, max_age, SystemClock)
+    }
+
+    /// As [`CachedStore::new`], on a given clock.
+    pub fn with_clock(inner: S, entries: usize, max_age: Duration, clock: impl Clock) -> Self {
+        Self {
+            inner,
+            done: Arc::new(Cache::new(entries.max(1))),
+            held: Arc::new(Cache::new(entries.clamp(16, 65_536))),
+            clock: Arc::new(clock),
+            max_age,
+        }
+    }
+
+    /// The wrapped store.
+    pub fn inner(&self) -> &S {
+        &self.inner
+    }
+
+    /// Number of cached responses.
+    pub fn cached(&self) -> usize {
+        self.done.len()
+    }
+
+    fn remember(&self, key: &ScopedKey, fingerprint: Fingerprint, response: StoredResponse, ttl: Duration) {
+        let until = self.clock.now().plus(ttl.min(self.max_age));
+        self.done.insert(key.clone(), Arc::new(Cached { fingerprint, response, until }));
+    }
+
+    fn lookup(&self, req: &ClaimRequest) -> Option<ClaimOutcome> {
+        let hit = self.done.get(&req.key)?;
+        if hit.until <= self.clock.now() {
+            self.done.remove(&req.key);
+            return None;
+        }
+        Some(if hit.fingerprint == req.fingerprint {
+            ClaimOutcome::Done { response: hit.response.clone() }
+        } else {
+            ClaimOutcome::Mismatch { stored: hit.fingerprint }
+        })
+    }
+}
+
+impl<S> fmt::Debug for CachedStore<S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CachedStore").field("cached", &self.done.len()).field("max_age", &self.max_age).finish_non_exhaustive()
+    }
+}
+
+impl<S: Store> Store for CachedStore<S> {
+    fn claim(&self, req: &ClaimRequest) -> impl Future<Output = Result<ClaimOutcome, StoreError>> + Send {
+        async move {
+            if let Some(hit) = self.lookup(req) {
+                return Ok(hit);
+            }
+            let outcome = self.inner.claim(req).await?;
+            match &outcome {
+                ClaimOutcome::Done { response } => self.remember(&req.key, req.fingerprint, response.clone(), req.ttl),
+                ClaimOutcome::Claimed { lease, .. } => self.held.insert((lease.owner, lease.fence), req.fingerprint),
+                _ => {}
+            }
+            Ok(outcome)
+        }
+    }
+
+    fn renew(
+        &self,
+        key: &ScopedKey,
+        owner: OwnerId,
+        fence: u64,
+        lease: Duration,
+    ) -> impl Future<Output = Result<RenewOutcome, StoreError>> + Send {
+        self.inner.renew(key, owner, fence, lease)
+    }
+
+    fn complete(
+        &self,
+        key: &ScopedKey,
+        owner: OwnerId,
+        fence: u64,
+        response: &StoredResponse,
+        ttl: Duration,
+    ) -> impl Future<Output = Result<SettleOutcome, StoreError>> + Send {
+        async move {
+            let outcome = self.inner.complete(key, owner, fence, response, ttl).await?;
+            let fingerprint = self.held.remove(&(owner, fence)).map(|(_, fp)| fp);
+            if let (SettleOutcome::Settled, Some(fp)) = (outcome, fingerprint) {
+                self.remember(key, fp, response.clone(), ttl);
+            }
+            Ok(outcome)
+        }
+    }
+
+    fn release(
+        &self,
+        key: &ScopedKey,
+        owner: OwnerId,
+        fence: u64,
+        kind: ReleaseKind,
+    ) -> impl Future<Output = Result<SettleOutcome, StoreError>> + Send {
+        self.held.remove(&(owner, fence));
+        self.inner.release(key, owner, fence, kind)
+    }
+
+    fn get(&self, key: &ScopedKey) -> impl Future<Output = Result<Option<Record>, StoreError>> + Send {
+        self.inner.get(key)
+    }
+
+    fn list(&self, filter: &ListFilter) -> impl Future<Output = Result<Vec<Record>, StoreError>> + Send {
+        self.inner.list(filter)
+    }
+
+    fn resolve(
+        &self,
+        key: &ScopedKey,
+        resolution: &Resolution,
+    ) -> impl Future<Output = Result<ResolveOutcome, StoreError>> + Send {
+        self.done.remove(key);
+        self.inner.resolve(key, resolution)
+    }
+
+    fn delete(&self, key: &ScopedKey) -> impl Future<Output = Result<bool, StoreError>> + Send {
+        self.done.remove(key);
+        self.inner.delete(key)
+    }
+}

@@ -1,0 +1,239 @@
+//! Idempotency keys and the scope they live in.
+
+use std::fmt;
+
+use thiserror::Error;
+
+/// Longest key accepted, in bytes.
+pub const MAX_KEY_LEN: usize = 255;
+
+/// Why a key, namespace or principal was refused.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[non_exhaustive]
+pub enum KeyError {
+    /// The key was empty.
+    #[error("idempotency key is empty")]
+    Empty,
+    /// The key was longer than [`MAX_KEY_LEN`] bytes.
+    #[error("idempotency key is {len} bytes long; the limit is {MAX_KEY_LEN}")]
+    TooLong {
+        /// Length of the refused key.
+        len: usize,
+    },
+    /// The key held a byte outside printable ASCII.
+    #[error("idempotency key has a byte outside printable ASCII (0x{byte:02x}) at offset {at}")]
+    NotPrintable {
+        /// The offending byte.
+        byte: u8,
+        /// Its offset.
+        at: usize,
+    },
+    /// The key started or ended with a space, which HTTP would silently trim.
+    #[error("idempotency key starts or ends with a space")]
+    OuterSpace,
+    /// A namespace was empty or not printable ASCII without spaces.
+    #[error("namespace must be 1-255 printable ASCII characters without spaces")]
+    BadNamespace,
+}
+
+/// A validated idempotency key: 1–255 printable ASCII characters (0x20–0x7E), no outer spaces.
+#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Key(String);
+
+impl Key {
+    /// Validates `raw` as a key.
+    ///
+    /// # Errors
+    /// [`KeyError`] says which rule the input broke.
+    pub fn new(raw: impl Into<String>) -> Result<Self, KeyError> {
+        let raw = raw.into();
+        validate_key(raw.as_bytes())?;
+        Ok(Self(raw))
+    }
+
+    /// Validates raw bytes as a key (header values arrive as bytes).
+    ///
+    /// # Errors
+    /// [`KeyError`] says which rule the input broke.
+    pub fn from_bytes(raw: &[u8]) -> Result<Self, KeyError> {
+        validate_key(raw)?;
+        // Validated as ASCII above, so this never allocates a replacement.
+        Ok(Self(String::from_utf8_lossy(raw).into_owned()))
+    }
+
+    /// The key text.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+fn validate_key(raw: &[u8]) -> Result<(), KeyError> {
+    if raw.is_empty() {
+        return Err(KeyError::Empty);
+    }
+    if raw.len() > MAX_KEY_LEN {
+        return Err(KeyError::TooLong { len: raw.len() });
+    }
+    if let Some((at, &byte)) = raw.iter().enumerate().find(|&(_, b)| !(0x20..=0x7e).contains(b)) {
+        return Err(KeyError::NotPrintable { byte, at });
+    }
+    if raw.first() == Some(&b' ') || raw.last() == Some(&b' ') {
+        return Err(KeyError::OuterSpace);
+    }
+    Ok(())
+}
+
+impl fmt::Debug for Key {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Key({:?})", self.0)
+    }
+}
+
+impl fmt::Display for Key {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl TryFrom<&str> for Key {
+    type Error = KeyError;
+    fn try_from(raw: &str) -> Result<Self, KeyError> {
+        Self::new(raw)
+    }
+}
+
+/// Who and what a key belongs to: a namespace (route or business operation, e.g.
+/// `payments.charge`) and an optional principal (user or tenant, usually a hash).
+///
+/// Keys in two scopes never meet: a caller can never receive another scope's response.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Scope {
+    namespace: String,
+    principal: Option<String>,
+}
+
+impl Scope {
+    /// A scope with no principal.
+    ///
+    /// # Errors
+    /// [`KeyError::BadNamespace`] unless the namespace is 1–255 printable ASCII characters
+    /// without spaces.
+    pub fn new(namespace: impl Into<String>) -> Result<Self, KeyError> {
+        let namespace = namespace.into();
+        let ok = !namespace.is_empty()
+            && namespace.len() <= MAX_KEY_LEN
+            && namespace.bytes().all(|b| (0x21..=0x7e).contains(&b));
+        if !ok {
+            return Err(KeyError::BadNamespace);
+        }
+        Ok(Self { namespace, principal: None })
+    }
+
+    /// The same scope narrowed to one principal. Any string is accepted; carriers store a
+    /// hash of the credential rather than the credential itself.
+    #[must_use]
+    pub fn with_principal(mut self, principal: impl Into<String>) -> Self {
+        self.principal = Some(principal.into());
+        self
+    }
+
+    /// The namespace.
+    pub fn namespace(&self) -> &str {
+        &self.namespace
+    }
+
+    /// The principal, if any.
+    pub fn principal(&self) -> Option<&str> {
+        self.principal.as_deref()
+    }
+}
+
+/// A key inside its scope: the unit the store keeps one record for.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ScopedKey {
+    /// The scope.
+    pub scope: Scope,
+    /// The key.
+    pub key: Key,
+}
+
+impl ScopedKey {
+    /// Joins a scope and a key.
+    pub fn new(scope: Scope, key: Key) -> Self {
+        Self { scope, key }
+    }
+
+    /// A stable 32-byte digest of scope and key, for stores that want fixed-size ids.
+    ///
+    /// Each part is length-prefixed, so no two distinct scoped keys share an encoding.
+    pub fn digest(&self) -> [u8; 32] {
+        let mut h = blake3::Hasher::new();
+        h.update(b"idem.scoped-key.v1");
+        for part in [Some(self.scope.namespace()), self.scope.principal(), Some(self.key.as_str())] {
+            match part {
+                Some(p) => {
+                    h.update(&[1]);
+                    h.update(&(p.len() as u64).to_le_bytes());
+                    h.update(p.as_bytes());
+                }
+                None => {
+                    h.update(&[0]);
+                }
+            }
+        }
+        *h.finalize().as_bytes()
+    }
+
+    /// The digest as 64 lowercase hex characters.
+    pub fn digest_hex(&self) -> String {
+        hex(&self.digest())
+    }
+}
+
+impl fmt::Display for ScopedKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.scope.principal() {
+            Some(p) => write!(f, "{}/{}/{}", self.scope.namespace(), p, self.key),
+            None => write!(f, "{}/-/{}", self.scope.namespace(), self.key),
+        }
+    }
+}
+
+pub(crate) fn hex(bytes: &[u8]) -> String {
+    use std::fmt::Write;
+    let mut s = String::with_capacity(bytes.len() * 2);
+    for b in bytes {
+        let _ = write!(s, "{b:02x}");
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_are_validated() {
+        assert!(Key::new("a").is_ok());
+        assert!(Key::new("x".repeat(255)).is_ok());
+        assert_eq!(Key::new(""), Err(KeyError::Empty));
+        assert_eq!(Key::new("x".repeat(256)), Err(KeyError::TooLong { len: 256 }));
+        assert_eq!(Key::new("a\tb"), Err(KeyError::NotPrintable { byte: 9, at: 1 }));
+        assert!(matches!(Key::new("é"), Err(KeyError::NotPrintable { .. })));
+        assert!(matches!(Key::from_bytes(b"a\x7f"), Err(KeyError::NotPrintable { .. })));
+        assert_eq!(Key::new(" a"), Err(KeyError::OuterSpace));
+        assert!(Key::new("a b").is_ok());
+    }
+
+    #[test]
+    fn scopes_do_not_collide() {
+        let k = Key::new("k").expect("valid");
+        let a = ScopedKey::new(Scope::new("ns").expect("valid").with_principal("ab"), k.clone());
+        let b = ScopedKey::new(Scope::new("nsa").expect("valid").with_principal("b"), k.clone());
+        let c = ScopedKey::new(Scope::new("ns").expect("valid"), k);
+        assert_ne!(a.digest(), b.digest());
+        assert_ne!(a.digest(), c.digest());
+        assert!(Scope::new("").is_err());
+        assert!(Scope::new("a b").is_err());
+    }
+}

@@ -1,0 +1,29 @@
+//! idem's core: the types, the state machine, the store contract and the engine.
+//!
+//! `(scope, key, fingerprint, request)` → at most one execution; the stored final response
+//! for every retry; never an execution without a durable claim. See `DESIGN.md`.
+//!
+//! This crate does no network I/O. Backends (`idem-redis`, `idem-sql`) implement [`Store`];
+//! carriers (`idem-http`, …) drive [`Engine`].
+
+pub mod cache;
+pub mod clock;
+pub mod decide;
+pub mod engine;
+pub mod fingerprint;
+pub mod key;
+pub mod memory;
+pub mod record;
+pub mod store;
+mod sync;
+
+pub use cache::CachedStore;
+pub use clock::{Clock, ManualClock, SystemClock};
+pub use engine::{Action, ConfigError, Engine, EngineError, Outcome, Policy, PolicyBuilder, Reply, Settled, Settlement};
+pub use fingerprint::{Fingerprint, FingerprintError, JsonFields, canonical_json};
+pub use key::{Key, KeyError, Scope, ScopedKey};
+pub use memory::MemoryStore;
+pub use record::{Lease, OwnerId, Record, RecordState, ReleaseKind, StateKind, StoredResponse, TakeoverPolicy, Timestamp};
+pub use store::{
+    BoxStore, ClaimOutcome, ClaimRequest, ListFilter, RenewOutcome, Resolution, ResolveOutcome, SettleOutcome, Store, StoreError,
+};

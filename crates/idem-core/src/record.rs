@@ -1,0 +1,317 @@
+//! The record a store keeps per scoped key, and the values inside it.
+
+use std::fmt;
+use std::time::Duration;
+
+use bytes::Bytes;
+use thiserror::Error;
+
+use crate::fingerprint::Fingerprint;
+use crate::key::ScopedKey;
+
+/// A point on the store's clock, in milliseconds since the Unix epoch.
+///
+/// Lease expiry is always judged on the store's clock, never on a client's.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+pub struct Timestamp(pub u64);
+
+impl Timestamp {
+    /// Milliseconds since the Unix epoch.
+    pub fn as_millis(self) -> u64 {
+        self.0
+    }
+
+    /// This instant moved later by `d` (saturating).
+    #[must_use]
+    pub fn plus(self, d: Duration) -> Self {
+        Self(self.0.saturating_add(duration_ms(d)))
+    }
+
+    /// How long from `earlier` to `self`, or zero if `earlier` is later.
+    pub fn since(self, earlier: Timestamp) -> Duration {
+        Duration::from_millis(self.0.saturating_sub(earlier.0))
+    }
+}
+
+/// A duration in whole milliseconds, rounded up so a non-zero duration never becomes zero.
+pub fn duration_ms(d: Duration) -> u64 {
+    let ms = d.as_millis();
+    let rounded = if d.subsec_nanos() % 1_000_000 != 0 { ms + 1 } else { ms };
+    u64::try_from(rounded).unwrap_or(u64::MAX)
+}
+
+/// Identifies one claim attempt's holder. Random per claim (UUID v7), so a regressed fence
+/// counter can never hand the same (owner, fence) pair to two holders.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct OwnerId(pub u128);
+
+impl OwnerId {
+    /// A fresh, unique owner id.
+    pub fn random() -> Self {
+        Self(uuid::Uuid::now_v7().as_u128())
+    }
+
+    /// The id as 16 big-endian bytes.
+    pub fn to_bytes(self) -> [u8; 16] {
+        self.0.to_be_bytes()
+    }
+}
+
+impl fmt::Display for OwnerId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", uuid::Uuid::from_u128(self.0))
+    }
+}
+
+impl fmt::Debug for OwnerId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "OwnerId({self})")
+    }
+}
+
+/// A held claim: who holds it, its fence, and until when (store clock).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Lease {
+    /// The holder.
+    pub owner: OwnerId,
+    /// Strictly greater than every earlier fence of this key.
+    pub fence: u64,
+    /// When the lease runs out unless renewed.
+    pub deadline: Timestamp,
+}
+
+/// What happens to a processing record that is given up.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum ReleaseKind {
+    /// The handler failed before any effect: the record goes away and a retry may run.
+    Retryable,
+    /// The outcome is ambiguous: the record becomes [`RecordState::Unknown`] until resolved.
+    Unknown,
+}
+
+/// What a claim does with a processing record whose lease has expired.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+#[non_exhaustive]
+pub enum TakeoverPolicy {
+    /// Claim it again with a higher fence and run the handler again. For handlers whose
+    /// effects are transactional or idempotent downstream.
+    #[default]
+    Reexecute,
+    /// Mark it unknown; retries get "outcome unknown" until an operator resolves it.
+    Hold,
+}
+
+/// A final response kept for replay: status, headers and body.
+///
+/// Carriers give `status` their own meaning (HTTP status, gRPC code, or 0 for plain
+/// functions).
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
+pub struct StoredResponse {
+    /// Status code.
+    pub status: u16,
+    /// Headers in order; names are lower case.
+    pub headers: Vec<(String, Bytes)>,
+    /// Body bytes.
+    pub body: Bytes,
+    /// True when the body was larger than the store cap and was not kept. A replay must
+    /// answer a documented error instead of re-running.
+    pub body_omitted: bool,
+}
+
+impl StoredResponse {
+    /// A response with a status and body and no headers.
+    pub fn new(status: u16, body: impl Into<Bytes>) -> Self {
+        Self { status, headers: Vec::new(), body: body.into(), body_omitted: false }
+    }
+
+    /// Adds a header.
+    #[must_use]
+    pub fn with_header(mut self, name: impl Into<String>, value: impl Into<Bytes>) -> Self {
+        self.headers.push((name.into(), value.into()));
+        self
+    }
+
+    /// Bytes taken by status, headers and body: what a store cap is checked against.
+    pub fn size(&self) -> usize {
+        self.body.len() + self.headers.iter().map(|(n, v)| n.len() + v.len()).sum::<usize>()
+    }
+
+    /// Compact binary encoding shared by every store.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(16 + self.size() + self.headers.len() * 6);
+        out.push(CODEC_VERSION);
+        out.extend_from_slice(&self.status.to_be_bytes());
+        out.push(u8::from(self.body_omitted));
+        out.extend_from_slice(&(self.headers.len() as u32).to_be_bytes());
+        for (name, value) in &self.headers {
+            put_bytes(&mut out, name.as_bytes());
+            put_bytes(&mut out, value);
+        }
+        put_bytes(&mut out, &self.body);
+        out
+    }
+
+    /// Reads the encoding written by [`StoredResponse::encode`].
+    ///
+    /// # Errors
+    /// [`CodecError`] on truncated or foreign input.
+    pub fn decode(raw: &[u8]) -> Result<Self, CodecError> {
+        let mut r = Reader { raw, at: 0 };
+        if r.take(1)? != [CODEC_VERSION] {
+            return Err(CodecError("unknown response encoding version"));
+        }
+        let status = u16::from_be_bytes(r.array()?);
+        let body_omitted = r.take(1)?[0] != 0;
+        let count = u32::from_be_bytes(r.array()?) as usize;
+        let mut headers = Vec::with_capacity(count.min(256));
+        for _ in 0..count {
+            let name = String::from_utf8(r.bytes()?.to_vec()).map_err(|_| CodecError("header name is not UTF-8"))?;
+            let value = Bytes::copy_from_slice(r.bytes()?);
+            headers.push((name, value));
+        }
+        let body = Bytes::copy_from_slice(r.bytes()?);
+        if r.at != raw.len() {
+            return Err(CodecError("trailing bytes after response"));
+        }
+        Ok(Self { status, headers, body, body_omitted })
+    }
+}
+
+const CODEC_VERSION: u8 = 1;
+
+fn put_bytes(out: &mut Vec<u8>, b: &[u8]) {
+    out.extend_from_slice(&(b.len() as u32).to_be_bytes());
+    out.extend_from_slice(b);
+}
+
+struct Reader<'a> {
+    raw: &'a [u8],
+    at: usize,
+}
+
+impl<'a> Reader<'a> {
+    fn take(&mut self, n: usize) -> Result<&'a [u8], CodecError> {
+        let end = self.at.checked_add(n).filter(|&e| e <= self.raw.len()).ok_or(CodecError("truncated response"))?;
+        let out = &self.raw[self.at..end];
+        self.at = end;
+        Ok(out)
+    }
+
+    fn array<const N: usize>(&mut self) -> Result<[u8; N], CodecError> {
+        let mut a = [0u8; N];
+        a.copy_from_slice(self.take(N)?);
+        Ok(a)
+    }
+
+    fn bytes(&mut self) -> Result<&'a [u8], CodecError> {
+        let len = u32::from_be_bytes(self.array()?) as usize;
+        self.take(len)
+    }
+}
+
+/// A stored value could not be decoded.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[error("codec: {0}")]
+pub struct CodecError(pub &'static str);
+
+/// The state of a record that exists. Absent records are `None`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum RecordState {
+    /// A holder is running the handler.
+    Processing {
+        /// The holder.
+        owner: OwnerId,
+        /// When its lease runs out (store clock).
+        lease_until: Timestamp,
+    },
+    /// The handler finished and its response is kept until the record expires.
+    Completed {
+        /// The final response.
+        response: StoredResponse,
+        /// When it completed.
+        completed_at: Timestamp,
+    },
+    /// The outcome is ambiguous; waits for an operator or reconciler.
+    Unknown {
+        /// When it became unknown.
+        since: Timestamp,
+    },
+}
+
+/// The state names, for filters and status answers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum StateKind {
+    /// See [`RecordState::Processing`].
+    Processing,
+    /// See [`RecordState::Completed`].
+    Completed,
+    /// See [`RecordState::Unknown`].
+    Unknown,
+}
+
+impl StateKind {
+    /// Lower-case name as used in APIs and problem bodies.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Processing => "processing",
+            Self::Completed => "completed",
+            Self::Unknown => "unknown",
+        }
+    }
+}
+
+impl RecordState {
+    /// The state's name.
+    pub fn kind(&self) -> StateKind {
+        match self {
+            Self::Processing { .. } => StateKind::Processing,
+            Self::Completed { .. } => StateKind::Completed,
+            Self::Unknown { .. } => StateKind::Unknown,
+        }
+    }
+}
+
+/// One record per scoped key.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Record {
+    /// Which key.
+    pub key: ScopedKey,
+    /// Fingerprint of the request that created it.
+    pub fingerprint: Fingerprint,
+    /// Fence of the latest claim.
+    pub fence: u64,
+    /// Request id (trace id) of the latest claim, for operators.
+    pub request_id: Option<String>,
+    /// When the record was first claimed.
+    pub created_at: Timestamp,
+    /// When the record goes away (store clock).
+    pub expires_at: Timestamp,
+    /// Its state.
+    pub state: RecordState,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn response_codec_round_trips_and_rejects_garbage() {
+        let r = StoredResponse::new(201, "body").with_header("content-type", "application/json");
+        let enc = r.encode();
+        assert_eq!(StoredResponse::decode(&enc), Ok(r));
+        assert!(StoredResponse::decode(&enc[..enc.len() - 1]).is_err());
+        assert!(StoredResponse::decode(b"").is_err());
+        assert!(StoredResponse::decode(&[1, 0, 200, 0, 255, 255, 255, 255]).is_err());
+    }
+
+    #[test]
+    fn durations_round_up_to_milliseconds() {
+        assert_eq!(duration_ms(Duration::from_micros(1)), 1);
+        assert_eq!(duration_ms(Duration::from_millis(5)), 5);
+        assert_eq!(Timestamp(10).plus(Duration::from_millis(5)), Timestamp(15));
+        assert_eq!(Timestamp(10).since(Timestamp(20)), Duration::ZERO);
+    }
+}
