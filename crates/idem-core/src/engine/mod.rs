@@ -355,7 +355,7 @@ impl<S: Store> Engine<S> {
                 ClaimOutcome::Mismatch { .. } => Claimed::Not(Outcome::Mismatch),
                 ClaimOutcome::Busy { retry_after } => match give_up {
                     Some(deadline) if Instant::now() < deadline => {
-                        let nap = poll.min(retry_after).min(deadline - Instant::now());
+                        let nap = poll.min(retry_after).min(deadline.saturating_duration_since(Instant::now()));
                         tokio::time::sleep(nap.max(Duration::from_millis(1))).await;
                         poll = (poll * 2).min(Duration::from_millis(250));
                         continue;
