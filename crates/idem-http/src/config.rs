@@ -1,0 +1,249 @@
+//! Per-route configuration, built at run time (the gateway builds one per configured route).
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::{HeaderName, Method, header};
+use idem_core::{Policy, Scope};
+
+use crate::policy::{
+    CanonicalJson, ExtractKey, ExtractPrincipal, FingerprintRequest, HeaderKey, NoPrincipal,
+    StorePolicy, StoreUnless5xx,
+};
+
+/// Default cap on a buffered request body: 1 MiB.
+pub const DEFAULT_MAX_REQUEST_BODY: usize = 1 << 20;
+/// Default cap on a stored response (headers and body): 1 MiB.
+pub const DEFAULT_MAX_STORED_RESPONSE: usize = 1 << 20;
+
+/// Headers never replayed, whatever the allow-list says: hop-by-hop headers and framing,
+/// which belong to one connection, not to the response.
+pub const NEVER_REPLAYED: [HeaderName; 9] = [
+    header::CONNECTION,
+    header::TRANSFER_ENCODING,
+    header::CONTENT_LENGTH,
+    header::TE,
+    header::TRAILER,
+    header::UPGRADE,
+    header::PROXY_AUTHENTICATE,
+    header::PROXY_AUTHORIZATION,
+    HeaderName::from_static("keep-alive"),
+];
+
+/// What happens to a response that streams: `text/event-stream`, or a body whose length is
+/// not known in advance.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum StreamingResponses {
+    /// Pass it through untouched and release the claim (retryable): the route is not
+    /// idempotency-protected for such responses, and nothing is half-stored.
+    #[default]
+    Release,
+    /// Buffer it up to the stored-response cap and store it; a stream that ends above the
+    /// cap is passed through and recorded with `body_omitted`.
+    Buffer,
+}
+
+/// An invalid route configuration.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConfigError {
+    /// The namespace is not 1–255 printable ASCII characters without spaces.
+    #[error("invalid namespace {0:?}: use 1-255 printable ASCII characters without spaces")]
+    Namespace(String),
+}
+
+/// How one route (or a group of routes sharing a namespace) is protected.
+///
+/// Cheap to clone; the layer keeps it in an `Arc`.
+#[derive(Clone)]
+pub struct IdempotencyConfig {
+    pub(crate) scope: Scope,
+    pub(crate) key_required: bool,
+    pub(crate) key: Arc<dyn ExtractKey>,
+    pub(crate) principal: Arc<dyn ExtractPrincipal>,
+    pub(crate) fingerprint: Arc<dyn FingerprintRequest>,
+    pub(crate) store_policy: Arc<dyn StorePolicy>,
+    pub(crate) policy: Policy,
+    pub(crate) max_request_body: usize,
+    pub(crate) max_stored_response: usize,
+    pub(crate) replay_headers: Vec<HeaderName>,
+    pub(crate) streaming: StreamingResponses,
+    pub(crate) store_retry_after: Duration,
+    pub(crate) passthrough: Vec<Method>,
+}
+
+impl fmt::Debug for IdempotencyConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("IdempotencyConfig")
+            .field("namespace", &self.scope.namespace())
+            .field("key_required", &self.key_required)
+            .field("key", &self.key)
+            .field("principal", &self.principal)
+            .field("fingerprint", &self.fingerprint)
+            .field("store_policy", &self.store_policy)
+            .field("policy", &self.policy)
+            .field("max_request_body", &self.max_request_body)
+            .field("max_stored_response", &self.max_stored_response)
+            .field("replay_headers", &self.replay_headers)
+            .field("streaming", &self.streaming)
+            .finish_non_exhaustive()
+    }
+}
+
+impl IdempotencyConfig {
+    /// The defaults for `namespace`: key required in `Idempotency-Key`, no principal,
+    /// canonical-JSON fingerprint v1, [`StoreUnless5xx`], the engine's default [`Policy`],
+    /// 1 MiB request and stored-response caps, `content-type` (and a few other
+    /// representation headers) replayed, streaming responses released, `GET`/`HEAD`/`OPTIONS`
+    /// passed through.
+    ///
+    /// # Errors
+    /// [`ConfigError::Namespace`] for an invalid namespace.
+    pub fn new(namespace: impl Into<String>) -> Result<Self, ConfigError> {
+        let namespace = namespace.into();
+        let scope = Scope::new(namespace.clone()).map_err(|_| ConfigError::Namespace(namespace))?;
+        Ok(Self {
+            scope,
+            key_required: true,
+            key: Arc::new(HeaderKey::new()),
+            principal: Arc::new(NoPrincipal),
+            fingerprint: Arc::new(CanonicalJson::new()),
+            store_policy: Arc::new(StoreUnless5xx::new()),
+            policy: Policy::default(),
+            max_request_body: DEFAULT_MAX_REQUEST_BODY,
+            max_stored_response: DEFAULT_MAX_STORED_RESPONSE,
+            replay_headers: vec![
+                header::CONTENT_TYPE,
+                header::CONTENT_LANGUAGE,
+                header::CONTENT_ENCODING,
+                header::LOCATION,
+                header::ETAG,
+                header::LAST_MODIFIED,
+                header::LINK,
+            ],
+            streaming: StreamingResponses::Release,
+            store_retry_after: Duration::from_secs(1),
+            passthrough: vec![Method::GET, Method::HEAD, Method::OPTIONS],
+        })
+    }
+
+    /// The namespace.
+    pub fn namespace(&self) -> &str {
+        self.scope.namespace()
+    }
+
+    /// Whether a request without a key is refused (400, the default) or passed through
+    /// unprotected.
+    #[must_use]
+    pub fn key_required(mut self, required: bool) -> Self {
+        self.key_required = required;
+        self
+    }
+
+    /// Where the key comes from (default: [`HeaderKey::new`]).
+    #[must_use]
+    pub fn key(mut self, extract: impl ExtractKey) -> Self {
+        self.key = Arc::new(extract);
+        self
+    }
+
+    /// Whose key it is (default: [`NoPrincipal`]).
+    #[must_use]
+    pub fn principal(mut self, extract: impl ExtractPrincipal) -> Self {
+        self.principal = Arc::new(extract);
+        self
+    }
+
+    /// What "the same request" means (default: [`CanonicalJson::new`]).
+    #[must_use]
+    pub fn fingerprint(mut self, fingerprint: impl FingerprintRequest) -> Self {
+        self.fingerprint = Arc::new(fingerprint);
+        self
+    }
+
+    /// Which responses are stored (default: [`StoreUnless5xx::new`]).
+    #[must_use]
+    pub fn store_policy(mut self, policy: impl StorePolicy) -> Self {
+        self.store_policy = Arc::new(policy);
+        self
+    }
+
+    /// Lease, handler timeout, record TTL, takeover, store timeout and in-flight wait.
+    #[must_use]
+    pub fn policy(mut self, policy: Policy) -> Self {
+        self.policy = policy;
+        self
+    }
+
+    /// Largest request body buffered; a larger one gets 413 and nothing runs.
+    #[must_use]
+    pub fn max_request_body(mut self, bytes: usize) -> Self {
+        self.max_request_body = bytes;
+        self
+    }
+
+    /// Largest response body stored. A larger response reaches this client, and the record
+    /// says `body_omitted`: replays answer 409 `response-not-stored` instead of re-running.
+    #[must_use]
+    pub fn max_stored_response(mut self, bytes: usize) -> Self {
+        self.max_stored_response = bytes;
+        self
+    }
+
+    /// Exactly these response headers are stored and replayed (hop-by-hop and framing
+    /// headers never are). `Set-Cookie` and `WWW-Authenticate` only if listed here.
+    #[must_use]
+    pub fn replay_headers(mut self, names: impl IntoIterator<Item = HeaderName>) -> Self {
+        self.replay_headers = names.into_iter().collect();
+        self
+    }
+
+    /// Adds one header to the replay allow-list.
+    #[must_use]
+    pub fn replay_header(mut self, name: HeaderName) -> Self {
+        if !self.replay_headers.contains(&name) {
+            self.replay_headers.push(name);
+        }
+        self
+    }
+
+    /// What happens to streaming responses.
+    #[must_use]
+    pub fn streaming(mut self, streaming: StreamingResponses) -> Self {
+        self.streaming = streaming;
+        self
+    }
+
+    /// `Retry-After` sent with 503 when the store fails (default 1 s).
+    #[must_use]
+    pub fn store_retry_after(mut self, d: Duration) -> Self {
+        self.store_retry_after = d;
+        self
+    }
+
+    /// Methods passed through unprotected (default `GET`, `HEAD`, `OPTIONS`).
+    #[must_use]
+    pub fn passthrough_methods(mut self, methods: impl IntoIterator<Item = Method>) -> Self {
+        self.passthrough = methods.into_iter().collect();
+        self
+    }
+
+    /// The engine policy.
+    pub fn engine_policy(&self) -> &Policy {
+        &self.policy
+    }
+
+    /// The scope for `principal` in this namespace.
+    pub(crate) fn scope_for(&self, principal: Option<String>) -> Scope {
+        match principal {
+            Some(p) => self.scope.clone().with_principal(p),
+            None => self.scope.clone(),
+        }
+    }
+
+    pub(crate) fn replays(&self, name: &HeaderName) -> bool {
+        self.replay_headers.contains(name) && !NEVER_REPLAYED.contains(name)
+    }
+}

@@ -1,0 +1,165 @@
+//! How the layer's own refusals and the engine's errors become problem responses.
+//!
+//! | cause | status | `type` slug |
+//! |---|---|---|
+//! | no key on a required route | 400 | `key-missing` |
+//! | malformed key | 400 | `key-malformed` |
+//! | two key headers, or a list | 400 | `key-multiple` |
+//! | principal refused | 401 | `unauthenticated` |
+//! | request body unreadable | 400 | `body-unreadable` |
+//! | request body above the cap | 413 | `body-too-large` |
+//! | same key, different request | 422 | `key-reused` |
+//! | same key in flight | 409 + `Retry-After` | `in-flight` |
+//! | earlier outcome unknown | 409 | `outcome-unknown` |
+//! | completed, response too large to keep | 409 | `response-not-stored` |
+//! | store failed or timed out | 503 + `Retry-After` | `store-unavailable` |
+//! | lease lost mid-handler (handler cancelled) | 503 + `Retry-After` | `lease-lost` |
+//! | handler panicked (claim released) | 500 | `handler-panicked` |
+//! | handler timed out (released per takeover policy) | 504 | `handler-timeout` |
+//! | response body failed while being stored | 500 | `response-failed` |
+
+use std::time::Duration;
+
+use http::StatusCode;
+use idem_core::{EngineError, Key};
+
+use crate::key::KeyRejection;
+use crate::problem::Problem;
+
+pub(crate) fn key_rejection(r: &KeyRejection) -> Problem {
+    let title = match r {
+        KeyRejection::Missing => "Idempotency key missing",
+        KeyRejection::Multiple | KeyRejection::List => "More than one idempotency key",
+        _ => "Idempotency key malformed",
+    };
+    Problem::new(StatusCode::BAD_REQUEST, r.slug(), title, r.to_string())
+}
+
+pub(crate) fn unauthenticated(detail: String) -> Problem {
+    Problem::new(
+        StatusCode::UNAUTHORIZED,
+        "unauthenticated",
+        "Principal required",
+        detail,
+    )
+}
+
+pub(crate) fn body_too_large(key: &Key, limit: usize) -> Problem {
+    Problem::new(
+        StatusCode::PAYLOAD_TOO_LARGE,
+        "body-too-large",
+        "Request body too large",
+        format!("the request body exceeds the {limit}-byte limit of this route"),
+    )
+    .key(Some(key))
+}
+
+pub(crate) fn body_unreadable(key: &Key) -> Problem {
+    Problem::new(
+        StatusCode::BAD_REQUEST,
+        "body-unreadable",
+        "Request body unreadable",
+        "the request body could not be read",
+    )
+    .key(Some(key))
+}
+
+pub(crate) fn mismatch(key: &Key) -> Problem {
+    Problem::new(
+        StatusCode::UNPROCESSABLE_ENTITY,
+        "key-reused",
+        "Idempotency key reused",
+        "this key was used with a different request (method, path or body); nothing ran",
+    )
+    .key(Some(key))
+}
+
+pub(crate) fn in_flight(key: &Key, retry_after: Duration) -> Problem {
+    Problem::new(
+        StatusCode::CONFLICT,
+        "in-flight",
+        "Request in flight",
+        "a request with this key is being processed; retry later",
+    )
+    .key(Some(key))
+    .state("processing")
+    .retry_after(retry_after)
+}
+
+pub(crate) fn outcome_unknown(key: &Key) -> Problem {
+    Problem::new(
+        StatusCode::CONFLICT,
+        "outcome-unknown",
+        "Outcome unknown",
+        "an earlier attempt with this key may or may not have taken effect; it awaits resolution",
+    )
+    .key(Some(key))
+    .state("unknown")
+}
+
+pub(crate) fn response_not_stored(key: &Key, status: u16) -> Problem {
+    Problem::new(
+        StatusCode::CONFLICT,
+        "response-not-stored",
+        "Response not replayable",
+        format!("the request with this key completed with status {status}, but its response was too large to keep"),
+    )
+    .key(Some(key))
+    .state("completed")
+}
+
+pub(crate) fn response_failed(key: &Key) -> Problem {
+    Problem::new(
+        StatusCode::INTERNAL_SERVER_ERROR,
+        "response-failed",
+        "Response failed",
+        "the handler's response body failed; the claim was released",
+    )
+    .key(Some(key))
+}
+
+pub(crate) fn internal(key: &Key) -> Problem {
+    Problem::new(
+        StatusCode::INTERNAL_SERVER_ERROR,
+        "internal",
+        "Internal error",
+        "the request could not be completed",
+    )
+    .key(Some(key))
+}
+
+pub(crate) fn engine_error(key: &Key, e: &EngineError, store_retry_after: Duration) -> Problem {
+    match e {
+        EngineError::Store(_) => Problem::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "store-unavailable",
+            "Idempotency store unavailable",
+            "the idempotency store failed or timed out; nothing ran",
+        )
+        .key(Some(key))
+        .retry_after(store_retry_after),
+        EngineError::LeaseLost => Problem::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "lease-lost",
+            "Claim lost",
+            "the claim on this key was lost while the handler ran, so it was cancelled; ask the status endpoint or retry",
+        )
+        .key(Some(key))
+        .retry_after(store_retry_after),
+        EngineError::HandlerPanicked => Problem::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "handler-panicked",
+            "Handler failed",
+            "the handler panicked; the claim was released and a retry runs again",
+        )
+        .key(Some(key)),
+        EngineError::HandlerTimedOut(after) => Problem::new(
+            StatusCode::GATEWAY_TIMEOUT,
+            "handler-timeout",
+            "Handler timed out",
+            format!("the handler did not finish within {after:?} and was cancelled"),
+        )
+        .key(Some(key)),
+        _ => internal(key),
+    }
+}

@@ -1,0 +1,394 @@
+//! The [`Idempotency`] middleware: `DESIGN.md` §5 for any `http` service (axum, hyper, tonic
+//! over HTTP), driving [`idem_core::Engine`].
+//!
+//! A protected request (any method but `GET`/`HEAD`/`OPTIONS`, with a key) is handled as:
+//!
+//! 1. parse the key (400 if malformed, doubled or a list; 400 if missing on a required route),
+//!    find the principal (part of the scope), buffer the body up to the cap (413), fingerprint;
+//! 2. in a **spawned task**, [`Engine::run_traced`]: claim, call the inner service, then keep the
+//!    response for replay or release the claim as [`StorePolicy`](crate::StorePolicy) says;
+//! 3. answer: the handler's response, a replay (`Idempotent-Replayed: true`, key echoed), or a
+//!    problem (see [`error`](self) for the table of statuses).
+//!
+//! The task owns the run, so a client that disconnects mid-handler does not cancel it: the
+//! result is still recorded and no lease is orphaned.
+//!
+//! ```
+//! use axum::{Router, routing::post};
+//! use idem_core::{Engine, MemoryStore, Policy};
+//! use idem_http::{IdempotencyConfig, IdempotencyLayer};
+//!
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let engine = Engine::new(MemoryStore::new(100_000), Policy::default())?;
+//! let charge = IdempotencyLayer::new(&engine, IdempotencyConfig::new("payments.charge")?);
+//! let app: Router = Router::new().route("/charge", post(|| async { "charged" }).layer(charge));
+//! # let _ = app; Ok(()) }
+//! ```
+
+mod error;
+mod future;
+mod layer;
+
+use std::fmt;
+use std::future::Future;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use bytes::{Bytes, BytesMut};
+use http::{HeaderMap, HeaderName, HeaderValue, Request, Response, StatusCode, header};
+use http_body::Body;
+use http_body_util::{BodyExt, Limited};
+use idem_core::{
+    Engine, Fingerprint, Outcome, ReleaseKind, ScopedKey, Settlement, Store, StoredResponse,
+};
+use tower::Service;
+
+pub(crate) use error::key_rejection as key_problem;
+pub use future::ResponseFuture;
+pub use layer::IdempotencyLayer;
+
+use crate::body::{BoxError, ResponseBody};
+use crate::config::{IdempotencyConfig, StreamingResponses};
+use crate::policy::{FoundKey, IDEMPOTENT_REPLAYED, StoreDecision, X_REQUEST_ID};
+
+pub(crate) struct Shared<St> {
+    pub(crate) engine: Engine<St>,
+    pub(crate) config: IdempotencyConfig,
+}
+
+/// Middleware giving an HTTP service idempotency-key semantics. Built by
+/// [`IdempotencyLayer`].
+pub struct Idempotency<S, St> {
+    inner: S,
+    shared: Arc<Shared<St>>,
+}
+
+impl<S: Clone, St> Clone for Idempotency<S, St> {
+    fn clone(&self) -> Self {
+        Self {
+            inner: self.inner.clone(),
+            shared: Arc::clone(&self.shared),
+        }
+    }
+}
+
+impl<S: fmt::Debug, St> fmt::Debug for Idempotency<S, St> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Idempotency")
+            .field("inner", &self.inner)
+            .field("config", &self.shared.config)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<S, St, ReqB, ResB> Service<Request<ReqB>> for Idempotency<S, St>
+where
+    S: Service<Request<ReqB>, Response = Response<ResB>> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+    St: Store,
+    ReqB: Body + From<Bytes> + Send + 'static,
+    ReqB::Data: Send,
+    ReqB::Error: Into<BoxError>,
+    ResB: Body<Data = Bytes> + Send + Unpin + 'static,
+    ResB::Error: Into<BoxError>,
+{
+    type Response = Response<ResponseBody<ResB>>;
+    type Error = S::Error;
+    type Future = ResponseFuture<ResB, S::Error>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: Request<ReqB>) -> Self::Future {
+        // Take the service that was driven to readiness; leave a clone for the next call.
+        let clone = self.inner.clone();
+        let mut inner = std::mem::replace(&mut self.inner, clone);
+        let shared = Arc::clone(&self.shared);
+        let config = &shared.config;
+
+        if config.passthrough.contains(req.method()) {
+            let fut = inner.call(req);
+            return ResponseFuture::new(async move { Ok(fut.await?.map(ResponseBody::inner)) });
+        }
+        let (parts, body) = req.into_parts();
+        let found = match config.key.extract(&parts) {
+            Ok(found) => found,
+            Err(r) => return ready(error::key_rejection(&r).into_response()),
+        };
+        let Some(found) = found else {
+            if config.key_required {
+                return ready(error::key_rejection(&crate::KeyRejection::Missing).into_response());
+            }
+            let fut = inner.call(Request::from_parts(parts, body));
+            return ResponseFuture::new(async move { Ok(fut.await?.map(ResponseBody::inner)) });
+        };
+        ResponseFuture::new(protect(shared, inner, parts, body, found))
+    }
+}
+
+fn ready<B, E: Send + 'static>(res: Response<ResponseBody<B>>) -> ResponseFuture<B, E>
+where
+    B: Send + 'static,
+{
+    ResponseFuture::new(std::future::ready(Ok(res)))
+}
+
+/// What the handler closure hands back through the engine.
+type Handled<B, E> = Result<Response<ResponseBody<B>>, E>;
+
+async fn protect<S, St, ReqB, ResB>(
+    shared: Arc<Shared<St>>,
+    mut inner: S,
+    parts: http::request::Parts,
+    body: ReqB,
+    found: FoundKey,
+) -> Result<Response<ResponseBody<ResB>>, S::Error>
+where
+    S: Service<Request<ReqB>, Response = Response<ResB>> + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+    St: Store,
+    ReqB: Body + From<Bytes> + Send + 'static,
+    ReqB::Data: Send,
+    ReqB::Error: Into<BoxError>,
+    ResB: Body<Data = Bytes> + Send + Unpin + 'static,
+    ResB::Error: Into<BoxError>,
+{
+    let config = &shared.config;
+    let principal = match config.principal.principal(&parts) {
+        Ok(p) => p,
+        Err(r) => return Ok(error::unauthenticated(r.0).into_response()),
+    };
+    let limit = config.max_request_body;
+    let declared = parts
+        .headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > limit as u64) {
+        return Ok(error::body_too_large(&found.key, limit).into_response());
+    }
+    let bytes = match Limited::new(body, limit).collect().await {
+        Ok(collected) => collected.to_bytes(),
+        Err(e) if e.is::<http_body_util::LengthLimitError>() => {
+            return Ok(error::body_too_large(&found.key, limit).into_response());
+        }
+        Err(_) => return Ok(error::body_unreadable(&found.key).into_response()),
+    };
+    let fingerprint = config.fingerprint.fingerprint(&parts, &bytes);
+    let key = found.key.clone();
+    let scoped = ScopedKey::new(config.scope_for(principal), key.clone());
+    let request_id = parts
+        .headers
+        .get(X_REQUEST_ID)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
+    let req = Request::from_parts(parts, ReqB::from(bytes));
+
+    // The run lives in its own task so that dropping this future (client gone) neither
+    // cancels the handler nor loses its result.
+    let task_shared = Arc::clone(&shared);
+    let task = tokio::spawn(async move {
+        let shared = task_shared;
+        let run = run(
+            &shared,
+            &scoped,
+            &fingerprint,
+            request_id.as_deref(),
+            move |req| inner.call(req),
+            req,
+        );
+        answer(&shared.config, &found, run.await)
+    });
+    match task.await {
+        Ok(result) => result,
+        Err(join) => {
+            tracing::error!(error = %join, "idempotency task failed");
+            Ok(error::internal(&key).into_response())
+        }
+    }
+}
+
+async fn run<St, F, Fut, ReqB, ResB, E>(
+    shared: &Shared<St>,
+    key: &ScopedKey,
+    fingerprint: &Fingerprint,
+    request_id: Option<&str>,
+    call: F,
+    req: Request<ReqB>,
+) -> Result<Outcome<Handled<ResB, E>>, idem_core::EngineError>
+where
+    St: Store,
+    F: FnOnce(Request<ReqB>) -> Fut,
+    Fut: Future<Output = Result<Response<ResB>, E>>,
+    ResB: Body<Data = Bytes> + Unpin,
+    ResB::Error: Into<BoxError>,
+{
+    let config = &shared.config;
+    shared
+        .engine
+        .run_traced(key, fingerprint, request_id, move |_lease| async move {
+            match call(req).await {
+                Err(e) => Settlement::release(Err(e), ReleaseKind::Retryable),
+                Ok(res) => settle(config, &key.key, res).await,
+            }
+        })
+        .await
+}
+
+/// Decides what to keep of the handler's response, buffering it if it is to be stored.
+async fn settle<B, E>(
+    config: &IdempotencyConfig,
+    key: &idem_core::Key,
+    res: Response<B>,
+) -> Settlement<Handled<B, E>>
+where
+    B: Body<Data = Bytes> + Unpin,
+    B::Error: Into<BoxError>,
+{
+    let (head, mut body) = res.into_parts();
+    if let StoreDecision::Release(kind) = config.store_policy.decide(head.status) {
+        return Settlement::release(
+            Ok(Response::from_parts(head, ResponseBody::inner(body))),
+            kind,
+        );
+    }
+    let cap = config.max_stored_response;
+    let event_stream = head
+        .headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|ct| {
+            ct.trim_start()
+                .to_ascii_lowercase()
+                .starts_with("text/event-stream")
+        });
+    let exact = body.size_hint().exact();
+    if (event_stream || exact.is_none()) && config.streaming == StreamingResponses::Release {
+        // Streaming: never half-stored. The route is not protected for this response.
+        tracing::debug!(key = %key, "streaming response passed through; claim released");
+        return Settlement::release(
+            Ok(Response::from_parts(head, ResponseBody::inner(body))),
+            ReleaseKind::Retryable,
+        );
+    }
+    let stored_headers = replay_headers(config, &head.headers);
+    let header_bytes: usize = stored_headers.iter().map(|(n, v)| n.len() + v.len()).sum();
+    let budget = cap.saturating_sub(header_bytes);
+    if exact.is_some_and(|n| n > budget as u64) {
+        let stored = omitted(head.status.as_u16(), stored_headers);
+        return Settlement::complete(
+            Ok(Response::from_parts(head, ResponseBody::inner(body))),
+            stored,
+        );
+    }
+    let mut buf = BytesMut::new();
+    while let Some(frame) = body.frame().await {
+        let frame = match frame {
+            Ok(frame) => frame,
+            Err(e) => {
+                let e: BoxError = e.into();
+                tracing::warn!(key = %key, error = %e, "response body failed; claim released");
+                return Settlement::release(
+                    Ok(error::response_failed(key).into_response()),
+                    ReleaseKind::Retryable,
+                );
+            }
+        };
+        let Ok(data) = frame.into_data() else {
+            continue;
+        }; // trailers are not kept
+        if buf.len() + data.len() > budget {
+            // Larger than the cap: this client gets all of it, the record only the head.
+            buf.extend_from_slice(&data);
+            let stored = omitted(head.status.as_u16(), stored_headers);
+            return Settlement::complete(
+                Ok(Response::from_parts(
+                    head,
+                    ResponseBody::prefixed(buf.freeze(), body),
+                )),
+                stored,
+            );
+        }
+        buf.extend_from_slice(&data);
+    }
+    let bytes = buf.freeze();
+    let stored = StoredResponse {
+        status: head.status.as_u16(),
+        headers: stored_headers,
+        body: bytes.clone(),
+        body_omitted: false,
+    };
+    Settlement::complete(
+        Ok(Response::from_parts(head, ResponseBody::full(bytes))),
+        stored,
+    )
+}
+
+fn omitted(status: u16, headers: Vec<(String, Bytes)>) -> StoredResponse {
+    StoredResponse {
+        status,
+        headers,
+        body: Bytes::new(),
+        body_omitted: true,
+    }
+}
+
+fn replay_headers(config: &IdempotencyConfig, headers: &HeaderMap) -> Vec<(String, Bytes)> {
+    headers
+        .iter()
+        .filter(|(name, _)| config.replays(name))
+        .map(|(name, value)| {
+            (
+                name.as_str().to_owned(),
+                Bytes::copy_from_slice(value.as_bytes()),
+            )
+        })
+        .collect()
+}
+
+/// Turns the engine's outcome into the response for this caller.
+fn answer<B, E>(
+    config: &IdempotencyConfig,
+    found: &FoundKey,
+    outcome: Result<Outcome<Handled<B, E>>, idem_core::EngineError>,
+) -> Handled<B, E> {
+    let key = &found.key;
+    let outcome = match outcome {
+        Ok(outcome) => outcome,
+        Err(e) => {
+            tracing::warn!(key = %key, error = %e, "idempotent request failed");
+            return Ok(error::engine_error(key, &e, config.store_retry_after).into_response());
+        }
+    };
+    match outcome {
+        Outcome::Executed { output, .. } => output,
+        Outcome::Replayed(stored) => Ok(replay(stored, found)),
+        Outcome::InFlight { retry_after } => Ok(error::in_flight(key, retry_after).into_response()),
+        Outcome::Mismatch => Ok(error::mismatch(key).into_response()),
+        Outcome::Unknown => Ok(error::outcome_unknown(key).into_response()),
+        _ => Ok(error::internal(key).into_response()),
+    }
+}
+
+fn replay<B>(stored: StoredResponse, found: &FoundKey) -> Response<ResponseBody<B>> {
+    if stored.body_omitted {
+        return error::response_not_stored(&found.key, stored.status).into_response();
+    }
+    let mut res = Response::new(ResponseBody::full(stored.body));
+    *res.status_mut() =
+        StatusCode::from_u16(stored.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    let headers = res.headers_mut();
+    for (name, value) in stored.headers {
+        if let (Ok(name), Ok(value)) = (
+            HeaderName::from_bytes(name.as_bytes()),
+            HeaderValue::from_maybe_shared(value),
+        ) {
+            headers.append(name, value);
+        }
+    }
+    headers.insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
+    headers.insert(found.header.clone(), found.raw.clone());
+    res
+}

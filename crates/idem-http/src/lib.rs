@@ -1,0 +1,44 @@
+//! idem's HTTP carrier: a tower layer that gives any `http` service (axum, hyper) the
+//! idempotency-key semantics of `DESIGN.md` §5, on top of [`idem_core::Engine`], plus a
+//! status endpoint.
+//!
+//! ```
+//! use axum::{Router, routing::post};
+//! use idem_core::{Engine, MemoryStore, Policy};
+//! use idem_http::{HeaderPrincipal, IdempotencyConfig, IdempotencyLayer};
+//!
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let engine = Engine::new(MemoryStore::new(100_000), Policy::default())?;
+//! let config = IdempotencyConfig::new("payments.charge")?
+//!     .principal(HeaderPrincipal::new(http::header::AUTHORIZATION));
+//! let app: Router = Router::new()
+//!     .route("/charge", post(|| async { "charged" }).layer(IdempotencyLayer::new(&engine, config)));
+//! # let _ = app; Ok(()) }
+//! ```
+//!
+//! See [`Idempotency`] for the request flow and the problem table, [`policy`] for the
+//! pluggable behaviour, and [`IdempotencyConfig`] for per-route settings.
+
+mod body;
+mod config;
+mod idempotency;
+pub mod key;
+pub mod policy;
+mod problem;
+mod status;
+
+pub use body::{BoxError, ResponseBody};
+pub use config::{
+    ConfigError, DEFAULT_MAX_REQUEST_BODY, DEFAULT_MAX_STORED_RESPONSE, IdempotencyConfig,
+    NEVER_REPLAYED, StreamingResponses,
+};
+pub use idempotency::{Idempotency, IdempotencyLayer, ResponseFuture};
+pub use key::{KeyRejection, parse_key};
+pub use policy::{
+    CanonicalJson, ExtensionPrincipal, ExtractKey, ExtractPrincipal, FingerprintRequest, FoundKey,
+    HeaderKey, HeaderPrincipal, IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED, NoPrincipal, Principal,
+    PrincipalRejection, RawBody, StoreDecision, StorePolicy, StoreUnless5xx, X_IDEMPOTENCY_KEY,
+    X_REQUEST_ID,
+};
+pub use problem::{PROBLEM_BASE, Problem, retry_after_secs};
+pub use status::IdempotencyStatus;

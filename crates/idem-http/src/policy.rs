@@ -1,0 +1,488 @@
+//! The behaviour a route plugs in: small traits with named defaults, like tower-http's
+//! `MakeRequestId`.
+//!
+//! | trait | decides | shipped values |
+//! |---|---|---|
+//! | [`ExtractKey`] | which header holds the key, how it parses | [`HeaderKey`] |
+//! | [`ExtractPrincipal`] | whose key it is (part of the scope) | [`NoPrincipal`], [`HeaderPrincipal`], [`ExtensionPrincipal`] |
+//! | [`FingerprintRequest`] | what "the same request" means | [`CanonicalJson`], [`RawBody`] |
+//! | [`StorePolicy`] | which responses are kept for replay | [`StoreUnless5xx`] |
+
+use std::fmt;
+use std::marker::PhantomData;
+
+use http::request::Parts;
+use http::{HeaderName, HeaderValue, StatusCode};
+use idem_core::{Fingerprint, JsonFields, Key, ReleaseKind};
+
+use crate::key::{KeyRejection, parse_key};
+
+/// The `Idempotency-Key` header (draft-ietf-httpapi-idempotency-key-header).
+pub const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key");
+/// `X-Idempotency-Key`, an opt-in alias.
+pub const X_IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("x-idempotency-key");
+/// `X-Request-ID`, an opt-in alias (some clients reuse it as the key).
+pub const X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
+/// `Idempotent-Replayed: true` marks a replayed response.
+pub const IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");
+
+/// A key found in a request, with the header it came in (echoed on replays).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FoundKey {
+    /// The parsed key.
+    pub key: Key,
+    /// The header it was read from.
+    pub header: HeaderName,
+    /// The header value as sent.
+    pub raw: HeaderValue,
+}
+
+/// Finds the idempotency key in a request.
+pub trait ExtractKey: fmt::Debug + Send + Sync + 'static {
+    /// The key, `Ok(None)` when the request carries none.
+    ///
+    /// # Errors
+    /// [`KeyRejection`] for anything that is not clearly one valid key (answered with 400).
+    fn extract(&self, parts: &Parts) -> Result<Option<FoundKey>, KeyRejection>;
+}
+
+/// Reads the key from `Idempotency-Key` and any opt-in aliases. Exactly one header instance
+/// across all of them may be present.
+#[derive(Clone, Debug)]
+pub struct HeaderKey {
+    names: Vec<HeaderName>,
+}
+
+impl Default for HeaderKey {
+    fn default() -> Self {
+        Self {
+            names: vec![IDEMPOTENCY_KEY],
+        }
+    }
+}
+
+impl HeaderKey {
+    /// `Idempotency-Key` only.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Exactly these header names (none means the default).
+    pub fn names(names: impl IntoIterator<Item = HeaderName>) -> Self {
+        let names: Vec<_> = names.into_iter().collect();
+        if names.is_empty() {
+            Self::default()
+        } else {
+            Self { names }
+        }
+    }
+
+    /// Also accepts `name` (e.g. [`X_IDEMPOTENCY_KEY`] or [`X_REQUEST_ID`]).
+    #[must_use]
+    pub fn with_alias(mut self, name: HeaderName) -> Self {
+        if !self.names.contains(&name) {
+            self.names.push(name);
+        }
+        self
+    }
+
+    /// The header names read, in order.
+    pub fn header_names(&self) -> &[HeaderName] {
+        &self.names
+    }
+}
+
+impl ExtractKey for HeaderKey {
+    fn extract(&self, parts: &Parts) -> Result<Option<FoundKey>, KeyRejection> {
+        let mut found: Option<(&HeaderName, &HeaderValue)> = None;
+        for name in &self.names {
+            for value in parts.headers.get_all(name) {
+                if found.is_some() {
+                    return Err(KeyRejection::Multiple);
+                }
+                found = Some((name, value));
+            }
+        }
+        let Some((header, raw)) = found else {
+            return Ok(None);
+        };
+        let key = parse_key(raw.as_bytes())?;
+        Ok(Some(FoundKey {
+            key,
+            header: header.clone(),
+            raw: raw.clone(),
+        }))
+    }
+}
+
+/// Why a principal could not be determined. Answered with 401.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct PrincipalRejection(pub String);
+
+/// Finds whose key this is. The principal becomes part of the scope, so two principals'
+/// keys never meet.
+pub trait ExtractPrincipal: fmt::Debug + Send + Sync + 'static {
+    /// The principal, or `Ok(None)` for an anonymous scope.
+    ///
+    /// # Errors
+    /// [`PrincipalRejection`] refuses the request (401).
+    fn principal(&self, parts: &Parts) -> Result<Option<String>, PrincipalRejection>;
+}
+
+/// No principal: every caller shares the namespace. Only for single-tenant services.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct NoPrincipal;
+
+impl ExtractPrincipal for NoPrincipal {
+    fn principal(&self, _parts: &Parts) -> Result<Option<String>, PrincipalRejection> {
+        Ok(None)
+    }
+}
+
+/// The principal is a header's value (an API key, a bearer token, a tenant id), stored only
+/// as its blake3 hash.
+#[derive(Clone, Debug)]
+pub struct HeaderPrincipal {
+    name: HeaderName,
+    required: bool,
+}
+
+impl HeaderPrincipal {
+    /// Reads `name`; a request without it is anonymous.
+    pub fn new(name: HeaderName) -> Self {
+        Self {
+            name,
+            required: false,
+        }
+    }
+
+    /// Refuses requests without the header (401) instead of treating them as anonymous.
+    #[must_use]
+    pub fn required(mut self) -> Self {
+        self.required = true;
+        self
+    }
+}
+
+/// The hash under which a credential is kept: `b3:` and the blake3 hex digest.
+pub fn hash_principal(value: &[u8]) -> String {
+    format!("b3:{}", blake3::hash(value).to_hex())
+}
+
+impl ExtractPrincipal for HeaderPrincipal {
+    fn principal(&self, parts: &Parts) -> Result<Option<String>, PrincipalRejection> {
+        let mut values = parts.headers.get_all(&self.name).iter();
+        match (values.next(), values.next()) {
+            (Some(v), None) => Ok(Some(hash_principal(v.as_bytes()))),
+            (Some(_), Some(_)) => Err(PrincipalRejection(format!(
+                "more than one {} header",
+                self.name
+            ))),
+            (None, _) if self.required => Err(PrincipalRejection(format!(
+                "the {} header is required",
+                self.name
+            ))),
+            (None, _) => Ok(None),
+        }
+    }
+}
+
+/// A principal set by the application's own authentication, as a request extension.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Principal(pub String);
+
+impl fmt::Display for Principal {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// Reads the principal from a request extension of type `T` (by default [`Principal`]) that
+/// the application's auth middleware inserted. Put the auth layer *outside* this one.
+///
+/// A request without the extension is refused (401): an authenticated route must not fall
+/// back to a shared anonymous scope.
+pub struct ExtensionPrincipal<T = Principal> {
+    _t: PhantomData<fn() -> T>,
+}
+
+impl<T> ExtensionPrincipal<T> {
+    /// Reads extension `T`.
+    pub fn new() -> Self {
+        Self { _t: PhantomData }
+    }
+}
+
+impl<T> Default for ExtensionPrincipal<T> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl<T> Clone for ExtensionPrincipal<T> {
+    fn clone(&self) -> Self {
+        Self::new()
+    }
+}
+
+impl<T> fmt::Debug for ExtensionPrincipal<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "ExtensionPrincipal<{}>", std::any::type_name::<T>())
+    }
+}
+
+impl<T: fmt::Display + Send + Sync + Clone + 'static> ExtractPrincipal for ExtensionPrincipal<T> {
+    fn principal(&self, parts: &Parts) -> Result<Option<String>, PrincipalRejection> {
+        match parts.extensions.get::<T>() {
+            Some(p) => Ok(Some(p.to_string())),
+            None => Err(PrincipalRejection(
+                "the request is not authenticated".into(),
+            )),
+        }
+    }
+}
+
+/// Computes a request's fingerprint from its head and buffered body.
+pub trait FingerprintRequest: fmt::Debug + Send + Sync + 'static {
+    /// The fingerprint. Must be deterministic.
+    fn fingerprint(&self, parts: &Parts, body: &[u8]) -> Fingerprint;
+}
+
+fn route(parts: &Parts) -> &str {
+    parts.uri.path_and_query().map_or("/", |pq| pq.as_str())
+}
+
+/// Method + path and query + the canonical form of a JSON body, so member order and
+/// whitespace do not change it; a body that is not JSON is hashed as raw bytes.
+#[derive(Clone, Debug, Default)]
+pub struct CanonicalJson {
+    version: u16,
+    fields: JsonFields,
+}
+
+impl CanonicalJson {
+    /// Version 1, every field.
+    pub fn new() -> Self {
+        Self {
+            version: 1,
+            fields: JsonFields::all(),
+        }
+    }
+
+    /// Fingerprint version: bump it together with a new namespace when what is hashed changes.
+    #[must_use]
+    pub fn version(mut self, version: u16) -> Self {
+        self.version = version;
+        self
+    }
+
+    /// Which JSON fields count (include/exclude lists of dotted paths).
+    #[must_use]
+    pub fn fields(mut self, fields: JsonFields) -> Self {
+        self.fields = fields;
+        self
+    }
+}
+
+impl FingerprintRequest for CanonicalJson {
+    fn fingerprint(&self, parts: &Parts, body: &[u8]) -> Fingerprint {
+        let method = parts.method.as_str();
+        if !body.is_empty()
+            && let Ok(fp) =
+                Fingerprint::http_json(self.version, method, route(parts), body, &self.fields)
+        {
+            return fp;
+        }
+        Fingerprint::http_raw(self.version, method, route(parts), body)
+    }
+}
+
+/// Method + path and query + the raw body bytes.
+#[derive(Clone, Debug)]
+pub struct RawBody {
+    version: u16,
+}
+
+impl Default for RawBody {
+    fn default() -> Self {
+        Self { version: 1 }
+    }
+}
+
+impl RawBody {
+    /// Version 1.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Fingerprint version.
+    #[must_use]
+    pub fn version(mut self, version: u16) -> Self {
+        self.version = version;
+        self
+    }
+}
+
+impl FingerprintRequest for RawBody {
+    fn fingerprint(&self, parts: &Parts, body: &[u8]) -> Fingerprint {
+        Fingerprint::http_raw(self.version, parts.method.as_str(), route(parts), body)
+    }
+}
+
+/// What to do with a handler's response.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum StoreDecision {
+    /// Keep it and replay it to every retry.
+    Store,
+    /// Keep nothing; release the claim as this kind.
+    Release(ReleaseKind),
+}
+
+/// Decides, from the handler's status, whether its response is kept for replay.
+pub trait StorePolicy: fmt::Debug + Send + Sync + 'static {
+    /// The decision for `status`.
+    fn decide(&self, status: StatusCode) -> StoreDecision;
+}
+
+/// The default: 2xx, 3xx and deterministic 4xx are stored; 401, 403, 408, 409 and 429
+/// (rejected before running) and every 5xx are released so a retry runs again.
+#[derive(Clone, Debug, Default)]
+pub struct StoreUnless5xx {
+    ambiguous_unknown: bool,
+}
+
+impl StoreUnless5xx {
+    /// The default policy.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// 502 and 504 (an upstream that may have acted) become *unknown* instead of released:
+    /// for proxies in front of handlers that are not idempotent downstream.
+    #[must_use]
+    pub fn ambiguous_as_unknown(mut self) -> Self {
+        self.ambiguous_unknown = true;
+        self
+    }
+}
+
+impl StorePolicy for StoreUnless5xx {
+    fn decide(&self, status: StatusCode) -> StoreDecision {
+        match status.as_u16() {
+            502 | 504 if self.ambiguous_unknown => StoreDecision::Release(ReleaseKind::Unknown),
+            401 | 403 | 408 | 409 | 429 => StoreDecision::Release(ReleaseKind::Retryable),
+            s if !(200..500).contains(&s) => StoreDecision::Release(ReleaseKind::Retryable),
+            _ => StoreDecision::Store,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parts(headers: &[(&str, &str)]) -> Parts {
+        let mut b = http::Request::builder().method("POST").uri("/charge");
+        for (n, v) in headers {
+            b = b.header(*n, *v);
+        }
+        b.body(()).expect("request").into_parts().0
+    }
+
+    #[test]
+    fn header_key_refuses_two_headers_and_reads_aliases() {
+        let plain = HeaderKey::new();
+        assert_eq!(plain.extract(&parts(&[])), Ok(None));
+        let k = plain
+            .extract(&parts(&[("idempotency-key", "a")]))
+            .expect("ok")
+            .expect("some");
+        assert_eq!(k.key.as_str(), "a");
+        assert_eq!(
+            plain.extract(&parts(&[("x-idempotency-key", "a")])),
+            Ok(None)
+        );
+        assert_eq!(
+            plain.extract(&parts(&[
+                ("idempotency-key", "a"),
+                ("idempotency-key", "a")
+            ])),
+            Err(KeyRejection::Multiple)
+        );
+        let aliased = HeaderKey::new().with_alias(X_IDEMPOTENCY_KEY);
+        assert_eq!(
+            aliased.extract(&parts(&[
+                ("idempotency-key", "a"),
+                ("x-idempotency-key", "b")
+            ])),
+            Err(KeyRejection::Multiple)
+        );
+        let k = aliased
+            .extract(&parts(&[("x-idempotency-key", "b")]))
+            .expect("ok")
+            .expect("some");
+        assert_eq!(
+            (k.key.as_str(), k.header.as_str()),
+            ("b", "x-idempotency-key")
+        );
+    }
+
+    #[test]
+    fn default_store_policy() {
+        let p = StoreUnless5xx::new();
+        for s in [200, 201, 204, 302, 400, 404, 422] {
+            assert_eq!(
+                p.decide(StatusCode::from_u16(s).expect("status")),
+                StoreDecision::Store,
+                "{s}"
+            );
+        }
+        for s in [401, 403, 408, 409, 429, 500, 502, 503, 504] {
+            let d = p.decide(StatusCode::from_u16(s).expect("status"));
+            assert_eq!(d, StoreDecision::Release(ReleaseKind::Retryable), "{s}");
+        }
+        let held = StoreUnless5xx::new().ambiguous_as_unknown();
+        assert_eq!(
+            held.decide(StatusCode::BAD_GATEWAY),
+            StoreDecision::Release(ReleaseKind::Unknown)
+        );
+        assert_eq!(
+            held.decide(StatusCode::INTERNAL_SERVER_ERROR),
+            StoreDecision::Release(ReleaseKind::Retryable)
+        );
+    }
+
+    #[test]
+    fn principals_are_hashed_and_extensions_required() {
+        let p = HeaderPrincipal::new(http::header::AUTHORIZATION);
+        let got = p
+            .principal(&parts(&[("authorization", "Bearer secret")]))
+            .expect("ok")
+            .expect("some");
+        assert!(got.starts_with("b3:") && !got.contains("secret"));
+        assert_eq!(p.principal(&parts(&[])), Ok(None));
+        assert!(p.clone().required().principal(&parts(&[])).is_err());
+        let e = ExtensionPrincipal::<Principal>::new();
+        assert!(e.principal(&parts(&[])).is_err());
+        let mut with = parts(&[]);
+        with.extensions.insert(Principal("alice".into()));
+        assert_eq!(e.principal(&with), Ok(Some("alice".into())));
+    }
+
+    #[test]
+    fn canonical_json_ignores_order_but_not_route() {
+        let fp = CanonicalJson::new();
+        let a = fp.fingerprint(&parts(&[]), br#"{"a":1,"b":2}"#);
+        assert_eq!(a, fp.fingerprint(&parts(&[]), b"{ \"b\":2,\n \"a\":1 }"));
+        assert_ne!(a, fp.fingerprint(&parts(&[]), br#"{"a":1,"b":3}"#));
+        let mut other = parts(&[]);
+        other.uri = http::Uri::from_static("/refund");
+        assert_ne!(a, fp.fingerprint(&other, br#"{"a":1,"b":2}"#));
+        assert_ne!(
+            RawBody::new().fingerprint(&parts(&[]), br#"{"a":1,"b":2}"#),
+            RawBody::new().fingerprint(&parts(&[]), br#"{"b":2,"a":1}"#)
+        );
+    }
+}

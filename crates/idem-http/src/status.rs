@@ -1,0 +1,238 @@
+//! The status endpoint: `GET <prefix>/{key}` tells the calling principal what became of its
+//! key (the seeds' "idempotent query"), so a client that timed out can ask before retrying.
+//!
+//! The answer is JSON: `{"key", "namespace", "state", "created_at", "expires_at",
+//! "lease_until"?, "completed_at"?, "status"?}` with times in milliseconds since the Unix
+//! epoch (store clock) and `state` one of `processing`, `completed`, `unknown`, `absent`
+//! (404). The scope includes the caller's principal, so another principal's keys always
+//! read as absent.
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use http::{HeaderValue, Method, Request, Response, StatusCode, header};
+use http_body_util::Empty;
+use idem_core::{Engine, RecordState, ScopedKey, Store};
+use serde::Serialize;
+use tower::Service;
+
+use crate::body::ResponseBody;
+use crate::config::IdempotencyConfig;
+use crate::key::{KeyRejection, parse_key};
+use crate::problem::Problem;
+
+/// A tower service answering `GET <prefix>/{key}` for one namespace. Mount it with axum's
+/// `Router::route_service("/idempotency/{key}", status)` or call it from a hyper service.
+pub struct IdempotencyStatus<St> {
+    engine: Engine<St>,
+    config: Arc<IdempotencyConfig>,
+    prefix: Arc<str>,
+}
+
+impl<St> Clone for IdempotencyStatus<St> {
+    fn clone(&self) -> Self {
+        Self {
+            engine: self.engine.clone(),
+            config: Arc::clone(&self.config),
+            prefix: Arc::clone(&self.prefix),
+        }
+    }
+}
+
+impl<St> fmt::Debug for IdempotencyStatus<St> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("IdempotencyStatus")
+            .field("namespace", &self.config.namespace())
+            .field("prefix", &self.prefix)
+            .finish()
+    }
+}
+
+impl<St: Store> IdempotencyStatus<St> {
+    /// Status of the keys of `config`'s namespace, for the principal `config` extracts,
+    /// under `prefix` (e.g. `/idempotency`).
+    pub fn new(engine: &Engine<St>, config: IdempotencyConfig, prefix: &str) -> Self {
+        Self {
+            engine: engine.clone(),
+            config: Arc::new(config),
+            prefix: prefix.trim_end_matches('/').into(),
+        }
+    }
+}
+
+#[derive(Serialize)]
+struct StatusBody<'a> {
+    key: &'a str,
+    namespace: &'a str,
+    state: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    created_at: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    expires_at: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    lease_until: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    completed_at: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    status: Option<u16>,
+}
+
+type StatusResponse = Response<ResponseBody<Empty<Bytes>>>;
+
+impl<St: Store, B> Service<Request<B>> for IdempotencyStatus<St> {
+    type Response = StatusResponse;
+    type Error = std::convert::Infallible;
+    type Future =
+        Pin<Box<dyn Future<Output = Result<StatusResponse, std::convert::Infallible>> + Send>>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: Request<B>) -> Self::Future {
+        let this = self.clone();
+        let (parts, _body) = req.into_parts();
+        Box::pin(async move { Ok(this.answer(&parts).await) })
+    }
+}
+
+impl<St: Store> IdempotencyStatus<St> {
+    async fn answer(&self, parts: &http::request::Parts) -> StatusResponse {
+        if parts.method != Method::GET && parts.method != Method::HEAD {
+            let mut res = Problem::new(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "method-not-allowed",
+                "Method not allowed",
+                "use GET",
+            )
+            .into_response();
+            res.headers_mut()
+                .insert(header::ALLOW, HeaderValue::from_static("GET, HEAD"));
+            return res;
+        }
+        let raw = parts
+            .uri
+            .path()
+            .strip_prefix(&*self.prefix)
+            .and_then(|rest| rest.strip_prefix('/'))
+            .unwrap_or("");
+        let key = match percent_decode(raw)
+            .ok_or(KeyRejection::Malformed)
+            .and_then(|k| parse_key(&k))
+        {
+            Ok(key) => key,
+            Err(r) => return crate::idempotency::key_problem(&r).into_response(),
+        };
+        let principal = match self.config.principal.principal(parts) {
+            Ok(p) => p,
+            Err(r) => {
+                return Problem::new(
+                    StatusCode::UNAUTHORIZED,
+                    "unauthenticated",
+                    "Principal required",
+                    r.0,
+                )
+                .into_response();
+            }
+        };
+        let scoped = ScopedKey::new(self.config.scope_for(principal), key);
+        let limit = self.config.policy.store_timeout();
+        let record = match tokio::time::timeout(limit, self.engine.store().get(&scoped)).await {
+            Ok(Ok(record)) => record,
+            Ok(Err(e)) => {
+                tracing::warn!(key = %scoped, error = %e, "status query failed");
+                return store_unavailable(&self.config);
+            }
+            Err(_) => return store_unavailable(&self.config),
+        };
+        let mut body = StatusBody {
+            key: scoped.key.as_str(),
+            namespace: scoped.scope.namespace(),
+            state: "absent",
+            created_at: None,
+            expires_at: None,
+            lease_until: None,
+            completed_at: None,
+            status: None,
+        };
+        let found = record.is_some();
+        if let Some(r) = &record {
+            body.state = r.state.kind().as_str();
+            body.created_at = Some(r.created_at.as_millis());
+            body.expires_at = Some(r.expires_at.as_millis());
+            match &r.state {
+                RecordState::Processing { lease_until, .. } => {
+                    body.lease_until = Some(lease_until.as_millis())
+                }
+                RecordState::Completed {
+                    response,
+                    completed_at,
+                } => {
+                    body.completed_at = Some(completed_at.as_millis());
+                    body.status = Some(response.status);
+                }
+                _ => {}
+            }
+        }
+        let json = serde_json::to_vec(&body).unwrap_or_default();
+        let mut res = Response::new(ResponseBody::full(json));
+        *res.status_mut() = if found {
+            StatusCode::OK
+        } else {
+            StatusCode::NOT_FOUND
+        };
+        res.headers_mut().insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
+        res.headers_mut()
+            .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+        res
+    }
+}
+
+fn store_unavailable(config: &IdempotencyConfig) -> StatusResponse {
+    Problem::new(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "store-unavailable",
+        "Idempotency store unavailable",
+        "the idempotency store failed or timed out",
+    )
+    .retry_after(config.store_retry_after)
+    .into_response()
+}
+
+/// Decodes `%XX` escapes; `None` on a broken escape.
+fn percent_decode(s: &str) -> Option<Vec<u8>> {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' {
+            let hex = bytes.get(i + 1..i + 3)?;
+            let hex = std::str::from_utf8(hex).ok()?;
+            out.push(u8::from_str_radix(hex, 16).ok()?);
+            i += 3;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    Some(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn percent_decoding() {
+        assert_eq!(percent_decode("a%20b%2F").as_deref(), Some(&b"a b/"[..]));
+        assert_eq!(percent_decode("a%2"), None);
+        assert_eq!(percent_decode("a%zz"), None);
+    }
+}

@@ -1,0 +1,3 @@
+//! Placeholder; the example is filled in below.
+
+fn main() {}
