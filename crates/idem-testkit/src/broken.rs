@@ -1,0 +1,326 @@
+//! A deliberately faulty store, to show the suite bites.
+//!
+//! [`BrokenStore`] applies `idem_core::decide` like the memory store, except for one
+//! selectable [`Bug`]. With [`Bug::None`] it passes the whole suite; with any other bug some
+//! rule or the model test must fail. This crate's `tests/bites.rs` holds that to account.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use idem_core::decide::{self, Change};
+use idem_core::{
+    ClaimOutcome, ClaimRequest, Clock, ListFilter, ManualClock, OwnerId, Record, RecordState,
+    ReleaseKind, RenewOutcome, Resolution, ResolveOutcome, ScopedKey, SettleOutcome, Store,
+    StoreError, StoredResponse, Timestamp,
+};
+
+use crate::harness::Harness;
+
+/// The bug a [`BrokenStore`] has.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Bug {
+    /// No bug: the store follows the contract.
+    None,
+    /// `complete` writes the response whoever asks, ignoring owner, fence and state.
+    CompleteUnconditionally,
+    /// No fence counter outlives a record: after expiry, release or delete fences restart at 1.
+    FenceResetsAfterExpiry,
+    /// `claim` reads, awaits, then writes: racing claims all see the key absent.
+    CheckThenSetClaim,
+    /// `claim` ignores the fingerprint: another request replays or takes the key over.
+    IgnoresFingerprint,
+    /// `release(Unknown)` removes the record as if retryable: an ambiguous outcome re-runs.
+    UnknownReleaseRemoves,
+    /// `resolve` also settles processing records whose lease is still live.
+    ResolvesLiveLease,
+}
+
+impl Bug {
+    /// Every bug, without [`Bug::None`].
+    pub const ALL: [Bug; 6] = [
+        Bug::CompleteUnconditionally,
+        Bug::FenceResetsAfterExpiry,
+        Bug::CheckThenSetClaim,
+        Bug::IgnoresFingerprint,
+        Bug::UnknownReleaseRemoves,
+        Bug::ResolvesLiveLease,
+    ];
+}
+
+/// An in-memory store with one selectable [`Bug`]. Clones share records.
+#[derive(Clone, Debug)]
+pub struct BrokenStore {
+    bug: Bug,
+    clock: ManualClock,
+    inner: Arc<Mutex<Inner>>,
+}
+
+#[derive(Debug, Default)]
+struct Inner {
+    /// Records with their insertion sequence (for a stable oldest-first order).
+    records: HashMap<ScopedKey, (u64, Record)>,
+    next_seq: u64,
+    fence_high: u64,
+}
+
+impl Inner {
+    fn get(&self, key: &ScopedKey) -> Option<&Record> {
+        self.records.get(key).map(|(_, r)| r)
+    }
+
+    fn write(&mut self, key: &ScopedKey, change: Change) {
+        match change {
+            Change::Put(record) => {
+                self.fence_high = self.fence_high.max(record.fence);
+                let seq = match self.records.get(key) {
+                    Some((seq, _)) => *seq,
+                    None => {
+                        self.next_seq += 1;
+                        self.next_seq
+                    }
+                };
+                self.records.insert(key.clone(), (seq, record));
+            }
+            Change::Remove => {
+                self.records.remove(key);
+            }
+            _ => {}
+        }
+    }
+}
+
+impl BrokenStore {
+    /// A store with `bug`, on `clock`.
+    pub fn new(bug: Bug, clock: ManualClock) -> Self {
+        Self {
+            bug,
+            clock,
+            inner: Arc::new(Mutex::new(Inner::default())),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn apply<O>(
+        &self,
+        key: &ScopedKey,
+        step: impl FnOnce(Timestamp, Option<&Record>) -> decide::Transition<O>,
+    ) -> O {
+        let now = self.clock.now();
+        let mut inner = self.lock();
+        let t = step(now, inner.get(key));
+        inner.write(key, t.change);
+        t.outcome
+    }
+
+    fn decide_claim(
+        &self,
+        now: Timestamp,
+        previous: Option<&Record>,
+        req: &ClaimRequest,
+        floor: u64,
+    ) -> decide::Transition<ClaimOutcome> {
+        let live = decide::live(now, previous);
+        let (previous, floor) = match self.bug {
+            // Forget everything about expired records, and keep no counter.
+            Bug::FenceResetsAfterExpiry => (live, 1),
+            _ => (previous, floor),
+        };
+        match (self.bug, live) {
+            (Bug::IgnoresFingerprint, Some(r)) => {
+                let req = ClaimRequest {
+                    fingerprint: r.fingerprint,
+                    ..req.clone()
+                };
+                decide::claim(now, previous, &req, floor)
+            }
+            _ => decide::claim(now, previous, req, floor),
+        }
+    }
+}
+
+impl Store for BrokenStore {
+    async fn claim(&self, req: &ClaimRequest) -> Result<ClaimOutcome, StoreError> {
+        if self.bug == Bug::CheckThenSetClaim {
+            let (previous, floor) = {
+                let inner = self.lock();
+                (inner.get(&req.key).cloned(), inner.fence_high + 1)
+            };
+            // The await point between read and write: other claims run here.
+            for _ in 0..4 {
+                tokio::task::yield_now().await;
+            }
+            let t = self.decide_claim(self.clock.now(), previous.as_ref(), req, floor);
+            self.lock().write(&req.key, t.change);
+            return Ok(t.outcome);
+        }
+        let now = self.clock.now();
+        let mut inner = self.lock();
+        let floor = inner.fence_high + 1;
+        let t = self.decide_claim(now, inner.get(&req.key), req, floor);
+        inner.write(&req.key, t.change);
+        Ok(t.outcome)
+    }
+
+    fn renew(
+        &self,
+        key: &ScopedKey,
+        owner: OwnerId,
+        fence: u64,
+        lease: Duration,
+    ) -> impl Future<Output = Result<RenewOutcome, StoreError>> + Send {
+        std::future::ready(Ok(self.apply(key, |now, prev| {
+            decide::renew(now, prev, owner, fence, lease)
+        })))
+    }
+
+    fn complete(
+        &self,
+        key: &ScopedKey,
+        owner: OwnerId,
+        fence: u64,
+        response: &StoredResponse,
+        ttl: Duration,
+    ) -> impl Future<Output = Result<SettleOutcome, StoreError>> + Send {
+        let bug = self.bug;
+        std::future::ready(Ok(self.apply(key, |now, prev| {
+            match (bug, decide::live(now, prev)) {
+                (Bug::CompleteUnconditionally, Some(record)) => {
+                    let mut next = record.clone();
+                    next.state = RecordState::Completed {
+                        response: response.clone(),
+                        completed_at: now,
+                    };
+                    next.expires_at = now.plus(ttl);
+                    decide::Transition {
+                        change: Change::Put(next),
+                        outcome: SettleOutcome::Settled,
+                    }
+                }
+                _ => decide::complete(now, prev, owner, fence, response, ttl),
+            }
+        })))
+    }
+
+    fn release(
+        &self,
+        key: &ScopedKey,
+        owner: OwnerId,
+        fence: u64,
+        kind: ReleaseKind,
+    ) -> impl Future<Output = Result<SettleOutcome, StoreError>> + Send {
+        let kind = match (self.bug, kind) {
+            (Bug::UnknownReleaseRemoves, ReleaseKind::Unknown) => ReleaseKind::Retryable,
+            _ => kind,
+        };
+        std::future::ready(Ok(self.apply(key, |now, prev| {
+            decide::release(now, prev, owner, fence, kind)
+        })))
+    }
+
+    fn get(
+        &self,
+        key: &ScopedKey,
+    ) -> impl Future<Output = Result<Option<Record>, StoreError>> + Send {
+        let now = self.clock.now();
+        std::future::ready(Ok(decide::live(now, self.lock().get(key)).cloned()))
+    }
+
+    fn list(
+        &self,
+        filter: &ListFilter,
+    ) -> impl Future<Output = Result<Vec<Record>, StoreError>> + Send {
+        let now = self.clock.now();
+        let inner = self.lock();
+        let mut found: Vec<&(u64, Record)> = inner
+            .records
+            .values()
+            .filter(|(_, r)| decide::matches_filter(now, r, filter))
+            .collect();
+        found.sort_by_key(|(seq, r)| (r.created_at, *seq));
+        let out = found
+            .into_iter()
+            .take(filter.effective_limit())
+            .map(|(_, r)| r.clone())
+            .collect();
+        std::future::ready(Ok(out))
+    }
+
+    fn resolve(
+        &self,
+        key: &ScopedKey,
+        resolution: &Resolution,
+    ) -> impl Future<Output = Result<ResolveOutcome, StoreError>> + Send {
+        let bug = self.bug;
+        std::future::ready(Ok(self.apply(key, |now, prev| {
+            // Pretend the lease has run out by judging it a lease later.
+            let judged_at = match (bug, decide::live(now, prev).map(|r| &r.state)) {
+                (Bug::ResolvesLiveLease, Some(RecordState::Processing { lease_until, .. })) => {
+                    now.max(*lease_until)
+                }
+                _ => now,
+            };
+            let mut t = decide::resolve(judged_at, prev, resolution);
+            if let Change::Put(record) = &mut t.change
+                && let RecordState::Completed { completed_at, .. } = &mut record.state
+            {
+                *completed_at = now;
+            }
+            t
+        })))
+    }
+
+    fn delete(&self, key: &ScopedKey) -> impl Future<Output = Result<bool, StoreError>> + Send {
+        let now = self.clock.now();
+        let mut inner = self.lock();
+        let existed = decide::live(now, inner.get(key)).is_some();
+        inner.write(key, Change::Remove);
+        if self.bug == Bug::FenceResetsAfterExpiry {
+            inner.fence_high = 0;
+        }
+        std::future::ready(Ok(existed))
+    }
+}
+
+/// A [`Harness`] for [`BrokenStore`]s with one bug, on a manual clock.
+#[derive(Clone, Debug)]
+pub struct BrokenHarness {
+    bug: Bug,
+    clock: ManualClock,
+}
+
+impl BrokenHarness {
+    /// A harness whose stores all have `bug`.
+    pub fn new(bug: Bug) -> Self {
+        Self {
+            bug,
+            clock: ManualClock::new(Timestamp(1_767_225_600_000)),
+        }
+    }
+}
+
+impl Harness for BrokenHarness {
+    type Store = BrokenStore;
+
+    fn store(&self) -> impl Future<Output = BrokenStore> + Send {
+        std::future::ready(BrokenStore::new(self.bug, self.clock.clone()))
+    }
+
+    fn advance(&self, d: Duration) -> impl Future<Output = ()> + Send {
+        self.clock.advance(d);
+        std::future::ready(())
+    }
+
+    fn lease(&self) -> Duration {
+        Duration::from_secs(10)
+    }
+
+    fn time_travel(&self) -> bool {
+        true
+    }
+}
