@@ -1,0 +1,297 @@
+//! The stored form of a record: a short text header the Lua scripts can read, then the
+//! record's identity (binary, opaque to Lua), then the response in idem-core's compact binary
+//! encoding ([`StoredResponse::encode`]).
+//!
+//! ```text
+//! "1 <state> <fence> <lease_until> <created> <expires> <since> <owner> <fp> <meta_len>\n" <meta> <response>
+//! ```
+//!
+//! `state` is `p` (processing), `c` (completed), `u` (unknown) or `t` (tombstone: absent to
+//! every reader, kept only so the fence never goes backwards). Times are milliseconds on the
+//! Redis server's clock; `owner` and `fp` are lower-case hex.
+
+use idem_core::record::CodecError;
+use idem_core::{
+    Fingerprint, Key, OwnerId, Record, RecordState, Scope, ScopedKey, StoredResponse, Timestamp,
+};
+
+/// The parsed header of a stored value.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Header {
+    pub(crate) state: u8,
+    pub(crate) fence: u64,
+    pub(crate) lease_until: u64,
+    pub(crate) created: u64,
+    pub(crate) expires: u64,
+    pub(crate) since: u64,
+    pub(crate) owner: u128,
+    pub(crate) fingerprint: Option<Fingerprint>,
+    /// Byte range of the meta section within the value.
+    pub(crate) meta: std::ops::Range<usize>,
+}
+
+const BAD: CodecError = CodecError("malformed redis record");
+
+/// Lower-case hex of `bytes`.
+pub(crate) fn hex(bytes: &[u8]) -> String {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let mut s = String::with_capacity(bytes.len() * 2);
+    for b in bytes {
+        s.push(char::from(DIGITS[usize::from(b >> 4)]));
+        s.push(char::from(DIGITS[usize::from(b & 15)]));
+    }
+    s
+}
+
+fn unhex(s: &[u8]) -> Result<Vec<u8>, CodecError> {
+    if s.len() % 2 != 0 {
+        return Err(BAD);
+    }
+    let nibble = |c: u8| match c {
+        b'0'..=b'9' => Ok(c - b'0'),
+        b'a'..=b'f' => Ok(c - b'a' + 10),
+        _ => Err(BAD),
+    };
+    s.chunks_exact(2)
+        .map(|p| Ok(nibble(p[0])? << 4 | nibble(p[1])?))
+        .collect()
+}
+
+/// The owner id as the scripts store it.
+pub(crate) fn owner_hex(owner: OwnerId) -> String {
+    hex(&owner.to_bytes())
+}
+
+/// The fingerprint as the scripts store it.
+pub(crate) fn fingerprint_hex(fp: &Fingerprint) -> String {
+    hex(&fp.to_bytes())
+}
+
+fn number(raw: &[u8]) -> Result<u64, CodecError> {
+    std::str::from_utf8(raw)
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .ok_or(BAD)
+}
+
+impl Header {
+    /// Parses the header of a stored value.
+    pub(crate) fn parse(value: &[u8]) -> Result<Self, CodecError> {
+        let end = value.iter().position(|&b| b == b'\n').ok_or(BAD)?;
+        let mut fields = value[..end].split(|&b| b == b' ');
+        let mut next = || fields.next().ok_or(BAD);
+        if next()? != b"1" {
+            return Err(CodecError("unknown redis record version"));
+        }
+        let state = match next()? {
+            [s @ (b'p' | b'c' | b'u' | b't')] => *s,
+            _ => return Err(BAD),
+        };
+        let fence = number(next()?)?;
+        let lease_until = number(next()?)?;
+        let created = number(next()?)?;
+        let expires = number(next()?)?;
+        let since = number(next()?)?;
+        let (owner_raw, fp_raw) = (next()?, next()?);
+        let meta_len = usize::try_from(number(next()?)?).map_err(|_| BAD)?;
+        if state == b't' {
+            let start = end + 1;
+            return Ok(Self {
+                state,
+                fence,
+                lease_until,
+                created,
+                expires,
+                since,
+                owner: 0,
+                fingerprint: None,
+                meta: start..start,
+            });
+        }
+        let owner_bytes: [u8; 16] = unhex(owner_raw)?.try_into().map_err(|_| BAD)?;
+        let fingerprint = Fingerprint::from_bytes(&unhex(fp_raw)?).map_err(|_| BAD)?;
+        let start = end + 1;
+        let stop = start
+            .checked_add(meta_len)
+            .filter(|&s| s <= value.len())
+            .ok_or(BAD)?;
+        Ok(Self {
+            state,
+            fence,
+            lease_until,
+            created,
+            expires,
+            since,
+            owner: u128::from_be_bytes(owner_bytes),
+            fingerprint: Some(fingerprint),
+            meta: start..stop,
+        })
+    }
+
+    /// True for a tombstone, which readers treat as absent.
+    pub(crate) fn is_tombstone(&self) -> bool {
+        self.state == b't'
+    }
+}
+
+/// The identity part kept on every record: namespace, principal, key, request id.
+pub(crate) fn encode_meta(key: &ScopedKey, request_id: Option<&str>) -> Vec<u8> {
+    let mut out = Vec::with_capacity(16 + key.key.as_str().len() + key.scope.namespace().len());
+    for part in [
+        Some(key.scope.namespace()),
+        key.scope.principal(),
+        Some(key.key.as_str()),
+        request_id,
+    ] {
+        match part {
+            Some(p) => {
+                let len = u32::try_from(p.len())
+                    .unwrap_or(u32::MAX - 1)
+                    .min(u32::MAX - 1);
+                out.extend_from_slice(&len.to_be_bytes());
+                out.extend_from_slice(&p.as_bytes()[..len as usize]);
+            }
+            None => out.extend_from_slice(&u32::MAX.to_be_bytes()),
+        }
+    }
+    out
+}
+
+fn decode_meta(raw: &[u8]) -> Result<(ScopedKey, Option<String>), CodecError> {
+    let mut at = 0;
+    let mut part = || -> Result<Option<String>, CodecError> {
+        let len_bytes: [u8; 4] = raw
+            .get(at..at + 4)
+            .ok_or(BAD)?
+            .try_into()
+            .map_err(|_| BAD)?;
+        at += 4;
+        let len = u32::from_be_bytes(len_bytes);
+        if len == u32::MAX {
+            return Ok(None);
+        }
+        let end = at
+            .checked_add(len as usize)
+            .filter(|&e| e <= raw.len())
+            .ok_or(BAD)?;
+        let s = String::from_utf8(raw[at..end].to_vec()).map_err(|_| BAD)?;
+        at = end;
+        Ok(Some(s))
+    };
+    let namespace = part()?.ok_or(BAD)?;
+    let principal = part()?;
+    let key = part()?.ok_or(BAD)?;
+    let request_id = part()?;
+    let mut scope = Scope::new(namespace).map_err(|_| BAD)?;
+    if let Some(p) = principal {
+        scope = scope.with_principal(p);
+    }
+    Ok((
+        ScopedKey::new(scope, Key::new(key).map_err(|_| BAD)?),
+        request_id,
+    ))
+}
+
+/// Decodes a stored value into a record, or `None` for a tombstone.
+pub(crate) fn decode_record(value: &[u8]) -> Result<Option<Record>, CodecError> {
+    let h = Header::parse(value)?;
+    if h.is_tombstone() {
+        return Ok(None);
+    }
+    let (key, request_id) = decode_meta(&value[h.meta.clone()])?;
+    let state = match h.state {
+        b'p' => RecordState::Processing {
+            owner: OwnerId(h.owner),
+            lease_until: Timestamp(h.lease_until),
+        },
+        b'c' => RecordState::Completed {
+            response: StoredResponse::decode(&value[h.meta.end..])?,
+            completed_at: Timestamp(h.since),
+        },
+        _ => RecordState::Unknown {
+            since: Timestamp(h.since),
+        },
+    };
+    Ok(Some(Record {
+        key,
+        fingerprint: h.fingerprint.ok_or(BAD)?,
+        fence: h.fence,
+        request_id,
+        created_at: Timestamp(h.created),
+        expires_at: Timestamp(h.expires),
+        state,
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key() -> ScopedKey {
+        ScopedKey::new(
+            Scope::new("pay").expect("ns").with_principal("u 1"),
+            Key::new("k-1").expect("key"),
+        )
+    }
+
+    fn stored(state: char, tail: &[u8], meta: &[u8]) -> Vec<u8> {
+        let fp = Fingerprint::of_bytes(3, b"x");
+        let mut v = format!(
+            "1 {state} 1700000000000123 5000 1000 90000 3000 {} {} {}\n",
+            owner_hex(OwnerId(7)),
+            fingerprint_hex(&fp),
+            meta.len()
+        )
+        .into_bytes();
+        v.extend_from_slice(meta);
+        v.extend_from_slice(tail);
+        v
+    }
+
+    #[test]
+    fn records_round_trip_through_the_stored_form() {
+        let meta = encode_meta(&key(), Some("req-9"));
+        let response = StoredResponse::new(201, "made").with_header("x", "y");
+        let done = decode_record(&stored('c', &response.encode(), &meta))
+            .expect("decodes")
+            .expect("live");
+        assert_eq!(done.key, key());
+        assert_eq!(done.request_id.as_deref(), Some("req-9"));
+        assert_eq!(done.fence, 1_700_000_000_000_123);
+        assert_eq!(done.expires_at, Timestamp(90_000));
+        assert_eq!(
+            done.state,
+            RecordState::Completed {
+                response,
+                completed_at: Timestamp(3000)
+            }
+        );
+        let busy = decode_record(&stored('p', b"", &encode_meta(&key(), None)))
+            .expect("decodes")
+            .expect("live");
+        assert_eq!(
+            busy.state,
+            RecordState::Processing {
+                owner: OwnerId(7),
+                lease_until: Timestamp(5000)
+            }
+        );
+        assert_eq!(busy.request_id, None);
+    }
+
+    #[test]
+    fn tombstones_read_as_absent_and_garbage_is_refused() {
+        assert_eq!(decode_record(b"1 t 42 0 0 0 0 0 0 0\n"), Ok(None));
+        assert_eq!(
+            Header::parse(b"1 t 42 0 0 0 0 0 0 0\n").map(|h| h.fence),
+            Ok(42)
+        );
+        assert!(decode_record(b"").is_err());
+        assert!(decode_record(b"2 p 1 1 1 1 1 00 00 0\n").is_err());
+        let meta = encode_meta(&key(), None);
+        let mut truncated = stored('p', b"", &meta);
+        truncated.truncate(truncated.len() - 1);
+        assert!(decode_record(&truncated).is_err());
+        assert!(decode_record(&stored('c', b"\x09", &meta)).is_err());
+    }
+}

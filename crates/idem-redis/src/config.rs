@@ -1,0 +1,278 @@
+//! Where the store connects and how it behaves: URL, key prefix, timeouts, durability.
+
+use std::time::Duration;
+
+use thiserror::Error;
+
+/// A configuration the store refuses.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[non_exhaustive]
+pub enum ConfigError {
+    /// The URL is not one of the accepted forms.
+    #[error(
+        "unsupported redis url {0:?}: expected redis://, rediss:// or redis+cluster://h1:p1,h2:p2"
+    )]
+    BadUrl(String),
+    /// A `rediss` URL was given but TLS support was not compiled in.
+    #[error("rediss:// needs idem-redis's `tls` feature")]
+    TlsDisabled,
+    /// The key prefix holds a brace (it would break the hash tag) or a control character.
+    #[error("key prefix must be printable ASCII without braces")]
+    BadPrefix,
+    /// A duration that must be positive was zero.
+    #[error("{0} must be greater than zero")]
+    Zero(&'static str),
+}
+
+/// Where to connect.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Target {
+    /// One node (or a proxy in front of several).
+    Single(String),
+    /// A Redis Cluster, reached through any of these seed nodes.
+    Cluster(Vec<String>),
+}
+
+/// Wait for replicas after each claim and completion.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Durability {
+    /// Replicas that must acknowledge the write.
+    pub replicas: u32,
+    /// How long `WAIT` may block.
+    pub timeout: Duration,
+}
+
+/// Store configuration. Start from [`RedisConfig::from_url`].
+#[derive(Clone, Debug)]
+pub struct RedisConfig {
+    pub(crate) target: Target,
+    pub(crate) prefix: String,
+    pub(crate) op_timeout: Duration,
+    pub(crate) admin_timeout: Duration,
+    pub(crate) connect_timeout: Duration,
+    pub(crate) durability: Option<Durability>,
+    pub(crate) tombstone_ttl: Duration,
+}
+
+/// Default per-operation timeout.
+pub const DEFAULT_OP_TIMEOUT: Duration = Duration::from_millis(250);
+
+impl RedisConfig {
+    /// Parses `redis://…`, `rediss://…`, `unix://…` (one node) or
+    /// `redis+cluster://[user:pass@]h1:p1,h2:p2` (`rediss+cluster://` with TLS).
+    ///
+    /// Defaults: prefix `idem:`, 250 ms per operation, 5 s for `list`, 1 s to connect, no
+    /// durability wait, tombstones kept 60 s.
+    ///
+    /// # Errors
+    /// [`ConfigError::BadUrl`] or [`ConfigError::TlsDisabled`].
+    pub fn from_url(url: &str) -> Result<Self, ConfigError> {
+        Ok(Self {
+            target: parse_target(url)?,
+            prefix: "idem:".to_owned(),
+            op_timeout: DEFAULT_OP_TIMEOUT,
+            admin_timeout: Duration::from_secs(5),
+            connect_timeout: Duration::from_secs(1),
+            durability: None,
+            tombstone_ttl: Duration::from_secs(60),
+        })
+    }
+
+    /// Prefix of every key the store writes. Give each application (or test) its own.
+    ///
+    /// # Errors
+    /// [`ConfigError::BadPrefix`] if it holds `{`, `}` or a byte outside printable ASCII.
+    pub fn prefix(mut self, prefix: impl Into<String>) -> Result<Self, ConfigError> {
+        let prefix = prefix.into();
+        if prefix
+            .bytes()
+            .any(|b| !(0x21..=0x7e).contains(&b) || b == b'{' || b == b'}')
+        {
+            return Err(ConfigError::BadPrefix);
+        }
+        self.prefix = prefix;
+        Ok(self)
+    }
+
+    /// Bound on each record operation; running out is `StoreError::Timeout`.
+    ///
+    /// # Errors
+    /// [`ConfigError::Zero`] for a zero duration.
+    pub fn op_timeout(mut self, limit: Duration) -> Result<Self, ConfigError> {
+        self.op_timeout = nonzero("op timeout", limit)?;
+        Ok(self)
+    }
+
+    /// Bound on `list`, which scans keys.
+    ///
+    /// # Errors
+    /// [`ConfigError::Zero`] for a zero duration.
+    pub fn admin_timeout(mut self, limit: Duration) -> Result<Self, ConfigError> {
+        self.admin_timeout = nonzero("admin timeout", limit)?;
+        Ok(self)
+    }
+
+    /// Bound on establishing a connection.
+    ///
+    /// # Errors
+    /// [`ConfigError::Zero`] for a zero duration.
+    pub fn connect_timeout(mut self, limit: Duration) -> Result<Self, ConfigError> {
+        self.connect_timeout = nonzero("connect timeout", limit)?;
+        Ok(self)
+    }
+
+    /// After each claim and completion, `WAIT` for `replicas` within `timeout`; a short
+    /// acknowledgement is `StoreError::Uncertain` and the handler does not run.
+    ///
+    /// # Errors
+    /// [`ConfigError::Zero`] for zero replicas or a zero timeout.
+    pub fn durability(mut self, replicas: u32, timeout: Duration) -> Result<Self, ConfigError> {
+        if replicas == 0 {
+            return Err(ConfigError::Zero("replicas"));
+        }
+        self.durability = Some(Durability {
+            replicas,
+            timeout: nonzero("durability timeout", timeout)?,
+        });
+        Ok(self)
+    }
+
+    /// How long a released or deleted record leaves its fence behind. Fences are also floored
+    /// by the server clock in microseconds, so this only matters if that clock steps back.
+    ///
+    /// # Errors
+    /// [`ConfigError::Zero`] for a zero duration.
+    pub fn tombstone_ttl(mut self, ttl: Duration) -> Result<Self, ConfigError> {
+        self.tombstone_ttl = nonzero("tombstone ttl", ttl)?;
+        Ok(self)
+    }
+
+    /// Where the store connects.
+    pub fn target(&self) -> &Target {
+        &self.target
+    }
+}
+
+fn nonzero(what: &'static str, d: Duration) -> Result<Duration, ConfigError> {
+    if d.is_zero() {
+        Err(ConfigError::Zero(what))
+    } else {
+        Ok(d)
+    }
+}
+
+fn parse_target(url: &str) -> Result<Target, ConfigError> {
+    let bad = || ConfigError::BadUrl(url.to_owned());
+    let (scheme, rest) = url.split_once("://").ok_or_else(bad)?;
+    let tls = match scheme {
+        "redis" | "unix" | "redis+unix" => false,
+        "rediss" => true,
+        "redis+cluster" => return cluster_nodes("redis", rest).ok_or_else(bad),
+        "rediss+cluster" => {
+            require_tls()?;
+            return cluster_nodes("rediss", rest).ok_or_else(bad);
+        }
+        _ => return Err(bad()),
+    };
+    if tls {
+        require_tls()?;
+    }
+    if rest.is_empty() {
+        return Err(bad());
+    }
+    Ok(Target::Single(url.to_owned()))
+}
+
+fn require_tls() -> Result<(), ConfigError> {
+    if cfg!(feature = "tls") {
+        Ok(())
+    } else {
+        Err(ConfigError::TlsDisabled)
+    }
+}
+
+/// `[auth@]h1:p1,h2:p2[/…]` into one URL per seed node, each carrying the credentials.
+fn cluster_nodes(scheme: &str, rest: &str) -> Option<Target> {
+    let (hosts_part, tail) = match rest.find(['/', '?']) {
+        Some(i) => rest.split_at(i),
+        None => (rest, ""),
+    };
+    let (auth, hosts) = match hosts_part.rsplit_once('@') {
+        Some((auth, hosts)) => (format!("{auth}@"), hosts),
+        None => (String::new(), hosts_part),
+    };
+    if hosts.split(',').any(str::is_empty) {
+        return None;
+    }
+    Some(Target::Cluster(
+        hosts
+            .split(',')
+            .map(|h| format!("{scheme}://{auth}{h}{tail}"))
+            .collect(),
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls_are_parsed() {
+        assert_eq!(
+            RedisConfig::from_url("redis://127.0.0.1:6379/0").map(|c| c.target),
+            Ok(Target::Single("redis://127.0.0.1:6379/0".into()))
+        );
+        assert_eq!(
+            RedisConfig::from_url("redis+cluster://u:p@a:1,b:2").map(|c| c.target),
+            Ok(Target::Cluster(vec![
+                "redis://u:p@a:1".into(),
+                "redis://u:p@b:2".into()
+            ]))
+        );
+        assert_eq!(
+            RedisConfig::from_url("redis+cluster://a:1/?protocol=resp3").map(|c| c.target),
+            Ok(Target::Cluster(vec!["redis://a:1/?protocol=resp3".into()]))
+        );
+        assert!(matches!(
+            RedisConfig::from_url("redis+cluster://a:1,,b:2"),
+            Err(ConfigError::BadUrl(_))
+        ));
+        assert!(matches!(
+            RedisConfig::from_url("http://a"),
+            Err(ConfigError::BadUrl(_))
+        ));
+        assert!(matches!(
+            RedisConfig::from_url("redis://"),
+            Err(ConfigError::BadUrl(_))
+        ));
+        if !cfg!(feature = "tls") {
+            assert_eq!(
+                RedisConfig::from_url("rediss://a:1").map(|c| c.target),
+                Err(ConfigError::TlsDisabled)
+            );
+        }
+    }
+
+    #[test]
+    fn options_are_validated() {
+        let c = RedisConfig::from_url("redis://a").expect("url");
+        assert_eq!(
+            c.clone().prefix("a{b").map(|_| ()),
+            Err(ConfigError::BadPrefix)
+        );
+        assert_eq!(
+            c.clone().prefix("a b").map(|_| ()),
+            Err(ConfigError::BadPrefix)
+        );
+        assert!(c.clone().prefix("app:1:").is_ok());
+        assert_eq!(
+            c.clone().op_timeout(Duration::ZERO).map(|_| ()),
+            Err(ConfigError::Zero("op timeout"))
+        );
+        assert_eq!(
+            c.durability(0, Duration::from_millis(5)).map(|_| ()),
+            Err(ConfigError::Zero("replicas"))
+        );
+    }
+}

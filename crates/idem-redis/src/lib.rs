@@ -1,0 +1,72 @@
+//! idem's Redis store, for a single node and for Redis Cluster.
+//!
+//! ```no_run
+//! use std::time::Duration;
+//!
+//! use idem_core::{Engine, Fingerprint, Key, Outcome, Policy, Scope, ScopedKey, Settlement, StoredResponse};
+//! use idem_redis::{RedisConfig, RedisStore};
+//!
+//! # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! // `redis+cluster://h1:p1,h2:p2` reaches a cluster; `rediss://` needs the `tls` feature.
+//! let config = RedisConfig::from_url("redis://127.0.0.1:6379")?
+//!     .prefix("shop:idem:")?
+//!     .op_timeout(Duration::from_millis(250))?;
+//! let store = RedisStore::connect(config).await?;
+//! let engine = Engine::new(store, Policy::default())?;
+//!
+//! let key = ScopedKey::new(Scope::new("payments.charge")?.with_principal("user-7"), Key::new("order-42")?);
+//! let fp = Fingerprint::of_bytes(1, b"amount=100");
+//! let outcome = engine
+//!     .run(&key, &fp, |lease| async move {
+//!         // `lease.fence` is the write token for downstream systems.
+//!         Settlement::complete(lease.fence, StoredResponse::new(200, "charged"))
+//!     })
+//!     .await?;
+//! match outcome {
+//!     Outcome::Executed { .. } => println!("charged now"),
+//!     Outcome::Replayed(response) => println!("replayed {:?}", response.body),
+//!     other => println!("not run: {other:?}"),
+//! }
+//! # Ok(()) }
+//! ```
+//!
+//! # How records are kept
+//!
+//! - **One key per record**, `<prefix>{<blake3 of scope and key>}`. The braces are a hash tag:
+//!   every key a record needs shares its slot, so the scripts are cluster-safe.
+//! - **One Lua script per write** (claim, renew, complete, release, resolve, delete), run with
+//!   `EVALSHA` and re-sent on `NOSCRIPT` after a restart or failover ([`script`]). `get` is a
+//!   single `GET`. `list` is for operators: it `SCAN`s every master for the prefix (no index
+//!   to keep in step, no extra command on the hot path) and filters and sorts in the client.
+//! - **Server clock.** Leases and expiry are judged with `TIME` inside the scripts; records
+//!   expire with `PXAT`.
+//! - **Fences** are `max(previous + 1, server time in µs)`: they keep growing after a record
+//!   expired, with no counter kept forever. A release or delete leaves a short-lived
+//!   tombstone holding the fence, so an immediate re-claim cannot repeat it even within one
+//!   microsecond. Owner and fence are both checked by every settling script, so a fence that
+//!   repeats after a clock step back still cannot be used by another holder.
+//! - **Responses** are stored in idem-core's compact binary encoding after a short text
+//!   header (see `codec`), never JSON.
+//! - **Round trips**: a first request costs two scripts (claim, complete), a replay one, a
+//!   replay through [`idem_core::CachedStore`] none. Inside the scripts a replay runs one
+//!   `GET`; a fresh claim `GET`, `TIME`, `SET`.
+//! - **Timeouts**: every operation is bounded (250 ms by default) and reports
+//!   [`idem_core::StoreError::Timeout`]; the connection reconnects in the background.
+//! - **Durability**: [`RedisConfig::durability`] makes claims and completions `WAIT` for
+//!   replicas; a short acknowledgement is [`idem_core::StoreError::Uncertain`] (a claim is
+//!   then given back and its handler never runs). `WAIT` blocks the shared multiplexed
+//!   connection while it waits, so use it with replicas that keep up.
+//!
+//! # TLS
+//!
+//! The `tls` feature enables `rediss://` through redis-rs's rustls support without choosing a
+//! crypto provider: the binary installs the process-wide rustls provider it already uses, so
+//! no second one is pulled in.
+
+mod codec;
+pub mod config;
+pub mod script;
+mod store;
+
+pub use config::{ConfigError, Durability, RedisConfig, Target};
+pub use store::RedisStore;
