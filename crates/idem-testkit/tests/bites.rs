@@ -1,0 +1,90 @@
+//! The suite bites: each bug of `BrokenStore` makes the rules that guard against it fail, and
+//! the model test catches it too. `BrokenStore` without a bug passes everything (module
+//! `faithful`), so every failure below is the bug's doing.
+
+use std::future::Future;
+use std::panic::AssertUnwindSafe;
+
+use futures::FutureExt;
+use idem_testkit::broken::{BrokenHarness, Bug};
+use idem_testkit::{model, rules};
+
+mod faithful {
+    // The bug-free variant: shows the plumbing of BrokenStore is sound.
+    idem_testkit::conformance_tests!(idem_testkit::broken::BrokenHarness::new(idem_testkit::broken::Bug::None), cases = 300);
+}
+
+/// True when the future panics (a rule or the model test reported a violation).
+async fn fails(f: impl Future<Output = ()>) -> bool {
+    AssertUnwindSafe(f).catch_unwind().await.is_err()
+}
+
+/// The model test with a fixed budget, without regression files (failures are expected).
+async fn model_fails(bug: Bug) -> bool {
+    let h = BrokenHarness::new(bug);
+    fails(model::check(&h, 2000, None)).await
+}
+
+// Bug guarded: a stale holder (taken over, or with a forged owner/fence) overwrites the
+// record with its late result: `complete` that checks neither owner nor fence.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn complete_unconditionally_is_caught() {
+    let h = BrokenHarness::new(Bug::CompleteUnconditionally);
+    assert!(fails(rules::stale_owner_is_fenced(&h)).await);
+    assert!(fails(rules::release_unknown_holds_key(&h)).await);
+    assert!(model_fails(Bug::CompleteUnconditionally).await);
+}
+
+// Bug guarded: a fence counter that lives only inside the record, so after the record
+// expires (or is released or deleted) a new holder reuses an old fence number.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fence_reset_is_caught() {
+    let h = BrokenHarness::new(Bug::FenceResetsAfterExpiry);
+    assert!(fails(rules::fence_increases_across_expiry(&h)).await);
+    assert!(fails(rules::fence_increases_across_release_and_delete(&h)).await);
+    assert!(model_fails(Bug::FenceResetsAfterExpiry).await);
+}
+
+// Bug guarded: check-then-set claims (read, await, write), so concurrent duplicates all see
+// the key absent and all run the handler.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_then_set_claim_is_caught() {
+    let h = BrokenHarness::new(Bug::CheckThenSetClaim);
+    assert!(fails(rules::race_one_claim_wins(&h)).await);
+    assert!(fails(rules::race_one_takeover_wins(&h)).await);
+}
+
+// Bug guarded: a claim that ignores the fingerprint, replaying one request's response to a
+// different request (or letting it take the key over).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ignored_fingerprint_is_caught() {
+    let h = BrokenHarness::new(Bug::IgnoresFingerprint);
+    assert!(fails(rules::mismatch_changes_nothing_in_any_state(&h)).await);
+    assert!(fails(rules::release_unknown_holds_key(&h)).await);
+    assert!(model_fails(Bug::IgnoresFingerprint).await);
+}
+
+// Bug guarded: an ambiguous outcome released as retryable, so a retry re-runs an effect that
+// may already have happened.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unknown_release_removing_is_caught() {
+    let h = BrokenHarness::new(Bug::UnknownReleaseRemoves);
+    assert!(fails(rules::release_unknown_holds_key(&h)).await);
+    assert!(fails(rules::resolve_unknown_with_response_replays(&h)).await);
+    assert!(model_fails(Bug::UnknownReleaseRemoves).await);
+}
+
+// Bug guarded: an operator resolve that settles a key a live worker still holds, so the
+// worker's effect and the operator's answer both happen.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn resolving_live_lease_is_caught() {
+    let h = BrokenHarness::new(Bug::ResolvesLiveLease);
+    assert!(fails(rules::resolve_refuses_completed_and_live_processing(&h)).await);
+    assert!(model_fails(Bug::ResolvesLiveLease).await);
+}
+
+#[test]
+fn every_bug_has_a_test_here() {
+    // Adding a bug to `Bug::ALL` without a test above should not go unnoticed.
+    assert_eq!(Bug::ALL.len(), 6);
+}
