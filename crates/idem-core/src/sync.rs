@@ -1,7 +1,7 @@
-//! Lock types, swapped for shuttle's under the `shuttle` feature so schedule exploration
-//! can drive the memory store.
+//! Lock types, swapped for shuttle's under `--cfg shuttle` so schedule exploration can drive
+//! the memory store (see `scripts/shuttle.sh`).
 
-#[cfg(feature = "shuttle")]
+#[cfg(shuttle)]
 pub(crate) use shuttle::sync::{Mutex, MutexGuard};
-#[cfg(not(feature = "shuttle"))]
+#[cfg(not(shuttle))]
 pub(crate) use std::sync::{Mutex, MutexGuard};
