@@ -262,7 +262,9 @@ impl<S: Store> Engine<S> {
             armed: true,
         };
 
-        let work = AssertUnwindSafe(handler(lease)).catch_unwind();
+        // Call the handler inside the guarded future, so a panic in the closure body itself
+        // (before it returns its future) is caught as well.
+        let work = AssertUnwindSafe(async move { handler(lease).await }).catch_unwind();
         let timed = tokio::time::timeout(policy.handler_timeout, work);
         let lost = watchdog(&*self.store, key, lease, policy, sent_at);
         let result = tokio::select! {
