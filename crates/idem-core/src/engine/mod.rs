@@ -427,7 +427,9 @@ async fn watchdog<S: Store>(store: &S, key: &ScopedKey, lease: Lease, policy: &P
             return LeaseLoss::Expired;
         }
         let sent = Instant::now();
-        match timed_op(policy.store_timeout, store.renew(key, lease.owner, lease.fence, policy.lease)).await {
+        // A renewal still pending at the deadline must not keep the handler running past it.
+        let limit = policy.store_timeout.min(deadline.saturating_duration_since(sent));
+        match timed_op(limit, store.renew(key, lease.owner, lease.fence, policy.lease)).await {
             Ok(RenewOutcome::Renewed { .. }) => deadline = sent + policy.lease,
             Ok(_) => return LeaseLoss::Taken,
             Err(e) => tracing::warn!(key = %key, fence = lease.fence, error = %e, "lease renewal failed"),
