@@ -313,3 +313,61 @@ impl Cluster {
         CLUSTER.get_or_init(Cluster::start)
     }
 }
+
+/// The conformance harness: stores on one server (or cluster), each with its own key prefix,
+/// sharing one connection. Time passes by sleeping; leases are judged by the server's clock.
+pub struct RedisHarness {
+    conn: idem_redis::script::Connection,
+    url: String,
+    lease: Duration,
+}
+
+impl RedisHarness {
+    /// A harness on the shared local Redis, or `None` (skipped loudly) when it is missing.
+    pub async fn local() -> Option<Self> {
+        if !local_redis_up() {
+            return None;
+        }
+        Some(Self::connect(LOCAL_URL).await)
+    }
+
+    /// A harness on the private cluster of this test binary, or `None` without redis-server.
+    pub async fn cluster() -> Option<Self> {
+        if !redis_server_available() {
+            return None;
+        }
+        let url = tokio::task::spawn_blocking(|| Cluster::shared().url())
+            .await
+            .expect("start cluster");
+        Some(Self::connect(&url).await)
+    }
+
+    async fn connect(url: &str) -> Self {
+        let store = store_at(url, Duration::from_millis(500)).await;
+        Self {
+            conn: store.connection().clone(),
+            url: url.to_owned(),
+            lease: Duration::from_millis(600),
+        }
+    }
+}
+
+impl idem_testkit::Harness for RedisHarness {
+    type Store = RedisStore;
+
+    fn store(&self) -> impl std::future::Future<Output = RedisStore> + Send {
+        let config = RedisConfig::from_url(&self.url)
+            .and_then(|c| c.prefix(unique_prefix()))
+            .and_then(|c| c.op_timeout(Duration::from_millis(500)))
+            .expect("config");
+        std::future::ready(RedisStore::with_connection(self.conn.clone(), config))
+    }
+
+    fn advance(&self, d: Duration) -> impl std::future::Future<Output = ()> + Send {
+        idem_testkit::sleep_for(d)
+    }
+
+    fn lease(&self) -> Duration {
+        self.lease
+    }
+}
