@@ -17,7 +17,7 @@ use quick_cache::sync::Cache;
 use crate::clock::{Clock, SystemClock};
 use crate::fingerprint::Fingerprint;
 use crate::key::ScopedKey;
-use crate::record::{OwnerId, Record, ReleaseKind, StoredResponse, Timestamp};
+use crate::record::{OwnerId, Record, RecordState, ReleaseKind, StoredResponse, Timestamp};
 use crate::store::{ClaimOutcome, ClaimRequest, ListFilter, RenewOutcome, Resolution, ResolveOutcome, SettleOutcome, Store, StoreError};
 
 #[derive(Clone)]
@@ -98,7 +98,17 @@ impl<S: Store> Store for CachedStore<S> {
             }
             let outcome = self.inner.claim(req).await?;
             match &outcome {
-                ClaimOutcome::Done { response } => self.remember(&req.key, req.fingerprint, response.clone(), req.ttl),
+                ClaimOutcome::Done { response } => {
+                    // The claimant's ttl says nothing about when this record expires, so ask
+                    // the store: a cache entry must never outlive its record.
+                    if let Ok(Some(record)) = self.inner.get(&req.key).await
+                        && matches!(record.state, RecordState::Completed { .. })
+                        && record.fingerprint == req.fingerprint
+                    {
+                        let left = record.expires_at.since(self.clock.now());
+                        self.remember(&req.key, req.fingerprint, response.clone(), left);
+                    }
+                }
                 ClaimOutcome::Claimed { lease, .. } => self.held.insert((lease.owner, lease.fence), req.fingerprint),
                 _ => {}
             }
