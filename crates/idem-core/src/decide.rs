@@ -19,6 +19,9 @@ use crate::record::{Lease, OwnerId, Record, RecordState, ReleaseKind, StateKind,
 use crate::store::{ClaimOutcome, ClaimRequest, RenewOutcome, Resolution, ResolveOutcome, SettleOutcome};
 
 /// What a store must do to its copy of the record.
+// A short-lived value, applied right away: boxing the record would cost an allocation per
+// write for nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Change {

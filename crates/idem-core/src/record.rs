@@ -36,7 +36,7 @@ impl Timestamp {
 /// A duration in whole milliseconds, rounded up so a non-zero duration never becomes zero.
 pub fn duration_ms(d: Duration) -> u64 {
     let ms = d.as_millis();
-    let rounded = if d.subsec_nanos() % 1_000_000 != 0 { ms + 1 } else { ms };
+    let rounded = if d.subsec_nanos().is_multiple_of(1_000_000) { ms } else { ms + 1 };
     u64::try_from(rounded).unwrap_or(u64::MAX)
 }
 

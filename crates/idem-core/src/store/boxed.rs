@@ -1,7 +1,6 @@
 //! The type-erased store, for binaries that choose a backend at run time.
 
 use std::fmt;
-use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -115,51 +114,51 @@ impl fmt::Debug for BoxStore {
 }
 
 impl Store for BoxStore {
-    fn claim(&self, req: &ClaimRequest) -> impl Future<Output = Result<ClaimOutcome, StoreError>> + Send {
-        async move { self.0.claim_dyn(req).await }
+    async fn claim(&self, req: &ClaimRequest) -> Result<ClaimOutcome, StoreError> {
+        self.0.claim_dyn(req).await
     }
-    fn renew(
+    async fn renew(
         &self,
         key: &ScopedKey,
         owner: OwnerId,
         fence: u64,
         lease: Duration,
-    ) -> impl Future<Output = Result<RenewOutcome, StoreError>> + Send {
-        async move { self.0.renew_dyn(key, owner, fence, lease).await }
+    ) -> Result<RenewOutcome, StoreError> {
+        self.0.renew_dyn(key, owner, fence, lease).await
     }
-    fn complete(
+    async fn complete(
         &self,
         key: &ScopedKey,
         owner: OwnerId,
         fence: u64,
         response: &StoredResponse,
         ttl: Duration,
-    ) -> impl Future<Output = Result<SettleOutcome, StoreError>> + Send {
-        async move { self.0.complete_dyn(key, owner, fence, response, ttl).await }
+    ) -> Result<SettleOutcome, StoreError> {
+        self.0.complete_dyn(key, owner, fence, response, ttl).await
     }
-    fn release(
+    async fn release(
         &self,
         key: &ScopedKey,
         owner: OwnerId,
         fence: u64,
         kind: ReleaseKind,
-    ) -> impl Future<Output = Result<SettleOutcome, StoreError>> + Send {
-        async move { self.0.release_dyn(key, owner, fence, kind).await }
+    ) -> Result<SettleOutcome, StoreError> {
+        self.0.release_dyn(key, owner, fence, kind).await
     }
-    fn get(&self, key: &ScopedKey) -> impl Future<Output = Result<Option<Record>, StoreError>> + Send {
-        async move { self.0.get_dyn(key).await }
+    async fn get(&self, key: &ScopedKey) -> Result<Option<Record>, StoreError> {
+        self.0.get_dyn(key).await
     }
-    fn list(&self, filter: &ListFilter) -> impl Future<Output = Result<Vec<Record>, StoreError>> + Send {
-        async move { self.0.list_dyn(filter).await }
+    async fn list(&self, filter: &ListFilter) -> Result<Vec<Record>, StoreError> {
+        self.0.list_dyn(filter).await
     }
-    fn resolve(
+    async fn resolve(
         &self,
         key: &ScopedKey,
         resolution: &Resolution,
-    ) -> impl Future<Output = Result<ResolveOutcome, StoreError>> + Send {
-        async move { self.0.resolve_dyn(key, resolution).await }
+    ) -> Result<ResolveOutcome, StoreError> {
+        self.0.resolve_dyn(key, resolution).await
     }
-    fn delete(&self, key: &ScopedKey) -> impl Future<Output = Result<bool, StoreError>> + Send {
-        async move { self.0.delete_dyn(key).await }
+    async fn delete(&self, key: &ScopedKey) -> Result<bool, StoreError> {
+        self.0.delete_dyn(key).await
     }
 }
