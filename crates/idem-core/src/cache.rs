@@ -91,29 +91,27 @@ impl<S> fmt::Debug for CachedStore<S> {
 }
 
 impl<S: Store> Store for CachedStore<S> {
-    fn claim(&self, req: &ClaimRequest) -> impl Future<Output = Result<ClaimOutcome, StoreError>> + Send {
-        async move {
-            if let Some(hit) = self.lookup(req) {
-                return Ok(hit);
-            }
-            let outcome = self.inner.claim(req).await?;
-            match &outcome {
-                ClaimOutcome::Done { response } => {
-                    // The claimant's ttl says nothing about when this record expires, so ask
-                    // the store: a cache entry must never outlive its record.
-                    if let Ok(Some(record)) = self.inner.get(&req.key).await
-                        && matches!(record.state, RecordState::Completed { .. })
-                        && record.fingerprint == req.fingerprint
-                    {
-                        let left = record.expires_at.since(self.clock.now());
-                        self.remember(&req.key, req.fingerprint, response.clone(), left);
-                    }
-                }
-                ClaimOutcome::Claimed { lease, .. } => self.held.insert((lease.owner, lease.fence), req.fingerprint),
-                _ => {}
-            }
-            Ok(outcome)
+    async fn claim(&self, req: &ClaimRequest) -> Result<ClaimOutcome, StoreError> {
+        if let Some(hit) = self.lookup(req) {
+            return Ok(hit);
         }
+        let outcome = self.inner.claim(req).await?;
+        match &outcome {
+            ClaimOutcome::Done { response } => {
+                // The claimant's ttl says nothing about when this record expires, so ask
+                // the store: a cache entry must never outlive its record.
+                if let Ok(Some(record)) = self.inner.get(&req.key).await
+                    && matches!(record.state, RecordState::Completed { .. })
+                    && record.fingerprint == req.fingerprint
+                {
+                    let left = record.expires_at.since(self.clock.now());
+                    self.remember(&req.key, req.fingerprint, response.clone(), left);
+                }
+            }
+            ClaimOutcome::Claimed { lease, .. } => self.held.insert((lease.owner, lease.fence), req.fingerprint),
+            _ => {}
+        }
+        Ok(outcome)
     }
 
     fn renew(
@@ -126,22 +124,20 @@ impl<S: Store> Store for CachedStore<S> {
         self.inner.renew(key, owner, fence, lease)
     }
 
-    fn complete(
+    async fn complete(
         &self,
         key: &ScopedKey,
         owner: OwnerId,
         fence: u64,
         response: &StoredResponse,
         ttl: Duration,
-    ) -> impl Future<Output = Result<SettleOutcome, StoreError>> + Send {
-        async move {
-            let outcome = self.inner.complete(key, owner, fence, response, ttl).await?;
-            let fingerprint = self.held.remove(&(owner, fence)).map(|(_, fp)| fp);
-            if let (SettleOutcome::Settled, Some(fp)) = (outcome, fingerprint) {
-                self.remember(key, fp, response.clone(), ttl);
-            }
-            Ok(outcome)
+    ) -> Result<SettleOutcome, StoreError> {
+        let outcome = self.inner.complete(key, owner, fence, response, ttl).await?;
+        let fingerprint = self.held.remove(&(owner, fence)).map(|(_, fp)| fp);
+        if let (SettleOutcome::Settled, Some(fp)) = (outcome, fingerprint) {
+            self.remember(key, fp, response.clone(), ttl);
         }
+        Ok(outcome)
     }
 
     fn release(
