@@ -1,0 +1,498 @@
+//! The data plane: request ids, route matching, and per route either a plain proxy or the
+//! idem-http layer in front of the proxy.
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::header::{self, HeaderName, HeaderValue};
+use http::request::Parts;
+use http::{Method, Request, Response, StatusCode, Uri};
+use http_body::Body as _;
+use http_body_util::BodyExt;
+use hyper::body::Incoming;
+use idem_core::fingerprint::canonical_json_filtered;
+use idem_core::{BoxStore, Engine, Fingerprint, Policy};
+use idem_http::policy::{
+    ExtractPrincipal, FingerprintRequest, HeaderKey, PrincipalRejection, StoreDecision, StorePolicy,
+};
+use idem_http::{
+    Idempotency, IdempotencyConfig, IdempotencyLayer, ResponseBody, StreamingResponses,
+};
+use tower::{Layer as _, Service as _};
+
+use crate::config::{
+    FingerprintBody, FingerprintSettings, PrincipalSource, Route, RoutePolicy, Settings,
+    UpstreamFailure,
+};
+use crate::metrics::{MeteredStore, PROBLEM_SLUG, RequestOutcome, classify};
+use crate::principal;
+use crate::proxy::{self, HttpClient, Proxy, ReqBody, ResBody};
+
+/// The store as the gateway uses it: any backend, measured.
+pub type GatewayStore = MeteredStore<BoxStore>;
+
+type Protected = Idempotency<Proxy, GatewayStore>;
+
+enum Handler {
+    Plain(Proxy),
+    Protected {
+        svc: Protected,
+        policy: Arc<RoutePolicy>,
+    },
+}
+
+struct Entry {
+    route: Route,
+    handler: Handler,
+}
+
+/// The data-plane application. Cheap to share behind an `Arc`.
+pub struct App {
+    entries: Vec<Entry>,
+    fallback: Option<Proxy>,
+    request_id: HeaderName,
+}
+
+impl std::fmt::Debug for App {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("App")
+            .field("routes", &self.entries.len())
+            .finish_non_exhaustive()
+    }
+}
+
+/// Methods the layer passes through unprotected.
+const SAFE: [Method; 3] = [Method::GET, Method::HEAD, Method::OPTIONS];
+
+impl App {
+    /// Builds the routes over `store`. `upstream` is the default upstream (the configured one
+    /// or the demo upstream's address).
+    ///
+    /// # Errors
+    /// A route without any upstream, or a policy the layer refuses.
+    pub fn new(
+        settings: &Settings,
+        store: GatewayStore,
+        upstream: Option<&Uri>,
+        client: &HttpClient,
+    ) -> anyhow::Result<Self> {
+        let engine = Engine::new(store, Policy::default()).map_err(|e| anyhow::anyhow!("{e}"))?;
+        let mut entries = Vec::with_capacity(settings.routes.len());
+        for route in &settings.routes {
+            let target = route
+                .upstream
+                .as_ref()
+                .or(upstream)
+                .ok_or_else(|| anyhow::anyhow!("route `{}` has no upstream", route.name))?;
+            let p = &route.policy;
+            let timeout = p.engine.handler_timeout().saturating_sub(HANDLER_BACKSTOP);
+            let handler = if p.idempotency {
+                // Buffer protected responses inside the upstream timeout, so a reset mid-body
+                // is classified like any other failure after sending.
+                let proxy =
+                    Proxy::new(client.clone(), target, timeout, Some(p.max_stored_response))?;
+                let layer = IdempotencyLayer::new(&engine, layer_config(p)?);
+                Handler::Protected {
+                    svc: layer.layer(proxy),
+                    policy: Arc::clone(p),
+                }
+            } else {
+                Handler::Plain(Proxy::new(client.clone(), target, timeout, None)?)
+            };
+            entries.push(Entry {
+                route: route.clone(),
+                handler,
+            });
+        }
+        let fallback = upstream
+            .map(|u| Proxy::new(client.clone(), u, Duration::from_secs(30), None))
+            .transpose()?;
+        Ok(Self {
+            entries,
+            fallback,
+            request_id: settings.request_id_header.clone(),
+        })
+    }
+
+    /// Handles one request from `remote`.
+    pub async fn handle(&self, req: Request<Incoming>, remote: SocketAddr) -> Response<ResBody> {
+        let started = Instant::now();
+        let (mut parts, body) = req.into_parts();
+        let request_id = request_id(&mut parts, &self.request_id);
+        append_forwarded_for(&mut parts, remote);
+        let method = parts.method.clone();
+        let path = parts.uri.path().to_owned();
+        let req = Request::from_parts(parts, ReqBody::Incoming(body));
+
+        let entry = self
+            .entries
+            .iter()
+            .find(|e| e.route.methods.contains(&method) && e.route.pattern.matches(&path));
+        let (mut res, outcome, route) = match entry {
+            None => match &self.fallback {
+                Some(proxy) => (proxy.forward(req).await, RequestOutcome::Passthrough, "-"),
+                None => (
+                    proxy::problem(
+                        StatusCode::NOT_FOUND,
+                        "no-route",
+                        "No route",
+                        "no route matches this request",
+                        None,
+                    ),
+                    RequestOutcome::Refused,
+                    "-",
+                ),
+            },
+            Some(Entry {
+                route,
+                handler: Handler::Plain(proxy),
+            }) => (
+                proxy.forward(req).await,
+                RequestOutcome::Passthrough,
+                route.name.as_str(),
+            ),
+            Some(Entry {
+                route,
+                handler: Handler::Protected { svc, policy },
+            }) => {
+                let passthrough = SAFE.contains(&method)
+                    || (!policy.key_required && !req.headers().contains_key(&policy.key_header));
+                let res = match svc.clone().call(req).await {
+                    Ok(res) => res,
+                    Err(never) => match never {},
+                };
+                let (res, outcome) = if passthrough {
+                    (res.map(|b| b.boxed_unsync()), RequestOutcome::Passthrough)
+                } else {
+                    classified(res).await
+                };
+                (res, outcome, route.name.as_str())
+            }
+        };
+        outcome.record();
+        res.headers_mut().remove(PROBLEM_SLUG);
+        res.headers_mut()
+            .insert(self.request_id.clone(), request_id.clone());
+        let status = res.status().as_u16();
+        tracing::info!(
+            request_id = request_id.to_str().unwrap_or("-"),
+            %method,
+            path,
+            route,
+            status,
+            outcome = outcome.as_str(),
+            micros = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX),
+            "request"
+        );
+        res
+    }
+}
+
+/// The engine's handler timeout is the proxy's plus this, so the proxy's own timeout (and its
+/// 504, handled per `upstream_failure`) always fires first.
+pub const HANDLER_BACKSTOP: Duration = Duration::from_secs(1);
+
+/// Reads the answer's problem type (if it is a small problem+json made in memory) and
+/// classifies the outcome.
+fn classified(
+    res: Response<ResponseBody<ResBody>>,
+) -> impl Future<Output = (Response<ResBody>, RequestOutcome)> + Send {
+    // Boxed before any await: the layer's body type is not provably `Send` across one.
+    let (head, body) = res.into_parts();
+    classified_boxed(head, body.boxed_unsync())
+}
+
+async fn classified_boxed(
+    head: http::response::Parts,
+    body: ResBody,
+) -> (Response<ResBody>, RequestOutcome) {
+    if let Some(slug) = head.headers.get(PROBLEM_SLUG).and_then(|v| v.to_str().ok()) {
+        let outcome = classify(head.status, &head.headers, Some(slug));
+        return (Response::from_parts(head, body), outcome);
+    }
+    let is_problem = head
+        .headers
+        .get(header::CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes().starts_with(b"application/problem+json"));
+    let small = body.size_hint().exact().is_some_and(|n| n <= 8192);
+    if !(is_problem && small) {
+        let outcome = classify(head.status, &head.headers, None);
+        return (Response::from_parts(head, body), outcome);
+    }
+    let bytes = match body.collect().await {
+        Ok(c) => c.to_bytes(),
+        Err(_) => Bytes::new(),
+    };
+    let slug = serde_json::from_slice::<serde_json::Value>(&bytes)
+        .ok()
+        .and_then(|v| {
+            v.get("type")?
+                .as_str()?
+                .strip_prefix(idem_http::PROBLEM_BASE)
+                .map(str::to_owned)
+        });
+    let outcome = classify(
+        head.status,
+        &head.headers,
+        Some(slug.as_deref().unwrap_or("upstream-problem")),
+    );
+    // A problem from the upstream itself (not idem's) is still an execution.
+    let outcome = if slug.is_none() {
+        classify(head.status, &head.headers, None)
+    } else {
+        outcome
+    };
+    (Response::from_parts(head, proxy::full(bytes)), outcome)
+}
+
+/// The request id: the client's if it is a sane one, else a fresh UUID v7. Set on the
+/// request so the upstream sees it.
+fn request_id(parts: &mut Parts, name: &HeaderName) -> HeaderValue {
+    let given = parts
+        .headers
+        .get(name)
+        .filter(|v| {
+            !v.is_empty() && v.len() <= 200 && v.as_bytes().iter().all(|b| b.is_ascii_graphic())
+        })
+        .cloned();
+    let id = given.unwrap_or_else(|| {
+        HeaderValue::from_str(&uuid::Uuid::now_v7().to_string())
+            .unwrap_or(HeaderValue::from_static("invalid"))
+    });
+    parts.headers.insert(name.clone(), id.clone());
+    if name != "x-request-id" {
+        // The idempotency layer records `x-request-id` on the claim.
+        parts
+            .headers
+            .insert(HeaderName::from_static("x-request-id"), id.clone());
+    }
+    id
+}
+
+fn append_forwarded_for(parts: &mut Parts, remote: SocketAddr) {
+    let xff = HeaderName::from_static("x-forwarded-for");
+    let ip = remote.ip().to_string();
+    let value = match parts.headers.get(&xff).and_then(|v| v.to_str().ok()) {
+        Some(prev) => format!("{prev}, {ip}"),
+        None => ip,
+    };
+    if let Ok(v) = HeaderValue::from_str(&value) {
+        parts.headers.insert(xff, v);
+    }
+}
+
+fn layer_config(p: &RoutePolicy) -> anyhow::Result<IdempotencyConfig> {
+    Ok(IdempotencyConfig::new(p.namespace.clone())
+        .map_err(|e| anyhow::anyhow!("{e}"))?
+        .key_required(p.key_required)
+        .key(HeaderKey::names([p.key_header.clone()]))
+        .principal(GatewayPrincipal(p.principal.clone()))
+        .fingerprint(GatewayFingerprint(p.fingerprint.clone()))
+        .store_policy(GatewayStorePolicy {
+            policy: StatusPolicy::from(p),
+        })
+        .policy(p.engine.clone())
+        .max_request_body(p.max_request_body)
+        .max_stored_response(p.max_stored_response)
+        .replay_headers(p.replay_headers.iter().cloned())
+        .streaming(StreamingResponses::Buffer)
+        .store_retry_after(Duration::from_secs(1)))
+}
+
+/// The principal of a protected request, from the route's configured source.
+#[derive(Debug)]
+struct GatewayPrincipal(PrincipalSource);
+
+impl ExtractPrincipal for GatewayPrincipal {
+    fn principal(&self, parts: &Parts) -> Result<Option<String>, PrincipalRejection> {
+        principal::extract(&self.0, &parts.headers).map_err(|e| PrincipalRejection(e.to_string()))
+    }
+}
+
+/// Method + path and query + selected headers + the body (canonical JSON, raw or ignored).
+#[derive(Debug)]
+struct GatewayFingerprint(FingerprintSettings);
+
+impl FingerprintRequest for GatewayFingerprint {
+    fn fingerprint(&self, parts: &Parts, body: &[u8]) -> Fingerprint {
+        let route = parts.uri.path_and_query().map_or("/", |pq| pq.as_str());
+        let mut fp = Fingerprint::builder(1)
+            .part("method", parts.method.as_str().as_bytes())
+            .part("route", route.as_bytes());
+        for name in &self.0.headers {
+            fp = fp.part("header", name.as_str().as_bytes());
+            for value in parts.headers.get_all(name) {
+                fp = fp.part("value", value.as_bytes());
+            }
+        }
+        match self.0.body {
+            FingerprintBody::Ignore => fp,
+            FingerprintBody::Raw => fp.part("body", body),
+            FingerprintBody::Json => match canonical_json_filtered(body, &self.0.fields) {
+                Ok(canonical) if !body.is_empty() => fp.part("json", &canonical),
+                _ => fp.part("body", body),
+            },
+        }
+        .finish()
+    }
+}
+
+#[derive(Debug, Clone)]
+struct StatusPolicy {
+    store: crate::config::StatusSet,
+    release: crate::config::StatusSet,
+    upstream_failure: UpstreamFailure,
+}
+
+impl From<&RoutePolicy> for StatusPolicy {
+    fn from(p: &RoutePolicy) -> Self {
+        Self {
+            store: p.store_statuses.clone(),
+            release: p.release_statuses.clone(),
+            upstream_failure: p.upstream_failure,
+        }
+    }
+}
+
+/// Stores the configured statuses; 502 and 504 (the upstream may have acted) follow
+/// `upstream_failure`; everything else is released so a retry runs again.
+#[derive(Debug)]
+struct GatewayStorePolicy {
+    policy: StatusPolicy,
+}
+
+impl StorePolicy for GatewayStorePolicy {
+    fn decide(&self, status: StatusCode) -> StoreDecision {
+        let p = &self.policy;
+        match status.as_u16() {
+            502 | 504 => StoreDecision::Release(p.upstream_failure.release_kind()),
+            s if s < 200 => StoreDecision::Release(idem_core::ReleaseKind::Retryable),
+            s if p.store.contains(s) && !p.release.contains(s) => StoreDecision::Store,
+            _ => StoreDecision::Release(idem_core::ReleaseKind::Retryable),
+        }
+    }
+}
+
+/// Answers every request with `app`, for hyper.
+pub fn service(
+    app: Arc<App>,
+    remote: SocketAddr,
+) -> impl hyper::service::Service<
+    Request<Incoming>,
+    Response = Response<ResBody>,
+    Error = Infallible,
+    Future: Send,
+> + Clone {
+    hyper::service::service_fn(move |req| {
+        let app = Arc::clone(&app);
+        async move { Ok::<_, Infallible>(app.handle(req, remote).await) }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parts(method: &str, uri: &str, headers: &[(&str, &str)]) -> Parts {
+        let mut b = Request::builder().method(method).uri(uri);
+        for (n, v) in headers {
+            b = b.header(*n, *v);
+        }
+        b.body(()).expect("request").into_parts().0
+    }
+
+    #[test]
+    fn fingerprints_follow_the_settings() {
+        let json = GatewayFingerprint(FingerprintSettings {
+            body: FingerprintBody::Json,
+            fields: idem_core::JsonFields::all().exclude(["client_time"]),
+            headers: vec![HeaderName::from_static("x-tenant")],
+        });
+        let p = parts("POST", "/charge", &[("x-tenant", "a")]);
+        let a = json.fingerprint(&p, br#"{"amount":1,"client_time":5}"#);
+        assert_eq!(
+            a,
+            json.fingerprint(&p, br#"{ "client_time": 6, "amount": 1 }"#)
+        );
+        assert_ne!(a, json.fingerprint(&p, br#"{"amount":2}"#));
+        assert_ne!(
+            a,
+            json.fingerprint(
+                &parts("POST", "/charge", &[("x-tenant", "b")]),
+                br#"{"amount":1}"#
+            )
+        );
+        assert_ne!(
+            a,
+            json.fingerprint(
+                &parts("PUT", "/charge", &[("x-tenant", "a")]),
+                br#"{"amount":1}"#
+            )
+        );
+        let ignore = GatewayFingerprint(FingerprintSettings {
+            body: FingerprintBody::Ignore,
+            fields: idem_core::JsonFields::all(),
+            headers: vec![],
+        });
+        assert_eq!(
+            ignore.fingerprint(&p, b"one"),
+            ignore.fingerprint(&p, b"two")
+        );
+    }
+
+    #[test]
+    fn statuses_decide_what_is_kept() {
+        let s = crate::config::compile(
+            &crate::config::from_toml("upstream = \"http://x\"").expect("toml"),
+        )
+        .expect("valid");
+        let hold = GatewayStorePolicy {
+            policy: StatusPolicy::from(&*s.routes[0].policy),
+        };
+        let kind = |code: u16| hold.decide(StatusCode::from_u16(code).expect("status"));
+        assert_eq!(kind(201), StoreDecision::Store);
+        assert_eq!(kind(422), StoreDecision::Store);
+        assert_eq!(
+            kind(429),
+            StoreDecision::Release(idem_core::ReleaseKind::Retryable)
+        );
+        assert_eq!(
+            kind(500),
+            StoreDecision::Release(idem_core::ReleaseKind::Retryable)
+        );
+        assert_eq!(
+            kind(503),
+            StoreDecision::Release(idem_core::ReleaseKind::Retryable)
+        );
+        assert_eq!(
+            kind(504),
+            StoreDecision::Release(idem_core::ReleaseKind::Unknown)
+        );
+        let retry = GatewayStorePolicy {
+            policy: StatusPolicy {
+                upstream_failure: UpstreamFailure::Retry,
+                ..StatusPolicy::from(&*s.routes[0].policy)
+            },
+        };
+        assert_eq!(
+            retry.decide(StatusCode::BAD_GATEWAY),
+            StoreDecision::Release(idem_core::ReleaseKind::Retryable)
+        );
+    }
+
+    #[test]
+    fn request_ids_are_kept_or_made() {
+        let name = HeaderName::from_static("x-request-id");
+        let mut p = parts("POST", "/", &[("x-request-id", "abc-123")]);
+        assert_eq!(request_id(&mut p, &name), "abc-123");
+        let mut p = parts("POST", "/", &[]);
+        let made = request_id(&mut p, &name);
+        assert_eq!(made.len(), 36);
+        assert_eq!(p.headers.get(&name), Some(&made));
+        let mut p = parts("POST", "/", &[("x-request-id", "has space")]);
+        assert_ne!(request_id(&mut p, &name), "has space");
+    }
+}

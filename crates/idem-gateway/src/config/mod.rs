@@ -1,0 +1,288 @@
+//! Configuration: a TOML file, then `IDEM_` environment variables, then flags (flags win).
+//!
+//! The raw, serde-shaped config lives here; [`compile`] turns it into the checked
+//! [`Settings`] the server runs on, or an error that says which field is wrong and why.
+
+mod compile;
+mod units;
+
+use std::path::{Path, PathBuf};
+
+use anyhow::Context as _;
+use figment::Figment;
+use figment::providers::{Env, Format as _, Serialized, Toml};
+use serde::{Deserialize, Serialize};
+
+pub use compile::{
+    AdminSettings, FingerprintBody, FingerprintSettings, JwtKey, JwtSettings, LogFormat, MethodSet,
+    PathPattern, PrincipalSource, Route, RoutePolicy, Settings, StatusSet, UpstreamFailure,
+    compile,
+};
+pub use units::{ByteSize, Dur};
+
+/// The default data listener.
+pub const DEFAULT_LISTEN: &str = "127.0.0.1:8080";
+/// The default store: the embedded SQLite file.
+pub const DEFAULT_STORE: &str = "sqlite:./idem.db";
+
+/// The whole configuration as written by a user.
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawConfig {
+    /// Data listener address (default `127.0.0.1:8080`).
+    pub listen: Option<String>,
+    /// Default upstream base URL (`http://host:port`).
+    pub upstream: Option<String>,
+    /// Store URL (default `sqlite:./idem.db`).
+    pub store: Option<String>,
+    /// Per-operation store timeout (default `1s`); past it the gateway answers 503.
+    pub store_timeout: Option<Dur>,
+    /// Entries of the local cache of completed responses (default 0: off).
+    pub store_cache_entries: Option<usize>,
+    /// Longest a cached completed response is replayed from memory (default `60s`).
+    pub store_cache_max_age: Option<Dur>,
+    /// Upstream connect timeout (default `5s`).
+    pub upstream_connect_timeout: Option<Dur>,
+    /// Idle pooled upstream connections kept per host (default 256).
+    pub upstream_pool_max_idle: Option<usize>,
+    /// How long SIGTERM waits for in-flight requests (default `30s`).
+    pub shutdown_grace: Option<Dur>,
+    /// The request id header (default `x-request-id`).
+    pub request_id_header: Option<String>,
+    /// Logging.
+    pub log: Option<RawLog>,
+    /// The admin listener (off unless `listen` and a token are set).
+    pub admin: Option<RawAdmin>,
+    /// Policy fields every route starts from (no `name`, `method` or `path` here).
+    pub defaults: Option<RawRoute>,
+    /// Routes, matched in order; the first match wins.
+    pub routes: Option<Vec<RawRoute>>,
+    /// Serve the built-in demo upstream and proxy to it.
+    pub demo_upstream: Option<bool>,
+}
+
+/// Logging settings.
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawLog {
+    /// `text` (default) or `json`.
+    pub format: Option<String>,
+    /// A tracing filter such as `info` or `idem=debug` (default `info`); `RUST_LOG` wins.
+    pub level: Option<String>,
+}
+
+/// Admin listener settings.
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawAdmin {
+    /// Address of the admin listener.
+    pub listen: Option<String>,
+    /// Bearer token the admin API requires.
+    pub token: Option<String>,
+    /// A file holding the bearer token (first line).
+    pub token_file: Option<PathBuf>,
+}
+
+/// One route: a method and path pattern, and the policy fields that differ from `defaults`.
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawRoute {
+    /// A name for logs and the default namespace.
+    pub name: Option<String>,
+    /// `POST`, a list such as `["POST", "PUT"]`, or `*` (default).
+    pub method: Option<Methods>,
+    /// Path pattern: literal segments, `{name}` for one segment, a trailing `*` for the rest.
+    pub path: Option<String>,
+    /// Upstream for this route (default: the global upstream).
+    pub upstream: Option<String>,
+
+    /// `false` proxies the route with no idempotency at all.
+    pub idempotency: Option<bool>,
+    /// The key header (default `Idempotency-Key`).
+    pub key_header: Option<String>,
+    /// Whether unsafe requests without a key get 400 (default true).
+    pub key_required: Option<bool>,
+    /// The namespace the keys live in (default: the route name).
+    pub namespace: Option<String>,
+    /// Where the principal comes from.
+    pub principal: Option<RawPrincipal>,
+    /// What the fingerprint covers.
+    pub fingerprint: Option<RawFingerprint>,
+    /// Lease length (default `timeout` + 16s); must be at least that.
+    pub lease: Option<Dur>,
+    /// Upstream timeout for the route (default `30s`).
+    pub timeout: Option<Dur>,
+    /// Record TTL: how long results are replayed (default `24h`).
+    pub ttl: Option<Dur>,
+    /// Statuses that are stored and replayed (default `["2xx", "3xx", "4xx"]`).
+    pub store_statuses: Option<Vec<StatusPattern>>,
+    /// Statuses that are never stored: the claim is released (default `[401, 403, 408, 409, 429]`).
+    pub release_statuses: Option<Vec<StatusPattern>>,
+    /// What an expired lease becomes: `reexecute` (default) or `hold`.
+    pub takeover: Option<String>,
+    /// What an upstream timeout or reset after sending becomes: `hold` (default) or `retry`.
+    pub upstream_failure: Option<String>,
+    /// How long a duplicate waits for the in-flight result before answering 409 (default 0).
+    pub in_flight_wait: Option<Dur>,
+    /// Largest request body accepted (default `1MiB`); larger is 413.
+    pub max_request_body: Option<ByteSize>,
+    /// Largest response stored (default `1MiB`); larger is recorded as not kept.
+    pub max_stored_response: Option<ByteSize>,
+    /// Response headers replayed besides the body (default: content-type and a few more).
+    pub replay_headers: Option<Vec<String>>,
+}
+
+/// One method or several.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(untagged)]
+pub enum Methods {
+    /// One method, or `*`.
+    One(String),
+    /// Several.
+    Many(Vec<String>),
+}
+
+/// A status code or a class such as `4xx`.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(untagged)]
+pub enum StatusPattern {
+    /// One status.
+    Code(u16),
+    /// `404` or `4xx`.
+    Text(String),
+}
+
+/// Where the principal comes from.
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawPrincipal {
+    /// `none` (default), `header` or `jwt`.
+    pub from: Option<String>,
+    /// The header to read (default `authorization` for jwt; required for `header`).
+    pub header: Option<String>,
+    /// Whether a request without a principal gets 401 (default: true unless `from = "none"`).
+    pub required: Option<bool>,
+    /// HS256 shared secret.
+    pub hs256_secret: Option<String>,
+    /// RS256 public key, PEM text.
+    pub rs256_public_key: Option<String>,
+    /// RS256 public key, PEM file.
+    pub rs256_public_key_file: Option<PathBuf>,
+    /// The claim naming the principal (default `sub`).
+    pub claim: Option<String>,
+    /// Required `iss`.
+    pub issuer: Option<String>,
+    /// Required `aud`.
+    pub audience: Option<String>,
+}
+
+/// What the fingerprint covers.
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawFingerprint {
+    /// `json` (canonical JSON; default), `raw` (exact bytes) or `ignore`.
+    pub body: Option<String>,
+    /// With `json`: only these dot paths count.
+    pub include: Option<Vec<String>>,
+    /// With `json`: these dot paths never count.
+    pub exclude: Option<Vec<String>>,
+    /// Request headers that take part.
+    pub headers: Option<Vec<String>>,
+}
+
+/// Values given as command-line flags; set ones override the file and the environment.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Overrides {
+    /// `--listen`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub listen: Option<String>,
+    /// `--upstream`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub upstream: Option<String>,
+    /// `--store`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub store: Option<String>,
+    /// `--demo-upstream`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub demo_upstream: Option<bool>,
+    /// `--admin-listen` / `--admin-token`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub admin: Option<OverrideAdmin>,
+    /// `--log-format` / `--log-level`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub log: Option<OverrideLog>,
+}
+
+/// Admin flags.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct OverrideAdmin {
+    /// `--admin-listen`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub listen: Option<String>,
+    /// `--admin-token`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub token: Option<String>,
+}
+
+/// Logging flags.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct OverrideLog {
+    /// `--log-format`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub format: Option<String>,
+    /// `--log-level`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub level: Option<String>,
+}
+
+/// Where the configuration came from, for `check-config`.
+#[derive(Debug, Clone, Default)]
+pub struct Sources {
+    /// The file read, if any.
+    pub file: Option<PathBuf>,
+    /// `IDEM_*` variables that were set (names only).
+    pub env: Vec<String>,
+}
+
+/// Reads the file (if any), the `IDEM_` environment and the flags, in rising precedence.
+///
+/// Nested fields are reached in the environment with `__`: `IDEM_ADMIN__TOKEN`,
+/// `IDEM_DEFAULTS__TTL`. `IDEM_CONFIG` names the file and is not a field.
+///
+/// # Errors
+/// A missing or unreadable file, TOML syntax errors, unknown fields and wrongly typed values,
+/// each naming the field and where it came from.
+pub fn load(file: Option<&Path>, overrides: &Overrides) -> anyhow::Result<(RawConfig, Sources)> {
+    let mut figment = Figment::new();
+    let mut sources = Sources::default();
+    if let Some(path) = file {
+        if !path.is_file() {
+            anyhow::bail!(
+                "config file {} does not exist or is not a file",
+                path.display()
+            );
+        }
+        figment = figment.merge(Toml::file_exact(path));
+        sources.file = Some(path.to_path_buf());
+    }
+    let env = Env::prefixed("IDEM_").split("__").ignore(&["config"]);
+    sources.env = std::env::vars_os()
+        .filter_map(|(k, _)| k.into_string().ok())
+        .filter(|k| k.starts_with("IDEM_") && k != "IDEM_CONFIG")
+        .collect();
+    sources.env.sort();
+    figment = figment.merge(env).merge(Serialized::defaults(overrides));
+    let raw: RawConfig = figment.extract().context("invalid configuration")?;
+    Ok((raw, sources))
+}
+
+/// Parses TOML text alone (no environment, no flags): for tests and `check-config --stdin`.
+///
+/// # Errors
+/// As [`load`].
+pub fn from_toml(text: &str) -> anyhow::Result<RawConfig> {
+    Figment::new()
+        .merge(Toml::string(text))
+        .extract()
+        .context("invalid configuration")
+}

@@ -1,0 +1,14 @@
+//! The `idem` gateway: a reverse proxy that gives any HTTP service idempotency-key
+//! semantics, with an admin API, Prometheus metrics and a built-in demo upstream.
+//!
+//! The binary (`src/main.rs`) is a thin CLI over these modules; see `docs/gateway.md`.
+
+pub mod admin;
+pub mod app;
+pub mod config;
+pub mod demo;
+pub mod metrics;
+pub mod principal;
+pub mod proxy;
+pub mod server;
+pub mod store;

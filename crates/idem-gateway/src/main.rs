@@ -1,0 +1,233 @@
+//! `idem`: an idempotency gateway in front of any HTTP service.
+//!
+//! ```text
+//! idem demo                      # gateway + built-in sample upstream, embedded SQLite store
+//! idem serve --config idem.toml  # reverse proxy with the configured routes and store
+//! idem check-config --config idem.toml
+//! idem sample-upstream --listen 127.0.0.1:9000
+//! ```
+//!
+//! See `docs/gateway.md` for the configuration reference and a quick start.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Args, Parser, Subcommand};
+
+use idem_gateway::config::{self, LogFormat, OverrideAdmin, OverrideLog, Overrides, Settings};
+use idem_gateway::{demo, metrics, server};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "idem",
+    version,
+    about = "Idempotency gateway: at most one execution per Idempotency-Key, replays for every retry"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run the reverse proxy.
+    Serve(ServeArgs),
+    /// Run the gateway in front of the built-in sample upstream (a charge endpoint).
+    Demo(ServeArgs),
+    /// Check a configuration and explain what it sets up; exits 2 if it is invalid.
+    CheckConfig(ServeArgs),
+    /// Run only the sample upstream (for experiments and benchmarks).
+    SampleUpstream {
+        /// Address to listen on.
+        #[arg(long, default_value = "127.0.0.1:9000")]
+        listen: SocketAddr,
+    },
+}
+
+#[derive(Debug, Args)]
+struct ServeArgs {
+    /// TOML configuration file.
+    #[arg(long, short, env = "IDEM_CONFIG")]
+    config: Option<PathBuf>,
+    /// Data listener address [default: 127.0.0.1:8080].
+    #[arg(long)]
+    listen: Option<String>,
+    /// Default upstream URL, e.g. http://127.0.0.1:3000.
+    #[arg(long)]
+    upstream: Option<String>,
+    /// Store URL: memory:, sqlite:PATH, redis://…, redis+cluster://…, postgres://…, mysql://… [default: sqlite:./idem.db].
+    #[arg(long)]
+    store: Option<String>,
+    /// Serve the built-in sample upstream and proxy to it.
+    #[arg(long)]
+    demo_upstream: bool,
+    /// Admin listener address (needs a token).
+    #[arg(long)]
+    admin_listen: Option<String>,
+    /// Admin bearer token (prefer IDEM_ADMIN__TOKEN or admin.token_file).
+    #[arg(long)]
+    admin_token: Option<String>,
+    /// `text` or `json`.
+    #[arg(long)]
+    log_format: Option<String>,
+    /// Log filter, e.g. `info`, `warn`, `idem=debug`.
+    #[arg(long)]
+    log_level: Option<String>,
+}
+
+impl ServeArgs {
+    fn overrides(&self, demo: bool) -> Overrides {
+        let admin =
+            (self.admin_listen.is_some() || self.admin_token.is_some()).then(|| OverrideAdmin {
+                listen: self.admin_listen.clone(),
+                token: self.admin_token.clone(),
+            });
+        let log = (self.log_format.is_some() || self.log_level.is_some()).then(|| OverrideLog {
+            format: self.log_format.clone(),
+            level: self.log_level.clone(),
+        });
+        Overrides {
+            listen: self.listen.clone(),
+            upstream: self.upstream.clone(),
+            store: self.store.clone(),
+            demo_upstream: (demo || self.demo_upstream).then_some(true),
+            admin,
+            log,
+        }
+    }
+
+    fn settings(&self, demo: bool) -> anyhow::Result<(Settings, config::Sources)> {
+        let (raw, sources) = config::load(self.config.as_deref(), &self.overrides(demo))?;
+        Ok((config::compile(&raw)?, sources))
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::CheckConfig(args) => check_config(&args),
+        Command::Serve(args) => serve(&args, false),
+        Command::Demo(args) => serve(&args, true),
+        Command::SampleUpstream { listen } => sample_upstream(listen),
+    }
+}
+
+fn check_config(args: &ServeArgs) -> ExitCode {
+    match args.settings(false) {
+        Ok((settings, sources)) => {
+            match &sources.file {
+                Some(f) => println!(
+                    "config:    {} (then IDEM_* variables, then flags)",
+                    f.display()
+                ),
+                None => println!("config:    no file (IDEM_* variables and flags only)"),
+            }
+            if !sources.env.is_empty() {
+                println!("env:       {}", sources.env.join(", "));
+            }
+            print!("{settings}");
+            println!("ok: configuration is valid");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn serve(args: &ServeArgs, demo: bool) -> ExitCode {
+    let settings = match args.settings(demo) {
+        Ok((s, _)) => s,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            return ExitCode::from(2);
+        }
+    };
+    if let Err(e) = init_logging(settings.log_format, &settings.log_level) {
+        eprintln!("error: {e:#}");
+        return ExitCode::from(2);
+    }
+    let metrics = match metrics::install() {
+        Ok(h) => Some(h),
+        Err(e) => {
+            tracing::warn!(error = %e, "metrics disabled");
+            None
+        }
+    };
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let result = runtime.block_on(server::run(settings, metrics));
+    runtime.shutdown_timeout(std::time::Duration::from_secs(1));
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!(error = format!("{e:#}"), "gateway stopped");
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn sample_upstream(listen: SocketAddr) -> ExitCode {
+    let _ = init_logging(LogFormat::Text, "warn");
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    runtime.block_on(async move {
+        let listener = match tokio::net::TcpListener::bind(listen).await {
+            Ok(l) => l,
+            Err(e) => {
+                eprintln!("error: cannot listen on {listen}: {e}");
+                return ExitCode::FAILURE;
+            }
+        };
+        match listener.local_addr() {
+            Ok(addr) => println!("sample upstream on http://{addr}"),
+            Err(e) => {
+                eprintln!("error: {e}");
+                return ExitCode::FAILURE;
+            }
+        }
+        tokio::select! {
+            () = demo::serve(listener, std::sync::Arc::default()) => {}
+            _ = tokio::signal::ctrl_c() => {}
+        }
+        ExitCode::SUCCESS
+    })
+}
+
+fn init_logging(format: LogFormat, level: &str) -> anyhow::Result<()> {
+    use tracing_subscriber::EnvFilter;
+    let filter = match std::env::var("RUST_LOG") {
+        Ok(v) if !v.is_empty() => EnvFilter::try_new(v),
+        _ => EnvFilter::try_new(level),
+    }
+    .map_err(|e| anyhow::anyhow!("log level `{level}`: {e}"))?;
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(ansi);
+    let result = match format {
+        LogFormat::Json => builder.json().flatten_event(true).try_init(),
+        LogFormat::Text => builder.try_init(),
+    };
+    result.map_err(|e| anyhow::anyhow!("{e}"))
+}

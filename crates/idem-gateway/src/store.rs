@@ -1,0 +1,290 @@
+//! Stores chosen by URL: `memory:`, `sqlite:PATH`, `redis://`, `redis+cluster://`,
+//! `postgres://`, `mysql://`.
+
+use std::fmt;
+use std::time::Duration;
+
+use anyhow::bail;
+use idem_core::{BoxStore, CachedStore, MemoryStore};
+
+/// Default capacity of the memory store.
+pub const DEFAULT_MEMORY_CAPACITY: usize = 1_000_000;
+
+/// A parsed store URL.
+#[derive(Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum StoreSpec {
+    /// In-process memory (`memory:` or `memory:CAPACITY`).
+    Memory {
+        /// Most records kept.
+        capacity: usize,
+    },
+    /// An SQLite file (`sqlite:PATH`, `sqlite://PATH`).
+    Sqlite {
+        /// The database file.
+        path: String,
+    },
+    /// Redis (`redis://`, `rediss://`) or Redis Cluster (`redis+cluster://`).
+    Redis {
+        /// The URL as given (cluster URLs rewritten to `redis://`).
+        url: String,
+        /// Cluster mode.
+        cluster: bool,
+    },
+    /// PostgreSQL (`postgres://`, `postgresql://`).
+    Postgres {
+        /// The URL.
+        url: String,
+    },
+    /// MySQL or MariaDB (`mysql://`, `mariadb://`).
+    Mysql {
+        /// The URL.
+        url: String,
+    },
+}
+
+impl StoreSpec {
+    /// Parses a store URL.
+    ///
+    /// # Errors
+    /// An unknown scheme or a malformed URL.
+    pub fn parse(url: &str) -> anyhow::Result<Self> {
+        let url = url.trim();
+        let Some((scheme, rest)) = url.split_once(':') else {
+            bail!(
+                "`{url}` is not a store URL: use memory:, sqlite:PATH, redis://, redis+cluster://, postgres:// or mysql://"
+            );
+        };
+        Ok(match scheme.to_ascii_lowercase().as_str() {
+            "memory" => {
+                let capacity = match rest.trim_start_matches("//") {
+                    "" => DEFAULT_MEMORY_CAPACITY,
+                    n => match n.parse::<usize>() {
+                        Ok(c) if c > 0 => c,
+                        _ => bail!(
+                            "`{url}`: write memory: or memory:CAPACITY with a positive capacity"
+                        ),
+                    },
+                };
+                Self::Memory { capacity }
+            }
+            "sqlite" => {
+                let path = rest.strip_prefix("//").unwrap_or(rest);
+                if path.is_empty() {
+                    bail!("`{url}`: write sqlite:PATH, e.g. sqlite:./idem.db");
+                }
+                Self::Sqlite {
+                    path: path.to_owned(),
+                }
+            }
+            "redis" | "rediss" => {
+                need_host(url, rest)?;
+                Self::Redis {
+                    url: url.to_owned(),
+                    cluster: false,
+                }
+            }
+            "redis+cluster" | "rediss+cluster" => {
+                need_host(url, rest)?;
+                let plain = if scheme.starts_with("rediss") {
+                    "rediss"
+                } else {
+                    "redis"
+                };
+                Self::Redis {
+                    url: format!("{plain}:{rest}"),
+                    cluster: true,
+                }
+            }
+            "postgres" | "postgresql" => {
+                need_host(url, rest)?;
+                Self::Postgres {
+                    url: url.to_owned(),
+                }
+            }
+            "mysql" | "mariadb" => {
+                need_host(url, rest)?;
+                Self::Mysql {
+                    url: format!("mysql:{rest}"),
+                }
+            }
+            other => bail!(
+                "unknown store scheme `{other}:`; use memory:, sqlite:PATH, redis://, redis+cluster://, postgres:// or mysql://"
+            ),
+        })
+    }
+
+    /// The scheme, for logs and metrics.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Self::Memory { .. } => "memory",
+            Self::Sqlite { .. } => "sqlite",
+            Self::Redis { cluster: false, .. } => "redis",
+            Self::Redis { cluster: true, .. } => "redis+cluster",
+            Self::Postgres { .. } => "postgres",
+            Self::Mysql { .. } => "mysql",
+        }
+    }
+
+    /// Whether several gateway processes can share this store and behave as one.
+    pub fn shared(&self) -> bool {
+        matches!(
+            self,
+            Self::Redis { .. } | Self::Postgres { .. } | Self::Mysql { .. }
+        )
+    }
+}
+
+fn need_host(url: &str, rest: &str) -> anyhow::Result<()> {
+    match rest.strip_prefix("//") {
+        Some(r) if !r.is_empty() => Ok(()),
+        _ => bail!("`{url}` has no host"),
+    }
+}
+
+/// A URL with any password replaced by `***`.
+fn redact(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_owned();
+    };
+    let (authority, tail) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
+    match authority.rsplit_once('@') {
+        Some((userinfo, host)) => {
+            let user = userinfo.split(':').next().unwrap_or("");
+            let masked = if userinfo.contains(':') {
+                format!("{user}:***")
+            } else {
+                user.to_owned()
+            };
+            format!("{scheme}://{masked}@{host}{tail}")
+        }
+        None => url.to_owned(),
+    }
+}
+
+impl fmt::Display for StoreSpec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Memory { capacity } => write!(
+                f,
+                "memory: (in-process, {capacity} records, not shared, lost on restart)"
+            ),
+            Self::Sqlite { path } => write!(f, "sqlite:{path} (embedded file, one process)"),
+            Self::Redis {
+                url,
+                cluster: false,
+            } => write!(f, "{} (Redis, shared)", redact(url)),
+            Self::Redis { url, cluster: true } => {
+                write!(f, "{} (Redis Cluster, shared)", redact(url))
+            }
+            Self::Postgres { url } => write!(f, "{} (PostgreSQL, shared)", redact(url)),
+            Self::Mysql { url } => write!(f, "{} (MySQL/MariaDB, shared)", redact(url)),
+        }
+    }
+}
+
+impl fmt::Debug for StoreSpec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "StoreSpec({self})")
+    }
+}
+
+/// Opens the store, optionally behind the local cache of completed responses.
+///
+/// # Errors
+/// The backend is not compiled in, or cannot be reached or set up within `timeout`.
+pub async fn open(
+    spec: &StoreSpec,
+    timeout: Duration,
+    cache: Option<(usize, Duration)>,
+) -> anyhow::Result<BoxStore> {
+    let store =
+        match tokio::time::timeout(timeout.max(Duration::from_secs(5)), open_backend(spec)).await {
+            Ok(result) => result?,
+            Err(_) => bail!("store {spec}: no answer while connecting"),
+        };
+    Ok(match cache {
+        Some((entries, max_age)) => BoxStore::new(CachedStore::new(store, entries, max_age)),
+        None => store,
+    })
+}
+
+async fn open_backend(spec: &StoreSpec) -> anyhow::Result<BoxStore> {
+    match spec {
+        StoreSpec::Memory { capacity } => {
+            let store = MemoryStore::new(*capacity);
+            store.spawn_sweeper(Duration::from_secs(30));
+            Ok(BoxStore::new(store))
+        }
+        other => bail!("store `{}` is not available in this build", other.kind()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls_parse_by_scheme() {
+        assert_eq!(
+            StoreSpec::parse("memory:").expect("ok"),
+            StoreSpec::Memory {
+                capacity: DEFAULT_MEMORY_CAPACITY
+            }
+        );
+        assert_eq!(
+            StoreSpec::parse("memory:10").expect("ok"),
+            StoreSpec::Memory { capacity: 10 }
+        );
+        assert_eq!(
+            StoreSpec::parse("sqlite:./idem.db").expect("ok"),
+            StoreSpec::Sqlite {
+                path: "./idem.db".into()
+            }
+        );
+        assert_eq!(
+            StoreSpec::parse("sqlite:///tmp/x.db").expect("ok"),
+            StoreSpec::Sqlite {
+                path: "/tmp/x.db".into()
+            }
+        );
+        assert_eq!(
+            StoreSpec::parse("redis+cluster://127.0.0.1:7000").expect("ok"),
+            StoreSpec::Redis {
+                url: "redis://127.0.0.1:7000".into(),
+                cluster: true
+            }
+        );
+        assert_eq!(
+            StoreSpec::parse("postgres://u@h/db").expect("ok").kind(),
+            "postgres"
+        );
+        assert_eq!(
+            StoreSpec::parse("mariadb://root@h/test")
+                .expect("ok")
+                .kind(),
+            "mysql"
+        );
+        for bad in [
+            "",
+            "memory:0",
+            "sqlite:",
+            "redis://",
+            "mongo://x",
+            "nonsense",
+        ] {
+            assert!(StoreSpec::parse(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn passwords_never_print() {
+        let s = StoreSpec::parse("postgres://user:hunter2@db:5432/idem")
+            .expect("ok")
+            .to_string();
+        assert!(
+            !s.contains("hunter2") && s.contains("user:***@db:5432/idem"),
+            "{s}"
+        );
+    }
+}
