@@ -39,7 +39,7 @@ pub mod model;
 pub mod rules;
 
 pub use ctx::{fp, rich_response, unique_namespace};
-pub use harness::{Harness, MemoryHarness, sleep_for};
+pub use harness::{Harness, MemoryHarness, ServerHarness, sleep_for};
 
 /// Expands to the whole conformance suite for a harness: one `#[test]` per rule, the race
 /// tests and the model-based test.

@@ -475,19 +475,39 @@ pub async fn record_expires_after_ttl<H: Harness>(h: &H) {
         c.complete_ttl(&k, a.owner, a.fence, &response, ttl).await,
         SettleOutcome::Settled
     );
+    // A resolved record expires by the resolution's ttl, whatever ttl later claims carry
+    // (a cache tier must not stretch it either).
+    let r = c.key("resolved");
+    let ra = c.claimed(&r).await;
+    c.release(&r, &ra, ReleaseKind::Unknown).await;
+    let resolution = Resolution::Complete {
+        response: response.clone(),
+        ttl,
+    };
+    assert_eq!(c.resolve(&r, &resolution).await, ResolveOutcome::Resolved);
     c.advance(c.lease).await;
-    assert_eq!(
-        c.claim_fp(&k, fp(1)).await,
-        ClaimOutcome::Done {
-            response: response.clone()
-        },
-        "replayed within ttl"
-    );
-    assert!(c.get(&k).await.is_some());
+    for key in [&k, &r] {
+        let replay = c.claim_fp(key, fp(1)).await;
+        assert_eq!(
+            replay,
+            ClaimOutcome::Done {
+                response: response.clone()
+            },
+            "replayed within ttl"
+        );
+        assert!(c.get(key).await.is_some());
+    }
     c.advance(ttl).await;
+    assert_eq!(
+        c.get(&r).await,
+        None,
+        "resolved record must be gone after its ttl"
+    );
+    c.claimed(&r).await;
     assert_eq!(c.get(&k).await, None, "record must be gone after its ttl");
-    assert!(
-        c.list_keys(&c.in_ns()).await.is_empty(),
+    assert_eq!(
+        c.list_keys(&c.in_ns()).await,
+        names(&["resolved"]),
         "list must skip expired records"
     );
     assert_eq!(

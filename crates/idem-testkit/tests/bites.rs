@@ -11,7 +11,10 @@ use idem_testkit::{model, rules};
 
 mod faithful {
     // The bug-free variant: shows the plumbing of BrokenStore is sound.
-    idem_testkit::conformance_tests!(idem_testkit::broken::BrokenHarness::new(idem_testkit::broken::Bug::None), cases = 300);
+    idem_testkit::conformance_tests!(
+        idem_testkit::broken::BrokenHarness::new(idem_testkit::broken::Bug::None),
+        cases = 300
+    );
 }
 
 /// True when the future panics (a rule or the model test reported a violation).
