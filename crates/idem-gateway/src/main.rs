@@ -15,8 +15,9 @@ use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand};
 
+use anyhow::Context as _;
 use idem_gateway::config::{self, LogFormat, OverrideAdmin, OverrideLog, Overrides, Settings};
-use idem_gateway::{demo, metrics, server};
+use idem_gateway::{demo, metrics, server, store};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -99,7 +100,9 @@ impl ServeArgs {
 
     fn settings(&self, demo: bool) -> anyhow::Result<(Settings, config::Sources)> {
         let (raw, sources) = config::load(self.config.as_deref(), &self.overrides(demo))?;
-        Ok((config::compile(&raw)?, sources))
+        let settings = config::compile(&raw)?;
+        store::available(&settings.store).context("`store`")?;
+        Ok((settings, sources))
     }
 }
 

@@ -26,7 +26,7 @@ pub enum StoreSpec {
     },
     /// Redis (`redis://`, `rediss://`) or Redis Cluster (`redis+cluster://`).
     Redis {
-        /// The URL as given (cluster URLs rewritten to `redis://`).
+        /// The URL as given.
         url: String,
         /// Cluster mode.
         cluster: bool,
@@ -198,22 +198,62 @@ pub async fn open(
     timeout: Duration,
     cache: Option<(usize, Duration)>,
 ) -> anyhow::Result<BoxStore> {
-    let store =
-        match tokio::time::timeout(timeout.max(Duration::from_secs(5)), open_backend(spec)).await {
-            Ok(result) => result?,
-            Err(_) => bail!("store {spec}: no answer while connecting"),
-        };
+    let store = match tokio::time::timeout(
+        timeout.max(Duration::from_secs(10)),
+        open_backend(spec, timeout),
+    )
+    .await
+    {
+        Ok(result) => result?,
+        Err(_) => bail!("store {spec}: no answer while connecting"),
+    };
     Ok(match cache {
         Some((entries, max_age)) => BoxStore::new(CachedStore::new(store, entries, max_age)),
         None => store,
     })
 }
 
-async fn open_backend(spec: &StoreSpec) -> anyhow::Result<BoxStore> {
+/// Whether this build has the backend for `spec`.
+///
+/// # Errors
+/// A message naming the missing backend and the feature that brings it.
+pub fn available(spec: &StoreSpec) -> anyhow::Result<()> {
+    let (built, feature) = match spec {
+        StoreSpec::Memory { .. } => (true, ""),
+        StoreSpec::Sqlite { .. } => (cfg!(feature = "sqlite") && SQLITE_READY, "sqlite"),
+        StoreSpec::Redis { .. } => (cfg!(feature = "redis"), "redis"),
+        StoreSpec::Postgres { .. } => (cfg!(feature = "postgres") && POSTGRES_READY, "postgres"),
+        StoreSpec::Mysql { .. } => (cfg!(feature = "mysql") && MYSQL_READY, "mysql"),
+    };
+    if built {
+        Ok(())
+    } else {
+        bail!(
+            "store `{}` is not available in this build (cargo feature `{feature}` of idem-gateway)",
+            spec.kind()
+        )
+    }
+}
+
+// Backends whose crates have not landed yet.
+const SQLITE_READY: bool = false;
+const POSTGRES_READY: bool = false;
+const MYSQL_READY: bool = false;
+
+async fn open_backend(spec: &StoreSpec, op_timeout: Duration) -> anyhow::Result<BoxStore> {
+    available(spec)?;
     match spec {
         StoreSpec::Memory { capacity } => {
             let store = MemoryStore::new(*capacity);
             store.spawn_sweeper(Duration::from_secs(30));
+            Ok(BoxStore::new(store))
+        }
+        #[cfg(feature = "redis")]
+        StoreSpec::Redis { url, .. } => {
+            let config = idem_redis::RedisConfig::from_url(url)?.op_timeout(op_timeout)?;
+            let store = idem_redis::RedisStore::connect(config)
+                .await
+                .map_err(|e| anyhow::anyhow!("{e}"))?;
             Ok(BoxStore::new(store))
         }
         other => bail!("store `{}` is not available in this build", other.kind()),
