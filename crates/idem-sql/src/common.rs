@@ -1,0 +1,315 @@
+//! What the three backends share: the table name, the row shape, and how a returned row
+//! becomes an outcome.
+
+use std::fmt;
+
+use idem_core::decide::{self, Change};
+use idem_core::fingerprint::Fingerprint;
+use idem_core::record::CodecError;
+use idem_core::{
+    ClaimOutcome, ClaimRequest, Key, Lease, OwnerId, Record, RecordState, ResolveOutcome, Scope,
+    ScopedKey, StateKind, StoreError, StoredResponse, Timestamp,
+};
+use thiserror::Error;
+
+/// The table used when none is configured.
+pub const DEFAULT_TABLE: &str = "idem_records";
+
+/// Longest table name accepted: leaves room for the suffixes of index and migration tables
+/// within PostgreSQL's 63-byte identifier limit.
+const MAX_TABLE_LEN: usize = 48;
+
+/// A validated table name: an ASCII letter or `_`, then letters, digits or `_`, at most 48
+/// characters. It is spliced into SQL, so nothing else is ever accepted.
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub struct TableName(String);
+
+/// A table name was refused.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[error(
+    "invalid table name {0:?}: use 1-48 ASCII letters, digits or '_', not starting with a digit"
+)]
+pub struct TableNameError(pub String);
+
+impl TableName {
+    /// Validates `name`.
+    ///
+    /// # Errors
+    /// [`TableNameError`] unless `name` is 1–48 characters of `[A-Za-z0-9_]`, not starting
+    /// with a digit.
+    pub fn new(name: impl Into<String>) -> Result<Self, TableNameError> {
+        let name = name.into();
+        let ok = !name.is_empty()
+            && name.len() <= MAX_TABLE_LEN
+            && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')
+            && !name.as_bytes()[0].is_ascii_digit();
+        if ok {
+            Ok(Self(name))
+        } else {
+            Err(TableNameError(name))
+        }
+    }
+
+    /// The name.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl Default for TableName {
+    fn default() -> Self {
+        Self(DEFAULT_TABLE.to_owned())
+    }
+}
+
+impl fmt::Display for TableName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl fmt::Debug for TableName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "TableName({})", self.0)
+    }
+}
+
+/// `state` column values.
+pub(crate) const PROCESSING: i16 = 0;
+pub(crate) const COMPLETED: i16 = 1;
+pub(crate) const UNKNOWN: i16 = 2;
+
+/// `verdict` column values: what the last claim statement did to the row (1 is a fresh
+/// claim, 0 no write).
+pub(crate) const VERDICT_TAKEOVER: i16 = 2;
+pub(crate) const VERDICT_HOLD: i16 = 3;
+
+/// Columns every read returns, in this order.
+pub(crate) const COLUMNS: &str = "namespace, principal, idem_key, fingerprint, fence, state, owner, lease_until, \
+     response, state_at, request_id, created_at, expires_at, verdict";
+
+/// Replaces `{t}` in a statement template with the table name.
+pub(crate) fn sql(template: &str, table: &TableName) -> String {
+    template.replace("{t}", table.as_str())
+}
+
+pub(crate) fn state_code(kind: StateKind) -> i16 {
+    match kind {
+        StateKind::Processing => PROCESSING,
+        StateKind::Completed => COMPLETED,
+        _ => UNKNOWN,
+    }
+}
+
+/// One row as the database returns it.
+#[derive(Debug)]
+pub(crate) struct RawRecord {
+    pub(crate) namespace: String,
+    pub(crate) principal: Option<String>,
+    pub(crate) key: String,
+    pub(crate) fingerprint: Vec<u8>,
+    pub(crate) fence: i64,
+    pub(crate) state: i16,
+    pub(crate) owner: Option<Vec<u8>>,
+    pub(crate) lease_until: i64,
+    pub(crate) response: Option<Vec<u8>>,
+    pub(crate) state_at: i64,
+    pub(crate) request_id: Option<String>,
+    pub(crate) created_at: i64,
+    pub(crate) expires_at: i64,
+    pub(crate) verdict: i16,
+}
+
+/// Decodes a row holding [`COLUMNS`] (by name).
+macro_rules! raw_record {
+    ($row:expr) => {{
+        use ::sqlx::Row as _;
+        let row = $row;
+        (|| -> Result<$crate::common::RawRecord, ::sqlx::Error> {
+            Ok($crate::common::RawRecord {
+                namespace: row.try_get("namespace")?,
+                principal: row.try_get("principal")?,
+                key: row.try_get("idem_key")?,
+                fingerprint: row.try_get("fingerprint")?,
+                fence: row.try_get("fence")?,
+                state: row.try_get("state")?,
+                owner: row.try_get("owner")?,
+                lease_until: row.try_get("lease_until")?,
+                response: row.try_get("response")?,
+                state_at: row.try_get("state_at")?,
+                request_id: row.try_get("request_id")?,
+                created_at: row.try_get("created_at")?,
+                expires_at: row.try_get("expires_at")?,
+                verdict: row.try_get("verdict")?,
+            })
+        })()
+        .map_err(::idem_core::StoreError::unavailable)
+    }};
+}
+pub(crate) use raw_record;
+
+pub(crate) fn ts(ms: i64) -> Timestamp {
+    Timestamp(u64::try_from(ms).unwrap_or(0))
+}
+
+pub(crate) fn ms(d: std::time::Duration) -> i64 {
+    i64::try_from(idem_core::record::duration_ms(d)).unwrap_or(i64::MAX)
+}
+
+/// A fence as stored (BIGINT); fences come from the clock in microseconds, far below 2^63.
+pub(crate) fn fence_param(fence: u64) -> i64 {
+    i64::try_from(fence).unwrap_or(i64::MAX)
+}
+
+fn codec(what: &'static str) -> StoreError {
+    StoreError::Codec(CodecError(what))
+}
+
+impl RawRecord {
+    pub(crate) fn into_record(self) -> Result<Record, StoreError> {
+        let scope = Scope::new(self.namespace).map_err(|_| codec("stored namespace is invalid"))?;
+        let scope = match self.principal {
+            Some(p) => scope.with_principal(p),
+            None => scope,
+        };
+        let key = Key::new(self.key).map_err(|_| codec("stored key is invalid"))?;
+        let fingerprint = Fingerprint::from_bytes(&self.fingerprint)
+            .map_err(|_| codec("stored fingerprint is invalid"))?;
+        let fence = u64::try_from(self.fence).map_err(|_| codec("stored fence is negative"))?;
+        let state = match self.state {
+            PROCESSING => {
+                let owner = self
+                    .owner
+                    .as_deref()
+                    .and_then(owner_id)
+                    .ok_or_else(|| codec("processing record without owner"))?;
+                RecordState::Processing {
+                    owner,
+                    lease_until: ts(self.lease_until),
+                }
+            }
+            COMPLETED => {
+                let raw = self
+                    .response
+                    .ok_or_else(|| codec("completed record without response"))?;
+                RecordState::Completed {
+                    response: StoredResponse::decode(&raw)?,
+                    completed_at: ts(self.state_at),
+                }
+            }
+            UNKNOWN => RecordState::Unknown {
+                since: ts(self.state_at),
+            },
+            _ => return Err(codec("unknown state code")),
+        };
+        Ok(Record {
+            key: ScopedKey::new(scope, key),
+            fingerprint,
+            fence,
+            request_id: self.request_id,
+            created_at: ts(self.created_at),
+            expires_at: ts(self.expires_at),
+            state,
+        })
+    }
+}
+
+pub(crate) fn owner_id(raw: &[u8]) -> Option<OwnerId> {
+    let bytes: [u8; 16] = raw.try_into().ok()?;
+    Some(OwnerId(u128::from_be_bytes(bytes)))
+}
+
+/// What a claim statement's answer means. `wrote` says the row came back from the write
+/// (its `verdict` says which write); otherwise `row` is the record as the statement read it
+/// (or `None`: absent).
+///
+/// `Ok(None)` means the read saw a claimable record that the write did not take: a
+/// concurrent writer got there in between, and the caller runs the statement again.
+pub(crate) fn claim_outcome(
+    req: &ClaimRequest,
+    wrote: bool,
+    row: Option<RawRecord>,
+    now: Timestamp,
+) -> Result<Option<ClaimOutcome>, StoreError> {
+    if wrote {
+        let row = row.ok_or_else(|| codec("write returned no row"))?;
+        return Ok(Some(match row.verdict {
+            VERDICT_HOLD => ClaimOutcome::Unknown,
+            verdict => ClaimOutcome::Claimed {
+                lease: Lease {
+                    owner: req.owner,
+                    fence: u64::try_from(row.fence)
+                        .map_err(|_| codec("stored fence is negative"))?,
+                    deadline: ts(row.lease_until),
+                },
+                takeover: verdict == VERDICT_TAKEOVER,
+            },
+        }));
+    }
+    // An expired row (a tombstone included) counts as absent: the write is needed.
+    let Some(row) = row.filter(|r| ts(r.expires_at) > now) else {
+        return Ok(None);
+    };
+    let previous = row.into_record()?;
+    // The contract's own decision on what the statement saw: any answer that needs no write
+    // is linearised at that read.
+    let t = decide::claim(now, Some(&previous), req, 1);
+    Ok(match t.change {
+        Change::Keep => Some(t.outcome),
+        _ => None,
+    })
+}
+
+/// What a failed resolve found, or `None` when the record was resolvable after all (it
+/// changed between the update and the read; run again).
+pub(crate) fn unresolved(now: Timestamp, state: Option<(i16, i64, i64)>) -> Option<ResolveOutcome> {
+    let Some((state, lease_until, expires_at)) = state else {
+        return Some(ResolveOutcome::NotFound);
+    };
+    if ts(expires_at) <= now {
+        return Some(ResolveOutcome::NotFound);
+    }
+    match state {
+        COMPLETED => Some(ResolveOutcome::NotResolvable {
+            state: StateKind::Completed,
+        }),
+        PROCESSING if ts(lease_until) > now => Some(ResolveOutcome::NotResolvable {
+            state: StateKind::Processing,
+        }),
+        _ => None,
+    }
+}
+
+/// How many times a statement is run again after losing a race before giving up. Each
+/// retry needs another writer to have changed the same row in between, so this is never
+/// reached in practice.
+pub(crate) const MAX_RACES: usize = 64;
+
+pub(crate) fn too_many_races() -> StoreError {
+    StoreError::unavailable(
+        "record kept changing under the statement; gave up after repeated races",
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn table_names_are_identifiers_only() {
+        assert!(TableName::new("idem_records").is_ok());
+        assert!(TableName::new("_t1").is_ok());
+        for bad in [
+            "",
+            "1abc",
+            "a-b",
+            "a;drop table x",
+            "a b",
+            "\"x\"",
+            "a.b",
+            &"x".repeat(49),
+        ] {
+            assert!(TableName::new(bad).is_err(), "{bad:?} accepted");
+        }
+    }
+}

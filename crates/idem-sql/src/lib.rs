@@ -1,0 +1,108 @@
+//! idem stores on SQL databases, and the business-side backstop toolkit.
+//!
+//! - [`PgStore`] (feature `postgres`), [`MySqlStore`] (feature `mysql`, MySQL 8 / MariaDB
+//!   10.5+) and [`SqliteStore`] (feature `sqlite`, the gateway's embedded default) implement
+//!   [`idem_core::Store`]: every operation is one atomic statement judged on the database clock
+//!   (see each module for the exact statement and its dialect notes).
+//! - **Same-database mode**: when the business writes live in the same database as the
+//!   records, `claim_in` / `complete_in` run on the caller's transaction, so the claim, the
+//!   effects and the completion commit (or roll back) together.
+//! - [`backstop`]: the seeds' last lines of defence, usable without the rest of idem: a precise
+//!   unique-violation classifier, an insert-once helper, guarded state transitions and an
+//!   optimistic lock.
+//!
+//! # Fences survive expiry
+//! Expired rows are kept as tombstones (a released or deleted record is made to expire now)
+//! until the reaper deletes them, and a claim's fence is `max(previous + 1, clock in
+//! microseconds)`. While the row exists the first term makes fences strictly increase; after the
+//! reaper deleted it, the second does, because every earlier fence was at most its claim's
+//! clock reading plus the claims made within the same microsecond, and the row expired at least
+//! a millisecond after its last claim. A database clock stepped backwards could repeat a
+//! number, which is why a lease is the pair (owner id, fence): owner ids are random per claim.
+//!
+//! # Example
+//! ```
+//! # #[cfg(feature = "sqlite")]
+//! # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! use idem_core::{Engine, Fingerprint, Key, Outcome, Scope, ScopedKey, Settlement, StoredResponse};
+//! use idem_sql::SqliteStore;
+//!
+//! let dir = std::env::temp_dir().join(format!("idem-doc-{}.db", std::process::id()));
+//! let store = SqliteStore::open(&dir).await?;
+//! store.migrate().await?;
+//! let engine = Engine::new(store, Default::default())?;
+//! let key = ScopedKey::new(Scope::new("orders.create")?, Key::new("order-42")?);
+//! let fp = Fingerprint::of_bytes(1, b"{\"sku\":\"tea\"}");
+//! let first = engine.run(&key, &fp, |_lease| async { Settlement::complete((), StoredResponse::new(201, "made")) }).await?;
+//! assert!(matches!(first, Outcome::Executed { .. }));
+//! let again = engine.run(&key, &fp, |_lease| async { Settlement::complete((), StoredResponse::new(201, "twice")) }).await?;
+//! assert!(matches!(again, Outcome::Replayed(r) if r.body == "made"));
+//! # drop(engine); let _ = std::fs::remove_file(&dir);
+//! # Ok(()) }
+//! # #[cfg(not(feature = "sqlite"))] fn main() {}
+//! ```
+
+pub mod backstop;
+mod common;
+#[cfg(feature = "mysql")]
+pub mod mysql;
+#[cfg(feature = "postgres")]
+pub mod postgres;
+#[cfg(feature = "sqlite")]
+pub mod sqlite;
+
+pub use common::{DEFAULT_TABLE, TableName, TableNameError};
+#[cfg(feature = "mysql")]
+pub use mysql::MySqlStore;
+#[cfg(feature = "postgres")]
+pub use postgres::PgStore;
+#[cfg(feature = "sqlite")]
+pub use sqlite::SqliteStore;
+
+/// What a same-database run (`run_in_tx`) did.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum TxOutcome<T> {
+    /// The claim was won; the work ran and committed with its completion.
+    Executed(T),
+    /// The key had completed; this is the stored response. Nothing ran.
+    Replayed(idem_core::StoredResponse),
+    /// Another holder's claim is live (only seen when that holder is not in same-database
+    /// mode: a transaction in progress makes claims wait instead). Nothing ran.
+    InFlight {
+        /// When to try again.
+        retry_after: std::time::Duration,
+    },
+    /// The key was used with a different fingerprint. Nothing ran.
+    Mismatch,
+    /// An earlier attempt's outcome is unknown. Nothing ran.
+    Unknown,
+}
+
+impl<T> TxOutcome<T> {
+    #[cfg_attr(
+        not(any(feature = "postgres", feature = "mysql", feature = "sqlite")),
+        allow(dead_code)
+    )]
+    fn from_claim(claim: idem_core::ClaimOutcome) -> Self {
+        match claim {
+            idem_core::ClaimOutcome::Done { response } => Self::Replayed(response),
+            idem_core::ClaimOutcome::Busy { retry_after } => Self::InFlight { retry_after },
+            idem_core::ClaimOutcome::Mismatch { .. } => Self::Mismatch,
+            _ => Self::Unknown,
+        }
+    }
+}
+
+/// Why a same-database run failed. Either way the transaction rolled back: no record and no
+/// business row remain.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum InTxError<E> {
+    /// The database failed.
+    #[error(transparent)]
+    Store(#[from] idem_core::StoreError),
+    /// The work returned an error.
+    #[error("work failed inside the transaction")]
+    Work(#[source] E),
+}

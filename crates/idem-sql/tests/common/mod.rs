@@ -1,0 +1,206 @@
+//! Harnesses for the conformance suite and helpers shared by the integration tests: each
+//! harness works in its own table (random suffix) and drops it when dropped.
+
+#![allow(dead_code, unreachable_pub)]
+
+use std::future::Future;
+use std::time::Duration;
+
+use idem_sql::{MySqlStore, PgStore, SqliteStore};
+use idem_testkit::{Harness, sleep_for};
+use sqlx::Connection as _;
+
+/// Lease used against real servers: long enough for a few round trips on a loaded 2-core box.
+pub const LEASE: Duration = Duration::from_millis(400);
+
+/// The model test's time step: its tolerance is half a step, which must cover a case's round
+/// trips on a busy machine.
+pub const MODEL_STEP: Duration = Duration::from_millis(200);
+
+pub fn pg_url() -> String {
+    std::env::var("IDEM_TEST_PG_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned())
+}
+
+pub fn mysql_url() -> String {
+    std::env::var("IDEM_TEST_MYSQL_URL")
+        .unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".to_owned())
+}
+
+/// A table name nobody else uses.
+pub fn unique_table(prefix: &str) -> String {
+    format!("{prefix}_{:016x}", idem_core::OwnerId::random().0 as u64)
+}
+
+/// Reports a missing server: fails under CI, skips loudly otherwise.
+pub fn missing(what: &str, e: &dyn std::fmt::Display) {
+    if std::env::var_os("CI").is_some() {
+        panic!("{what} is required under CI but unreachable: {e}");
+    }
+    eprintln!("!!! SKIPPING: {what} unreachable ({e}); set it up to run this test");
+}
+
+/// Runs `f` to completion on a private runtime in another thread (for teardown in `Drop`).
+fn blocking<F, Fut>(f: F)
+where
+    F: FnOnce() -> Fut + Send + 'static,
+    Fut: Future<Output = ()>,
+{
+    let _ = std::thread::spawn(move || {
+        if let Ok(rt) = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+        {
+            rt.block_on(f());
+        }
+    })
+    .join();
+}
+
+/// A PostgreSQL store on its own table.
+#[derive(Debug)]
+pub struct PgHarness {
+    pub store: PgStore,
+    url: String,
+}
+
+impl PgHarness {
+    pub async fn connect() -> Option<Self> {
+        let url = pg_url();
+        let store = match PgStore::connect(&url, 16).await {
+            Ok(s) => s,
+            Err(e) => {
+                missing("PostgreSQL", &e);
+                return None;
+            }
+        };
+        let store =
+            PgStore::with_table(store.pool().clone(), &unique_table("idem_t")).expect("table name");
+        store.migrate().await.expect("migrate");
+        Some(Self { store, url })
+    }
+}
+
+impl Drop for PgHarness {
+    fn drop(&mut self) {
+        let (url, table) = (self.url.clone(), self.store.table().to_string());
+        blocking(move || async move {
+            if let Ok(mut c) = sqlx::PgConnection::connect(&url).await {
+                let _ = sqlx::raw_sql(&format!("DROP TABLE IF EXISTS {table}"))
+                    .execute(&mut c)
+                    .await;
+            }
+        });
+    }
+}
+
+impl Harness for PgHarness {
+    type Store = PgStore;
+    fn store(&self) -> impl Future<Output = PgStore> + Send {
+        std::future::ready(self.store.clone())
+    }
+    fn advance(&self, d: Duration) -> impl Future<Output = ()> + Send {
+        sleep_for(d)
+    }
+    fn lease(&self) -> Duration {
+        LEASE
+    }
+    fn model_step(&self) -> Duration {
+        MODEL_STEP
+    }
+}
+
+/// A MySQL/MariaDB store on its own table.
+#[derive(Debug)]
+pub struct MySqlHarness {
+    pub store: MySqlStore,
+    url: String,
+}
+
+impl MySqlHarness {
+    pub async fn connect() -> Option<Self> {
+        let url = mysql_url();
+        let store = match MySqlStore::connect(&url, 16).await {
+            Ok(s) => s,
+            Err(e) => {
+                missing("MariaDB/MySQL", &e);
+                return None;
+            }
+        };
+        let store = MySqlStore::with_table(store.pool().clone(), &unique_table("idem_t"))
+            .expect("table name");
+        store.migrate().await.expect("migrate");
+        Some(Self { store, url })
+    }
+}
+
+impl Drop for MySqlHarness {
+    fn drop(&mut self) {
+        let (url, table) = (self.url.clone(), self.store.table().to_string());
+        blocking(move || async move {
+            if let Ok(mut c) = sqlx::MySqlConnection::connect(&url).await {
+                let _ = sqlx::raw_sql(&format!("DROP TABLE IF EXISTS {table}"))
+                    .execute(&mut c)
+                    .await;
+            }
+        });
+    }
+}
+
+impl Harness for MySqlHarness {
+    type Store = MySqlStore;
+    fn store(&self) -> impl Future<Output = MySqlStore> + Send {
+        std::future::ready(self.store.clone())
+    }
+    fn advance(&self, d: Duration) -> impl Future<Output = ()> + Send {
+        sleep_for(d)
+    }
+    fn lease(&self) -> Duration {
+        LEASE
+    }
+    fn model_step(&self) -> Duration {
+        MODEL_STEP
+    }
+}
+
+/// A SQLite store in its own temporary file.
+#[derive(Debug)]
+pub struct SqliteHarness {
+    pub store: SqliteStore,
+    pub path: std::path::PathBuf,
+}
+
+impl SqliteHarness {
+    pub async fn new() -> Self {
+        let path = std::env::temp_dir().join(format!("{}.db", unique_table("idem_sqlite_test")));
+        let store = SqliteStore::open(&path).await.expect("open sqlite");
+        store.migrate().await.expect("migrate");
+        Self { store, path }
+    }
+}
+
+impl Drop for SqliteHarness {
+    fn drop(&mut self) {
+        for suffix in ["", "-wal", "-shm"] {
+            let mut p = self.path.clone().into_os_string();
+            p.push(suffix);
+            let _ = std::fs::remove_file(p);
+        }
+    }
+}
+
+impl Harness for SqliteHarness {
+    type Store = SqliteStore;
+    fn store(&self) -> impl Future<Output = SqliteStore> + Send {
+        std::future::ready(self.store.clone())
+    }
+    fn advance(&self, d: Duration) -> impl Future<Output = ()> + Send {
+        sleep_for(d)
+    }
+    fn lease(&self) -> Duration {
+        LEASE
+    }
+    fn model_step(&self) -> Duration {
+        MODEL_STEP
+    }
+}
