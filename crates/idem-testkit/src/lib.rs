@@ -1,36 +1,50 @@
 //! The store conformance suite: every rule of idem's store contract as a test any store runs
-//! with one line, plus a reference model, a model-based property test and a race test.
+//! with one line, plus a reference model, a model-based property test and race tests.
 //!
-//! A store crate writes a [`Harness`] (how to get a store, how to let time pass, which lease
-//! to test with) and invokes [`conformance_tests!`] in an integration test:
+//! A store crate provides a [`Harness`] (how to get a store, how to let store time pass, which
+//! lease to test with) and invokes [`conformance_tests!`] once in an integration test:
 //!
 //! ```no_run
-//! // crates/idem-<store>/tests/conformance.rs
+//! // crates/idem-memory-like/tests/conformance.rs
 //! idem_testkit::conformance_tests!(idem_testkit::MemoryHarness::new(), cases = 1000);
 //! # fn main() {}
 //! ```
 //!
-//! That expands to one `#[test]` per rule in [`rules`], the race tests, and
-//! `model_matches_store`, each on its own two-worker tokio runtime. The harness expression is
-//! evaluated inside that runtime, so it may `.await` (connect to a server) and may `return`
-//! to skip the test when a server is missing:
+//! That expands to one `#[test]` per rule in [`rules`] (the two race tests included) and
+//! `model_matches_store`, each on its own two-worker tokio runtime, so the store crate needs
+//! no tokio macros of its own. The harness expression is evaluated inside that runtime: it
+//! may `.await` (connect to a server) and may `return` to skip when a server is missing. A
+//! store judged by a server's clock can use [`ServerHarness`], which shares one store and
+//! sleeps to let time pass:
 //!
-//! ```ignore
+//! ```no_run
+//! use std::time::Duration;
+//!
+//! use idem_core::MemoryStore;
+//! use idem_testkit::ServerHarness;
+//!
+//! async fn connect() -> Option<ServerHarness<MemoryStore>> {
+//!     // A real store connects here; without its server (and outside CI) it says so loudly
+//!     // and returns None, which skips the test.
+//!     Some(ServerHarness::new(MemoryStore::new(10_000), Duration::from_millis(500)))
+//! }
+//!
 //! idem_testkit::conformance_tests!(
-//!     match RedisHarness::connect().await {
+//!     match connect().await {
 //!         Some(h) => h,
-//!         None => return, // not in CI and no Redis: skip loudly inside connect()
+//!         None => return,
 //!     },
 //!     cases = 32,
 //! );
+//! # fn main() {}
 //! ```
 //!
 //! The model test's case count is the `cases` argument (default [`model::DEFAULT_CASES`]),
-//! overridden everywhere by the environment variable `IDEM_PROPTEST_CASES`. Failing cases
-//! are saved next to the test file as `<file>.proptest-regressions`: commit them.
+//! overridden everywhere by the environment variable `IDEM_PROPTEST_CASES`. Failing cases are
+//! saved next to the invoking test file as `<file>.proptest-regressions`: commit them.
 //!
-//! [`broken::BrokenStore`] is a deliberately faulty store: this crate's own tests show that
-//! each of its bugs makes the suite fail. See `docs/testkit.md` for the full guide.
+//! [`broken::BrokenStore`] is a deliberately faulty store; this crate's `tests/bites.rs` shows
+//! that each of its bugs makes the suite fail. The guide is `docs/testkit.md`.
 
 pub mod broken;
 mod ctx;
