@@ -1,0 +1,452 @@
+//! Shared harness: the real `idem` binary, a programmable test upstream, and a small client.
+#![allow(
+    dead_code,
+    unreachable_pub,
+    missing_docs,
+    missing_debug_implementations
+)]
+
+use std::collections::HashMap;
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{HeaderMap, Method, Request, StatusCode};
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use parking_lot::Mutex;
+use tokio::net::TcpListener;
+use tokio::sync::Notify;
+
+pub const ADMIN_TOKEN: &str = "test-admin-token-0123456789";
+
+/// A running `idem` process, killed on drop.
+pub struct Gateway {
+    child: Option<Child>,
+    pub addr: SocketAddr,
+    pub admin: Option<SocketAddr>,
+    pub stderr: Arc<Mutex<Vec<String>>>,
+    _dir: Option<TempDir>,
+}
+
+/// A directory removed on drop.
+pub struct TempDir(pub std::path::PathBuf);
+
+impl TempDir {
+    pub fn new(tag: &str) -> Self {
+        let dir = std::env::temp_dir().join(format!("idem-gw-{tag}-{}", uuid::Uuid::now_v7()));
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        Self(dir)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+pub fn bin() -> &'static str {
+    env!("CARGO_BIN_EXE_idem")
+}
+
+impl Gateway {
+    /// Starts `idem serve` with a TOML config (written to a temp file) and extra args.
+    pub fn start(config: &str, args: &[&str]) -> Self {
+        Self::start_env(config, args, &[])
+    }
+
+    pub fn start_env(config: &str, args: &[&str], env: &[(&str, &str)]) -> Self {
+        let dir = TempDir::new("cfg");
+        let path = dir.0.join("idem.toml");
+        std::fs::write(&path, config).expect("write config");
+        let mut cmd = Command::new(bin());
+        cmd.arg("serve")
+            .arg("--config")
+            .arg(&path)
+            .args(["--listen", "127.0.0.1:0"])
+            .args(args);
+        cmd.env("RUST_LOG", "info");
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        cmd.current_dir(&dir.0);
+        let mut gw = Self::spawn(cmd);
+        gw._dir = Some(dir);
+        gw
+    }
+
+    /// Spawns a prepared command and waits for its listener lines.
+    pub fn spawn(mut cmd: Command) -> Self {
+        cmd.stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        let mut child = cmd.spawn().expect("spawn idem");
+        let stdout = child.stdout.take().expect("stdout");
+        let stderr = child.stderr.take().expect("stderr");
+        let lines = Arc::new(Mutex::new(Vec::new()));
+        {
+            let lines = Arc::clone(&lines);
+            std::thread::spawn(move || {
+                for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                    lines.lock().push(line);
+                }
+            });
+        }
+        let mut reader = BufReader::new(stdout);
+        let mut admin = None;
+        let mut line = String::new();
+        loop {
+            line.clear();
+            let n = reader.read_line(&mut line).expect("read stdout");
+            if n == 0 {
+                let status = child.wait().expect("wait");
+                panic!(
+                    "idem exited ({status}) before listening:\n{}",
+                    lines.lock().join("\n")
+                );
+            }
+            if let Some(a) = line.trim().strip_prefix("admin listening on http://") {
+                admin = Some(a.parse().expect("admin addr"));
+            }
+            if let Some(a) = line.trim().strip_prefix("idem listening on http://") {
+                let addr = a.parse().expect("addr");
+                // Keep draining stdout so the child never blocks on a full pipe.
+                std::thread::spawn(move || for _ in reader.lines() {});
+                return Self {
+                    child: Some(child),
+                    addr,
+                    admin,
+                    stderr: lines,
+                    _dir: None,
+                };
+            }
+        }
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{}", self.addr, path)
+    }
+
+    pub fn admin_url(&self, path: &str) -> String {
+        format!("http://{}{}", self.admin.expect("admin listener"), path)
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().expect("child").id()
+    }
+
+    /// Sends SIGTERM.
+    pub fn term(&self) {
+        let ok = Command::new("kill")
+            .args(["-TERM", &self.pid().to_string()])
+            .status()
+            .expect("kill")
+            .success();
+        assert!(ok, "kill -TERM failed");
+    }
+
+    /// SIGKILL, now.
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// Waits for the process to exit; returns whether it exited successfully.
+    pub async fn wait_exit(&mut self, limit: Duration) -> bool {
+        let mut child = self.child.take().expect("child");
+        let status = tokio::task::spawn_blocking(move || {
+            let deadline = std::time::Instant::now() + limit;
+            loop {
+                if let Some(s) = child.try_wait().expect("try_wait") {
+                    return Some(s);
+                }
+                if std::time::Instant::now() > deadline {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    return None;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        })
+        .await
+        .expect("join");
+        matches!(status, Some(s) if s.success())
+    }
+
+    pub fn logs(&self) -> String {
+        self.stderr.lock().join("\n")
+    }
+}
+
+impl Drop for Gateway {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// What the test upstream saw.
+#[derive(Default)]
+pub struct Seen {
+    pub executions: AtomicU64,
+    pub by_path: Mutex<HashMap<String, u64>>,
+    pub request_ids: Mutex<Vec<String>>,
+    pub headers: Mutex<Vec<HeaderMap>>,
+    /// Notified when a request arrives (before any delay).
+    pub arrived: Notify,
+}
+
+impl Seen {
+    pub fn count(&self, path: &str) -> u64 {
+        self.by_path.lock().get(path).copied().unwrap_or(0)
+    }
+    pub fn total(&self) -> u64 {
+        self.executions.load(Ordering::SeqCst)
+    }
+}
+
+/// A test upstream: a path containing `/status/{code}` answers that status, `?delay_ms=N`
+/// waits first, a path ending in `/reset` drops the connection without answering; every
+/// request is counted by path.
+pub struct Upstream {
+    pub addr: SocketAddr,
+    pub seen: Arc<Seen>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Upstream {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl Upstream {
+    pub async fn start() -> Self {
+        Self::start_on(SocketAddr::from(([127, 0, 0, 1], 0))).await
+    }
+
+    pub async fn start_on(addr: SocketAddr) -> Self {
+        let listener = TcpListener::bind(addr).await.expect("bind upstream");
+        let addr = listener.local_addr().expect("addr");
+        let seen = Arc::new(Seen::default());
+        let task = tokio::spawn(serve(listener, Arc::clone(&seen)));
+        Self { addr, seen, task }
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+}
+
+async fn serve(listener: TcpListener, seen: Arc<Seen>) {
+    loop {
+        let Ok((stream, _)) = listener.accept().await else {
+            continue;
+        };
+        let seen = Arc::clone(&seen);
+        tokio::spawn(async move {
+            let svc = hyper::service::service_fn(move |req: Request<hyper::body::Incoming>| {
+                let seen = Arc::clone(&seen);
+                async move { handle(req, seen).await }
+            });
+            let _ = hyper::server::conn::http1::Builder::new()
+                .serve_connection(TokioIo::new(stream), svc)
+                .await;
+        });
+    }
+}
+
+#[derive(Debug)]
+struct Reset;
+impl std::fmt::Display for Reset {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("reset")
+    }
+}
+impl std::error::Error for Reset {}
+
+async fn handle(
+    req: Request<hyper::body::Incoming>,
+    seen: Arc<Seen>,
+) -> Result<http::Response<Full<Bytes>>, Reset> {
+    let (parts, body) = req.into_parts();
+    let body = body
+        .collect()
+        .await
+        .map(|c| c.to_bytes())
+        .unwrap_or_default();
+    let path = parts.uri.path().to_owned();
+    let n = seen.executions.fetch_add(1, Ordering::SeqCst) + 1;
+    *seen.by_path.lock().entry(path.clone()).or_default() += 1;
+    if let Some(id) = parts
+        .headers
+        .get("x-request-id")
+        .and_then(|v| v.to_str().ok())
+    {
+        seen.request_ids.lock().push(id.to_owned());
+    }
+    seen.headers.lock().push(parts.headers.clone());
+    seen.arrived.notify_waiters();
+    let delay = parts
+        .uri
+        .query()
+        .and_then(|q| q.split('&').find_map(|kv| kv.strip_prefix("delay_ms=")))
+        .and_then(|v| v.parse::<u64>().ok())
+        .unwrap_or(0);
+    if delay > 0 {
+        tokio::time::sleep(Duration::from_millis(delay)).await;
+    }
+    if path.ends_with("/reset") {
+        return Err(Reset);
+    }
+    let status = path
+        .split("/status/")
+        .nth(1)
+        .and_then(|s| s.parse::<u16>().ok())
+        .and_then(|s| StatusCode::from_u16(s).ok())
+        .unwrap_or(StatusCode::CREATED);
+    let echo = serde_json::json!({
+        "n": n,
+        "path": path,
+        "method": parts.method.as_str(),
+        "body": String::from_utf8_lossy(&body),
+    });
+    let mut res = http::Response::new(Full::new(Bytes::from(echo.to_string())));
+    *res.status_mut() = status;
+    res.headers_mut()
+        .insert("content-type", "application/json".parse().expect("value"));
+    res.headers_mut()
+        .insert("set-cookie", "session=secret".parse().expect("value"));
+    Ok(res)
+}
+
+/// A response, read whole.
+#[derive(Debug)]
+pub struct Reply {
+    pub status: StatusCode,
+    pub headers: HeaderMap,
+    pub body: Bytes,
+}
+
+impl Reply {
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::from_slice(&self.body)
+            .unwrap_or_else(|e| panic!("not JSON ({e}): {:?}", String::from_utf8_lossy(&self.body)))
+    }
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers.get(name).and_then(|v| v.to_str().ok())
+    }
+    pub fn problem_type(&self) -> String {
+        self.json()["type"]
+            .as_str()
+            .unwrap_or("")
+            .trim_start_matches("https://idem.dev/problems/")
+            .to_owned()
+    }
+    pub fn replayed(&self) -> bool {
+        self.header("idempotent-replayed") == Some("true")
+    }
+}
+
+/// A pooled HTTP client for tests.
+#[derive(Clone)]
+pub struct Http {
+    client: Client<HttpConnector, Full<Bytes>>,
+}
+
+impl Default for Http {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Http {
+    pub fn new() -> Self {
+        Self {
+            client: Client::builder(TokioExecutor::new()).build_http(),
+        }
+    }
+
+    pub async fn send(
+        &self,
+        method: Method,
+        url: &str,
+        headers: &[(&str, &str)],
+        body: &str,
+    ) -> Reply {
+        self.try_send(method, url, headers, body)
+            .await
+            .unwrap_or_else(|e| panic!("{url}: {e}"))
+    }
+
+    pub async fn try_send(
+        &self,
+        method: Method,
+        url: &str,
+        headers: &[(&str, &str)],
+        body: &str,
+    ) -> Result<Reply, String> {
+        let mut b = Request::builder().method(method).uri(url);
+        for (n, v) in headers {
+            b = b.header(*n, *v);
+        }
+        let req = b
+            .body(Full::new(Bytes::from(body.to_owned())))
+            .map_err(|e| e.to_string())?;
+        let res = self
+            .client
+            .request(req)
+            .await
+            .map_err(|e| format!("{e:?}"))?;
+        let (parts, body) = res.into_parts();
+        let body = body.collect().await.map_err(|e| e.to_string())?.to_bytes();
+        Ok(Reply {
+            status: parts.status,
+            headers: parts.headers,
+            body,
+        })
+    }
+
+    pub async fn post(&self, url: &str, key: Option<&str>, body: &str) -> Reply {
+        let mut headers = vec![("content-type", "application/json")];
+        if let Some(k) = key {
+            headers.push(("idempotency-key", k));
+        }
+        self.send(Method::POST, url, &headers, body).await
+    }
+}
+
+/// A fresh idempotency key.
+pub fn key() -> String {
+    format!("k-{}", uuid::Uuid::now_v7())
+}
+
+/// True when the test must fail rather than skip on a missing service.
+pub fn ci() -> bool {
+    std::env::var_os("CI").is_some()
+}
+
+/// Whether something accepts TCP connections at `addr`.
+pub async fn reachable(addr: &str) -> bool {
+    matches!(
+        tokio::time::timeout(Duration::from_secs(1), tokio::net::TcpStream::connect(addr)).await,
+        Ok(Ok(_))
+    )
+}
+
+/// A spare loopback port (bound, then released).
+pub fn spare_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .expect("bind")
+        .local_addr()
+        .expect("addr")
+        .port()
+}
