@@ -1,14 +1,15 @@
-//! The stored form of a record: a short text header the Lua scripts can read, then the
-//! record's identity (binary, opaque to Lua), then the response in idem-core's compact binary
-//! encoding ([`StoredResponse::encode`]).
+//! The stored form of a record: a fixed-width text header the Lua scripts read and splice by
+//! position (see `lua/prelude.lua` for the offsets), then the record's identity (binary,
+//! opaque to Lua), then the response in idem-core's compact binary encoding
+//! ([`StoredResponse::encode`]).
 //!
 //! ```text
-//! "1 <state> <fence> <lease_until> <created> <expires> <since> <owner> <fp> <meta_len>\n" <meta> <response>
+//! "1 <state> <owner:32 hex> <fence:20> <fp:68 hex> <lease_until:13> <created:13> <expires:13> <since:13> <meta_len:10>\n" <meta> <response>
 //! ```
 //!
 //! `state` is `p` (processing), `c` (completed), `u` (unknown) or `t` (tombstone: absent to
 //! every reader, kept only so the fence never goes backwards). Times are milliseconds on the
-//! Redis server's clock; `owner` and `fp` are lower-case hex.
+//! Redis server's clock, zero-padded.
 
 use idem_core::record::CodecError;
 use idem_core::{
@@ -62,6 +63,11 @@ pub(crate) fn owner_hex(owner: OwnerId) -> String {
     hex(&owner.to_bytes())
 }
 
+/// What settling scripts compare against the record: `p <owner> <fence>`, fixed width.
+pub(crate) fn holder_token(owner: OwnerId, fence: u64) -> String {
+    format!("p {} {fence:020}", owner_hex(owner))
+}
+
 /// The fingerprint as the scripts store it.
 pub(crate) fn fingerprint_hex(fp: &Fingerprint) -> String {
     hex(&fp.to_bytes())
@@ -87,12 +93,13 @@ impl Header {
             [s @ (b'p' | b'c' | b'u' | b't')] => *s,
             _ => return Err(BAD),
         };
+        let owner_raw = next()?;
         let fence = number(next()?)?;
+        let fp_raw = next()?;
         let lease_until = number(next()?)?;
         let created = number(next()?)?;
         let expires = number(next()?)?;
         let since = number(next()?)?;
-        let (owner_raw, fp_raw) = (next()?, next()?);
         let meta_len = usize::try_from(number(next()?)?).map_err(|_| BAD)?;
         if state == b't' {
             let start = end + 1;
@@ -237,7 +244,7 @@ mod tests {
     fn stored(state: char, tail: &[u8], meta: &[u8]) -> Vec<u8> {
         let fp = Fingerprint::of_bytes(3, b"x");
         let mut v = format!(
-            "1 {state} 1700000000000123 5000 1000 90000 3000 {} {} {}\n",
+            "1 {state} {} 00001700000000000123 {} 0000000005000 0000000001000 0000000090000 0000000003000 {:010}\n",
             owner_hex(OwnerId(7)),
             fingerprint_hex(&fp),
             meta.len()
@@ -281,14 +288,23 @@ mod tests {
 
     #[test]
     fn tombstones_read_as_absent_and_garbage_is_refused() {
-        assert_eq!(decode_record(b"1 t 42 0 0 0 0 0 0 0\n"), Ok(None));
-        assert_eq!(
-            Header::parse(b"1 t 42 0 0 0 0 0 0 0\n").map(|h| h.fence),
-            Ok(42)
+        let tomb = format!(
+            "1 t {} {:020} {} 0000000000000 0000000000000 0000000000000 0000000000000 0000000000\n",
+            "0".repeat(32),
+            42,
+            "0".repeat(68)
         );
+        assert_eq!(tomb.len(), 194, "the header width the scripts expect");
+        assert_eq!(decode_record(tomb.as_bytes()), Ok(None));
+        assert_eq!(Header::parse(tomb.as_bytes()).map(|h| h.fence), Ok(42));
         assert!(decode_record(b"").is_err());
-        assert!(decode_record(b"2 p 1 1 1 1 1 00 00 0\n").is_err());
+        assert!(decode_record(tomb.replacen('1', "2", 1).as_bytes()).is_err());
         let meta = encode_meta(&key(), None);
+        assert_eq!(
+            stored('p', b"", &meta).iter().position(|&b| b == b'\n'),
+            Some(193)
+        );
+        assert_eq!(holder_token(OwnerId(7), 5).len(), 55);
         let mut truncated = stored('p', b"", &meta);
         truncated.truncate(truncated.len() - 1);
         assert!(decode_record(&truncated).is_err());

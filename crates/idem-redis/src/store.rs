@@ -15,7 +15,7 @@ use idem_core::{
 };
 use redis::{RedisError, Value};
 
-use crate::codec::{Header, decode_record, encode_meta, fingerprint_hex, owner_hex};
+use crate::codec::{Header, decode_record, encode_meta, fingerprint_hex, holder_token, owner_hex};
 use crate::config::{Durability, RedisConfig, Target};
 use crate::script::{Connection, NamedScript, Timeouts, bounded};
 
@@ -226,14 +226,8 @@ impl RedisStore {
             && let Err(e) = self.wait_replicas(rk).await
         {
             // The handler will not run: give the claim back (best effort) so a retry can.
-            let owner = owner_hex(lease.owner);
-            let fence = lease.fence.to_string();
-            let args: [&[u8]; 4] = [
-                owner.as_bytes(),
-                fence.as_bytes(),
-                b"r",
-                &self.shared.tombstone_ms,
-            ];
+            let token = holder_token(lease.owner, lease.fence);
+            let args: [&[u8]; 3] = [token.as_bytes(), b"r", &self.shared.tombstone_ms];
             if let Err(undo_err) = self.run(&SCRIPTS.release, rk, &args).await {
                 tracing::warn!(key = %req.key, error = %undo_err, "could not release an uncertain claim; its lease will expire");
             }
@@ -396,14 +390,10 @@ impl Store for RedisStore {
     ) -> impl Future<Output = Result<RenewOutcome, StoreError>> + Send {
         async move {
             let rk = self.record_key(key);
-            let (owner, fence) = (owner_hex(owner), fence.to_string());
+            let token = holder_token(owner, fence);
             bounded(self.shared.op_timeout, async {
                 let reply = self
-                    .run(
-                        &SCRIPTS.renew,
-                        &rk,
-                        &[owner.as_bytes(), fence.as_bytes(), &ms_arg(lease)],
-                    )
+                    .run(&SCRIPTS.renew, &rk, &[token.as_bytes(), &ms_arg(lease)])
                     .await?;
                 let Value::Array(items) = reply else {
                     return Err(malformed("unexpected renew reply"));
@@ -428,8 +418,8 @@ impl Store for RedisStore {
         ttl: Duration,
     ) -> impl Future<Output = Result<SettleOutcome, StoreError>> + Send {
         async move {
-            let (owner, fence, body) = (owner_hex(owner), fence.to_string(), response.encode());
-            let args: [&[u8]; 4] = [owner.as_bytes(), fence.as_bytes(), &ms_arg(ttl), &body];
+            let (token, body) = (holder_token(owner, fence), response.encode());
+            let args: [&[u8]; 3] = [token.as_bytes(), &ms_arg(ttl), &body];
             self.settle(&SCRIPTS.complete, key, &args, true).await
         }
     }
@@ -442,18 +432,13 @@ impl Store for RedisStore {
         kind: ReleaseKind,
     ) -> impl Future<Output = Result<SettleOutcome, StoreError>> + Send {
         async move {
-            let (owner, fence) = (owner_hex(owner), fence.to_string());
+            let token = holder_token(owner, fence);
             let kind: &[u8] = if kind == ReleaseKind::Unknown {
                 b"u"
             } else {
                 b"r"
             };
-            let args: [&[u8]; 4] = [
-                owner.as_bytes(),
-                fence.as_bytes(),
-                kind,
-                &self.shared.tombstone_ms,
-            ];
+            let args: [&[u8]; 3] = [token.as_bytes(), kind, &self.shared.tombstone_ms];
             self.settle(&SCRIPTS.release, key, &args, false).await
         }
     }

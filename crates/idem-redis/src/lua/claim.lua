@@ -1,25 +1,25 @@
 -- KEYS[1] record; ARGV: fp, owner, lease_ms, ttl_ms, hold (0|1), meta
 -- Replies: {0, value} found completed/unknown/other-fp (caller decides replay, unknown or
 -- mismatch); {1, retry_after_ms} busy; {2} held: now unknown; {3, fence, deadline, takeover}.
-local v, r = fetch(KEYS[1])
+local v, s = fetch(KEYS[1])
 local prev_fence, created, takeover, us = 0, nil, 0, nil
-if r and r.s == 't' then
-  prev_fence = r.fence
-elseif r then
-  if r.s ~= 'p' or r.fp ~= ARGV[1] then
+if s == 't' then
+  prev_fence = num(v, 38, 20)
+elseif s then
+  if s ~= 'p' or string.sub(v, 59, 126) ~= ARGV[1] then
     return {0, v}
   end
   us = now_us()
   local ms = math.floor(us / 1000)
-  if r.lease > ms then
-    return {1, r.lease - ms}
+  local lease = num(v, 128, 13)
+  if lease > ms then
+    return {1, lease - ms}
   end
   if ARGV[5] == '1' then
-    redis.call('SET', KEYS[1], header('u', r.fence, r.lease, r.created, r.expires, ms, r.owner, r.fp, r.mlen)
-      .. string.sub(v, r.pos), 'KEEPTTL')
+    redis.call('SET', KEYS[1], '1 u ' .. string.sub(v, 5, 169) .. ms13(ms) .. string.sub(v, 183), 'KEEPTTL')
     return {2}
   end
-  prev_fence, created, takeover = r.fence, r.created, 1
+  prev_fence, created, takeover = num(v, 38, 20), num(v, 142, 13), 1
 end
 us = us or now_us()
 local ms = math.floor(us / 1000)
@@ -29,6 +29,6 @@ local fence = math.max(prev_fence + 1, us)
 local deadline = ms + tonumber(ARGV[3])
 local expires = math.max(ms + tonumber(ARGV[4]), deadline)
 redis.call('SET', KEYS[1],
-  header('p', fence, deadline, created or ms, expires, 0, ARGV[2], ARGV[1], #ARGV[6]) .. ARGV[6],
+  header('p', ARGV[2], fence, ARGV[1], deadline, created or ms, expires, 0, #ARGV[6]) .. ARGV[6],
   'PXAT', expires)
 return {3, fence, deadline, takeover}

@@ -1,24 +1,40 @@
--- Shared by every idem record script. A record is one string value:
---   "1 <state> <fence> <lease_until> <created> <expires> <since> <owner> <fp> <meta_len>\n" <meta> <response>
--- state: p processing, c completed, u unknown, t tombstone (absent, keeps the fence).
--- Times are milliseconds on this server's clock; fence, owner and fp are kept as text so
--- they compare exactly without going through Lua's doubles.
-local function parse(v)
-  local s, fence, lease, created, expires, since, owner, fp, mlen, pos =
-    string.match(v, '^1 (%a) (%d+) (%d+) (%d+) (%d+) (%d+) (%w+) (%w+) (%d+)\n()')
-  if not s then
-    return nil
+-- Shared by every idem record script. A record is one string value with a fixed-width text
+-- header, so scripts read and splice fields by position instead of parsing:
+--
+--   pos 1    '1'           format version
+--   pos 3    state         p processing, c completed, u unknown, t tombstone (absent; keeps the fence)
+--   pos 5    owner         32 hex
+--   pos 38   fence         20 digits
+--   pos 59   fingerprint   68 hex
+--   pos 128  lease_until   13 digits (ms, server clock)
+--   pos 142  created       13 digits
+--   pos 156  expires       13 digits
+--   pos 170  since         13 digits (completed_at / unknown since)
+--   pos 184  meta_len      10 digits
+--   pos 194  '\n', then meta (identity, request id), then the encoded response
+--
+-- Fields are separated by single spaces. "<state> <owner> <fence>" (pos 3..57) is the holder
+-- token: settling scripts compare it whole against the caller's.
+local HEADER_LEN = 194
+
+local function check(v)
+  if string.byte(v, 1) ~= 49 or string.byte(v, HEADER_LEN) ~= 10 then
+    error('idem: corrupt record')
   end
-  return {
-    s = s, fence_s = fence, fence = tonumber(fence), lease = tonumber(lease),
-    created = tonumber(created), expires = tonumber(expires), since = tonumber(since),
-    owner = owner, fp = fp, mlen = tonumber(mlen), pos = pos,
-  }
+  return v
 end
 
-local function header(s, fence, lease, created, expires, since, owner, fp, mlen)
-  return string.format('1 %s %.0f %.0f %.0f %.0f %.0f %s %s %d\n',
-    s, fence, lease, created, expires, since, owner, fp, mlen)
+local function num(v, at, width)
+  return tonumber(string.sub(v, at, at + width - 1))
+end
+
+local function header(s, owner, fence, fp, lease, created, expires, since, mlen)
+  return string.format('1 %s %s %020.0f %s %013.0f %013.0f %013.0f %013.0f %010d\n',
+    s, owner, fence, fp, lease, created, expires, since, mlen)
+end
+
+local function ms13(x)
+  return string.format('%013.0f', x)
 end
 
 -- Server time in microseconds; one TIME call per script at most.
@@ -32,25 +48,18 @@ local function fetch(key)
   if not v then
     return nil, nil
   end
-  local r = parse(v)
-  if not r then
-    error('idem: corrupt record at ' .. key)
-  end
-  return v, r
-end
-
--- The record's identity and request id, without any response.
-local function meta(v, r)
-  return string.sub(v, r.pos, r.pos + r.mlen - 1)
+  return check(v), string.sub(v, 3, 3)
 end
 
 -- A tombstone: absent for every reader, but keeps the fence so it never goes backwards
 -- through a release or delete followed by a quick re-claim.
-local function bury(key, fence, tomb_ms)
-  redis.call('SET', key, header('t', fence, 0, 0, 0, 0, '0', '0', 0), 'PX', tomb_ms)
+local function bury(key, v, tomb_ms)
+  local zeros = string.rep('0', 32)
+  redis.call('SET', key, header('t', zeros, num(v, 38, 20), string.rep('0', 68), 0, 0, 0, 0, 0), 'PX', tomb_ms)
 end
 
--- Whether owner and fence still hold a live processing record (late holders included).
-local function holds(r, owner, fence)
-  return r ~= nil and r.s == 'p' and r.owner == owner and r.fence_s == fence
+-- Whether the caller's holder token ("p <owner> <fence>") still holds a live processing
+-- record. A holder whose lease ran out still holds it until someone takes over.
+local function holds(v, token)
+  return v ~= nil and string.sub(v, 3, 57) == token
 end

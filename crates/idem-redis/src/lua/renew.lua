@@ -1,12 +1,12 @@
--- KEYS[1] record; ARGV: owner, fence, lease_ms. Replies {1, deadline} renewed or {0} lost.
-local v, r = fetch(KEYS[1])
-if not holds(r, ARGV[1], ARGV[2]) then
+-- KEYS[1] record; ARGV: holder token, lease_ms. Replies {1, deadline} renewed or {0} lost.
+local v = fetch(KEYS[1])
+if not holds(v, ARGV[1]) then
   return {0}
 end
 local ms = math.floor(now_us() / 1000)
-local deadline = ms + tonumber(ARGV[3])
-local expires = math.max(r.expires, deadline)
+local deadline = ms + tonumber(ARGV[2])
+local expires = math.max(num(v, 156, 13), deadline)
 redis.call('SET', KEYS[1],
-  header('p', r.fence, deadline, r.created, expires, 0, r.owner, r.fp, r.mlen) .. string.sub(v, r.pos),
+  string.sub(v, 1, 127) .. ms13(deadline) .. string.sub(v, 141, 155) .. ms13(expires) .. string.sub(v, 169),
   'PXAT', expires)
 return {1, deadline}
