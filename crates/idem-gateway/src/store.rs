@@ -220,10 +220,10 @@ pub async fn open(
 pub fn available(spec: &StoreSpec) -> anyhow::Result<()> {
     let (built, feature) = match spec {
         StoreSpec::Memory { .. } => (true, ""),
-        StoreSpec::Sqlite { .. } => (cfg!(feature = "sqlite") && SQLITE_READY, "sqlite"),
+        StoreSpec::Sqlite { .. } => (cfg!(feature = "sqlite"), "sqlite"),
         StoreSpec::Redis { .. } => (cfg!(feature = "redis"), "redis"),
-        StoreSpec::Postgres { .. } => (cfg!(feature = "postgres") && POSTGRES_READY, "postgres"),
-        StoreSpec::Mysql { .. } => (cfg!(feature = "mysql") && MYSQL_READY, "mysql"),
+        StoreSpec::Postgres { .. } => (cfg!(feature = "postgres"), "postgres"),
+        StoreSpec::Mysql { .. } => (cfg!(feature = "mysql"), "mysql"),
     };
     if built {
         Ok(())
@@ -235,10 +235,11 @@ pub fn available(spec: &StoreSpec) -> anyhow::Result<()> {
     }
 }
 
-// Backends whose crates have not landed yet.
-const SQLITE_READY: bool = false;
-const POSTGRES_READY: bool = false;
-const MYSQL_READY: bool = false;
+/// Connections each gateway keeps to PostgreSQL or MySQL.
+pub const SQL_POOL_SIZE: u32 = 32;
+/// How often expired SQL rows are reaped, and how many per batch.
+const REAP_EVERY: Duration = Duration::from_secs(60);
+const REAP_BATCH: u32 = 1_000;
 
 async fn open_backend(spec: &StoreSpec, op_timeout: Duration) -> anyhow::Result<BoxStore> {
     available(spec)?;
@@ -246,6 +247,40 @@ async fn open_backend(spec: &StoreSpec, op_timeout: Duration) -> anyhow::Result<
         StoreSpec::Memory { capacity } => {
             let store = MemoryStore::new(*capacity);
             store.spawn_sweeper(Duration::from_secs(30));
+            Ok(BoxStore::new(store))
+        }
+        #[cfg(feature = "sqlite")]
+        StoreSpec::Sqlite { path } => {
+            if let Some(dir) = std::path::Path::new(path)
+                .parent()
+                .filter(|d| !d.as_os_str().is_empty())
+            {
+                std::fs::create_dir_all(dir)
+                    .map_err(|e| anyhow::anyhow!("cannot create {}: {e}", dir.display()))?;
+            }
+            let store = idem_sql::SqliteStore::open(path)
+                .await
+                .map_err(|e| anyhow::anyhow!("{e}"))?;
+            store.migrate().await.map_err(|e| anyhow::anyhow!("{e}"))?;
+            store.spawn_reaper(REAP_EVERY, REAP_BATCH);
+            Ok(BoxStore::new(store))
+        }
+        #[cfg(feature = "postgres")]
+        StoreSpec::Postgres { url } => {
+            let store = idem_sql::PgStore::connect(url, SQL_POOL_SIZE)
+                .await
+                .map_err(|e| anyhow::anyhow!("{e}"))?;
+            store.migrate().await.map_err(|e| anyhow::anyhow!("{e}"))?;
+            store.spawn_reaper(REAP_EVERY, REAP_BATCH);
+            Ok(BoxStore::new(store))
+        }
+        #[cfg(feature = "mysql")]
+        StoreSpec::Mysql { url } => {
+            let store = idem_sql::MySqlStore::connect(url, SQL_POOL_SIZE)
+                .await
+                .map_err(|e| anyhow::anyhow!("{e}"))?;
+            store.migrate().await.map_err(|e| anyhow::anyhow!("{e}"))?;
+            store.spawn_reaper(REAP_EVERY, REAP_BATCH);
             Ok(BoxStore::new(store))
         }
         #[cfg(feature = "redis")]
@@ -256,6 +291,8 @@ async fn open_backend(spec: &StoreSpec, op_timeout: Duration) -> anyhow::Result<
                 .map_err(|e| anyhow::anyhow!("{e}"))?;
             Ok(BoxStore::new(store))
         }
+        // Reached when a backend's feature is off (`available` refused it above already).
+        #[allow(unreachable_patterns)]
         other => bail!("store `{}` is not available in this build", other.kind()),
     }
 }

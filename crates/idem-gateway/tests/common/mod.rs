@@ -83,6 +83,7 @@ impl Gateway {
     }
 
     /// Spawns a prepared command and waits for its listener lines.
+    #[allow(clippy::zombie_processes)] // the child is reaped in `Drop`
     pub fn spawn(mut cmd: Command) -> Self {
         cmd.stdin(Stdio::null())
             .stdout(Stdio::piped())
