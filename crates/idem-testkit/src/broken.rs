@@ -13,7 +13,7 @@ use idem_core::decide::{self, Change};
 use idem_core::{
     ClaimOutcome, ClaimRequest, Clock, ListFilter, ManualClock, OwnerId, Record, RecordState,
     ReleaseKind, RenewOutcome, Resolution, ResolveOutcome, ScopedKey, SettleOutcome, Store,
-    StoreError, StoredResponse, Timestamp,
+    StoreError, StoredResponse, TakeoverPolicy, Timestamp,
 };
 
 use crate::harness::Harness;
@@ -36,17 +36,27 @@ pub enum Bug {
     UnknownReleaseRemoves,
     /// `resolve` also settles processing records whose lease is still live.
     ResolvesLiveLease,
+    /// Records never expire: the record TTL is ignored.
+    IgnoresTtl,
+    /// `renew` checks the owner but not the fence.
+    RenewIgnoresFence,
+    /// The `hold` policy takes an expired lease over like `reexecute`: a handler whose outcome
+    /// is ambiguous runs again.
+    HoldTakesOver,
 }
 
 impl Bug {
     /// Every bug, without [`Bug::None`].
-    pub const ALL: [Bug; 6] = [
+    pub const ALL: [Bug; 9] = [
         Bug::CompleteUnconditionally,
         Bug::FenceResetsAfterExpiry,
         Bug::CheckThenSetClaim,
         Bug::IgnoresFingerprint,
         Bug::UnknownReleaseRemoves,
         Bug::ResolvesLiveLease,
+        Bug::IgnoresTtl,
+        Bug::RenewIgnoresFence,
+        Bug::HoldTakesOver,
     ];
 }
 
@@ -64,6 +74,7 @@ struct Inner {
     records: HashMap<ScopedKey, (u64, Record)>,
     next_seq: u64,
     fence_high: u64,
+    ignore_ttl: bool,
 }
 
 impl Inner {
@@ -73,7 +84,10 @@ impl Inner {
 
     fn write(&mut self, key: &ScopedKey, change: Change) {
         match change {
-            Change::Put(record) => {
+            Change::Put(mut record) => {
+                if self.ignore_ttl {
+                    record.expires_at = Timestamp(u64::MAX);
+                }
                 self.fence_high = self.fence_high.max(record.fence);
                 let seq = match self.records.get(key) {
                     Some((seq, _)) => *seq,
@@ -95,10 +109,14 @@ impl Inner {
 impl BrokenStore {
     /// A store with `bug`, on `clock`.
     pub fn new(bug: Bug, clock: ManualClock) -> Self {
+        let inner = Inner {
+            ignore_ttl: bug == Bug::IgnoresTtl,
+            ..Inner::default()
+        };
         Self {
             bug,
             clock,
-            inner: Arc::new(Mutex::new(Inner::default())),
+            inner: Arc::new(Mutex::new(inner)),
         }
     }
 
@@ -139,6 +157,13 @@ impl BrokenStore {
                 };
                 decide::claim(now, previous, &req, floor)
             }
+            (Bug::HoldTakesOver, _) => {
+                let req = ClaimRequest {
+                    takeover: TakeoverPolicy::Reexecute,
+                    ..req.clone()
+                };
+                decide::claim(now, previous, &req, floor)
+            }
             _ => decide::claim(now, previous, req, floor),
         }
     }
@@ -174,7 +199,15 @@ impl Store for BrokenStore {
         fence: u64,
         lease: Duration,
     ) -> impl Future<Output = Result<RenewOutcome, StoreError>> + Send {
+        let bug = self.bug;
         std::future::ready(Ok(self.apply(key, |now, prev| {
+            let fence = match (bug, prev.map(|r| (&r.state, r.fence))) {
+                (
+                    Bug::RenewIgnoresFence,
+                    Some((RecordState::Processing { owner: o, .. }, current)),
+                ) if *o == owner => current,
+                _ => fence,
+            };
             decide::renew(now, prev, owner, fence, lease)
         })))
     }

@@ -27,6 +27,7 @@ use idem_core::{
     StoredResponse, TakeoverPolicy,
 };
 use proptest::prelude::*;
+use proptest::strategy::ValueTree;
 use proptest::test_runner::{Config, FileFailurePersistence, TestCaseError, TestRunner};
 
 use crate::ctx::{fp, rich_response, unique_namespace};
@@ -480,6 +481,8 @@ struct Case<'h, H: Harness> {
     /// Highest fence the store ever granted per key.
     high_fence: BTreeMap<u8, u64>,
     log: String,
+    /// How often each branch of the contract was exercised.
+    hits: BTreeMap<&'static str, u64>,
 }
 
 type Checked = Result<(), String>;
@@ -514,6 +517,34 @@ impl<'h, H: Harness> Case<'h, H> {
             self.slack_ms
         );
         Ok(())
+    }
+
+    fn hit(&mut self, branch: &'static str) {
+        *self.hits.entry(branch).or_default() += 1;
+    }
+
+    /// The model's record of `key` as stored, expired or not.
+    fn snapshot(&self, key: u8) -> Option<ModelRecord> {
+        self.model.records.get(&key).cloned()
+    }
+
+    fn settle_branches(
+        &mut self,
+        forge: Forge,
+        pre: Option<&ModelRecord>,
+        settled: bool,
+        branch: &'static str,
+    ) {
+        self.hit(branch);
+        if forge != Forge::Genuine {
+            self.hit("forged holder");
+        }
+        let lease_over = pre.is_some_and(
+            |r| matches!(r.state, ModelState::Processing { lease_until, .. } if lease_until <= self.model.now),
+        );
+        if settled && lease_over {
+            self.hit("late holder settles");
+        }
     }
 
     fn holder(&self, index: u8, forge: Forge) -> Held {
@@ -575,9 +606,11 @@ impl<'h, H: Harness> Case<'h, H> {
                     Ok(o) => o,
                     Err(e) => return self.fail(e),
                 };
+                let pre = self.snapshot(key);
                 let want =
                     self.model
                         .claim(key, f, owner, hold, lease.into(), ttl.into(), request_id);
+                self.hit(claim_branch(&want, pre.as_ref(), self.model.now));
                 let _ = write!(self.log, " => {got:?}");
                 match (&want, &got) {
                     (
@@ -652,9 +685,20 @@ impl<'h, H: Harness> Case<'h, H> {
                     Err(e) => return self.fail(e),
                 };
                 let _ = write!(self.log, " [{held:?}] => {got:?}");
+                let pre = self.snapshot(held.key);
                 let want = self
                     .model
                     .renew(held.key, held.owner, held.fence, lease.into());
+                self.settle_branches(
+                    forge,
+                    pre.as_ref(),
+                    want,
+                    if want {
+                        "renew: renewed"
+                    } else {
+                        "renew: lost"
+                    },
+                );
                 match got {
                     RenewOutcome::Renewed { deadline } if want => {
                         self.time(
@@ -694,9 +738,20 @@ impl<'h, H: Harness> Case<'h, H> {
                     Err(e) => return self.fail(e),
                 };
                 let _ = write!(self.log, " [{held:?}] => {got:?}");
+                let pre = self.snapshot(held.key);
                 let want = self
                     .model
                     .complete(held.key, held.owner, held.fence, r, ttl.into());
+                self.settle_branches(
+                    forge,
+                    pre.as_ref(),
+                    want,
+                    if want {
+                        "complete: settled"
+                    } else {
+                        "complete: fenced"
+                    },
+                );
                 ensure!(
                     (got == SettleOutcome::Settled) == want,
                     "complete: store answered {got:?}, model says settled={want}"
@@ -719,9 +774,16 @@ impl<'h, H: Harness> Case<'h, H> {
                     Err(e) => return self.fail(e),
                 };
                 let _ = write!(self.log, " [{held:?}] => {got:?}");
+                let pre = self.snapshot(held.key);
                 let want = self
                     .model
                     .release(held.key, held.owner, held.fence, unknown);
+                let branch = match (want, unknown) {
+                    (false, _) => "release: fenced",
+                    (true, false) => "release: retryable",
+                    (true, true) => "release: unknown",
+                };
+                self.settle_branches(forge, pre.as_ref(), want, branch);
                 ensure!(
                     (got == SettleOutcome::Settled) == want,
                     "release: store answered {got:?}, model says settled={want}"
@@ -744,9 +806,21 @@ impl<'h, H: Harness> Case<'h, H> {
                     Err(e) => return self.fail(e),
                 };
                 let _ = write!(self.log, " => {got:?}");
+                let pre = self.snapshot(key);
                 let want = self
                     .model
                     .resolve(key, complete.map(|(r, ttl)| (r, u64::from(ttl))));
+                self.hit(match (want, complete.is_some()) {
+                    (ResolveOutcome::Resolved, _)
+                        if matches!(pre.map(|r| r.state), Some(ModelState::Processing { .. })) =>
+                    {
+                        "resolve: expired lease"
+                    }
+                    (ResolveOutcome::Resolved, true) => "resolve: unknown completed",
+                    (ResolveOutcome::Resolved, false) => "resolve: unknown released",
+                    (ResolveOutcome::NotFound, _) => "resolve: not found",
+                    _ => "resolve: not resolvable",
+                });
                 ensure!(
                     got == want,
                     "resolve: store answered {got:?}, model says {want:?}"
@@ -759,13 +833,24 @@ impl<'h, H: Harness> Case<'h, H> {
                 };
                 let _ = write!(self.log, " => {got:?}");
                 let want = self.model.delete(key);
+                self.hit(if want {
+                    "delete: existed"
+                } else {
+                    "delete: absent"
+                });
                 ensure!(
                     got == want,
                     "delete: store answered {got}, model says {want}"
                 );
             }
-            Op::Get { key } => self.compare(key).await?,
-            Op::List { state } => self.compare_list(state).await?,
+            Op::Get { key } => {
+                self.hit("get");
+                self.compare(key).await?;
+            }
+            Op::List { state } => {
+                self.hit("list");
+                self.compare_list(state).await?;
+            }
             Op::Advance { steps } => {
                 self.h.advance(self.steps(steps.into())).await;
                 self.model.now += u64::from(steps);
@@ -886,6 +971,14 @@ impl<'h, H: Harness> Case<'h, H> {
 /// # Errors
 /// A description of the first disagreement, with the operations so far.
 pub async fn run_case<H: Harness>(h: &H, ops: &[Op]) -> Result<(), String> {
+    run_counting(h, ops, &mut BTreeMap::new()).await
+}
+
+async fn run_counting<H: Harness>(
+    h: &H,
+    ops: &[Op],
+    hits: &mut BTreeMap<&'static str, u64>,
+) -> Result<(), String> {
     let ns = unique_namespace("model");
     let scope = Scope::new(ns.clone()).map_err(|e| e.to_string())?;
     let keys = (0..KEYS)
@@ -908,6 +1001,7 @@ pub async fn run_case<H: Harness>(h: &H, ops: &[Op]) -> Result<(), String> {
         holders: Vec::new(),
         high_fence: BTreeMap::new(),
         log: String::new(),
+        hits: BTreeMap::new(),
     };
     for (i, op) in ops.iter().enumerate() {
         let _ = write!(case.log, "\n  #{i} t={} {op:?}", case.model.now);
@@ -922,9 +1016,84 @@ pub async fn run_case<H: Harness>(h: &H, ops: &[Op]) -> Result<(), String> {
             return Err(format!("{e}\noperations:{}", case.log));
         }
     }
-    case.compare_list(None)
+    let result = case
+        .compare_list(None)
         .await
-        .map_err(|e| format!("{e}\noperations:{}", case.log))
+        .map_err(|e| format!("{e}\noperations:{}", case.log));
+    for (branch, n) in case.hits {
+        *hits.entry(branch).or_default() += n;
+    }
+    result
+}
+
+/// The branches of the contract the model test counts (see [`coverage`]).
+pub const BRANCHES: &[&str] = &[
+    "claim: absent key",
+    "claim: after expiry",
+    "claim: takeover",
+    "claim: busy",
+    "claim: replay",
+    "claim: unknown record",
+    "claim: hold marks unknown",
+    "claim: mismatch",
+    "renew: renewed",
+    "renew: lost",
+    "complete: settled",
+    "complete: fenced",
+    "release: retryable",
+    "release: unknown",
+    "release: fenced",
+    "late holder settles",
+    "forged holder",
+    "resolve: unknown completed",
+    "resolve: unknown released",
+    "resolve: expired lease",
+    "resolve: not resolvable",
+    "resolve: not found",
+    "delete: existed",
+    "delete: absent",
+    "get",
+    "list",
+];
+
+fn claim_branch(want: &ModelClaim, pre: Option<&ModelRecord>, now: u64) -> &'static str {
+    let expired = pre.is_some_and(|r| r.expires <= now);
+    match want {
+        ModelClaim::Claimed { takeover: true } => "claim: takeover",
+        ModelClaim::Claimed { .. } if expired => "claim: after expiry",
+        ModelClaim::Claimed { .. } => "claim: absent key",
+        ModelClaim::Busy { .. } => "claim: busy",
+        ModelClaim::Done { .. } => "claim: replay",
+        ModelClaim::Unknown
+            if matches!(pre.map(|r| &r.state), Some(ModelState::Processing { .. })) =>
+        {
+            "claim: hold marks unknown"
+        }
+        ModelClaim::Unknown => "claim: unknown record",
+        ModelClaim::Mismatch { .. } => "claim: mismatch",
+    }
+}
+
+/// Runs `cases` cases drawn deterministically from the generator (no shrinking) and counts
+/// how often each of [`BRANCHES`] was exercised: evidence that the generated sequences reach
+/// every corner of the contract.
+///
+/// # Panics
+/// When the store disagrees with the model.
+pub async fn coverage<H: Harness>(h: &H, cases: u32) -> BTreeMap<&'static str, u64> {
+    let strategy = ops(h.time_travel());
+    let mut runner = TestRunner::deterministic();
+    let mut hits = BTreeMap::new();
+    for _ in 0..cases {
+        let case = strategy
+            .new_tree(&mut runner)
+            .expect("generate a case")
+            .current();
+        if let Err(e) = run_counting(h, &case, &mut hits).await {
+            panic!("store disagrees with the reference model: {e}");
+        }
+    }
+    hits
 }
 
 /// Runs `cases` generated cases against the harness and panics with a shrunk counterexample if

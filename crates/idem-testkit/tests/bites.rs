@@ -86,8 +86,36 @@ async fn resolving_live_lease_is_caught() {
     assert!(model_fails(Bug::ResolvesLiveLease).await);
 }
 
+// Bug guarded: a store that never expires records (TTL ignored), so results are replayed
+// forever and a key can never run again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ignored_ttl_is_caught() {
+    let h = BrokenHarness::new(Bug::IgnoresTtl);
+    assert!(fails(rules::record_expires_after_ttl(&h)).await);
+    assert!(fails(rules::fence_increases_across_expiry(&h)).await);
+    assert!(model_fails(Bug::IgnoresTtl).await);
+}
+
+// Bug guarded: a renewal checked by owner only, so a holder with a forged or stale fence
+// keeps extending a lease.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn renew_ignoring_fence_is_caught() {
+    let h = BrokenHarness::new(Bug::RenewIgnoresFence);
+    assert!(fails(rules::stale_owner_is_fenced(&h)).await);
+    assert!(model_fails(Bug::RenewIgnoresFence).await);
+}
+
+// Bug guarded: the hold policy taking an expired lease over, re-running a handler whose
+// earlier outcome is unknown.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hold_taking_over_is_caught() {
+    let h = BrokenHarness::new(Bug::HoldTakesOver);
+    assert!(fails(rules::takeover_hold_marks_unknown(&h)).await);
+    assert!(model_fails(Bug::HoldTakesOver).await);
+}
+
 #[test]
 fn every_bug_has_a_test_here() {
     // Adding a bug to `Bug::ALL` without a test above should not go unnoticed.
-    assert_eq!(Bug::ALL.len(), 6);
+    assert_eq!(Bug::ALL.len(), 9);
 }

@@ -125,3 +125,18 @@ async fn cached_replay_never_outlives_its_record() {
         "replayed an expired record: {after:?}"
     );
 }
+
+/// The generator reaches every branch of the contract, often: without this a model test could
+/// pass by never generating the interesting sequences.
+#[tokio::test]
+async fn model_reaches_every_branch() {
+    let hits = idem_testkit::model::coverage(&MemoryHarness::new(), 1000).await;
+    eprintln!("model branch coverage over 1000 cases: {hits:#?}");
+    for branch in idem_testkit::model::BRANCHES {
+        let n = hits.get(branch).copied().unwrap_or(0);
+        assert!(
+            n >= 20,
+            "branch {branch:?} exercised only {n} times in 1000 cases"
+        );
+    }
+}
