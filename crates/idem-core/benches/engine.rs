@@ -73,7 +73,7 @@ static BASELINE: LazyLock<Mutex<HashMap<ScopedKey, u64>>> =
     LazyLock::new(|| Mutex::new(HashMap::new()));
 
 /// Insert-if-absent of a fresh key into a `Mutex<HashMap<ScopedKey, _>>`.
-#[divan::bench(threads = [1, 2], max_time = 2)]
+#[divan::bench(threads = [1, 2], sample_count = 200, sample_size = 1000, max_time = 10)]
 fn baseline_insert_unique(bencher: divan::Bencher) {
     bencher.bench(|| {
         let key = unique_key();
@@ -87,7 +87,7 @@ fn baseline_insert_unique(bencher: divan::Bencher) {
 }
 
 /// Insert-if-absent of a key that is already there (the replay counterpart).
-#[divan::bench(threads = [1, 2], max_time = 2)]
+#[divan::bench(threads = [1, 2], sample_count = 200, sample_size = 1000, max_time = 10)]
 fn baseline_insert_existing(bencher: divan::Bencher) {
     let key = fixed_key("baseline-existing");
     BASELINE.lock().expect("lock").insert(key.clone(), 7);
@@ -98,7 +98,7 @@ fn baseline_insert_existing(bencher: divan::Bencher) {
 }
 
 /// The runtime overhead every engine figure below includes.
-#[divan::bench(threads = [1, 2], max_time = 2)]
+#[divan::bench(threads = [1, 2], sample_count = 200, sample_size = 1000, max_time = 10)]
 fn runtime_block_on_noop(bencher: divan::Bencher) {
     bencher.bench(|| block_on(async { divan::black_box(1) }));
 }
@@ -110,7 +110,7 @@ fn runtime_block_on_noop(bencher: divan::Bencher) {
 static FIRST: LazyLock<Engine<MemoryStore>> = LazyLock::new(engine);
 
 /// A first request: claim, run a trivial handler, complete. Unique keys.
-#[divan::bench(threads = [1, 2], max_time = 2)]
+#[divan::bench(threads = [1, 2], sample_count = 200, sample_size = 1000, max_time = 10)]
 fn first_request(bencher: divan::Bencher) {
     bencher.bench(|| {
         let key = unique_key();
@@ -126,7 +126,7 @@ static REPLAY: LazyLock<(Engine<MemoryStore>, ScopedKey)> = LazyLock::new(|| {
 });
 
 /// A retry of a completed key: one claim that answers with the stored response.
-#[divan::bench(threads = [1, 2], max_time = 2)]
+#[divan::bench(threads = [1, 2], sample_count = 200, sample_size = 1000, max_time = 10)]
 fn replay(bencher: divan::Bencher) {
     let (engine, key) = &*REPLAY;
     bencher.bench(|| {
@@ -146,7 +146,7 @@ static CACHED: LazyLock<(Engine<CachedStore<MemoryStore>>, ScopedKey)> = LazyLoc
 });
 
 /// A retry of a completed key answered by the local cache tier, before the store.
-#[divan::bench(threads = [1, 2], max_time = 2)]
+#[divan::bench(threads = [1, 2], sample_count = 200, sample_size = 1000, max_time = 10)]
 fn replay_cached(bencher: divan::Bencher) {
     let (engine, key) = &*CACHED;
     bencher.bench(|| {
@@ -165,7 +165,7 @@ static IN_FLIGHT: AtomicU64 = AtomicU64::new(0);
 /// effect), so the key keeps cycling absent → processing → absent. One op is one `run`:
 /// either it claimed, ran and released (two store operations), or it found the other
 /// thread's live claim and answered "in flight" (one). `main` prints the mix.
-#[divan::bench(threads = [1, 2], max_time = 2)]
+#[divan::bench(threads = [1, 2], sample_count = 200, sample_size = 1000, max_time = 10)]
 fn contended_single_key(bencher: divan::Bencher) {
     let (engine, key) = &*CONTENDED;
     let before = (
