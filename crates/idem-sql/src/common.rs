@@ -84,9 +84,12 @@ pub(crate) const UNKNOWN: i16 = 2;
 pub(crate) const VERDICT_TAKEOVER: i16 = 2;
 pub(crate) const VERDICT_HOLD: i16 = 3;
 
-/// Columns every read returns, in this order.
+/// Columns every read returns, in this order (decoded by position: see `raw_record!`).
 pub(crate) const COLUMNS: &str = "namespace, principal, idem_key, fingerprint, fence, state, owner, lease_until, \
      response, state_at, request_id, created_at, expires_at, verdict";
+
+/// How many columns [`COLUMNS`] names.
+pub(crate) const COLUMN_COUNT: usize = 14;
 
 /// Replaces `{t}` in a statement template with the table name.
 pub(crate) fn sql(template: &str, table: &TableName) -> String {
@@ -120,33 +123,71 @@ pub(crate) struct RawRecord {
     pub(crate) verdict: i16,
 }
 
-/// Decodes a row holding [`COLUMNS`] (by name).
+/// Decodes the [`COLUMNS`] of a row, starting at column `offset`. By position: MariaDB
+/// reports no column names when preparing `INSERT … RETURNING`. With `bytes`, text columns are
+/// read as bytes (MySQL: sqlx refuses `String` for binary-collated text, which the table uses
+/// so that keys compare byte for byte).
 macro_rules! raw_record {
-    ($row:expr) => {{
+    ($row:expr, $offset:expr) => {{
         use ::sqlx::Row as _;
         let row = $row;
+        let at: usize = $offset;
         (|| -> Result<$crate::common::RawRecord, ::sqlx::Error> {
             Ok($crate::common::RawRecord {
-                namespace: row.try_get("namespace")?,
-                principal: row.try_get("principal")?,
-                key: row.try_get("idem_key")?,
-                fingerprint: row.try_get("fingerprint")?,
-                fence: row.try_get("fence")?,
-                state: row.try_get("state")?,
-                owner: row.try_get("owner")?,
-                lease_until: row.try_get("lease_until")?,
-                response: row.try_get("response")?,
-                state_at: row.try_get("state_at")?,
-                request_id: row.try_get("request_id")?,
-                created_at: row.try_get("created_at")?,
-                expires_at: row.try_get("expires_at")?,
-                verdict: row.try_get("verdict")?,
+                namespace: row.try_get(at)?,
+                principal: row.try_get(at + 1)?,
+                key: row.try_get(at + 2)?,
+                fingerprint: row.try_get(at + 3)?,
+                fence: row.try_get(at + 4)?,
+                state: row.try_get(at + 5)?,
+                owner: row.try_get(at + 6)?,
+                lease_until: row.try_get(at + 7)?,
+                response: row.try_get(at + 8)?,
+                state_at: row.try_get(at + 9)?,
+                request_id: row.try_get(at + 10)?,
+                created_at: row.try_get(at + 11)?,
+                expires_at: row.try_get(at + 12)?,
+                verdict: row.try_get(at + 13)?,
+            })
+        })()
+        .map_err(::idem_core::StoreError::unavailable)
+    }};
+    ($row:expr, $offset:expr, bytes) => {{
+        use ::sqlx::Row as _;
+        let row = $row;
+        let at: usize = $offset;
+        (|| -> Result<$crate::common::RawRecord, ::sqlx::Error> {
+            Ok($crate::common::RawRecord {
+                namespace: $crate::common::text(row.try_get(at)?)?,
+                principal: $crate::common::opt_text(row.try_get(at + 1)?)?,
+                key: $crate::common::text(row.try_get(at + 2)?)?,
+                fingerprint: row.try_get(at + 3)?,
+                fence: row.try_get(at + 4)?,
+                state: row.try_get(at + 5)?,
+                owner: row.try_get(at + 6)?,
+                lease_until: row.try_get(at + 7)?,
+                response: row.try_get(at + 8)?,
+                state_at: row.try_get(at + 9)?,
+                request_id: $crate::common::opt_text(row.try_get(at + 10)?)?,
+                created_at: row.try_get(at + 11)?,
+                expires_at: row.try_get(at + 12)?,
+                verdict: row.try_get(at + 13)?,
             })
         })()
         .map_err(::idem_core::StoreError::unavailable)
     }};
 }
 pub(crate) use raw_record;
+
+#[allow(dead_code)]
+pub(crate) fn text(raw: Vec<u8>) -> Result<String, sqlx::Error> {
+    String::from_utf8(raw).map_err(|e| sqlx::Error::Decode(Box::new(e)))
+}
+
+#[allow(dead_code)]
+pub(crate) fn opt_text(raw: Option<Vec<u8>>) -> Result<Option<String>, sqlx::Error> {
+    raw.map(text).transpose()
+}
 
 pub(crate) fn ts(ms: i64) -> Timestamp {
     Timestamp(u64::try_from(ms).unwrap_or(0))
@@ -294,6 +335,11 @@ pub(crate) fn too_many_races() -> StoreError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn column_count_matches_the_list() {
+        assert_eq!(COLUMNS.split(',').count(), COLUMN_COUNT);
+    }
 
     #[test]
     fn table_names_are_identifiers_only() {

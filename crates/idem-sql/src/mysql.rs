@@ -33,8 +33,8 @@ use sqlx::mysql::{MySqlConnectOptions, MySqlPoolOptions};
 use sqlx::{Executor as _, MySqlConnection, MySqlPool, Row};
 
 use crate::common::{
-    self, COLUMNS, MAX_RACES, RawRecord, TableName, TableNameError, claim_outcome, fence_param, ms,
-    raw_record, state_code, too_many_races, ts, unresolved,
+    self, COLUMN_COUNT, COLUMNS, MAX_RACES, RawRecord, TableName, TableNameError, claim_outcome,
+    fence_param, ms, raw_record, state_code, too_many_races, ts, unresolved,
 };
 
 /// The server clock in microseconds, fixed for the statement.
@@ -305,8 +305,8 @@ impl MySqlStore {
             .bind(matches!(req.takeover, idem_core::TakeoverPolicy::Hold))
             .fetch_one(&mut *conn)
             .await?;
-        let now: i64 = row.try_get("now_ms")?;
-        let raw = raw_record!(&row).map_err(|e| sqlx::Error::Protocol(e.to_string()))?;
+        let now: i64 = row.try_get(COLUMN_COUNT)?;
+        let raw = raw_record!(&row, 0, bytes).map_err(|e| sqlx::Error::Protocol(e.to_string()))?;
         let wrote = raw.verdict != 0;
         claim_outcome(req, wrote, Some(raw), ts(now))
             .map_err(|e| sqlx::Error::Protocol(e.to_string()))
@@ -525,7 +525,7 @@ impl Store for MySqlStore {
             .fetch_optional(&self.pool)
             .await
             .map_err(StoreError::unavailable)?;
-        row.map(|row| raw_record!(&row).and_then(RawRecord::into_record))
+        row.map(|row| raw_record!(&row, 0, bytes).and_then(RawRecord::into_record))
             .transpose()
     }
 
@@ -548,7 +548,7 @@ impl Store for MySqlStore {
             .await
             .map_err(StoreError::unavailable)?;
         rows.iter()
-            .map(|row| raw_record!(row).and_then(RawRecord::into_record))
+            .map(|row| raw_record!(row, 0, bytes).and_then(RawRecord::into_record))
             .collect()
     }
 

@@ -329,9 +329,9 @@ impl PgStore {
                 .map_err(StoreError::unavailable)?;
             let (wrote, now, raw) = match row {
                 Some(row) => {
-                    let wrote: bool = row.try_get("wrote").map_err(StoreError::unavailable)?;
-                    let now: i64 = row.try_get("now_ms").map_err(StoreError::unavailable)?;
-                    (wrote, now, Some(raw_record!(&row)?))
+                    let wrote: bool = row.try_get(0).map_err(StoreError::unavailable)?;
+                    let now: i64 = row.try_get(1).map_err(StoreError::unavailable)?;
+                    (wrote, now, Some(raw_record!(&row, 2)?))
                 }
                 None => (false, 0, None),
             };
@@ -520,7 +520,7 @@ impl Store for PgStore {
             .fetch_optional(&self.pool)
             .await
             .map_err(StoreError::unavailable)?;
-        row.map(|row| raw_record!(&row).and_then(RawRecord::into_record))
+        row.map(|row| raw_record!(&row, 0).and_then(RawRecord::into_record))
             .transpose()
     }
 
@@ -535,7 +535,7 @@ impl Store for PgStore {
             .await
             .map_err(StoreError::unavailable)?;
         rows.iter()
-            .map(|row| raw_record!(row).and_then(RawRecord::into_record))
+            .map(|row| raw_record!(row, 0).and_then(RawRecord::into_record))
             .collect()
     }
 

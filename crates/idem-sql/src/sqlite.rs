@@ -32,8 +32,8 @@ use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions};
 use sqlx::{Row, SqliteConnection, SqlitePool};
 
 use crate::common::{
-    self, COLUMNS, MAX_RACES, RawRecord, TableName, TableNameError, claim_outcome, fence_param, ms,
-    raw_record, state_code, too_many_races, ts, unresolved,
+    self, COLUMN_COUNT, COLUMNS, MAX_RACES, RawRecord, TableName, TableNameError, claim_outcome,
+    fence_param, ms, raw_record, state_code, too_many_races, ts, unresolved,
 };
 
 /// The default database file.
@@ -349,8 +349,8 @@ impl SqliteStore {
             .await
             .map_err(StoreError::unavailable)?;
         let Some(row) = row else { return Ok(None) };
-        let now: i64 = row.try_get("now_ms").map_err(StoreError::unavailable)?;
-        claim_outcome(req, false, Some(raw_record!(&row)?), ts(now))
+        let now: i64 = row.try_get(COLUMN_COUNT).map_err(StoreError::unavailable)?;
+        claim_outcome(req, false, Some(raw_record!(&row, 0)?), ts(now))
     }
 
     async fn upsert(
@@ -373,9 +373,12 @@ impl SqliteStore {
             .await
             .map_err(StoreError::unavailable)?;
         match row {
-            Some(row) => {
-                claim_outcome(req, true, Some(raw_record!(&row)?), idem_core::Timestamp(0))
-            }
+            Some(row) => claim_outcome(
+                req,
+                true,
+                Some(raw_record!(&row, 0)?),
+                idem_core::Timestamp(0),
+            ),
             None => Ok(None),
         }
     }
@@ -600,7 +603,7 @@ impl Store for SqliteStore {
             .fetch_optional(&self.reader)
             .await
             .map_err(StoreError::unavailable)?;
-        row.map(|row| raw_record!(&row).and_then(RawRecord::into_record))
+        row.map(|row| raw_record!(&row, 0).and_then(RawRecord::into_record))
             .transpose()
     }
 
@@ -615,7 +618,7 @@ impl Store for SqliteStore {
             .await
             .map_err(StoreError::unavailable)?;
         rows.iter()
-            .map(|row| raw_record!(row).and_then(RawRecord::into_record))
+            .map(|row| raw_record!(row, 0).and_then(RawRecord::into_record))
             .collect()
     }
 
