@@ -7,6 +7,8 @@ use std::task::{Context, Poll};
 
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
+use http_body_util::BodyExt;
+use http_body_util::combinators::UnsyncBoxBody;
 
 /// A boxed error, as bodies report them.
 pub type BoxError = Box<dyn StdError + Send + Sync>;
@@ -109,5 +111,52 @@ where
                 out
             }
         }
+    }
+}
+
+/// A request body the layer can rebuild from buffered bytes: wrap a server's body in it
+/// (`req.map(RequestBody::new)`) to use the layer on a plain hyper stack, whose `Incoming`
+/// body cannot be built from bytes. axum's `Body` already can.
+#[derive(Debug)]
+pub struct RequestBody {
+    inner: UnsyncBoxBody<Bytes, BoxError>,
+}
+
+impl RequestBody {
+    /// Wraps any body.
+    pub fn new<B>(body: B) -> Self
+    where
+        B: Body<Data = Bytes> + Send + 'static,
+        B::Error: Into<BoxError>,
+    {
+        Self {
+            inner: body.map_err(Into::into).boxed_unsync(),
+        }
+    }
+}
+
+impl From<Bytes> for RequestBody {
+    fn from(bytes: Bytes) -> Self {
+        Self::new(http_body_util::Full::new(bytes))
+    }
+}
+
+impl Body for RequestBody {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        Pin::new(&mut self.inner).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
     }
 }

@@ -27,7 +27,7 @@ pub mod policy;
 mod problem;
 mod status;
 
-pub use body::{BoxError, ResponseBody};
+pub use body::{BoxError, RequestBody, ResponseBody};
 pub use config::{
     ConfigError, DEFAULT_MAX_REQUEST_BODY, DEFAULT_MAX_STORED_RESPONSE, IdempotencyConfig,
     NEVER_REPLAYED, StreamingResponses,

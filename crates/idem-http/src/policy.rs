@@ -472,6 +472,19 @@ mod tests {
     }
 
     #[test]
+    fn canonical_json_is_a_fixed_point_for_long_exponents() {
+        // Regression, found by fuzz/canonical_json: without serde_json's `float_roundtrip`,
+        // `49e49` canonicalised to a spelling that canonicalised to yet another number.
+        let once = idem_core::canonical_json(b"\t49e49").expect("json");
+        assert_eq!(idem_core::canonical_json(&once).expect("json"), once);
+        let fp = CanonicalJson::new();
+        assert_eq!(
+            fp.fingerprint(&parts(&[]), b"49e49"),
+            fp.fingerprint(&parts(&[]), b"4.9e50")
+        );
+    }
+
+    #[test]
     fn canonical_json_ignores_order_but_not_route() {
         let fp = CanonicalJson::new();
         let a = fp.fingerprint(&parts(&[]), br#"{"a":1,"b":2}"#);

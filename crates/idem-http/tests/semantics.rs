@@ -1,0 +1,512 @@
+//! DESIGN.md §5 through an axum app: replays, conflicts, mismatches, keys, principals,
+//! store policy, panics, caps, streaming, status endpoint.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::http::{Request, StatusCode};
+use common::{Hits, app, post_req, send};
+use idem_core::{Engine, MemoryStore, Policy};
+
+fn engine() -> Engine<MemoryStore> {
+    Engine::new(MemoryStore::new(10_000), Policy::default()).expect("engine")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_hundred_identical_requests_run_the_handler_once() {
+    let engine = engine();
+    let hits = Arc::new(Hits::default());
+    let router = app(&engine, Arc::clone(&hits));
+    let body = r#"{"amount":100}"#;
+    let mut tasks = tokio::task::JoinSet::new();
+    for _ in 0..200 {
+        let router = router.clone();
+        tasks.spawn(
+            async move { send(&router, post_req("/gated", Some("k-200"), None, body)).await },
+        );
+    }
+    // The winner's handler is held at the gate, so the 199 others must all answer first.
+    for _ in 0..199 {
+        let got = tasks.join_next().await.expect("task").expect("join");
+        assert_eq!(got.status, StatusCode::CONFLICT, "{got:?}");
+        assert_eq!(got.problem_type(), "https://idem.dev/problems/in-flight");
+        assert!(got.headers.contains_key("retry-after"));
+        assert_eq!(got.json()["state"], "processing");
+    }
+    assert_eq!(hits.started(), 1);
+    hits.gate.notify_waiters();
+    let winner = tasks.join_next().await.expect("task").expect("join");
+    assert_eq!(winner.status, StatusCode::CREATED);
+    assert_eq!(hits.started(), 1);
+
+    let retry = send(&router, post_req("/gated", Some("k-200"), None, body)).await;
+    assert_eq!(retry.status, winner.status);
+    assert_eq!(retry.body, winner.body, "byte-identical body");
+    assert!(retry.replayed());
+    assert_eq!(retry.headers["idempotency-key"], "k-200");
+    assert_eq!(retry.headers["content-type"], "application/json");
+    assert_eq!(hits.started(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_in_flight_wait_duplicates_get_the_stored_response() {
+    let engine = engine();
+    let hits = Arc::new(Hits::default());
+    let router = app(&engine, Arc::clone(&hits));
+    let started = hits.on_start.notified();
+    let mut tasks = Vec::new();
+    for _ in 0..200 {
+        let router = router.clone();
+        tasks.push(tokio::spawn(async move {
+            send(&router, post_req("/gated-wait", Some("w"), None, "{}")).await
+        }));
+    }
+    started.await;
+    hits.gate.notify_waiters();
+    let mut bodies = Vec::new();
+    for t in tasks {
+        let got = t.await.expect("task");
+        // Each is the stored response (or the original); a 409 only if the wait ran out.
+        assert!(
+            got.status == StatusCode::CREATED || got.status == StatusCode::CONFLICT,
+            "{got:?}"
+        );
+        if got.status == StatusCode::CREATED {
+            bodies.push(got.body);
+        }
+    }
+    assert_eq!(hits.started(), 1);
+    assert!(bodies.len() > 1);
+    assert!(
+        bodies.iter().all(|b| *b == bodies[0]),
+        "every success is the identical stored body"
+    );
+}
+
+#[tokio::test]
+async fn different_body_is_422_and_reordered_json_replays() {
+    let engine = engine();
+    let hits = Arc::new(Hits::default());
+    let router = app(&engine, Arc::clone(&hits));
+    let first = send(
+        &router,
+        post_req(
+            "/respond",
+            Some("m"),
+            None,
+            r#"{"amount":100,"currency":"EUR"}"#,
+        ),
+    )
+    .await;
+    assert_eq!(first.status, StatusCode::CREATED);
+    let reordered = send(
+        &router,
+        post_req(
+            "/respond",
+            Some("m"),
+            None,
+            "{ \"currency\" : \"EUR\",\n  \"amount\": 100.0 }",
+        ),
+    )
+    .await;
+    assert!(reordered.replayed(), "{reordered:?}");
+    assert_eq!(reordered.body, first.body);
+    let other = send(
+        &router,
+        post_req(
+            "/respond",
+            Some("m"),
+            None,
+            r#"{"amount":101,"currency":"EUR"}"#,
+        ),
+    )
+    .await;
+    assert_eq!(other.status, StatusCode::UNPROCESSABLE_ENTITY);
+    assert_eq!(other.problem_type(), "https://idem.dev/problems/key-reused");
+    assert_eq!(other.json()["key"], "m");
+    assert_eq!(
+        hits.started(),
+        1,
+        "neither the replay nor the mismatch ran the handler"
+    );
+}
+
+#[tokio::test]
+async fn missing_and_malformed_keys_are_400() {
+    let engine = engine();
+    let hits = Arc::new(Hits::default());
+    let router = app(&engine, Arc::clone(&hits));
+    let missing = send(&router, post_req("/respond", None, None, "{}")).await;
+    assert_eq!(missing.status, StatusCode::BAD_REQUEST);
+    assert_eq!(
+        missing.problem_type(),
+        "https://idem.dev/problems/key-missing"
+    );
+
+    let long = "k".repeat(256);
+    let quoted_long = format!("\"{long}\"");
+    let malformed: &[&[u8]] = &[
+        b"",
+        b"\"\"",
+        long.as_bytes(),
+        quoted_long.as_bytes(),
+        // The only control byte `http` lets into a header value is HTAB (it refuses the
+        // rest, and DEL, before they reach any layer); the parser tests cover the others.
+        b"a\tb",
+        b"caf\xc3\xa9",
+        br#""a\nb""#,
+        br#""abc"#,
+        br#""abc"tail"#,
+    ];
+    for raw in malformed {
+        let req = Request::builder()
+            .method("POST")
+            .uri("/respond")
+            .header(
+                "idempotency-key",
+                http::HeaderValue::from_bytes(raw).expect("header value"),
+            )
+            .body(Body::from("{}"))
+            .expect("request");
+        let got = send(&router, req).await;
+        assert_eq!(
+            got.status,
+            StatusCode::BAD_REQUEST,
+            "{:?}",
+            String::from_utf8_lossy(raw)
+        );
+        assert_eq!(
+            got.problem_type(),
+            "https://idem.dev/problems/key-malformed",
+            "{:?}",
+            String::from_utf8_lossy(raw)
+        );
+    }
+
+    let two = Request::builder()
+        .method("POST")
+        .uri("/respond")
+        .header("idempotency-key", "a")
+        .header("idempotency-key", "a")
+        .body(Body::from("{}"))
+        .expect("request");
+    let got = send(&router, two).await;
+    assert_eq!(
+        (got.status, got.problem_type().as_str()),
+        (
+            StatusCode::BAD_REQUEST,
+            "https://idem.dev/problems/key-multiple"
+        )
+    );
+    for list in ["a, b", r#""a", "b""#] {
+        let got = send(&router, post_req("/respond", Some(list), None, "{}")).await;
+        assert_eq!(got.status, StatusCode::BAD_REQUEST, "{list}");
+        assert_eq!(got.problem_type(), "https://idem.dev/problems/key-multiple");
+    }
+    assert_eq!(
+        hits.started(),
+        0,
+        "no malformed request reached the handler"
+    );
+
+    let bare = send(&router, post_req("/respond", Some("same-key"), None, "{}")).await;
+    assert_eq!(bare.status, StatusCode::CREATED);
+    let quoted = send(
+        &router,
+        post_req("/respond", Some("\"same-key\""), None, "{}"),
+    )
+    .await;
+    assert!(
+        quoted.replayed(),
+        "quoted sf-string and bare token are the same key"
+    );
+    assert_eq!(quoted.body, bare.body);
+    assert_eq!(hits.started(), 1);
+}
+
+#[tokio::test]
+async fn optional_key_passes_through_and_get_is_never_protected() {
+    let engine = engine();
+    let hits = Arc::new(Hits::default());
+    let router = app(&engine, Arc::clone(&hits));
+    for _ in 0..2 {
+        let got = send(&router, post_req("/respond-optional", None, None, "{}")).await;
+        assert_eq!(got.status, StatusCode::CREATED);
+        assert!(!got.replayed());
+    }
+    assert_eq!(hits.started(), 2);
+    let get = send(
+        &router,
+        Request::get("/plain").body(Body::empty()).expect("request"),
+    )
+    .await;
+    assert_eq!(get.body, "plain");
+}
+
+#[tokio::test]
+async fn principals_never_see_each_others_responses() {
+    let engine = engine();
+    let hits = Arc::new(Hits::default());
+    let router = app(&engine, Arc::clone(&hits));
+    let alice = send(
+        &router,
+        post_req("/respond", Some("shared"), Some("Bearer alice"), "{}"),
+    )
+    .await;
+    let bob = send(
+        &router,
+        post_req("/respond", Some("shared"), Some("Bearer bob"), "{}"),
+    )
+    .await;
+    assert_eq!(hits.started(), 2, "two principals, two executions");
+    assert!(!bob.replayed());
+    for (who, first) in [("Bearer alice", &alice), ("Bearer bob", &bob)] {
+        let again = send(
+            &router,
+            post_req("/respond", Some("shared"), Some(who), "{}"),
+        )
+        .await;
+        assert!(again.replayed());
+        assert_eq!(again.body, first.body);
+        assert_eq!(again.json()["principal"], who);
+    }
+    assert_eq!(hits.started(), 2);
+    // The status endpoint answers per principal.
+    let status = |who: &str| {
+        Request::get("/idempotency/shared")
+            .header("authorization", who)
+            .body(Body::empty())
+            .expect("request")
+    };
+    let mine = send(&router, status("Bearer alice")).await;
+    assert_eq!(
+        (mine.status, mine.json()["state"].as_str()),
+        (StatusCode::OK, Some("completed"))
+    );
+    assert_eq!(mine.json()["status"], 201);
+    let stranger = send(&router, status("Bearer mallory")).await;
+    assert_eq!(
+        (stranger.status, stranger.json()["state"].as_str()),
+        (StatusCode::NOT_FOUND, Some("absent"))
+    );
+}
+
+#[tokio::test]
+async fn store_policy_releases_500_and_429_and_keeps_422() {
+    let engine = engine();
+    let hits = Arc::new(Hits::default());
+    let router = app(&engine, Arc::clone(&hits));
+    for (key, status, stored) in [
+        ("s500", 500, false),
+        ("s429", 429, false),
+        ("s422", 422, true),
+        ("s401", 401, false),
+    ] {
+        let body = format!(r#"{{"status":{status}}}"#);
+        let before = hits.started();
+        let first = send(&router, post_req("/respond", Some(key), None, &body)).await;
+        let second = send(&router, post_req("/respond", Some(key), None, &body)).await;
+        assert_eq!(first.status.as_u16(), status);
+        assert_eq!(second.status.as_u16(), status);
+        if stored {
+            assert_eq!(hits.started() - before, 1, "{status} is stored");
+            assert!(second.replayed());
+            assert_eq!(second.body, first.body);
+        } else {
+            assert_eq!(
+                hits.started() - before,
+                2,
+                "{status} is released and the retry runs again"
+            );
+            assert!(!second.replayed());
+            assert_ne!(second.body, first.body);
+        }
+    }
+}
+
+#[tokio::test]
+async fn replays_only_allow_listed_headers() {
+    let engine = engine();
+    let hits = Arc::new(Hits::default());
+    let router = app(&engine, Arc::clone(&hits));
+    let first = send(&router, post_req("/respond", Some("h"), None, "{}")).await;
+    assert!(
+        first.headers.contains_key("set-cookie"),
+        "the first caller gets its cookie"
+    );
+    let again = send(&router, post_req("/respond", Some("h"), None, "{}")).await;
+    assert!(again.replayed());
+    assert_eq!(again.headers["content-type"], "application/json");
+    for never in ["set-cookie", "www-authenticate", "x-custom"] {
+        assert!(
+            !again.headers.contains_key(never),
+            "{never} must not be replayed"
+        );
+    }
+    assert_eq!(
+        again.headers["content-length"],
+        again.body.len().to_string()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_panicking_handler_gets_500_releases_the_claim_and_the_service_keeps_serving() {
+    let engine = engine();
+    let hits = Arc::new(Hits::default());
+    let router = app(&engine, Arc::clone(&hits));
+    let boom = send(&router, post_req("/panic", Some("p"), None, "{}")).await;
+    assert_eq!(boom.status, StatusCode::INTERNAL_SERVER_ERROR);
+    assert_eq!(
+        boom.problem_type(),
+        "https://idem.dev/problems/handler-panicked"
+    );
+    // Released, not stuck in processing: the retry runs the handler again.
+    let retry = send(&router, post_req("/panic", Some("p"), None, "{}")).await;
+    assert_eq!(
+        (retry.status, &retry.body[..]),
+        (StatusCode::OK, &b"recovered"[..])
+    );
+    assert_eq!(hits.started(), 2);
+    let other = send(
+        &router,
+        post_req("/respond", Some("after-panic"), None, "{}"),
+    )
+    .await;
+    assert_eq!(other.status, StatusCode::CREATED);
+}
+
+#[tokio::test]
+async fn oversized_request_is_413_and_nothing_runs() {
+    let engine = engine();
+    let hits = Arc::new(Hits::default());
+    let router = app(&engine, Arc::clone(&hits));
+    let big = format!(r#"{{"pad":"{}"}}"#, "x".repeat(100));
+    let got = send(&router, post_req("/small-body", Some("b"), None, &big)).await;
+    assert_eq!(got.status, StatusCode::PAYLOAD_TOO_LARGE);
+    assert_eq!(
+        got.problem_type(),
+        "https://idem.dev/problems/body-too-large"
+    );
+    // Without a content-length the cap is enforced while reading.
+    let stream = Body::from_stream(futures::stream::iter(vec![Ok::<_, std::io::Error>(
+        bytes::Bytes::from(big.clone()),
+    )]));
+    let req = Request::post("/small-body")
+        .header("idempotency-key", "b2")
+        .body(stream)
+        .expect("request");
+    let got = send(&router, req).await;
+    assert_eq!(got.status, StatusCode::PAYLOAD_TOO_LARGE);
+    assert_eq!(hits.started(), 0);
+    let ok = send(&router, post_req("/small-body", Some("b3"), None, "{}")).await;
+    assert_eq!(ok.status, StatusCode::CREATED);
+}
+
+#[tokio::test]
+async fn oversized_response_reaches_the_client_and_replays_as_a_problem() {
+    let engine = engine();
+    let hits = Arc::new(Hits::default());
+    let router = app(&engine, Arc::clone(&hits));
+    let first = send(&router, post_req("/big", Some("big"), None, "")).await;
+    assert_eq!((first.status, first.body.len()), (StatusCode::OK, 4096));
+    let again = send(&router, post_req("/big", Some("big"), None, "")).await;
+    assert_eq!(again.status, StatusCode::CONFLICT);
+    assert_eq!(
+        again.problem_type(),
+        "https://idem.dev/problems/response-not-stored"
+    );
+    assert_eq!(again.json()["state"], "completed");
+    assert_eq!(hits.started(), 1, "never re-run");
+}
+
+#[tokio::test]
+async fn streaming_responses_pass_through_and_release() {
+    let engine = engine();
+    let hits = Arc::new(Hits::default());
+    let router = app(&engine, Arc::clone(&hits));
+    let first = send(&router, post_req("/sse", Some("sse"), None, "")).await;
+    assert_eq!(&first.body[..], b"data: 1\n\ndata: end\n\n");
+    let second = send(&router, post_req("/sse", Some("sse"), None, "")).await;
+    assert!(!second.replayed());
+    assert_eq!(&second.body[..], b"data: 2\n\ndata: end\n\n");
+    assert_eq!(
+        hits.started(),
+        2,
+        "streams are not protected by default, and never half-stored"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_disconnects_does_not_cancel_the_handler() {
+    let engine = engine();
+    let hits = Arc::new(Hits::default());
+    let router = app(&engine, Arc::clone(&hits));
+    let started = hits.on_start.notified();
+    let client = {
+        let router = router.clone();
+        tokio::spawn(async move {
+            send(&router, post_req("/gated-wait", Some("gone"), None, "{}")).await
+        })
+    };
+    started.await;
+    // The client goes away mid-handler.
+    client.abort();
+    assert!(client.await.expect_err("aborted").is_cancelled());
+    let finished = hits.on_finish.notified();
+    hits.gate.notify_waiters();
+    tokio::time::timeout(Duration::from_secs(5), finished)
+        .await
+        .expect("the handler was cancelled together with the client");
+    // The outcome was recorded: the retry (waiting for it if needed) replays it.
+    let retry = send(&router, post_req("/gated-wait", Some("gone"), None, "{}")).await;
+    assert!(retry.replayed(), "{retry:?}");
+    assert_eq!(retry.json()["execution"], 1);
+    assert_eq!(hits.started(), 1);
+    // Regression guard (checked by swapping `tokio::spawn` for an inline await in
+    // `protect`): without the spawned task the abort cancels the handler, which never
+    // finishes, and this test fails at the timeout above.
+}
+
+#[tokio::test]
+async fn status_endpoint_reports_processing_and_absent() {
+    let engine = engine();
+    let hits = Arc::new(Hits::default());
+    let router = app(&engine, Arc::clone(&hits));
+    let absent = send(
+        &router,
+        Request::get("/idempotency/nope")
+            .body(Body::empty())
+            .expect("request"),
+    )
+    .await;
+    assert_eq!(absent.status, StatusCode::NOT_FOUND);
+    assert_eq!(absent.json()["state"], "absent");
+    let bad = send(
+        &router,
+        Request::get("/idempotency/a%01b")
+            .body(Body::empty())
+            .expect("request"),
+    )
+    .await;
+    assert_eq!(bad.status, StatusCode::BAD_REQUEST);
+    send(
+        &router,
+        post_req("/respond", Some("with space"), None, "{}"),
+    )
+    .await;
+    let done = send(
+        &router,
+        Request::get("/idempotency/with%20space")
+            .body(Body::empty())
+            .expect("request"),
+    )
+    .await;
+    assert_eq!(done.json()["state"], "completed");
+    assert!(
+        done.json()["created_at"].as_u64().is_some()
+            && done.json()["expires_at"].as_u64().is_some()
+    );
+}

@@ -1,0 +1,169 @@
+//! Store down or slow ⇒ fail closed: 503 + Retry-After within the store timeout, and the
+//! handler never runs.
+
+mod common;
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::http::StatusCode;
+use common::{Hits, app_with, post_req, send};
+use idem_core::store::{
+    ClaimOutcome, ClaimRequest, ListFilter, RenewOutcome, Resolution, ResolveOutcome,
+    SettleOutcome, Store, StoreError,
+};
+use idem_core::{
+    BoxStore, Engine, OwnerId, Policy, Record, ReleaseKind, ScopedKey, StoredResponse,
+};
+
+/// Every operation fails (a store that is down), or never answers (one that hangs).
+#[derive(Clone, Copy, Debug)]
+enum Broken {
+    Errors,
+    Hangs,
+}
+
+impl Broken {
+    fn op<T: Send>(self) -> impl Future<Output = Result<T, StoreError>> + Send {
+        async move {
+            match self {
+                Broken::Errors => Err(StoreError::unavailable("connection refused (test double)")),
+                Broken::Hangs => std::future::pending().await,
+            }
+        }
+    }
+}
+
+impl Store for Broken {
+    fn claim(
+        &self,
+        _req: &ClaimRequest,
+    ) -> impl Future<Output = Result<ClaimOutcome, StoreError>> + Send {
+        self.op()
+    }
+    fn renew(
+        &self,
+        _: &ScopedKey,
+        _: OwnerId,
+        _: u64,
+        _: Duration,
+    ) -> impl Future<Output = Result<RenewOutcome, StoreError>> + Send {
+        self.op()
+    }
+    fn complete(
+        &self,
+        _: &ScopedKey,
+        _: OwnerId,
+        _: u64,
+        _: &StoredResponse,
+        _: Duration,
+    ) -> impl Future<Output = Result<SettleOutcome, StoreError>> + Send {
+        self.op()
+    }
+    fn release(
+        &self,
+        _: &ScopedKey,
+        _: OwnerId,
+        _: u64,
+        _: ReleaseKind,
+    ) -> impl Future<Output = Result<SettleOutcome, StoreError>> + Send {
+        self.op()
+    }
+    fn get(
+        &self,
+        _: &ScopedKey,
+    ) -> impl Future<Output = Result<Option<Record>, StoreError>> + Send {
+        self.op()
+    }
+    fn list(&self, _: &ListFilter) -> impl Future<Output = Result<Vec<Record>, StoreError>> + Send {
+        self.op()
+    }
+    fn resolve(
+        &self,
+        _: &ScopedKey,
+        _: &Resolution,
+    ) -> impl Future<Output = Result<ResolveOutcome, StoreError>> + Send {
+        self.op()
+    }
+    fn delete(&self, _: &ScopedKey) -> impl Future<Output = Result<bool, StoreError>> + Send {
+        self.op()
+    }
+}
+
+const STORE_TIMEOUT: Duration = Duration::from_millis(200);
+
+fn policy(store_timeout: Duration) -> Policy {
+    Policy::builder()
+        .store_timeout(store_timeout)
+        .build()
+        .expect("policy")
+}
+
+async fn assert_fails_closed(store: BoxStore) {
+    let engine = Engine::new(store, Policy::default()).expect("engine");
+    let hits = Arc::new(Hits::default());
+    let router = app_with(&engine, Arc::clone(&hits), |c| {
+        c.policy(policy(STORE_TIMEOUT))
+            .store_retry_after(Duration::from_secs(2))
+    });
+    let t0 = Instant::now();
+    let got = send(&router, post_req("/respond", Some("k"), None, "{}")).await;
+    let took = t0.elapsed();
+    assert_eq!(got.status, StatusCode::SERVICE_UNAVAILABLE, "{got:?}");
+    assert_eq!(
+        got.problem_type(),
+        "https://idem.dev/problems/store-unavailable"
+    );
+    assert_eq!(got.headers["retry-after"], "2");
+    assert_eq!(got.json()["retry_after"], 2);
+    assert!(
+        took < STORE_TIMEOUT + Duration::from_millis(300),
+        "answered after {took:?}"
+    );
+    assert_eq!(
+        hits.started(),
+        0,
+        "the handler must never run without a claim"
+    );
+    // The status endpoint fails closed too.
+    let status = send(
+        &router,
+        axum::http::Request::get("/idempotency/k")
+            .body(axum::body::Body::empty())
+            .expect("req"),
+    )
+    .await;
+    assert_eq!(status.status, StatusCode::SERVICE_UNAVAILABLE);
+}
+
+#[tokio::test]
+async fn an_erroring_store_is_503_and_nothing_runs() {
+    assert_fails_closed(BoxStore::new(Broken::Errors)).await;
+}
+
+#[tokio::test]
+async fn a_hanging_store_is_503_within_its_timeout_and_nothing_runs() {
+    assert_fails_closed(BoxStore::new(Broken::Hangs)).await;
+}
+
+/// The guard is the store timeout: with it pushed out to a minute, the same hanging store
+/// holds the request far past the bound the test above checks (the unguarded variant).
+#[tokio::test]
+async fn without_the_store_timeout_a_hanging_store_holds_the_request() {
+    let engine = Engine::new(BoxStore::new(Broken::Hangs), Policy::default()).expect("engine");
+    let hits = Arc::new(Hits::default());
+    let router = app_with(&engine, Arc::clone(&hits), |c| {
+        c.policy(policy(Duration::from_secs(60)))
+    });
+    let waited = tokio::time::timeout(
+        STORE_TIMEOUT + Duration::from_millis(300),
+        send(&router, post_req("/respond", Some("k"), None, "{}")),
+    )
+    .await;
+    assert!(
+        waited.is_err(),
+        "without the timeout nothing bounds the wait"
+    );
+    assert_eq!(hits.started(), 0);
+}
