@@ -25,12 +25,10 @@ enum Broken {
 }
 
 impl Broken {
-    fn op<T: Send>(self) -> impl Future<Output = Result<T, StoreError>> + Send {
-        async move {
-            match self {
-                Broken::Errors => Err(StoreError::unavailable("connection refused (test double)")),
-                Broken::Hangs => std::future::pending().await,
-            }
+    async fn op<T: Send>(self) -> Result<T, StoreError> {
+        match self {
+            Broken::Errors => Err(StoreError::unavailable("connection refused (test double)")),
+            Broken::Hangs => std::future::pending().await,
         }
     }
 }
