@@ -17,7 +17,11 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use idem_core::{Engine, Fingerprint, Key, Policy, Scope, ScopedKey, Settlement, StoredResponse};
+use idem_core::store::{ClaimOutcome, ClaimRequest};
+use idem_core::{
+    Engine, Fingerprint, Key, OwnerId, Policy, Scope, ScopedKey, Settlement, Store, StoredResponse,
+    TakeoverPolicy,
+};
 use idem_redis::{RedisConfig, RedisStore};
 
 struct Server {
@@ -149,13 +153,24 @@ fn redis_benchmark(port: u16, clients: usize, requests: u64) -> f64 {
     let text = String::from_utf8_lossy(&out.stdout);
     text.rsplit(':')
         .find_map(|part| {
-            part.trim()
-                .split_whitespace()
+            part.split_whitespace()
                 .next()
                 .and_then(|n| n.parse::<f64>().ok())
                 .filter(|_| part.contains("requests per second"))
         })
         .unwrap_or_else(|| panic!("cannot parse redis-benchmark output: {text}"))
+}
+
+fn claim_request(key: ScopedKey, fingerprint: Fingerprint) -> ClaimRequest {
+    ClaimRequest {
+        key,
+        fingerprint,
+        owner: OwnerId::random(),
+        lease: Duration::from_secs(45),
+        ttl: Duration::from_secs(300),
+        takeover: TakeoverPolicy::Reexecute,
+        request_id: None,
+    }
 }
 
 fn key(ns: &str, w: usize, i: u64) -> ScopedKey {
@@ -167,6 +182,11 @@ fn key(ns: &str, w: usize, i: u64) -> ScopedKey {
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
+    // `cargo test --all-targets` runs this binary without `--bench`: nothing to measure then.
+    if !std::env::args().any(|a| a == "--bench") {
+        eprintln!("idem-redis store bench: run with `cargo bench -p idem-redis --bench store`");
+        return;
+    }
     let secs = Duration::from_secs_f64(
         std::env::var("IDEM_BENCH_SECS")
             .ok()
@@ -195,6 +215,7 @@ async fn main() {
         "| concurrency | raw SET NX PX (redis-rs) | redis-benchmark SET NX PX | first request | ratio | replay | ratio |"
     );
     println!("|---:|---:|---:|---:|---:|---:|---:|");
+    let mut direct = Vec::new();
     for &c in &[1usize, 64] {
         eprintln!("raw SET NX PX");
         let raw = {
@@ -259,11 +280,58 @@ async fn main() {
             })
             .await
         };
+        // The same two paths straight on the store, without the engine around them.
+        eprintln!("store claim + complete");
+        let store_first = {
+            let (store, body) = (store.clone(), body.clone());
+            measure(c, secs, move |w, i| {
+                let (store, body) = (store.clone(), body.clone());
+                async move {
+                    let req = claim_request(key(&format!("direct{c}"), w, i), fp);
+                    let Ok(ClaimOutcome::Claimed { lease, .. }) = store.claim(&req).await else {
+                        panic!("claim")
+                    };
+                    let ttl = Duration::from_secs(300);
+                    store
+                        .complete(&req.key, lease.owner, lease.fence, &body, ttl)
+                        .await
+                        .expect("complete");
+                }
+            })
+            .await
+        };
+        eprintln!("store replay claim");
+        let ns = format!("replay{c}");
+        let store_replay = {
+            let store = store.clone();
+            measure(c, secs, move |w, i| {
+                let (store, ns) = (store.clone(), ns.clone());
+                async move {
+                    let req = claim_request(key(&ns, 0, (i * 64 + w as u64) % 1000), fp);
+                    let out = store.claim(&req).await.expect("claim");
+                    assert!(matches!(out, ClaimOutcome::Done { .. }));
+                }
+            })
+            .await
+        };
         println!(
             "| {c} | {raw:.0} | {rb:.0} | {first:.0} | {:.2} | {replay:.0} | {:.2} |",
             first / raw,
             replay / raw
         );
+        direct.push(format!(
+            "| {c} | {raw:.0} | {store_first:.0} | {:.2} | {store_replay:.0} | {:.2} |",
+            store_first / raw,
+            store_replay / raw
+        ));
+    }
+    println!();
+    println!(
+        "| concurrency | raw SET NX PX (redis-rs) | store claim + complete | ratio | store claim (replay) | ratio |"
+    );
+    println!("|---:|---:|---:|---:|---:|---:|");
+    for row in direct {
+        println!("{row}");
     }
     let stats = Command::new("redis-cli")
         .args(["-p", &server.port.to_string(), "INFO", "commandstats"])

@@ -45,7 +45,7 @@ pub(crate) fn hex(bytes: &[u8]) -> String {
 }
 
 fn unhex(s: &[u8]) -> Result<Vec<u8>, CodecError> {
-    if s.len() % 2 != 0 {
+    if !s.len().is_multiple_of(2) {
         return Err(BAD);
     }
     let nibble = |c: u8| match c {

@@ -1,7 +1,6 @@
 //! [`RedisStore`]: idem's [`Store`] on Redis, one Lua script per operation.
 
 use std::fmt;
-use std::future::Future;
 use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
@@ -371,166 +370,140 @@ fn found(raw: &[u8], fingerprint: Fingerprint) -> Result<ClaimOutcome, StoreErro
 }
 
 impl Store for RedisStore {
-    fn claim(
-        &self,
-        req: &ClaimRequest,
-    ) -> impl Future<Output = Result<ClaimOutcome, StoreError>> + Send {
-        async move {
-            let rk = self.record_key(&req.key);
-            bounded(self.write_limit(), self.claim_once(req, &rk)).await
-        }
+    async fn claim(&self, req: &ClaimRequest) -> Result<ClaimOutcome, StoreError> {
+        let rk = self.record_key(&req.key);
+        bounded(self.write_limit(), self.claim_once(req, &rk)).await
     }
 
-    fn renew(
+    async fn renew(
         &self,
         key: &ScopedKey,
         owner: OwnerId,
         fence: u64,
         lease: Duration,
-    ) -> impl Future<Output = Result<RenewOutcome, StoreError>> + Send {
-        async move {
-            let rk = self.record_key(key);
-            let token = holder_token(owner, fence);
-            bounded(self.shared.op_timeout, async {
-                let reply = self
-                    .run(&SCRIPTS.renew, &rk, &[token.as_bytes(), &ms_arg(lease)])
-                    .await?;
-                let Value::Array(items) = reply else {
-                    return Err(malformed("unexpected renew reply"));
-                };
-                Ok(match int(items.first())? {
-                    1 => RenewOutcome::Renewed {
-                        deadline: Timestamp(int(items.get(1))?),
-                    },
-                    _ => RenewOutcome::Lost,
-                })
+    ) -> Result<RenewOutcome, StoreError> {
+        let rk = self.record_key(key);
+        let token = holder_token(owner, fence);
+        bounded(self.shared.op_timeout, async {
+            let reply = self
+                .run(&SCRIPTS.renew, &rk, &[token.as_bytes(), &ms_arg(lease)])
+                .await?;
+            let Value::Array(items) = reply else {
+                return Err(malformed("unexpected renew reply"));
+            };
+            Ok(match int(items.first())? {
+                1 => RenewOutcome::Renewed {
+                    deadline: Timestamp(int(items.get(1))?),
+                },
+                _ => RenewOutcome::Lost,
             })
-            .await
-        }
+        })
+        .await
     }
 
-    fn complete(
+    async fn complete(
         &self,
         key: &ScopedKey,
         owner: OwnerId,
         fence: u64,
         response: &StoredResponse,
         ttl: Duration,
-    ) -> impl Future<Output = Result<SettleOutcome, StoreError>> + Send {
-        async move {
-            let (token, body) = (holder_token(owner, fence), response.encode());
-            let args: [&[u8]; 3] = [token.as_bytes(), &ms_arg(ttl), &body];
-            self.settle(&SCRIPTS.complete, key, &args, true).await
-        }
+    ) -> Result<SettleOutcome, StoreError> {
+        let (token, body) = (holder_token(owner, fence), response.encode());
+        let args: [&[u8]; 3] = [token.as_bytes(), &ms_arg(ttl), &body];
+        self.settle(&SCRIPTS.complete, key, &args, true).await
     }
 
-    fn release(
+    async fn release(
         &self,
         key: &ScopedKey,
         owner: OwnerId,
         fence: u64,
         kind: ReleaseKind,
-    ) -> impl Future<Output = Result<SettleOutcome, StoreError>> + Send {
-        async move {
-            let token = holder_token(owner, fence);
-            let kind: &[u8] = if kind == ReleaseKind::Unknown {
-                b"u"
-            } else {
-                b"r"
-            };
-            let args: [&[u8]; 3] = [token.as_bytes(), kind, &self.shared.tombstone_ms];
-            self.settle(&SCRIPTS.release, key, &args, false).await
-        }
+    ) -> Result<SettleOutcome, StoreError> {
+        let token = holder_token(owner, fence);
+        let kind: &[u8] = if kind == ReleaseKind::Unknown {
+            b"u"
+        } else {
+            b"r"
+        };
+        let args: [&[u8]; 3] = [token.as_bytes(), kind, &self.shared.tombstone_ms];
+        self.settle(&SCRIPTS.release, key, &args, false).await
     }
 
-    fn get(
-        &self,
-        key: &ScopedKey,
-    ) -> impl Future<Output = Result<Option<Record>, StoreError>> + Send {
-        async move {
-            let rk = self.record_key(key);
-            bounded(self.shared.op_timeout, async {
-                match self
-                    .shared
-                    .conn
-                    .query(redis::cmd("GET").arg(&rk))
-                    .await
-                    .map_err(redis_err)?
-                {
-                    Value::BulkString(raw) => Ok(decode_record(&raw)?),
-                    Value::Nil => Ok(None),
-                    _ => Err(malformed("unexpected GET reply")),
-                }
-            })
-            .await
-        }
+    async fn get(&self, key: &ScopedKey) -> Result<Option<Record>, StoreError> {
+        let rk = self.record_key(key);
+        bounded(self.shared.op_timeout, async {
+            match self
+                .shared
+                .conn
+                .query(redis::cmd("GET").arg(&rk))
+                .await
+                .map_err(redis_err)?
+            {
+                Value::BulkString(raw) => Ok(decode_record(&raw)?),
+                Value::Nil => Ok(None),
+                _ => Err(malformed("unexpected GET reply")),
+            }
+        })
+        .await
     }
 
-    fn list(
-        &self,
-        filter: &ListFilter,
-    ) -> impl Future<Output = Result<Vec<Record>, StoreError>> + Send {
-        async move {
-            let (now, mut records) =
-                bounded(self.shared.admin_timeout, self.scan_records()).await?;
-            records.retain(|r| decide::matches_filter(now, r, filter));
-            records.sort_by_key(|r| r.created_at);
-            records.truncate(filter.effective_limit());
-            Ok(records)
-        }
+    async fn list(&self, filter: &ListFilter) -> Result<Vec<Record>, StoreError> {
+        let (now, mut records) = bounded(self.shared.admin_timeout, self.scan_records()).await?;
+        records.retain(|r| decide::matches_filter(now, r, filter));
+        records.sort_by_key(|r| r.created_at);
+        records.truncate(filter.effective_limit());
+        Ok(records)
     }
 
-    fn resolve(
+    async fn resolve(
         &self,
         key: &ScopedKey,
         resolution: &Resolution,
-    ) -> impl Future<Output = Result<ResolveOutcome, StoreError>> + Send {
-        async move {
-            let rk = self.record_key(key);
-            let (mode, ttl, body): (&[u8], Vec<u8>, Vec<u8>) = match resolution {
-                Resolution::Complete { response, ttl } => (b"c", ms_arg(*ttl), response.encode()),
-                _ => (b"r", b"1".to_vec(), Vec::new()),
+    ) -> Result<ResolveOutcome, StoreError> {
+        let rk = self.record_key(key);
+        let (mode, ttl, body): (&[u8], Vec<u8>, Vec<u8>) = match resolution {
+            Resolution::Complete { response, ttl } => (b"c", ms_arg(*ttl), response.encode()),
+            _ => (b"r", b"1".to_vec(), Vec::new()),
+        };
+        bounded(self.shared.op_timeout, async {
+            let reply = self
+                .run(
+                    &SCRIPTS.resolve,
+                    &rk,
+                    &[mode, &ttl, &body, &self.shared.tombstone_ms],
+                )
+                .await?;
+            let Value::Array(items) = reply else {
+                return Err(malformed("unexpected resolve reply"));
             };
-            bounded(self.shared.op_timeout, async {
-                let reply = self
-                    .run(
-                        &SCRIPTS.resolve,
-                        &rk,
-                        &[mode, &ttl, &body, &self.shared.tombstone_ms],
-                    )
-                    .await?;
-                let Value::Array(items) = reply else {
-                    return Err(malformed("unexpected resolve reply"));
-                };
-                Ok(match int(items.first())? {
-                    1 => ResolveOutcome::Resolved,
-                    0 => ResolveOutcome::NotFound,
-                    _ => {
-                        let state = match items.get(1) {
-                            Some(Value::BulkString(s)) if s == b"c" => StateKind::Completed,
-                            _ => StateKind::Processing,
-                        };
-                        ResolveOutcome::NotResolvable { state }
-                    }
-                })
-            })
-            .await
-        }
-    }
-
-    fn delete(&self, key: &ScopedKey) -> impl Future<Output = Result<bool, StoreError>> + Send {
-        async move {
-            let rk = self.record_key(key);
-            bounded(self.shared.op_timeout, async {
-                match self
-                    .run(&SCRIPTS.delete, &rk, &[&self.shared.tombstone_ms])
-                    .await?
-                {
-                    Value::Int(n) => Ok(n == 1),
-                    _ => Err(malformed("unexpected delete reply")),
+            Ok(match int(items.first())? {
+                1 => ResolveOutcome::Resolved,
+                0 => ResolveOutcome::NotFound,
+                _ => {
+                    let state = match items.get(1) {
+                        Some(Value::BulkString(s)) if s == b"c" => StateKind::Completed,
+                        _ => StateKind::Processing,
+                    };
+                    ResolveOutcome::NotResolvable { state }
                 }
             })
-            .await
-        }
+        })
+        .await
+    }
+
+    async fn delete(&self, key: &ScopedKey) -> Result<bool, StoreError> {
+        let rk = self.record_key(key);
+        bounded(self.shared.op_timeout, async {
+            match self
+                .run(&SCRIPTS.delete, &rk, &[&self.shared.tombstone_ms])
+                .await?
+            {
+                Value::Int(n) => Ok(n == 1),
+                _ => Err(malformed("unexpected delete reply")),
+            }
+        })
+        .await
     }
 }

@@ -48,17 +48,12 @@ struct Counting<S> {
 }
 
 impl<S: Store> Store for Counting<S> {
-    fn claim(
-        &self,
-        req: &ClaimRequest,
-    ) -> impl Future<Output = Result<ClaimOutcome, StoreError>> + Send {
-        async move {
-            let outcome = self.inner.claim(req).await?;
-            if matches!(outcome, ClaimOutcome::Claimed { .. }) {
-                self.claims.fetch_add(1, Ordering::SeqCst);
-            }
-            Ok(outcome)
+    async fn claim(&self, req: &ClaimRequest) -> Result<ClaimOutcome, StoreError> {
+        let outcome = self.inner.claim(req).await?;
+        if matches!(outcome, ClaimOutcome::Claimed { .. }) {
+            self.claims.fetch_add(1, Ordering::SeqCst);
         }
+        Ok(outcome)
     }
     fn renew(
         &self,
