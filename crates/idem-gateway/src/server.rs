@@ -34,6 +34,7 @@ use crate::{demo, proxy, store};
 pub async fn run(settings: Settings, metrics: Option<PrometheusHandle>) -> anyhow::Result<()> {
     let backend = store::open(
         &settings.store,
+        &settings.store_options,
         settings.store_timeout,
         settings.store_cache,
     )

@@ -189,18 +189,30 @@ impl fmt::Debug for StoreSpec {
     }
 }
 
+/// Backend details beyond the URL.
+#[derive(Debug, Clone, Default)]
+pub struct StoreOptions {
+    /// SQL table (default `idem_records`).
+    pub table: Option<String>,
+    /// Redis key prefix (default `idem:`).
+    pub prefix: Option<String>,
+    /// PostgreSQL / MySQL connections.
+    pub pool: u32,
+}
+
 /// Opens the store, optionally behind the local cache of completed responses.
 ///
 /// # Errors
 /// The backend is not compiled in, or cannot be reached or set up within `timeout`.
 pub async fn open(
     spec: &StoreSpec,
+    options: &StoreOptions,
     timeout: Duration,
     cache: Option<(usize, Duration)>,
 ) -> anyhow::Result<BoxStore> {
     let store = match tokio::time::timeout(
         timeout.max(Duration::from_secs(10)),
-        open_backend(spec, timeout),
+        open_backend(spec, options, timeout),
     )
     .await
     {
@@ -241,7 +253,13 @@ pub const SQL_POOL_SIZE: u32 = 32;
 const REAP_EVERY: Duration = Duration::from_secs(60);
 const REAP_BATCH: u32 = 1_000;
 
-async fn open_backend(spec: &StoreSpec, op_timeout: Duration) -> anyhow::Result<BoxStore> {
+async fn open_backend(
+    spec: &StoreSpec,
+    options: &StoreOptions,
+    op_timeout: Duration,
+) -> anyhow::Result<BoxStore> {
+    #[allow(unused_variables)] // unused when every SQL backend is left out
+    let table = options.table.as_deref().unwrap_or("idem_records");
     available(spec)?;
     match spec {
         StoreSpec::Memory { capacity } => {
@@ -260,32 +278,38 @@ async fn open_backend(spec: &StoreSpec, op_timeout: Duration) -> anyhow::Result<
             }
             let store = idem_sql::SqliteStore::open(path)
                 .await
-                .map_err(|e| anyhow::anyhow!("{e}"))?;
+                .map_err(|e| anyhow::anyhow!("{e}"))?
+                .with_table(table)?;
             store.migrate().await.map_err(|e| anyhow::anyhow!("{e}"))?;
             store.spawn_reaper(REAP_EVERY, REAP_BATCH);
             Ok(BoxStore::new(store))
         }
         #[cfg(feature = "postgres")]
         StoreSpec::Postgres { url } => {
-            let store = idem_sql::PgStore::connect(url, SQL_POOL_SIZE)
+            let store = idem_sql::PgStore::connect(url, options.pool)
                 .await
                 .map_err(|e| anyhow::anyhow!("{e}"))?;
+            let store = idem_sql::PgStore::with_table(store.pool().clone(), table)?;
             store.migrate().await.map_err(|e| anyhow::anyhow!("{e}"))?;
             store.spawn_reaper(REAP_EVERY, REAP_BATCH);
             Ok(BoxStore::new(store))
         }
         #[cfg(feature = "mysql")]
         StoreSpec::Mysql { url } => {
-            let store = idem_sql::MySqlStore::connect(url, SQL_POOL_SIZE)
+            let store = idem_sql::MySqlStore::connect(url, options.pool)
                 .await
                 .map_err(|e| anyhow::anyhow!("{e}"))?;
+            let store = idem_sql::MySqlStore::with_table(store.pool().clone(), table)?;
             store.migrate().await.map_err(|e| anyhow::anyhow!("{e}"))?;
             store.spawn_reaper(REAP_EVERY, REAP_BATCH);
             Ok(BoxStore::new(store))
         }
         #[cfg(feature = "redis")]
         StoreSpec::Redis { url, .. } => {
-            let config = idem_redis::RedisConfig::from_url(url)?.op_timeout(op_timeout)?;
+            let mut config = idem_redis::RedisConfig::from_url(url)?.op_timeout(op_timeout)?;
+            if let Some(prefix) = &options.prefix {
+                config = config.prefix(prefix.clone())?;
+            }
             let store = idem_redis::RedisStore::connect(config)
                 .await
                 .map_err(|e| anyhow::anyhow!("{e}"))?;

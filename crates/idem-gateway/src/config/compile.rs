@@ -14,7 +14,7 @@ use super::{
     StatusPattern,
 };
 use crate::principal::JwtVerifier;
-use crate::store::StoreSpec;
+use crate::store::{StoreOptions, StoreSpec};
 
 /// The checked configuration.
 #[derive(Debug, Clone)]
@@ -29,6 +29,8 @@ pub struct Settings {
     pub store: StoreSpec,
     /// Per-operation store timeout.
     pub store_timeout: Duration,
+    /// Table, prefix and pool size.
+    pub store_options: StoreOptions,
     /// Local cache of completed responses: entries and max age.
     pub store_cache: Option<(usize, Duration)>,
     /// Upstream connect timeout.
@@ -405,6 +407,15 @@ pub fn compile(raw: &RawConfig) -> anyhow::Result<Settings> {
         .context("`upstream`")?;
     let store =
         StoreSpec::parse(raw.store.as_deref().unwrap_or(DEFAULT_STORE)).context("`store`")?;
+    let store_options = StoreOptions {
+        table: raw.store_table.clone(),
+        prefix: raw.store_prefix.clone(),
+        pool: match raw.store_pool {
+            Some(0) => bail!("`store_pool` must be greater than zero"),
+            Some(n) => n,
+            None => crate::store::SQL_POOL_SIZE,
+        },
+    };
     let store_timeout = positive(
         raw.store_timeout.map(|d| d.0),
         Duration::from_secs(1),
@@ -518,6 +529,7 @@ pub fn compile(raw: &RawConfig) -> anyhow::Result<Settings> {
         demo_upstream,
         store,
         store_timeout,
+        store_options,
         store_cache,
         upstream_connect_timeout: positive(
             raw.upstream_connect_timeout.map(|d| d.0),

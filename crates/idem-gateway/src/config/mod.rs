@@ -37,6 +37,12 @@ pub struct RawConfig {
     pub store: Option<String>,
     /// Per-operation store timeout (default `1s`); past it the gateway answers 503.
     pub store_timeout: Option<Dur>,
+    /// SQL stores: the table (default `idem_records`).
+    pub store_table: Option<String>,
+    /// Redis: the key prefix (default `idem:`).
+    pub store_prefix: Option<String>,
+    /// PostgreSQL and MySQL: connections per gateway (default 32).
+    pub store_pool: Option<u32>,
     /// Entries of the local cache of completed responses (default 0: off).
     pub store_cache_entries: Option<usize>,
     /// Longest a cached completed response is replayed from memory (default `60s`).

@@ -1,0 +1,430 @@
+//! Several gateway processes on one shared store behave as one; crashes, store outages and
+//! shutdown deadlines leave no lease behind. Needs Redis and PostgreSQL on their standard
+//! local ports (a missing one fails under CI, and skips loudly otherwise).
+
+mod common;
+
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{ADMIN_TOKEN, Gateway, Http, TempDir, Upstream, ci, key, reachable, spare_port};
+use http::{Method, StatusCode};
+
+const REDIS: &str = "127.0.0.1:6379";
+const POSTGRES: &str = "127.0.0.1:5432";
+const PG_URL: &str = "postgres://postgres@127.0.0.1:5432/test";
+
+async fn service_up(addr: &str, name: &str) -> bool {
+    if reachable(addr).await {
+        return true;
+    }
+    assert!(!ci(), "{name} is not running on {addr}");
+    eprintln!("SKIPPED: {name} is not running on {addr}");
+    false
+}
+
+fn config(upstream: &str, store: &str, extra: &str) -> String {
+    format!(
+        r#"
+upstream = "{upstream}"
+store = "{store}"
+{extra}
+
+[admin]
+listen = "127.0.0.1:0"
+token = "{ADMIN_TOKEN}"
+
+[defaults]
+namespace = "shared"
+
+[[routes]]
+name = "reexecute"
+path = "/re/*"
+timeout = "1s"
+takeover = "reexecute"
+
+[[routes]]
+name = "hold"
+path = "/hold/*"
+timeout = "1s"
+takeover = "hold"
+
+[[routes]]
+name = "default"
+path = "/*"
+"#
+    )
+}
+
+/// 200 concurrent duplicates, spread over two gateways on one store: one execution.
+async fn two_gateways_one_execution(store: &str, extra: &str) {
+    let up = Upstream::start().await;
+    let a = Gateway::start(&config(&up.url(), store, extra), &[]);
+    let b = Gateway::start(&config(&up.url(), store, extra), &[]);
+    let http = Http::new();
+    let k = key();
+    let mut tasks = Vec::new();
+    for i in 0..200 {
+        let url = if i % 2 == 0 {
+            a.url("/charge?delay_ms=500")
+        } else {
+            b.url("/charge?delay_ms=500")
+        };
+        let (http, k) = (http.clone(), k.clone());
+        tasks.push(tokio::spawn(async move {
+            http.post(&url, Some(&k), r#"{"amount":5}"#).await
+        }));
+    }
+    let (mut ok, mut busy) = (0, 0);
+    for t in tasks {
+        let r = t.await.expect("join");
+        match r.status {
+            StatusCode::CREATED => ok += 1,
+            StatusCode::CONFLICT => {
+                assert_eq!(r.problem_type(), "in-flight");
+                busy += 1;
+            }
+            other => panic!("unexpected {other}: {:?}", String::from_utf8_lossy(&r.body)),
+        }
+    }
+    assert_eq!(
+        up.seen.count("/charge"),
+        1,
+        "exactly one of 200 reached the upstream"
+    );
+    assert!(ok >= 1 && ok + busy == 200);
+    // Both gateways replay the one result.
+    for gw in [&a, &b] {
+        let r = http
+            .post(&gw.url("/charge?delay_ms=500"), Some(&k), r#"{"amount":5}"#)
+            .await;
+        assert!(r.replayed());
+    }
+    assert_eq!(up.seen.count("/charge"), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_gateways_sharing_redis_run_one_of_200() {
+    if !service_up(REDIS, "Redis").await {
+        return;
+    }
+    two_gateways_one_execution("redis://127.0.0.1:6379", "store_prefix = \"idem-gw-test:\"").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_gateways_sharing_postgres_run_one_of_200() {
+    if !service_up(POSTGRES, "PostgreSQL").await {
+        return;
+    }
+    let table = format!(
+        "idem_gw_{}",
+        &uuid::Uuid::now_v7().simple().to_string()[20..]
+    );
+    two_gateways_one_execution(PG_URL, &format!("store_table = \"{table}\"")).await;
+    drop_pg_table(&table);
+}
+
+fn drop_pg_table(table: &str) {
+    let _ = Command::new("psql")
+        .args([
+            "-h",
+            "127.0.0.1",
+            "-U",
+            "postgres",
+            "-d",
+            "test",
+            "-q",
+            "-c",
+            &format!("DROP TABLE IF EXISTS {table}"),
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status();
+}
+
+/// A gateway is SIGKILLed with a request in flight. Until the lease runs out, a retry
+/// through the other gateway is told "in flight"; after it, the route's takeover policy
+/// decides: `reexecute` runs the request again, `hold` answers outcome-unknown.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_sigkill_the_other_gateway_follows_the_takeover_policy() {
+    if !service_up(REDIS, "Redis").await {
+        return;
+    }
+    let up = Upstream::start().await;
+    let cfg = config(
+        &up.url(),
+        "redis://127.0.0.1:6379",
+        "store_prefix = \"idem-gw-test:\"",
+    );
+    let mut a = Gateway::start(&cfg, &[]);
+    let b = Gateway::start(&cfg, &[]);
+    let http = Http::new();
+    let (kre, khold) = (key(), key());
+
+    for (path, k) in [
+        ("/re/pay?delay_ms=800", &kre),
+        ("/hold/pay?delay_ms=800", &khold),
+    ] {
+        let arrived = up.seen.arrived.notified();
+        tokio::pin!(arrived);
+        arrived.as_mut().enable();
+        let (http2, url, k2) = (http.clone(), a.url(path), k.clone());
+        tokio::spawn(async move {
+            http2
+                .try_send(Method::POST, &url, &[("idempotency-key", &k2)], "{}")
+                .await
+        });
+        tokio::time::timeout(Duration::from_secs(5), arrived)
+            .await
+            .expect("reached the upstream");
+    }
+    a.kill();
+    let claimed_by = Instant::now();
+
+    // The dead gateway's leases are still live: the other gateway refuses to run.
+    for (path, k) in [
+        ("/re/pay?delay_ms=800", &kre),
+        ("/hold/pay?delay_ms=800", &khold),
+    ] {
+        let r = http
+            .send(Method::POST, &b.url(path), &[("idempotency-key", k)], "{}")
+            .await;
+        assert_eq!(
+            (r.status, r.problem_type().as_str()),
+            (StatusCode::CONFLICT, "in-flight"),
+            "{path}"
+        );
+    }
+    // Wait (bounded) for the lease to run out on the store's clock.
+    let re = loop {
+        let r = http
+            .send(
+                Method::POST,
+                &b.url("/re/pay?delay_ms=800"),
+                &[("idempotency-key", &kre)],
+                "{}",
+            )
+            .await;
+        if r.status != StatusCode::CONFLICT {
+            break r;
+        }
+        assert!(
+            claimed_by.elapsed() < Duration::from_secs(40),
+            "lease never expired"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    };
+    assert!(
+        claimed_by.elapsed() >= Duration::from_secs(15),
+        "a live lease was taken over early"
+    );
+    assert_eq!(re.status, StatusCode::CREATED, "reexecute: the retry ran");
+    assert_eq!(up.seen.count("/re/pay"), 2);
+    let hold = http
+        .send(
+            Method::POST,
+            &b.url("/hold/pay?delay_ms=800"),
+            &[("idempotency-key", &khold)],
+            "{}",
+        )
+        .await;
+    assert_eq!(
+        (hold.status, hold.problem_type().as_str()),
+        (StatusCode::CONFLICT, "outcome-unknown")
+    );
+    assert_eq!(up.seen.count("/hold/pay"), 1, "hold: nothing ran again");
+}
+
+/// A private Redis server on a spare port, killed on drop.
+struct PrivateRedis {
+    child: Child,
+    port: u16,
+    _dir: TempDir,
+}
+
+impl PrivateRedis {
+    async fn start() -> Option<Self> {
+        let port = spare_port();
+        let dir = TempDir::new("redis");
+        let child = Command::new("redis-server")
+            .args([
+                "--port",
+                &port.to_string(),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+            ])
+            .arg("--dir")
+            .arg(&dir.0)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn();
+        let child = match child {
+            Ok(c) => c,
+            Err(e) => {
+                assert!(!ci(), "redis-server cannot start: {e}");
+                eprintln!("SKIPPED: redis-server cannot start: {e}");
+                return None;
+            }
+        };
+        let me = Self {
+            child,
+            port,
+            _dir: dir,
+        };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !reachable(&format!("127.0.0.1:{port}")).await {
+            assert!(Instant::now() < deadline, "private redis did not start");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        Some(me)
+    }
+
+    fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for PrivateRedis {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn store_down_fails_closed_with_503() {
+    let Some(mut redis) = PrivateRedis::start().await else {
+        return;
+    };
+    let up = Upstream::start().await;
+    let gw = Gateway::start(
+        &config(&up.url(), &redis.url(), "store_timeout = \"300ms\""),
+        &[],
+    );
+    let http = Http::new();
+    let r = http.post(&gw.url("/charge"), Some(&key()), "{}").await;
+    assert_eq!(r.status, StatusCode::CREATED);
+    let ready = http
+        .send(Method::GET, &gw.admin_url("/readyz"), &[], "")
+        .await;
+    assert_eq!(ready.status, StatusCode::OK);
+
+    redis.kill();
+    let r = http.post(&gw.url("/charge"), Some(&key()), "{}").await;
+    assert_eq!(r.status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(r.problem_type(), "store-unavailable");
+    assert!(r.header("retry-after").is_some());
+    assert_eq!(up.seen.count("/charge"), 1, "nothing ran without a claim");
+    let ready = http
+        .send(Method::GET, &gw.admin_url("/readyz"), &[], "")
+        .await;
+    assert_eq!(ready.status, StatusCode::SERVICE_UNAVAILABLE);
+    // Unprotected requests still pass.
+    assert_eq!(
+        http.send(Method::GET, &gw.url("/charge"), &[], "")
+            .await
+            .status,
+        StatusCode::CREATED
+    );
+    let metrics = http
+        .send(
+            Method::GET,
+            &gw.admin_url("/metrics"),
+            &[("authorization", &format!("Bearer {ADMIN_TOKEN}"))],
+            "",
+        )
+        .await;
+    let text = String::from_utf8_lossy(&metrics.body).into_owned();
+    assert!(
+        text.contains("idem_store_errors_total{op=\"claim\"}"),
+        "{text}"
+    );
+    assert!(
+        text.contains("idem_requests_total{outcome=\"store_unavailable\"}"),
+        "{text}"
+    );
+}
+
+/// SIGTERM with a request that outlives `shutdown_grace`: the claim is settled before exit
+/// (unknown under `hold`, released under `reexecute`), so another gateway need not wait for the
+/// lease to expire. Without the settle step in `server::drain`, both retries below answer 409
+/// in-flight for the rest of the lease (shown by commenting out `release_all`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_deadline_settles_leases() {
+    let Some(redis) = PrivateRedis::start().await else {
+        return;
+    };
+    let up = Upstream::start().await;
+    let cfg = config(&up.url(), &redis.url(), "shutdown_grace = \"300ms\"");
+    let mut a = Gateway::start(&cfg.replace("timeout = \"1s\"", "timeout = \"10s\""), &[]);
+    let b = Gateway::start(&cfg, &[]);
+    let http = Http::new();
+    let (kre, khold) = (key(), key());
+    for (path, k) in [
+        ("/re/pay?delay_ms=5000", &kre),
+        ("/hold/pay?delay_ms=5000", &khold),
+    ] {
+        let arrived = up.seen.arrived.notified();
+        tokio::pin!(arrived);
+        arrived.as_mut().enable();
+        let (http2, url, k2) = (http.clone(), a.url(path), k.clone());
+        tokio::spawn(async move {
+            http2
+                .try_send(Method::POST, &url, &[("idempotency-key", &k2)], "{}")
+                .await
+        });
+        tokio::time::timeout(Duration::from_secs(5), arrived)
+            .await
+            .expect("reached the upstream");
+    }
+    a.term();
+    assert!(
+        a.wait_exit(Duration::from_secs(5)).await,
+        "exited after the grace period"
+    );
+
+    // reexecute: released, so the same request runs again at once through the other gateway
+    // (whose 1 s upstream timeout then answers 504; what matters is that it ran).
+    let re = http
+        .send(
+            Method::POST,
+            &b.url("/re/pay?delay_ms=5000"),
+            &[("idempotency-key", &kre)],
+            "{}",
+        )
+        .await;
+    assert_eq!(
+        re.status,
+        StatusCode::GATEWAY_TIMEOUT,
+        "{:?}",
+        String::from_utf8_lossy(&re.body)
+    );
+    assert_eq!(up.seen.count("/re/pay"), 2);
+    // hold: unknown at once, not in flight.
+    let hold = http
+        .send(
+            Method::POST,
+            &b.url("/hold/pay?delay_ms=5000"),
+            &[("idempotency-key", &khold)],
+            "{}",
+        )
+        .await;
+    assert_eq!(
+        (hold.status, hold.problem_type().as_str()),
+        (StatusCode::CONFLICT, "outcome-unknown")
+    );
+    assert_eq!(up.seen.count("/hold/pay"), 1);
+    assert!(
+        a.logs().contains("released claims still in flight"),
+        "{}",
+        a.logs()
+    );
+}
