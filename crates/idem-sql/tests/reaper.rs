@@ -1,0 +1,95 @@
+//! The reaper deletes expired rows (tombstones included) in batches and nothing live; fences
+//! keep increasing after it deleted a key's row.
+
+mod common;
+
+use std::time::Duration;
+
+use idem_core::{
+    ClaimOutcome, ClaimRequest, Fingerprint, Key, OwnerId, ReleaseKind, Scope, ScopedKey, Store,
+    TakeoverPolicy,
+};
+
+fn req(key: &str, ttl: Duration) -> ClaimRequest {
+    ClaimRequest {
+        key: ScopedKey::new(
+            Scope::new("reaper").expect("ns"),
+            Key::new(key).expect("key"),
+        ),
+        fingerprint: Fingerprint::of_bytes(1, b"x"),
+        owner: OwnerId::random(),
+        lease: Duration::from_millis(20),
+        ttl,
+        takeover: TakeoverPolicy::Reexecute,
+        request_id: None,
+    }
+}
+
+async fn fence<S: Store>(store: &S, r: &ClaimRequest) -> u64 {
+    match store.claim(r).await.expect("claim") {
+        ClaimOutcome::Claimed { lease, .. } => lease.fence,
+        other => panic!("expected a claim, got {other:?}"),
+    }
+}
+
+/// Claims 7 short-lived keys (one of them released at once) and one long-lived key, waits
+/// for the short ones to expire, reaps in batches of 2, and checks what is left.
+async fn check<S: Store>(store: &S, reap: impl AsyncFn(u32) -> u64) {
+    let mut old = Vec::new();
+    for i in 0..7 {
+        let r = req(&format!("short-{i}"), Duration::from_millis(20));
+        let f = fence(store, &r).await;
+        if i == 0 {
+            store
+                .release(&r.key, r.owner, f, ReleaseKind::Retryable)
+                .await
+                .expect("release");
+        }
+        old.push((r, f));
+    }
+    let long = req("long", Duration::from_secs(600));
+    fence(store, &long).await;
+    idem_testkit::sleep_for(Duration::from_millis(40)).await;
+    assert_eq!(
+        reap(2).await,
+        7,
+        "every expired row goes, batch after batch"
+    );
+    assert_eq!(reap(2).await, 0);
+    assert!(
+        store.get(&long.key).await.expect("get").is_some(),
+        "a live record survives the reaper"
+    );
+    for (r, f) in old {
+        let again = ClaimRequest {
+            owner: OwnerId::random(),
+            ..r
+        };
+        assert!(
+            fence(store, &again).await > f,
+            "the fence must still increase after the row was reaped"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres() {
+    let Some(h) = common::PgHarness::connect().await else {
+        return;
+    };
+    check(&h.store, async |b| h.store.reap(b).await.expect("reap")).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mysql() {
+    let Some(h) = common::MySqlHarness::connect().await else {
+        return;
+    };
+    check(&h.store, async |b| h.store.reap(b).await.expect("reap")).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite() {
+    let h = common::SqliteHarness::new().await;
+    check(&h.store, async |b| h.store.reap(b).await.expect("reap")).await;
+}
