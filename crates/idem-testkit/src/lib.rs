@@ -97,6 +97,7 @@ macro_rules! conformance_tests {
             request_id_kept_on_record,
             race_one_claim_wins,
             race_one_takeover_wins,
+            race_mixed_fingerprints_one_wins,
         );
 
         #[test]

@@ -47,6 +47,7 @@ pub const ALL: &[&str] = &[
     "request_id_kept_on_record",
     "race_one_claim_wins",
     "race_one_takeover_wins",
+    "race_mixed_fingerprints_one_wins",
 ];
 
 /// An absent key is claimed: a lease for the caller, fence at least 1, and a processing record
@@ -1147,12 +1148,22 @@ async fn race<H: Harness>(
     key: &ScopedKey,
     lease: Duration,
 ) -> Vec<(idem_core::ClaimRequest, ClaimOutcome)> {
+    race_with(c, key, lease, |_| fp(1)).await
+}
+
+/// Starts `RACERS` claims of `key` at once; racer `i` sends fingerprint `fingerprint(i)`.
+async fn race_with<H: Harness>(
+    c: &Ctx<'_, H>,
+    key: &ScopedKey,
+    lease: Duration,
+    fingerprint: impl Fn(usize) -> idem_core::Fingerprint,
+) -> Vec<(idem_core::ClaimRequest, ClaimOutcome)> {
     let barrier = Arc::new(Barrier::new(RACERS));
     let mut tasks = Vec::with_capacity(RACERS);
-    for _ in 0..RACERS {
+    for i in 0..RACERS {
         let store = c.store.clone();
         let barrier = barrier.clone();
-        let mut req = c.req(key, fp(1));
+        let mut req = c.req(key, fingerprint(i));
         req.lease = lease;
         tasks.push(tokio::spawn(async move {
             barrier.wait().await;
@@ -1204,6 +1215,60 @@ pub async fn race_one_claim_wins<H: Harness>(h: &H) {
     let rec = c.record(&k).await;
     assert_eq!(rec.fence, fence);
     assert!(matches!(rec.state, RecordState::Processing { owner: o, .. } if o == owner));
+
+    // Once the winner completes, every racer replays the same response.
+    let response = StoredResponse::new(201, "the one execution");
+    assert_eq!(
+        c.complete_as(&k, owner, fence, &response).await,
+        SettleOutcome::Settled
+    );
+    for (_, outcome) in race(&c, &k, c.lease * 10).await {
+        assert_eq!(
+            outcome,
+            ClaimOutcome::Done {
+                response: response.clone()
+            }
+        );
+    }
+}
+
+/// `RACERS` tasks claim one absent key at once with two different fingerprints: exactly one
+/// is `Claimed`; every racer with the winner's fingerprint is `Busy`, every other a
+/// `Mismatch` naming the winner's fingerprint.
+pub async fn race_mixed_fingerprints_one_wins<H: Harness>(h: &H) {
+    let c = Ctx::new(h, "race-mixed").await;
+    let k = c.key("k");
+    let results = race_with(&c, &k, c.lease * 10, |i| fp(1 + (i % 2) as u8)).await;
+    let winners: Vec<_> = results
+        .iter()
+        .filter(|(_, o)| matches!(o, ClaimOutcome::Claimed { .. }))
+        .collect();
+    assert_eq!(
+        winners.len(),
+        1,
+        "exactly one racing claim may win: {winners:?}"
+    );
+    let won_with = winners[0].0.fingerprint;
+    for (req, outcome) in &results {
+        match outcome {
+            ClaimOutcome::Claimed { .. } => {}
+            ClaimOutcome::Busy { .. } => {
+                assert_eq!(req.fingerprint, won_with, "busy for another request")
+            }
+            ClaimOutcome::Mismatch { stored } => {
+                assert_ne!(
+                    req.fingerprint, won_with,
+                    "mismatch for the winner's own request"
+                );
+                assert_eq!(
+                    *stored, won_with,
+                    "mismatch must name the winner's fingerprint"
+                );
+            }
+            other => panic!("racing claim answered {other:?}"),
+        }
+    }
+    assert_eq!(c.record(&k).await.fingerprint, won_with);
 }
 
 /// `RACERS` tasks claim one key whose lease has run out: exactly one takes it over.

@@ -55,6 +55,7 @@ async fn check_then_set_claim_is_caught() {
     let h = BrokenHarness::new(Bug::CheckThenSetClaim);
     assert!(fails(rules::race_one_claim_wins(&h)).await);
     assert!(fails(rules::race_one_takeover_wins(&h)).await);
+    assert!(fails(rules::race_mixed_fingerprints_one_wins(&h)).await);
 }
 
 // Bug guarded: a claim that ignores the fingerprint, replaying one request's response to a
@@ -63,6 +64,7 @@ async fn check_then_set_claim_is_caught() {
 async fn ignored_fingerprint_is_caught() {
     let h = BrokenHarness::new(Bug::IgnoresFingerprint);
     assert!(fails(rules::mismatch_changes_nothing_in_any_state(&h)).await);
+    assert!(fails(rules::race_mixed_fingerprints_one_wins(&h)).await);
     assert!(fails(rules::release_unknown_holds_key(&h)).await);
     assert!(model_fails(Bug::IgnoresFingerprint).await);
 }
