@@ -534,3 +534,70 @@ async fn sigterm_drains_in_flight_requests() {
         "clean exit after draining"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn jwt_principals_are_verified_and_isolated() {
+    const SECRET: &str = "an-hs256-secret-of-at-least-32-bytes!";
+    let up = Upstream::start().await;
+    let cfg = format!(
+        r#"
+upstream = "{}"
+store = "memory:"
+[[routes]]
+name = "jwt"
+path = "/*"
+principal = {{ from = "jwt", hs256_secret = "{SECRET}", issuer = "test-issuer" }}
+"#,
+        up.url()
+    );
+    let gw = Gateway::start(&cfg, &[]);
+    let http = Http::new();
+    let exp = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .as_secs()
+        + 600;
+    let token = |sub: &str, secret: &str, iss: &str| {
+        let claims = serde_json::json!({"sub": sub, "exp": exp, "iss": iss});
+        let key = jsonwebtoken::EncodingKey::from_secret(secret.as_bytes()).expect("key");
+        format!(
+            "Bearer {}",
+            jsonwebtoken::encode(&jsonwebtoken::Header::default(), &claims, &key).expect("encode")
+        )
+    };
+    let k = key();
+    let send = |auth: String| {
+        let (http, url, k) = (http.clone(), gw.url("/pay"), k.clone());
+        async move {
+            http.send(
+                Method::POST,
+                &url,
+                &[("idempotency-key", &k), ("authorization", &auth)],
+                "{}",
+            )
+            .await
+        }
+    };
+    let alice = send(token("alice", SECRET, "test-issuer")).await;
+    let bob = send(token("bob", SECRET, "test-issuer")).await;
+    assert_eq!(
+        (alice.status, bob.status),
+        (StatusCode::CREATED, StatusCode::CREATED)
+    );
+    assert!(!bob.replayed());
+    assert!(send(token("alice", SECRET, "test-issuer")).await.replayed());
+    // Forged, wrong issuer, or no token: 401 and nothing runs.
+    for bad in [
+        token(
+            "alice",
+            "another-secret-of-at-least-32-bytes!!",
+            "test-issuer",
+        ),
+        token("alice", SECRET, "evil"),
+        String::new(),
+    ] {
+        let r = send(bad).await;
+        assert_eq!(r.status, StatusCode::UNAUTHORIZED);
+    }
+    assert_eq!(up.seen.count("/pay"), 2);
+}
