@@ -1051,12 +1051,11 @@ pub async fn list_filters_by_state<H: Harness>(h: &H) {
 /// `list` answers oldest first, honours `limit` (0 meaning the default) and `older_than`.
 pub async fn list_oldest_first_with_limit_and_age<H: Harness>(h: &H) {
     let c = Ctx::new(h, "list-order").await;
-    let step = c.lease / 2;
-    // Created in this order, half a lease apart, under names that do not sort by age.
+    // Created in this order, a lease apart, under names that do not sort by age.
     let order = ["m", "z", "a", "q"];
     for (i, name) in order.iter().enumerate() {
         if i > 0 {
-            c.advance(step).await;
+            c.advance(c.lease).await;
         }
         let k = c.key(name);
         let l = c.claimed(&k).await;
@@ -1074,6 +1073,17 @@ pub async fn list_oldest_first_with_limit_and_age<H: Harness>(h: &H) {
                 .collect::<Vec<_>>()
         }
     };
+    // Ages now: m 3 L, z 2 L, a 1 L, q 0 (plus latency): half a lease of margin either side.
+    let old = ListFilter {
+        older_than: Some(c.lease * 3 / 2),
+        ..c.in_ns()
+    };
+    assert_eq!(listed(old.clone()).await, order[..2], "older_than");
+    assert_eq!(
+        listed(ListFilter { limit: 1, ..old }).await,
+        order[..1],
+        "older_than with limit"
+    );
     assert_eq!(listed(c.in_ns()).await, order, "oldest first");
     assert_eq!(
         listed(ListFilter {
@@ -1091,18 +1101,6 @@ pub async fn list_oldest_first_with_limit_and_age<H: Harness>(h: &H) {
         })
         .await,
         order[..1]
-    );
-    c.advance(c.lease).await;
-    // Ages now: m 2.5 L, z 2 L, a 1.5 L, q 1 L.
-    let old = ListFilter {
-        older_than: Some(c.lease * 7 / 4),
-        ..c.in_ns()
-    };
-    assert_eq!(listed(old.clone()).await, order[..2], "older_than");
-    assert_eq!(
-        listed(ListFilter { limit: 1, ..old }).await,
-        order[..1],
-        "older_than with limit"
     );
     let all = ListFilter {
         older_than: Some(Duration::ZERO),
