@@ -4,6 +4,17 @@
 //! Store time follows tokio's paused clock plus a manual offset ([`TestClock`]), so leases
 //! and the engine's own deadlines move together under `advance`, and a test can still jump
 //! the store clock alone (a crashed holder, a store whose clock runs ahead).
+//!
+//! How these were shown to bite: `renewal_check_bites_when_renewals_never_reach_the_store`
+//! keeps an unguarded variant as a test; the two engine fixes made with these tests
+//! (handler closure outside the panic guard, renewal bounded only by the store timeout)
+//! failed them first. Against a scratch copy of the engine, each of these mutations failed
+//! the tests named: ignoring a `Lost` renewal (renew_answered_lost…, takeover_by_a_competitor…),
+//! a drop guard that never releases (dropping_run_mid_handler…, dropping_run_under_hold…),
+//! a panic path that does not release (both panic tests), the local deadline counted from the
+//! claim's answer (failing_renewals…, a_hanging_renewal…), no store timeout (a_hanging_store…,
+//! a_hanging_renewal…), and a cache that does not answer mismatches (cached_replays…,
+//! a_replay_from_the_store…).
 
 use std::future::pending;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -102,6 +113,13 @@ impl Drop for DropFlag {
     }
 }
 
+/// Fails (after an hour of paused time, i.e. at once) instead of hanging when `f` never ends.
+async fn bounded<F: Future>(f: F) -> F::Output {
+    tokio::time::timeout(secs(3600), f)
+        .await
+        .expect("must not hang")
+}
+
 /// A handler bug.
 fn explode() -> Settlement<&'static str> {
     panic!("handler bug")
@@ -180,7 +198,11 @@ impl<S: Store> Faulty<S> {
     /// Waits (on events, not time) until `enough` holds for the call counts.
     async fn wait_calls(&self, enough: impl FnMut(&Calls) -> bool) {
         let mut rx = self.faults.calls.subscribe();
-        rx.wait_for(enough).await.expect("sender lives in self");
+        // Bounded, so a missing call fails the test (paused time jumps to the bound) instead
+        // of hanging it.
+        let seen = tokio::time::timeout(secs(3600), rx.wait_for(enough)).await;
+        seen.expect("the expected store calls never came")
+            .expect("sender lives in self");
     }
 
     fn count(&self, bump: impl FnOnce(&mut Calls)) {
@@ -587,16 +609,15 @@ async fn failing_renewals_cancel_at_the_local_deadline() {
     let dropped = Arc::new(AtomicBool::new(false));
     let start = Instant::now();
     let k = key("expiring");
-    let result = engine
-        .run(&k, &fp(b"x"), |_| {
-            let flag = DropFlag(Arc::clone(&dropped));
-            async move {
-                let _flag = flag;
-                pending::<()>().await;
-                ok("never")
-            }
-        })
-        .await;
+    let result = bounded(engine.run(&k, &fp(b"x"), |_| {
+        let flag = DropFlag(Arc::clone(&dropped));
+        async move {
+            let _flag = flag;
+            pending::<()>().await;
+            ok("never")
+        }
+    }))
+    .await;
     assert!(
         matches!(result, Err(EngineError::LeaseLost)),
         "got {result:?}"
@@ -631,9 +652,8 @@ async fn a_hanging_renewal_does_not_outlive_the_local_deadline() {
     rig.store.renewals(Mode::Hang);
     let engine = rig.engine(slow_store_policy());
     let start = Instant::now();
-    let result = engine
-        .run(&key("hanging"), &fp(b"x"), |_| pending::<Settlement<()>>())
-        .await;
+    let result =
+        bounded(engine.run(&key("hanging"), &fp(b"x"), |_| pending::<Settlement<()>>())).await;
     assert!(
         matches!(result, Err(EngineError::LeaseLost)),
         "got {result:?}"
@@ -759,6 +779,8 @@ async fn hold_policy_turns_an_expired_lease_into_unknown() {
 
 #[tokio::test(start_paused = true)]
 async fn executed_then_replayed_then_mismatch() {
+    // Guards: a retry re-running the handler instead of replaying, a different request under
+    // the same key replaying the first one's response, and keys of two principals meeting.
     let rig = Rig::new();
     let engine = rig.engine(Policy::default());
     let k = key("order-42");
@@ -813,6 +835,7 @@ async fn executed_then_replayed_then_mismatch() {
 
 #[tokio::test(start_paused = true)]
 async fn a_live_holder_makes_duplicates_in_flight() {
+    // Guards: a duplicate running beside a live holder, or a retry hint that ignores the lease.
     let rig = Rig::new();
     let engine = rig.engine(Policy::default());
     let k = key("busy");
@@ -838,6 +861,7 @@ async fn a_live_holder_makes_duplicates_in_flight() {
 
 #[tokio::test(start_paused = true)]
 async fn released_unknown_answers_unknown() {
+    // Guards: an ambiguous outcome (release as unknown) being silently re-run by a retry.
     let rig = Rig::new();
     let engine = rig.engine(Policy::default());
     let k = key("ambiguous");
@@ -865,6 +889,8 @@ async fn released_unknown_answers_unknown() {
 
 #[tokio::test(start_paused = true)]
 async fn in_flight_wait_replays_the_first_result() {
+    // Guards: a waiting duplicate that runs the handler itself or answers 409 although the
+    // first result arrived within its wait.
     let rig = Rig::new();
     let k = key("waited");
     let holder = claim_request(&k, b"x", secs(45), TakeoverPolicy::Reexecute);
@@ -909,6 +935,7 @@ async fn in_flight_wait_replays_the_first_result() {
 
 #[tokio::test(start_paused = true)]
 async fn in_flight_wait_gives_up_after_its_budget() {
+    // Guards: a waiting duplicate that waits past its budget (or forever) on a stuck holder.
     let rig = Rig::new();
     let k = key("waited-out");
     rig.memory
@@ -938,6 +965,7 @@ async fn in_flight_wait_gives_up_after_its_budget() {
 
 #[tokio::test(start_paused = true)]
 async fn in_flight_wait_runs_when_the_first_releases() {
+    // Guards: a waiter that keeps answering "in flight" after the holder released the key.
     let rig = Rig::new();
     let k = key("waited-release");
     let holder = claim_request(&k, b"x", secs(45), TakeoverPolicy::Reexecute);
@@ -973,6 +1001,8 @@ async fn in_flight_wait_runs_when_the_first_releases() {
 
 #[tokio::test(start_paused = true)]
 async fn call_json_executes_replays_and_retries_after_failure() {
+    // Guards: a failed call stored for replay (a retry could never succeed), a replay that
+    // calls the closure again, and a stored value decoded into the wrong type silently.
     let rig = Rig::new();
     let engine = rig.engine(Policy::default());
     let k = key("json");
@@ -1034,6 +1064,7 @@ async fn call_json_executes_replays_and_retries_after_failure() {
 
 #[test]
 fn invalid_keys_are_refused_with_the_rule_they_break() {
+    // Guards: malformed keys accepted (or "ignored") instead of refused with a precise reason.
     assert_eq!(Key::new(""), Err(KeyError::Empty));
     assert_eq!(
         Key::new("k".repeat(256)),
@@ -1064,6 +1095,8 @@ fn invalid_keys_are_refused_with_the_rule_they_break() {
 
 #[test]
 fn bad_policies_fail_at_build_time_with_a_clear_error() {
+    // Guards: a lease shorter than the handler can run (a slow handler loses its claim to a
+    // retry), a record that expires before its lease, and zero durations reaching run time.
     let zero = Duration::ZERO;
     let cases: Vec<(&str, Result<Policy, ConfigError>, ConfigError)> = vec![
         (
@@ -1341,6 +1374,8 @@ async fn dropping_run_mid_handler_releases_the_claim() {
 
 #[tokio::test(start_paused = true)]
 async fn dropping_run_under_hold_leaves_unknown() {
+    // Guards: an abandoned run under `hold` being released as retryable (its effect may have
+    // happened, so a retry must not re-run it).
     let rig = drop_mid_handler(TakeoverPolicy::Hold).await;
     assert_eq!(
         rig.record(&key("dropped"))
@@ -1386,12 +1421,11 @@ async fn a_hanging_store_times_out_before_the_claim() {
     );
     let ran = AtomicBool::new(false);
     let start = Instant::now();
-    let result = engine
-        .run(&key("slow-store"), &fp(b"x"), |_| {
-            ran.store(true, Ordering::SeqCst);
-            async { ok("must not run") }
-        })
-        .await;
+    let result = bounded(engine.run(&key("slow-store"), &fp(b"x"), |_| {
+        ran.store(true, Ordering::SeqCst);
+        async { ok("must not run") }
+    }))
+    .await;
     assert!(
         matches!(result, Err(EngineError::Store(StoreError::Timeout(d))) if d == Duration::from_millis(250)),
         "{result:?}"
@@ -1501,6 +1535,8 @@ async fn processing_records_are_never_cached() {
 
 #[tokio::test(start_paused = true)]
 async fn a_replay_from_the_store_fills_the_cache_and_mismatch_is_still_caught() {
+    // Guards: a replay from the store not filling the cache (every retry pays a round trip),
+    // and a cached entry answering a different fingerprint with a replay.
     let (rig, engine) = cached_rig();
     let k = key("warm");
     // Completed by another process, straight on the shared store.
