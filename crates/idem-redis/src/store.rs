@@ -96,8 +96,12 @@ fn int(v: Option<&Value>) -> Result<u64, StoreError> {
     }
 }
 
+/// Longest lease or TTL passed to the scripts: 100 years. Deadlines then keep the 13 digits
+/// the stored header's fixed width relies on.
+const MAX_MS: u64 = 100 * 365 * 24 * 3600 * 1000;
+
 fn ms_arg(d: Duration) -> Vec<u8> {
-    duration_ms(d).max(1).to_string().into_bytes()
+    duration_ms(d).clamp(1, MAX_MS).to_string().into_bytes()
 }
 
 impl RedisStore {
@@ -206,6 +210,8 @@ impl RedisStore {
             b"0"
         };
         let meta = encode_meta(&req.key, req.request_id.as_deref());
+        let mut tail = format!("{:010}\n", meta.len()).into_bytes();
+        tail.extend_from_slice(&meta);
         let reply = self
             .run(
                 &SCRIPTS.claim,
@@ -216,7 +222,7 @@ impl RedisStore {
                     &ms_arg(req.lease),
                     &ms_arg(req.ttl),
                     hold,
-                    &meta,
+                    &tail,
                 ],
             )
             .await?;

@@ -1,4 +1,4 @@
--- KEYS[1] record; ARGV: fp, owner, lease_ms, ttl_ms, hold (0|1), meta
+-- KEYS[1] record; ARGV: fp, owner, lease_ms, ttl_ms, hold (0|1), tail ("<meta_len:10>\n<meta>")
 -- Replies: {0, value} found completed/unknown/other-fp (caller decides replay, unknown or
 -- mismatch); {1, retry_after_ms} busy; {2} held: now unknown; {3, fence, deadline, takeover}.
 local v, s = fetch(KEYS[1])
@@ -16,7 +16,7 @@ elseif s then
     return {1, lease - ms}
   end
   if ARGV[5] == '1' then
-    redis.call('SET', KEYS[1], '1 u ' .. string.sub(v, 5, 169) .. ms13(ms) .. string.sub(v, 183), 'KEEPTTL')
+    redis.call('SET', KEYS[1], '1 u ' .. string.sub(v, 5, 169) .. ms .. string.sub(v, 183), 'KEEPTTL')
     return {2}
   end
   prev_fence, created, takeover = num(v, 38, 20), num(v, 142, 13), 1
@@ -29,6 +29,7 @@ local fence = math.max(prev_fence + 1, us)
 local deadline = ms + tonumber(ARGV[3])
 local expires = math.max(ms + tonumber(ARGV[4]), deadline)
 redis.call('SET', KEYS[1],
-  header('p', ARGV[2], fence, ARGV[1], deadline, created or ms, expires, 0, #ARGV[6]) .. ARGV[6],
+  '1 p ' .. ARGV[2] .. ' ' .. string.format('%020.0f', fence) .. ' ' .. ARGV[1] .. ' ' .. deadline .. ' '
+    .. (created or ms) .. ' ' .. expires .. SINCE_NONE .. ARGV[6],
   'PXAT', expires)
 return {3, fence, deadline, takeover}

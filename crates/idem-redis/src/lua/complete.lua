@@ -7,6 +7,6 @@ local ms = math.floor(now_us() / 1000)
 local expires = ms + tonumber(ARGV[2])
 -- A processing record holds no response yet: everything after `since` is meta.
 redis.call('SET', KEYS[1],
-  '1 c ' .. string.sub(v, 5, 155) .. ms13(expires) .. ' ' .. ms13(ms) .. string.sub(v, 183) .. ARGV[3],
+  '1 c ' .. string.sub(v, 5, 155) .. expires .. ' ' .. ms .. string.sub(v, 183) .. ARGV[3],
   'PXAT', expires)
 return 1

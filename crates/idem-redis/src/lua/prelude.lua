@@ -33,9 +33,9 @@ local function header(s, owner, fence, fp, lease, created, expires, since, mlen)
     s, owner, fence, fp, lease, created, expires, since, mlen)
 end
 
-local function ms13(x)
-  return string.format('%013.0f', x)
-end
+-- Millisecond timestamps of this era have 13 digits, so plain concatenation keeps the width
+-- (the client caps leases and TTLs so no deadline reaches 14 digits).
+local SINCE_NONE = ' 0000000000000 '
 
 -- Server time in microseconds; one TIME call per script at most.
 local function now_us()

@@ -8,6 +8,6 @@ if ARGV[2] == 'r' then
   bury(KEYS[1], v, ARGV[3])
 else
   local ms = math.floor(now_us() / 1000)
-  redis.call('SET', KEYS[1], '1 u ' .. string.sub(v, 5, 169) .. ms13(ms) .. string.sub(v, 183), 'KEEPTTL')
+  redis.call('SET', KEYS[1], '1 u ' .. string.sub(v, 5, 169) .. ms .. string.sub(v, 183), 'KEEPTTL')
 end
 return 1

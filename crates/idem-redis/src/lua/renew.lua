@@ -7,6 +7,6 @@ local ms = math.floor(now_us() / 1000)
 local deadline = ms + tonumber(ARGV[2])
 local expires = math.max(num(v, 156, 13), deadline)
 redis.call('SET', KEYS[1],
-  string.sub(v, 1, 127) .. ms13(deadline) .. string.sub(v, 141, 155) .. ms13(expires) .. string.sub(v, 169),
+  string.sub(v, 1, 127) .. deadline .. string.sub(v, 141, 155) .. expires .. string.sub(v, 169),
   'PXAT', expires)
 return {1, deadline}

@@ -14,7 +14,7 @@ else
   -- Unknown and processing records hold no response: everything after `since` is meta.
   local expires = ms + tonumber(ARGV[2])
   redis.call('SET', KEYS[1],
-    '1 c ' .. string.sub(v, 5, 155) .. ms13(expires) .. ' ' .. ms13(ms) .. string.sub(v, 183) .. ARGV[3],
+    '1 c ' .. string.sub(v, 5, 155) .. expires .. ' ' .. ms .. string.sub(v, 183) .. ARGV[3],
     'PXAT', expires)
 end
 return {1}
