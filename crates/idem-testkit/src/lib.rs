@@ -140,3 +140,21 @@ pub mod __private {
             .block_on(body);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    /// The macro's rule list and [`crate::rules::ALL`] are written twice; keep them equal.
+    #[test]
+    fn macro_runs_every_rule() {
+        let source = include_str!("lib.rs");
+        let start = source.find("$crate::__rules!(").expect("rule list");
+        let end = start + source[start..].find(");").expect("end of rule list");
+        let listed: Vec<&str> = source[start..end]
+            .lines()
+            .skip(2)
+            .map(|l| l.trim().trim_end_matches(','))
+            .filter(|l| !l.is_empty())
+            .collect();
+        assert_eq!(listed, crate::rules::ALL);
+    }
+}
