@@ -33,15 +33,17 @@ pub trait Harness: Send + Sync + 'static {
     /// The lease the suite claims with; every other duration is a multiple of it.
     fn lease(&self) -> Duration;
 
-    /// True when [`Harness::advance`] is free (a manual clock). A harness answering false
-    /// gets model-test cases with fewer, shorter time steps.
+    /// True when [`Harness::advance`] is free and exact (a manual clock): the model test then
+    /// generates longer cases with more time steps and demands exact timestamps. A harness
+    /// answering false gets shorter cases and half a model step of timestamp slack.
     fn time_travel(&self) -> bool {
         false
     }
 
     /// The model test's time step: every lease, TTL and advance it generates is a small
-    /// multiple of it. On a real server the latency the whole case adds (round trips, sleep
-    /// overshoot) must stay well below one step. Defaults to a quarter lease.
+    /// multiple of it. On a real clock a case whose added latency (round trips, sleep
+    /// overshoot) exceeds half a step is inconclusive and replaced. Defaults to a quarter
+    /// lease.
     fn model_step(&self) -> Duration {
         self.lease() / 4
     }
