@@ -18,7 +18,10 @@ use crate::clock::{Clock, SystemClock};
 use crate::fingerprint::Fingerprint;
 use crate::key::ScopedKey;
 use crate::record::{OwnerId, Record, RecordState, ReleaseKind, StoredResponse, Timestamp};
-use crate::store::{ClaimOutcome, ClaimRequest, ListFilter, RenewOutcome, Resolution, ResolveOutcome, SettleOutcome, Store, StoreError};
+use crate::store::{
+    ClaimOutcome, ClaimRequest, ListFilter, RenewOutcome, Resolution, ResolveOutcome,
+    SettleOutcome, Store, StoreError,
+};
 
 #[derive(Clone)]
 struct Cached {
@@ -65,9 +68,22 @@ impl<S: Store> CachedStore<S> {
         self.done.len()
     }
 
-    fn remember(&self, key: &ScopedKey, fingerprint: Fingerprint, response: StoredResponse, ttl: Duration) {
+    fn remember(
+        &self,
+        key: &ScopedKey,
+        fingerprint: Fingerprint,
+        response: StoredResponse,
+        ttl: Duration,
+    ) {
         let until = self.clock.now().plus(ttl.min(self.max_age));
-        self.done.insert(key.clone(), Arc::new(Cached { fingerprint, response, until }));
+        self.done.insert(
+            key.clone(),
+            Arc::new(Cached {
+                fingerprint,
+                response,
+                until,
+            }),
+        );
     }
 
     fn lookup(&self, req: &ClaimRequest) -> Option<ClaimOutcome> {
@@ -77,16 +93,23 @@ impl<S: Store> CachedStore<S> {
             return None;
         }
         Some(if hit.fingerprint == req.fingerprint {
-            ClaimOutcome::Done { response: hit.response.clone() }
+            ClaimOutcome::Done {
+                response: hit.response.clone(),
+            }
         } else {
-            ClaimOutcome::Mismatch { stored: hit.fingerprint }
+            ClaimOutcome::Mismatch {
+                stored: hit.fingerprint,
+            }
         })
     }
 }
 
 impl<S> fmt::Debug for CachedStore<S> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("CachedStore").field("cached", &self.done.len()).field("max_age", &self.max_age).finish_non_exhaustive()
+        f.debug_struct("CachedStore")
+            .field("cached", &self.done.len())
+            .field("max_age", &self.max_age)
+            .finish_non_exhaustive()
     }
 }
 
@@ -108,7 +131,9 @@ impl<S: Store> Store for CachedStore<S> {
                     self.remember(&req.key, req.fingerprint, response.clone(), left);
                 }
             }
-            ClaimOutcome::Claimed { lease, .. } => self.held.insert((lease.owner, lease.fence), req.fingerprint),
+            ClaimOutcome::Claimed { lease, .. } => self
+                .held
+                .insert((lease.owner, lease.fence), req.fingerprint),
             _ => {}
         }
         Ok(outcome)
@@ -132,7 +157,10 @@ impl<S: Store> Store for CachedStore<S> {
         response: &StoredResponse,
         ttl: Duration,
     ) -> Result<SettleOutcome, StoreError> {
-        let outcome = self.inner.complete(key, owner, fence, response, ttl).await?;
+        let outcome = self
+            .inner
+            .complete(key, owner, fence, response, ttl)
+            .await?;
         let fingerprint = self.held.remove(&(owner, fence)).map(|(_, fp)| fp);
         if let (SettleOutcome::Settled, Some(fp)) = (outcome, fingerprint) {
             self.remember(key, fp, response.clone(), ttl);
@@ -151,11 +179,17 @@ impl<S: Store> Store for CachedStore<S> {
         self.inner.release(key, owner, fence, kind)
     }
 
-    fn get(&self, key: &ScopedKey) -> impl Future<Output = Result<Option<Record>, StoreError>> + Send {
+    fn get(
+        &self,
+        key: &ScopedKey,
+    ) -> impl Future<Output = Result<Option<Record>, StoreError>> + Send {
         self.inner.get(key)
     }
 
-    fn list(&self, filter: &ListFilter) -> impl Future<Output = Result<Vec<Record>, StoreError>> + Send {
+    fn list(
+        &self,
+        filter: &ListFilter,
+    ) -> impl Future<Output = Result<Vec<Record>, StoreError>> + Send {
         self.inner.list(filter)
     }
 

@@ -15,8 +15,13 @@
 
 use std::time::Duration;
 
-use crate::record::{Lease, OwnerId, Record, RecordState, ReleaseKind, StateKind, StoredResponse, TakeoverPolicy, Timestamp};
-use crate::store::{ClaimOutcome, ClaimRequest, RenewOutcome, Resolution, ResolveOutcome, SettleOutcome};
+use crate::record::{
+    Lease, OwnerId, Record, RecordState, ReleaseKind, StateKind, StoredResponse, TakeoverPolicy,
+    Timestamp,
+};
+use crate::store::{
+    ClaimOutcome, ClaimRequest, RenewOutcome, Resolution, ResolveOutcome, SettleOutcome,
+};
 
 /// What a store must do to its copy of the record.
 // A short-lived value, applied right away: boxing the record would cost an allocation per
@@ -44,7 +49,10 @@ pub struct Transition<O> {
 
 impl<O> Transition<O> {
     fn keep(outcome: O) -> Self {
-        Self { change: Change::Keep, outcome }
+        Self {
+            change: Change::Keep,
+            outcome,
+        }
     }
 }
 
@@ -56,32 +64,56 @@ pub fn live(now: Timestamp, previous: Option<&Record>) -> Option<&Record> {
 /// The next fence: above the previous one, and at least `floor` (a store-wide counter or a
 /// clock reading that outlives expired records).
 pub fn next_fence(previous: Option<u64>, floor: u64) -> u64 {
-    previous.map_or(floor, |p| p.saturating_add(1)).max(floor).max(1)
+    previous
+        .map_or(floor, |p| p.saturating_add(1))
+        .max(floor)
+        .max(1)
 }
 
 /// Decides a claim. `fence_floor` must exceed every fence this key has ever had, even on
 /// records that expired or were removed; `previous` may be an expired record.
-pub fn claim(now: Timestamp, previous: Option<&Record>, req: &ClaimRequest, fence_floor: u64) -> Transition<ClaimOutcome> {
+pub fn claim(
+    now: Timestamp,
+    previous: Option<&Record>,
+    req: &ClaimRequest,
+    fence_floor: u64,
+) -> Transition<ClaimOutcome> {
     let previous_fence = previous.map(|r| r.fence);
     let Some(record) = live(now, previous) else {
         return fresh_claim(now, previous_fence, req, fence_floor, false, None);
     };
     if record.fingerprint != req.fingerprint {
-        return Transition::keep(ClaimOutcome::Mismatch { stored: record.fingerprint });
+        return Transition::keep(ClaimOutcome::Mismatch {
+            stored: record.fingerprint,
+        });
     }
     match &record.state {
-        RecordState::Completed { response, .. } => Transition::keep(ClaimOutcome::Done { response: response.clone() }),
+        RecordState::Completed { response, .. } => Transition::keep(ClaimOutcome::Done {
+            response: response.clone(),
+        }),
         RecordState::Unknown { .. } => Transition::keep(ClaimOutcome::Unknown),
         RecordState::Processing { lease_until, .. } if *lease_until > now => {
-            Transition::keep(ClaimOutcome::Busy { retry_after: lease_until.since(now) })
+            Transition::keep(ClaimOutcome::Busy {
+                retry_after: lease_until.since(now),
+            })
         }
         RecordState::Processing { .. } => match req.takeover {
             TakeoverPolicy::Hold => {
                 let mut held = record.clone();
                 held.state = RecordState::Unknown { since: now };
-                Transition { change: Change::Put(held), outcome: ClaimOutcome::Unknown }
+                Transition {
+                    change: Change::Put(held),
+                    outcome: ClaimOutcome::Unknown,
+                }
             }
-            TakeoverPolicy::Reexecute => fresh_claim(now, previous_fence, req, fence_floor, true, Some(record.created_at)),
+            TakeoverPolicy::Reexecute => fresh_claim(
+                now,
+                previous_fence,
+                req,
+                fence_floor,
+                true,
+                Some(record.created_at),
+            ),
         },
     }
 }
@@ -103,11 +135,21 @@ fn fresh_claim(
         request_id: req.request_id.clone(),
         created_at: created_at.unwrap_or(now),
         expires_at: now.plus(req.ttl).max(deadline),
-        state: RecordState::Processing { owner: req.owner, lease_until: deadline },
+        state: RecordState::Processing {
+            owner: req.owner,
+            lease_until: deadline,
+        },
     };
     Transition {
         change: Change::Put(record),
-        outcome: ClaimOutcome::Claimed { lease: Lease { owner: req.owner, fence, deadline }, takeover },
+        outcome: ClaimOutcome::Claimed {
+            lease: Lease {
+                owner: req.owner,
+                fence,
+                deadline,
+            },
+            takeover,
+        },
     }
 }
 
@@ -115,22 +157,40 @@ fn fresh_claim(
 ///
 /// A holder whose lease ran out still holds the key until someone takes it over: its late
 /// result is accepted rather than lost.
-pub fn held(now: Timestamp, previous: Option<&Record>, owner: OwnerId, fence: u64) -> Option<&Record> {
+pub fn held(
+    now: Timestamp,
+    previous: Option<&Record>,
+    owner: OwnerId,
+    fence: u64,
+) -> Option<&Record> {
     live(now, previous).filter(|r| {
-        r.fence == fence && matches!(&r.state, RecordState::Processing { owner: o, .. } if *o == owner)
+        r.fence == fence
+            && matches!(&r.state, RecordState::Processing { owner: o, .. } if *o == owner)
     })
 }
 
 /// Decides a renewal.
-pub fn renew(now: Timestamp, previous: Option<&Record>, owner: OwnerId, fence: u64, lease: Duration) -> Transition<RenewOutcome> {
+pub fn renew(
+    now: Timestamp,
+    previous: Option<&Record>,
+    owner: OwnerId,
+    fence: u64,
+    lease: Duration,
+) -> Transition<RenewOutcome> {
     let Some(record) = held(now, previous, owner, fence) else {
         return Transition::keep(RenewOutcome::Lost);
     };
     let deadline = now.plus(lease);
     let mut next = record.clone();
-    next.state = RecordState::Processing { owner, lease_until: deadline };
+    next.state = RecordState::Processing {
+        owner,
+        lease_until: deadline,
+    };
     next.expires_at = next.expires_at.max(deadline);
-    Transition { change: Change::Put(next), outcome: RenewOutcome::Renewed { deadline } }
+    Transition {
+        change: Change::Put(next),
+        outcome: RenewOutcome::Renewed { deadline },
+    }
 }
 
 /// Decides a completion.
@@ -146,13 +206,25 @@ pub fn complete(
         return Transition::keep(SettleOutcome::Fenced);
     };
     let mut next = record.clone();
-    next.state = RecordState::Completed { response: response.clone(), completed_at: now };
+    next.state = RecordState::Completed {
+        response: response.clone(),
+        completed_at: now,
+    };
     next.expires_at = now.plus(ttl);
-    Transition { change: Change::Put(next), outcome: SettleOutcome::Settled }
+    Transition {
+        change: Change::Put(next),
+        outcome: SettleOutcome::Settled,
+    }
 }
 
 /// Decides a release.
-pub fn release(now: Timestamp, previous: Option<&Record>, owner: OwnerId, fence: u64, kind: ReleaseKind) -> Transition<SettleOutcome> {
+pub fn release(
+    now: Timestamp,
+    previous: Option<&Record>,
+    owner: OwnerId,
+    fence: u64,
+    kind: ReleaseKind,
+) -> Transition<SettleOutcome> {
     let Some(record) = held(now, previous, owner, fence) else {
         return Transition::keep(SettleOutcome::Fenced);
     };
@@ -164,38 +236,61 @@ pub fn release(now: Timestamp, previous: Option<&Record>, owner: OwnerId, fence:
             Change::Put(next)
         }
     };
-    Transition { change, outcome: SettleOutcome::Settled }
+    Transition {
+        change,
+        outcome: SettleOutcome::Settled,
+    }
 }
 
 /// Decides an operator's resolve: allowed on unknown records and on processing records whose
 /// lease has run out.
-pub fn resolve(now: Timestamp, previous: Option<&Record>, resolution: &Resolution) -> Transition<ResolveOutcome> {
+pub fn resolve(
+    now: Timestamp,
+    previous: Option<&Record>,
+    resolution: &Resolution,
+) -> Transition<ResolveOutcome> {
     let Some(record) = live(now, previous) else {
         return Transition::keep(ResolveOutcome::NotFound);
     };
     match &record.state {
         RecordState::Unknown { .. } => {}
         RecordState::Processing { lease_until, .. } if *lease_until <= now => {}
-        other => return Transition::keep(ResolveOutcome::NotResolvable { state: other.kind() }),
+        other => {
+            return Transition::keep(ResolveOutcome::NotResolvable {
+                state: other.kind(),
+            });
+        }
     }
     let change = match resolution {
         Resolution::Release => Change::Remove,
         Resolution::Complete { response, ttl } => {
             let mut next = record.clone();
-            next.state = RecordState::Completed { response: response.clone(), completed_at: now };
+            next.state = RecordState::Completed {
+                response: response.clone(),
+                completed_at: now,
+            };
             next.expires_at = now.plus(*ttl);
             Change::Put(next)
         }
     };
-    Transition { change, outcome: ResolveOutcome::Resolved }
+    Transition {
+        change,
+        outcome: ResolveOutcome::Resolved,
+    }
 }
 
 /// Whether a live record passes a list filter's state and age conditions.
 pub fn matches_filter(now: Timestamp, record: &Record, filter: &crate::store::ListFilter) -> bool {
     let state_ok = filter.state.is_none_or(|s| record.state.kind() == s);
-    let ns_ok = filter.namespace.as_deref().is_none_or(|n| record.key.scope.namespace() == n);
-    let principal_ok = filter.principal.is_none() || filter.principal.as_deref() == record.key.scope.principal();
-    let age_ok = filter.older_than.is_none_or(|age| now.since(record.created_at) >= age);
+    let ns_ok = filter
+        .namespace
+        .as_deref()
+        .is_none_or(|n| record.key.scope.namespace() == n);
+    let principal_ok =
+        filter.principal.is_none() || filter.principal.as_deref() == record.key.scope.principal();
+    let age_ok = filter
+        .older_than
+        .is_none_or(|age| now.since(record.created_at) >= age);
     record.expires_at > now && state_ok && ns_ok && principal_ok && age_ok
 }
 
@@ -234,13 +329,30 @@ mod tests {
         let t0 = Timestamp(1_000);
         let first = put(claim(t0, None, &req(1, TakeoverPolicy::Reexecute), 1));
         assert_eq!(first.fence, 1);
-        let busy = claim(Timestamp(2_000), Some(&first), &req(1, TakeoverPolicy::Reexecute), 1);
-        assert_eq!(busy.outcome, ClaimOutcome::Busy { retry_after: Duration::from_secs(9) });
-        let other_fp = claim(Timestamp(2_000), Some(&first), &req(2, TakeoverPolicy::Reexecute), 1);
+        let busy = claim(
+            Timestamp(2_000),
+            Some(&first),
+            &req(1, TakeoverPolicy::Reexecute),
+            1,
+        );
+        assert_eq!(
+            busy.outcome,
+            ClaimOutcome::Busy {
+                retry_after: Duration::from_secs(9)
+            }
+        );
+        let other_fp = claim(
+            Timestamp(2_000),
+            Some(&first),
+            &req(2, TakeoverPolicy::Reexecute),
+            1,
+        );
         assert!(matches!(other_fp.outcome, ClaimOutcome::Mismatch { .. }));
         let late = Timestamp(11_000);
         let taken = claim(late, Some(&first), &req(1, TakeoverPolicy::Reexecute), 1);
-        assert!(matches!(taken.outcome, ClaimOutcome::Claimed { takeover: true, lease } if lease.fence == 2));
+        assert!(
+            matches!(taken.outcome, ClaimOutcome::Claimed { takeover: true, lease } if lease.fence == 2)
+        );
         let held = claim(late, Some(&first), &req(1, TakeoverPolicy::Hold), 1);
         assert_eq!(held.outcome, ClaimOutcome::Unknown);
         assert_eq!(put(held).state.kind(), StateKind::Unknown);
@@ -248,8 +360,18 @@ mod tests {
 
     #[test]
     fn fence_survives_expiry_through_the_floor() {
-        let first = put(claim(Timestamp(0), None, &req(1, TakeoverPolicy::Reexecute), 7));
-        let after_expiry = put(claim(Timestamp(200_000), Some(&first), &req(1, TakeoverPolicy::Reexecute), 3));
+        let first = put(claim(
+            Timestamp(0),
+            None,
+            &req(1, TakeoverPolicy::Reexecute),
+            7,
+        ));
+        let after_expiry = put(claim(
+            Timestamp(200_000),
+            Some(&first),
+            &req(1, TakeoverPolicy::Reexecute),
+            3,
+        ));
         assert_eq!(after_expiry.fence, 8);
         assert_eq!(next_fence(None, 0), 1);
     }
@@ -260,10 +382,25 @@ mod tests {
         let rec = put(claim(Timestamp(0), None, &r, 1));
         let resp = StoredResponse::new(200, "ok");
         let ttl = Duration::from_secs(100);
-        assert_eq!(complete(Timestamp(1), Some(&rec), OwnerId::random(), 1, &resp, ttl).outcome, SettleOutcome::Fenced);
-        assert_eq!(complete(Timestamp(1), Some(&rec), r.owner, 2, &resp, ttl).outcome, SettleOutcome::Fenced);
-        assert_eq!(complete(Timestamp(1), Some(&rec), r.owner, 1, &resp, ttl).outcome, SettleOutcome::Settled);
-        assert_eq!(release(Timestamp(1), Some(&rec), r.owner, 1, ReleaseKind::Retryable).change, Change::Remove);
-        assert_eq!(renew(Timestamp(1), None, r.owner, 1, ttl).outcome, RenewOutcome::Lost);
+        assert_eq!(
+            complete(Timestamp(1), Some(&rec), OwnerId::random(), 1, &resp, ttl).outcome,
+            SettleOutcome::Fenced
+        );
+        assert_eq!(
+            complete(Timestamp(1), Some(&rec), r.owner, 2, &resp, ttl).outcome,
+            SettleOutcome::Fenced
+        );
+        assert_eq!(
+            complete(Timestamp(1), Some(&rec), r.owner, 1, &resp, ttl).outcome,
+            SettleOutcome::Settled
+        );
+        assert_eq!(
+            release(Timestamp(1), Some(&rec), r.owner, 1, ReleaseKind::Retryable).change,
+            Change::Remove
+        );
+        assert_eq!(
+            renew(Timestamp(1), None, r.owner, 1, ttl).outcome,
+            RenewOutcome::Lost
+        );
     }
 }

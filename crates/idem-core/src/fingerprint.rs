@@ -162,7 +162,10 @@ impl FingerprintBuilder {
 
     /// The finished fingerprint.
     pub fn finish(self) -> Fingerprint {
-        Fingerprint { version: self.version, digest: *self.hasher.finalize().as_bytes() }
+        Fingerprint {
+            version: self.version,
+            digest: *self.hasher.finalize().as_bytes(),
+        }
     }
 }
 
@@ -217,7 +220,10 @@ pub fn canonical_json(body: &[u8]) -> Result<Vec<u8>, FingerprintError> {
 ///
 /// # Errors
 /// [`FingerprintError::Json`] if `body` is not JSON.
-pub fn canonical_json_filtered(body: &[u8], fields: &JsonFields) -> Result<Vec<u8>, FingerprintError> {
+pub fn canonical_json_filtered(
+    body: &[u8],
+    fields: &JsonFields,
+) -> Result<Vec<u8>, FingerprintError> {
     let mut value: Value =
         serde_json::from_slice(body).map_err(|e| FingerprintError::Json(e.to_string()))?;
     if !fields.is_all() {
@@ -237,7 +243,9 @@ fn keep_paths(value: &Value, paths: &[Vec<String>]) -> Value {
     let mut kept = serde_json::Map::new();
     if let Value::Object(map) = value {
         for path in paths {
-            let Some((head, rest)) = path.split_first() else { continue };
+            let Some((head, rest)) = path.split_first() else {
+                continue;
+            };
             let Some(child) = map.get(head) else { continue };
             let picked = if rest.is_empty() {
                 child.clone()
@@ -336,7 +344,10 @@ mod tests {
 
     #[test]
     fn key_order_and_whitespace_do_not_matter() {
-        assert_eq!(canon(r#"{"b":1,"a":[1, 2,{"d":1,"c":2}]}"#), r#"{"a":[1,2,{"c":2,"d":1}],"b":1}"#);
+        assert_eq!(
+            canon(r#"{"b":1,"a":[1, 2,{"d":1,"c":2}]}"#),
+            r#"{"a":[1,2,{"c":2,"d":1}],"b":1}"#
+        );
         assert_eq!(canon(" {\n\"a\" : 1.0 } "), r#"{"a":1}"#);
         assert_eq!(canon(r#"{"a":1.5}"#), canon(r#"{"a":15e-1}"#));
         assert_ne!(canon(r#"{"a":"1"}"#), canon(r#"{"a":1}"#));
@@ -344,7 +355,10 @@ mod tests {
 
     #[test]
     fn invalid_json_is_an_error() {
-        assert!(matches!(canonical_json(b"{"), Err(FingerprintError::Json(_))));
+        assert!(matches!(
+            canonical_json(b"{"),
+            Err(FingerprintError::Json(_))
+        ));
     }
 
     #[test]

@@ -74,7 +74,11 @@ fn validate_key(raw: &[u8]) -> Result<(), KeyError> {
     if raw.len() > MAX_KEY_LEN {
         return Err(KeyError::TooLong { len: raw.len() });
     }
-    if let Some((at, &byte)) = raw.iter().enumerate().find(|&(_, b)| !(0x20..=0x7e).contains(b)) {
+    if let Some((at, &byte)) = raw
+        .iter()
+        .enumerate()
+        .find(|&(_, b)| !(0x20..=0x7e).contains(b))
+    {
         return Err(KeyError::NotPrintable { byte, at });
     }
     if raw.first() == Some(&b' ') || raw.last() == Some(&b' ') {
@@ -126,7 +130,10 @@ impl Scope {
         if !ok {
             return Err(KeyError::BadNamespace);
         }
-        Ok(Self { namespace, principal: None })
+        Ok(Self {
+            namespace,
+            principal: None,
+        })
     }
 
     /// The same scope narrowed to one principal. Any string is accepted; carriers store a
@@ -169,7 +176,11 @@ impl ScopedKey {
     pub fn digest(&self) -> [u8; 32] {
         let mut h = blake3::Hasher::new();
         h.update(b"idem.scoped-key.v1");
-        for part in [Some(self.scope.namespace()), self.scope.principal(), Some(self.key.as_str())] {
+        for part in [
+            Some(self.scope.namespace()),
+            self.scope.principal(),
+            Some(self.key.as_str()),
+        ] {
             match part {
                 Some(p) => {
                     h.update(&[1]);
@@ -217,10 +228,19 @@ mod tests {
         assert!(Key::new("a").is_ok());
         assert!(Key::new("x".repeat(255)).is_ok());
         assert_eq!(Key::new(""), Err(KeyError::Empty));
-        assert_eq!(Key::new("x".repeat(256)), Err(KeyError::TooLong { len: 256 }));
-        assert_eq!(Key::new("a\tb"), Err(KeyError::NotPrintable { byte: 9, at: 1 }));
+        assert_eq!(
+            Key::new("x".repeat(256)),
+            Err(KeyError::TooLong { len: 256 })
+        );
+        assert_eq!(
+            Key::new("a\tb"),
+            Err(KeyError::NotPrintable { byte: 9, at: 1 })
+        );
         assert!(matches!(Key::new("é"), Err(KeyError::NotPrintable { .. })));
-        assert!(matches!(Key::from_bytes(b"a\x7f"), Err(KeyError::NotPrintable { .. })));
+        assert!(matches!(
+            Key::from_bytes(b"a\x7f"),
+            Err(KeyError::NotPrintable { .. })
+        ));
         assert_eq!(Key::new(" a"), Err(KeyError::OuterSpace));
         assert!(Key::new("a b").is_ok());
     }
@@ -228,8 +248,14 @@ mod tests {
     #[test]
     fn scopes_do_not_collide() {
         let k = Key::new("k").expect("valid");
-        let a = ScopedKey::new(Scope::new("ns").expect("valid").with_principal("ab"), k.clone());
-        let b = ScopedKey::new(Scope::new("nsa").expect("valid").with_principal("b"), k.clone());
+        let a = ScopedKey::new(
+            Scope::new("ns").expect("valid").with_principal("ab"),
+            k.clone(),
+        );
+        let b = ScopedKey::new(
+            Scope::new("nsa").expect("valid").with_principal("b"),
+            k.clone(),
+        );
         let c = ScopedKey::new(Scope::new("ns").expect("valid"), k);
         assert_ne!(a.digest(), b.digest());
         assert_ne!(a.digest(), c.digest());

@@ -19,11 +19,18 @@ mod sync;
 
 pub use cache::CachedStore;
 pub use clock::{Clock, ManualClock, SystemClock};
-pub use engine::{Action, ConfigError, Engine, EngineError, Outcome, Policy, PolicyBuilder, Reply, Settled, Settlement};
+pub use engine::{
+    Action, ConfigError, Engine, EngineError, Outcome, Policy, PolicyBuilder, Reply, Settled,
+    Settlement,
+};
 pub use fingerprint::{Fingerprint, FingerprintError, JsonFields, canonical_json};
 pub use key::{Key, KeyError, Scope, ScopedKey};
 pub use memory::MemoryStore;
-pub use record::{Lease, OwnerId, Record, RecordState, ReleaseKind, StateKind, StoredResponse, TakeoverPolicy, Timestamp};
+pub use record::{
+    Lease, OwnerId, Record, RecordState, ReleaseKind, StateKind, StoredResponse, TakeoverPolicy,
+    Timestamp,
+};
 pub use store::{
-    BoxStore, ClaimOutcome, ClaimRequest, ListFilter, RenewOutcome, Resolution, ResolveOutcome, SettleOutcome, Store, StoreError,
+    BoxStore, ClaimOutcome, ClaimRequest, ListFilter, RenewOutcome, Resolution, ResolveOutcome,
+    SettleOutcome, Store, StoreError,
 };

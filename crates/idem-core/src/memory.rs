@@ -17,7 +17,10 @@ use crate::clock::{Clock, SystemClock};
 use crate::decide::{self, Change, Transition};
 use crate::key::ScopedKey;
 use crate::record::{OwnerId, Record, RecordState, ReleaseKind, StoredResponse, Timestamp};
-use crate::store::{ClaimOutcome, ClaimRequest, ListFilter, RenewOutcome, Resolution, ResolveOutcome, SettleOutcome, Store, StoreError};
+use crate::store::{
+    ClaimOutcome, ClaimRequest, ListFilter, RenewOutcome, Resolution, ResolveOutcome,
+    SettleOutcome, Store, StoreError,
+};
 use crate::sync::Mutex;
 
 /// A bounded in-memory store. Clones share the same records.
@@ -58,7 +61,11 @@ impl MemoryStore {
     /// A store on a given clock (a [`crate::ManualClock`] in tests).
     pub fn with_clock(capacity: usize, clock: impl Clock) -> Self {
         Self {
-            shared: Arc::new(Shared { clock: Box::new(clock), capacity: capacity.max(1), inner: Mutex::new(Inner::default()) }),
+            shared: Arc::new(Shared {
+                clock: Box::new(clock),
+                capacity: capacity.max(1),
+                inner: Mutex::new(Inner::default()),
+            }),
         }
     }
 
@@ -101,7 +108,11 @@ impl MemoryStore {
         })
     }
 
-    fn apply<O>(&self, key: &ScopedKey, step: impl FnOnce(Timestamp, Option<&Record>) -> Transition<O>) -> O {
+    fn apply<O>(
+        &self,
+        key: &ScopedKey,
+        step: impl FnOnce(Timestamp, Option<&Record>) -> Transition<O>,
+    ) -> O {
         let now = self.shared.clock.now();
         let mut inner = self.shared.lock();
         let t = step(now, inner.records.get(key).map(|e| &e.record));
@@ -174,7 +185,15 @@ impl Inner {
         if self.records.len() < capacity {
             return Ok(());
         }
-        let victim = self.by_age.values().find(|k| self.records.get(*k).is_some_and(|e| evictable(now, &e.record))).cloned();
+        let victim = self
+            .by_age
+            .values()
+            .find(|k| {
+                self.records
+                    .get(*k)
+                    .is_some_and(|e| evictable(now, &e.record))
+            })
+            .cloned();
         match victim {
             Some(key) => {
                 self.remove(&key);
@@ -195,12 +214,17 @@ fn evictable(now: Timestamp, record: &Record) -> bool {
 
 impl fmt::Debug for MemoryStore {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("MemoryStore").field("capacity", &self.shared.capacity).finish_non_exhaustive()
+        f.debug_struct("MemoryStore")
+            .field("capacity", &self.shared.capacity)
+            .finish_non_exhaustive()
     }
 }
 
 impl Store for MemoryStore {
-    fn claim(&self, req: &ClaimRequest) -> impl Future<Output = Result<ClaimOutcome, StoreError>> + Send {
+    fn claim(
+        &self,
+        req: &ClaimRequest,
+    ) -> impl Future<Output = Result<ClaimOutcome, StoreError>> + Send {
         let now = self.shared.clock.now();
         let mut inner = self.shared.lock();
         let previous = inner.records.get(&req.key).map(|e| &e.record);
@@ -225,7 +249,9 @@ impl Store for MemoryStore {
         fence: u64,
         lease: Duration,
     ) -> impl Future<Output = Result<RenewOutcome, StoreError>> + Send {
-        ready(Ok(self.apply(key, |now, prev| decide::renew(now, prev, owner, fence, lease))))
+        ready(Ok(self.apply(key, |now, prev| {
+            decide::renew(now, prev, owner, fence, lease)
+        })))
     }
 
     fn complete(
@@ -236,7 +262,9 @@ impl Store for MemoryStore {
         response: &StoredResponse,
         ttl: Duration,
     ) -> impl Future<Output = Result<SettleOutcome, StoreError>> + Send {
-        ready(Ok(self.apply(key, |now, prev| decide::complete(now, prev, owner, fence, response, ttl))))
+        ready(Ok(self.apply(key, |now, prev| {
+            decide::complete(now, prev, owner, fence, response, ttl)
+        })))
     }
 
     fn release(
@@ -246,17 +274,25 @@ impl Store for MemoryStore {
         fence: u64,
         kind: ReleaseKind,
     ) -> impl Future<Output = Result<SettleOutcome, StoreError>> + Send {
-        ready(Ok(self.apply(key, |now, prev| decide::release(now, prev, owner, fence, kind))))
+        ready(Ok(self.apply(key, |now, prev| {
+            decide::release(now, prev, owner, fence, kind)
+        })))
     }
 
-    fn get(&self, key: &ScopedKey) -> impl Future<Output = Result<Option<Record>, StoreError>> + Send {
+    fn get(
+        &self,
+        key: &ScopedKey,
+    ) -> impl Future<Output = Result<Option<Record>, StoreError>> + Send {
         let now = self.shared.clock.now();
         let inner = self.shared.lock();
         let found = decide::live(now, inner.records.get(key).map(|e| &e.record)).cloned();
         ready(Ok(found))
     }
 
-    fn list(&self, filter: &ListFilter) -> impl Future<Output = Result<Vec<Record>, StoreError>> + Send {
+    fn list(
+        &self,
+        filter: &ListFilter,
+    ) -> impl Future<Output = Result<Vec<Record>, StoreError>> + Send {
         let now = self.shared.clock.now();
         let inner = self.shared.lock();
         let mut found: Vec<Record> = inner
@@ -277,7 +313,9 @@ impl Store for MemoryStore {
         key: &ScopedKey,
         resolution: &Resolution,
     ) -> impl Future<Output = Result<ResolveOutcome, StoreError>> + Send {
-        ready(Ok(self.apply(key, |now, prev| decide::resolve(now, prev, resolution))))
+        ready(Ok(self.apply(key, |now, prev| {
+            decide::resolve(now, prev, resolution)
+        })))
     }
 
     fn delete(&self, key: &ScopedKey) -> impl Future<Output = Result<bool, StoreError>> + Send {

@@ -36,7 +36,11 @@ impl Timestamp {
 /// A duration in whole milliseconds, rounded up so a non-zero duration never becomes zero.
 pub fn duration_ms(d: Duration) -> u64 {
     let ms = d.as_millis();
-    let rounded = if d.subsec_nanos().is_multiple_of(1_000_000) { ms } else { ms + 1 };
+    let rounded = if d.subsec_nanos().is_multiple_of(1_000_000) {
+        ms
+    } else {
+        ms + 1
+    };
     u64::try_from(rounded).unwrap_or(u64::MAX)
 }
 
@@ -122,7 +126,12 @@ pub struct StoredResponse {
 impl StoredResponse {
     /// A response with a status and body and no headers.
     pub fn new(status: u16, body: impl Into<Bytes>) -> Self {
-        Self { status, headers: Vec::new(), body: body.into(), body_omitted: false }
+        Self {
+            status,
+            headers: Vec::new(),
+            body: body.into(),
+            body_omitted: false,
+        }
     }
 
     /// Adds a header.
@@ -134,7 +143,12 @@ impl StoredResponse {
 
     /// Bytes taken by status, headers and body: what a store cap is checked against.
     pub fn size(&self) -> usize {
-        self.body.len() + self.headers.iter().map(|(n, v)| n.len() + v.len()).sum::<usize>()
+        self.body.len()
+            + self
+                .headers
+                .iter()
+                .map(|(n, v)| n.len() + v.len())
+                .sum::<usize>()
     }
 
     /// Compact binary encoding shared by every store.
@@ -166,7 +180,8 @@ impl StoredResponse {
         let count = u32::from_be_bytes(r.array()?) as usize;
         let mut headers = Vec::with_capacity(count.min(256));
         for _ in 0..count {
-            let name = String::from_utf8(r.bytes()?.to_vec()).map_err(|_| CodecError("header name is not UTF-8"))?;
+            let name = String::from_utf8(r.bytes()?.to_vec())
+                .map_err(|_| CodecError("header name is not UTF-8"))?;
             let value = Bytes::copy_from_slice(r.bytes()?);
             headers.push((name, value));
         }
@@ -174,7 +189,12 @@ impl StoredResponse {
         if r.at != raw.len() {
             return Err(CodecError("trailing bytes after response"));
         }
-        Ok(Self { status, headers, body, body_omitted })
+        Ok(Self {
+            status,
+            headers,
+            body,
+            body_omitted,
+        })
     }
 }
 
@@ -192,7 +212,11 @@ struct Reader<'a> {
 
 impl<'a> Reader<'a> {
     fn take(&mut self, n: usize) -> Result<&'a [u8], CodecError> {
-        let end = self.at.checked_add(n).filter(|&e| e <= self.raw.len()).ok_or(CodecError("truncated response"))?;
+        let end = self
+            .at
+            .checked_add(n)
+            .filter(|&e| e <= self.raw.len())
+            .ok_or(CodecError("truncated response"))?;
         let out = &self.raw[self.at..end];
         self.at = end;
         Ok(out)

@@ -67,12 +67,18 @@ pub struct Settlement<T> {
 impl<T> Settlement<T> {
     /// Return `output` and store `response` for replay.
     pub fn complete(output: T, response: StoredResponse) -> Self {
-        Self { output, action: Action::Complete(response) }
+        Self {
+            output,
+            action: Action::Complete(response),
+        }
     }
 
     /// Return `output` and release the claim.
     pub fn release(output: T, kind: ReleaseKind) -> Self {
-        Self { output, action: Action::Release(kind) }
+        Self {
+            output,
+            action: Action::Release(kind),
+        }
     }
 }
 
@@ -170,7 +176,10 @@ pub struct Engine<S> {
 
 impl<S> Clone for Engine<S> {
     fn clone(&self) -> Self {
-        Self { store: Arc::clone(&self.store), policy: Arc::clone(&self.policy) }
+        Self {
+            store: Arc::clone(&self.store),
+            policy: Arc::clone(&self.policy),
+        }
     }
 }
 
@@ -181,13 +190,19 @@ impl<S: Store> Engine<S> {
     /// Never at present: policies are validated when built. Kept fallible so a store
     /// can refuse a policy it cannot honour.
     pub fn new(store: S, policy: Policy) -> Result<Self, ConfigError> {
-        Ok(Self { store: Arc::new(store), policy: Arc::new(policy) })
+        Ok(Self {
+            store: Arc::new(store),
+            policy: Arc::new(policy),
+        })
     }
 
     /// The same store under another policy (per route or per operation).
     #[must_use]
     pub fn with_policy(&self, policy: Policy) -> Self {
-        Self { store: Arc::clone(&self.store), policy: Arc::new(policy) }
+        Self {
+            store: Arc::clone(&self.store),
+            policy: Arc::new(policy),
+        }
     }
 
     /// The store, for status and admin queries.
@@ -206,7 +221,12 @@ impl<S: Store> Engine<S> {
     ///
     /// # Errors
     /// See [`EngineError`].
-    pub async fn run<T, F, Fut>(&self, key: &ScopedKey, fingerprint: &Fingerprint, handler: F) -> Result<Outcome<T>, EngineError>
+    pub async fn run<T, F, Fut>(
+        &self,
+        key: &ScopedKey,
+        fingerprint: &Fingerprint,
+        handler: F,
+    ) -> Result<Outcome<T>, EngineError>
     where
         F: FnOnce(Lease) -> Fut,
         Fut: Future<Output = Settlement<T>>,
@@ -249,7 +269,11 @@ impl<S: Store> Engine<S> {
             request_id: request_id.map(str::to_owned),
         };
         let (lease, takeover, sent_at) = match self.claim_or_wait(&req).await? {
-            Claimed::Now { lease, takeover, sent_at } => (lease, takeover, sent_at),
+            Claimed::Now {
+                lease,
+                takeover,
+                sent_at,
+            } => (lease, takeover, sent_at),
             Claimed::Not(outcome) => return Ok(outcome),
         };
         tracing::debug!(key = %key, fence = lease.fence, takeover, "claimed");
@@ -292,7 +316,12 @@ impl<S: Store> Engine<S> {
         };
         let settled = match &settlement.action {
             Action::Complete(response) => self.complete(key, lease, response).await,
-            Action::Release(kind) => match timed_op(policy.store_timeout, self.store.release(key, lease.owner, lease.fence, *kind)).await {
+            Action::Release(kind) => match timed_op(
+                policy.store_timeout,
+                self.store.release(key, lease.owner, lease.fence, *kind),
+            )
+            .await
+            {
                 Ok(SettleOutcome::Settled) => Settled::Released(*kind),
                 Ok(_) => Settled::Fenced,
                 Err(e) => Settled::Failed(e),
@@ -300,11 +329,20 @@ impl<S: Store> Engine<S> {
         };
         guard.armed = false;
         match &settled {
-            Settled::Fenced => tracing::warn!(key = %key, fence = lease.fence, "result discarded: fenced by a newer holder"),
-            Settled::Failed(e) => tracing::error!(key = %key, fence = lease.fence, error = %e, "could not settle result"),
+            Settled::Fenced => {
+                tracing::warn!(key = %key, fence = lease.fence, "result discarded: fenced by a newer holder")
+            }
+            Settled::Failed(e) => {
+                tracing::error!(key = %key, fence = lease.fence, error = %e, "could not settle result")
+            }
             _ => {}
         }
-        Ok(Outcome::Executed { output: settlement.output, lease, takeover, settled })
+        Ok(Outcome::Executed {
+            output: settlement.output,
+            lease,
+            takeover,
+            settled,
+        })
     }
 
     /// Function-level convenience: runs `f` at most once for `key` and stores its `Ok` value
@@ -313,7 +351,12 @@ impl<S: Store> Engine<S> {
     /// # Errors
     /// See [`EngineError`]; a stored value that does not decode as `T` is
     /// [`EngineError::Decode`].
-    pub async fn call_json<T, E, F, Fut>(&self, key: &ScopedKey, fingerprint: &Fingerprint, f: F) -> Result<Reply<T, E>, EngineError>
+    pub async fn call_json<T, E, F, Fut>(
+        &self,
+        key: &ScopedKey,
+        fingerprint: &Fingerprint,
+        f: F,
+    ) -> Result<Reply<T, E>, EngineError>
     where
         T: Serialize + DeserializeOwned,
         F: FnOnce(Lease) -> Fut,
@@ -324,19 +367,29 @@ impl<S: Store> Engine<S> {
                 match f(lease).await {
                     Ok(value) => match serde_json::to_vec(&value) {
                         Ok(body) => Settlement::complete(Ok(value), StoredResponse::new(0, body)),
-                        Err(e) => Settlement::release(Err(Err(e.to_string())), ReleaseKind::Retryable),
+                        Err(e) => {
+                            Settlement::release(Err(Err(e.to_string())), ReleaseKind::Retryable)
+                        }
                     },
                     Err(e) => Settlement::release(Err(Ok(e)), ReleaseKind::Retryable),
                 }
             })
             .await?;
         Ok(match outcome {
-            Outcome::Executed { output: Ok(value), .. } => Reply::Executed(value),
-            Outcome::Executed { output: Err(Ok(e)), .. } => Reply::Failed(e),
-            Outcome::Executed { output: Err(Err(encode)), .. } => return Err(EngineError::Decode(encode)),
-            Outcome::Replayed(response) => {
-                Reply::Replayed(serde_json::from_slice(&response.body).map_err(|e| EngineError::Decode(e.to_string()))?)
-            }
+            Outcome::Executed {
+                output: Ok(value), ..
+            } => Reply::Executed(value),
+            Outcome::Executed {
+                output: Err(Ok(e)), ..
+            } => Reply::Failed(e),
+            Outcome::Executed {
+                output: Err(Err(encode)),
+                ..
+            } => return Err(EngineError::Decode(encode)),
+            Outcome::Replayed(response) => Reply::Replayed(
+                serde_json::from_slice(&response.body)
+                    .map_err(|e| EngineError::Decode(e.to_string()))?,
+            ),
             Outcome::InFlight { retry_after } => Reply::InFlight { retry_after },
             Outcome::Mismatch => Reply::Mismatch,
             Outcome::Unknown => Reply::Unknown,
@@ -351,13 +404,19 @@ impl<S: Store> Engine<S> {
             let sent_at = Instant::now();
             let outcome = timed_op(policy.store_timeout, self.store.claim(req)).await?;
             return Ok(match outcome {
-                ClaimOutcome::Claimed { lease, takeover } => Claimed::Now { lease, takeover, sent_at },
+                ClaimOutcome::Claimed { lease, takeover } => Claimed::Now {
+                    lease,
+                    takeover,
+                    sent_at,
+                },
                 ClaimOutcome::Done { response } => Claimed::Not(Outcome::Replayed(response)),
                 ClaimOutcome::Unknown => Claimed::Not(Outcome::Unknown),
                 ClaimOutcome::Mismatch { .. } => Claimed::Not(Outcome::Mismatch),
                 ClaimOutcome::Busy { retry_after } => match give_up {
                     Some(deadline) if Instant::now() < deadline => {
-                        let nap = poll.min(retry_after).min(deadline.saturating_duration_since(Instant::now()));
+                        let nap = poll
+                            .min(retry_after)
+                            .min(deadline.saturating_duration_since(Instant::now()));
                         tokio::time::sleep(nap.max(Duration::from_millis(1))).await;
                         poll = (poll * 2).min(Duration::from_millis(250));
                         continue;
@@ -374,7 +433,8 @@ impl<S: Store> Engine<S> {
         loop {
             let result = timed_op(
                 policy.store_timeout,
-                self.store.complete(key, lease.owner, lease.fence, response, policy.record_ttl),
+                self.store
+                    .complete(key, lease.owner, lease.fence, response, policy.record_ttl),
             )
             .await;
             match result {
@@ -393,12 +453,19 @@ impl<S: Store> Engine<S> {
 }
 
 enum Claimed<T> {
-    Now { lease: Lease, takeover: bool, sent_at: Instant },
+    Now {
+        lease: Lease,
+        takeover: bool,
+        sent_at: Instant,
+    },
     Not(Outcome<T>),
 }
 
 /// Bounds a store call by the policy's store timeout.
-async fn timed_op<T>(limit: Duration, op: impl Future<Output = Result<T, StoreError>>) -> Result<T, StoreError> {
+async fn timed_op<T>(
+    limit: Duration,
+    op: impl Future<Output = Result<T, StoreError>>,
+) -> Result<T, StoreError> {
     match tokio::time::timeout(limit, op).await {
         Ok(result) => result,
         Err(_) => Err(StoreError::Timeout(limit)),
@@ -418,7 +485,13 @@ enum LeaseLoss {
 ///
 /// The local deadline is measured from when the last successful request was *sent*, on a
 /// monotonic clock, so it is never later than the store's own deadline.
-async fn watchdog<S: Store>(store: &S, key: &ScopedKey, lease: Lease, policy: &Policy, sent_at: Instant) -> LeaseLoss {
+async fn watchdog<S: Store>(
+    store: &S,
+    key: &ScopedKey,
+    lease: Lease,
+    policy: &Policy,
+    sent_at: Instant,
+) -> LeaseLoss {
     let mut deadline = sent_at + policy.lease;
     loop {
         let wake = (Instant::now() + policy.renew_every).min(deadline);
@@ -428,11 +501,20 @@ async fn watchdog<S: Store>(store: &S, key: &ScopedKey, lease: Lease, policy: &P
         }
         let sent = Instant::now();
         // A renewal still pending at the deadline must not keep the handler running past it.
-        let limit = policy.store_timeout.min(deadline.saturating_duration_since(sent));
-        match timed_op(limit, store.renew(key, lease.owner, lease.fence, policy.lease)).await {
+        let limit = policy
+            .store_timeout
+            .min(deadline.saturating_duration_since(sent));
+        match timed_op(
+            limit,
+            store.renew(key, lease.owner, lease.fence, policy.lease),
+        )
+        .await
+        {
             Ok(RenewOutcome::Renewed { .. }) => deadline = sent + policy.lease,
             Ok(_) => return LeaseLoss::Taken,
-            Err(e) => tracing::warn!(key = %key, fence = lease.fence, error = %e, "lease renewal failed"),
+            Err(e) => {
+                tracing::warn!(key = %key, fence = lease.fence, error = %e, "lease renewal failed")
+            }
         }
     }
 }
@@ -450,7 +532,9 @@ struct ClaimGuard<S: Store> {
 impl<S: Store> ClaimGuard<S> {
     async fn settle_now(&mut self, kind: ReleaseKind) {
         self.armed = false;
-        let op = self.store.release(&self.key, self.lease.owner, self.lease.fence, kind);
+        let op = self
+            .store
+            .release(&self.key, self.lease.owner, self.lease.fence, kind);
         if let Err(e) = timed_op(self.store_timeout, op).await {
             tracing::error!(key = %self.key, fence = self.lease.fence, error = %e, "release failed; lease will expire");
         }
@@ -466,7 +550,13 @@ impl<S: Store> Drop for ClaimGuard<S> {
             tracing::error!(key = %self.key, "run dropped outside a runtime; lease will expire");
             return;
         };
-        let (store, key, lease, kind, limit) = (Arc::clone(&self.store), self.key.clone(), self.lease, self.kind, self.store_timeout);
+        let (store, key, lease, kind, limit) = (
+            Arc::clone(&self.store),
+            self.key.clone(),
+            self.lease,
+            self.kind,
+            self.store_timeout,
+        );
         tracing::warn!(key = %key, fence = lease.fence, ?kind, "run dropped mid-handler; releasing");
         runtime.spawn(async move {
             if let Err(e) = timed_op(limit, store.release(&key, lease.owner, lease.fence, kind)).await {

@@ -18,7 +18,9 @@ pub enum ConfigError {
     #[error("{0} must be greater than zero")]
     Zero(&'static str),
     /// The lease does not cover the handler timeout plus [`LEASE_MARGIN`].
-    #[error("lease {lease:?} must cover the handler timeout {handler_timeout:?} plus a {LEASE_MARGIN:?} margin")]
+    #[error(
+        "lease {lease:?} must cover the handler timeout {handler_timeout:?} plus a {LEASE_MARGIN:?} margin"
+    )]
     LeaseTooShort {
         /// Configured lease.
         lease: Duration,
@@ -73,7 +75,10 @@ impl Policy {
     /// A builder starting from the defaults: 30 s handler timeout, 45 s lease renewed every
     /// 15 s, 24 h record TTL, re-execute on takeover, 1 s store timeout, no in-flight wait.
     pub fn builder() -> PolicyBuilder {
-        PolicyBuilder { policy: Self::default(), renew_set: false }
+        PolicyBuilder {
+            policy: Self::default(),
+            renew_set: false,
+        }
     }
 
     /// Lease length.
@@ -127,13 +132,22 @@ impl Policy {
             }
         }
         if self.lease < self.handler_timeout.saturating_add(LEASE_MARGIN) {
-            return Err(ConfigError::LeaseTooShort { lease: self.lease, handler_timeout: self.handler_timeout });
+            return Err(ConfigError::LeaseTooShort {
+                lease: self.lease,
+                handler_timeout: self.handler_timeout,
+            });
         }
         if self.record_ttl < self.lease {
-            return Err(ConfigError::TtlShorterThanLease { ttl: self.record_ttl, lease: self.lease });
+            return Err(ConfigError::TtlShorterThanLease {
+                ttl: self.record_ttl,
+                lease: self.lease,
+            });
         }
         if self.renew_every >= self.lease {
-            return Err(ConfigError::RenewTooSlow { renew_every: self.renew_every, lease: self.lease });
+            return Err(ConfigError::RenewTooSlow {
+                renew_every: self.renew_every,
+                lease: self.lease,
+            });
         }
         Ok(())
     }
@@ -212,10 +226,19 @@ mod tests {
     fn bad_policies_are_refused() {
         let s = Duration::from_secs;
         assert!(Policy::builder().build().is_ok());
-        assert_eq!(Policy::builder().record_ttl(Duration::ZERO).build(), Err(ConfigError::Zero("record ttl")));
-        assert_eq!(Policy::builder().lease(Duration::ZERO).build(), Err(ConfigError::Zero("lease")));
+        assert_eq!(
+            Policy::builder().record_ttl(Duration::ZERO).build(),
+            Err(ConfigError::Zero("record ttl"))
+        );
+        assert_eq!(
+            Policy::builder().lease(Duration::ZERO).build(),
+            Err(ConfigError::Zero("lease"))
+        );
         assert!(matches!(
-            Policy::builder().handler_timeout(s(30)).lease(s(44)).build(),
+            Policy::builder()
+                .handler_timeout(s(30))
+                .lease(s(44))
+                .build(),
             Err(ConfigError::LeaseTooShort { .. })
         ));
         assert!(matches!(
@@ -226,7 +249,11 @@ mod tests {
             Policy::builder().renew_every(s(45)).build(),
             Err(ConfigError::RenewTooSlow { .. })
         ));
-        let p = Policy::builder().handler_timeout(s(5)).lease(s(20)).build().expect("valid");
+        let p = Policy::builder()
+            .handler_timeout(s(5))
+            .lease(s(20))
+            .build()
+            .expect("valid");
         assert_eq!(p.renew_every(), Duration::from_secs(20) / 3);
     }
 }

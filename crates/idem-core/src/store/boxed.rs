@@ -6,14 +6,20 @@ use std::time::Duration;
 
 use futures::future::BoxFuture;
 
-use super::{ClaimOutcome, ClaimRequest, ListFilter, RenewOutcome, Resolution, ResolveOutcome, SettleOutcome, Store, StoreError};
+use super::{
+    ClaimOutcome, ClaimRequest, ListFilter, RenewOutcome, Resolution, ResolveOutcome,
+    SettleOutcome, Store, StoreError,
+};
 use crate::key::ScopedKey;
 use crate::record::{OwnerId, Record, ReleaseKind, StoredResponse};
 
 /// Object-safe mirror of [`Store`]; implemented for every `Store`.
 #[allow(missing_docs)]
 pub trait DynStore: Send + Sync + 'static {
-    fn claim_dyn<'a>(&'a self, req: &'a ClaimRequest) -> BoxFuture<'a, Result<ClaimOutcome, StoreError>>;
+    fn claim_dyn<'a>(
+        &'a self,
+        req: &'a ClaimRequest,
+    ) -> BoxFuture<'a, Result<ClaimOutcome, StoreError>>;
     fn renew_dyn<'a>(
         &'a self,
         key: &'a ScopedKey,
@@ -36,8 +42,14 @@ pub trait DynStore: Send + Sync + 'static {
         fence: u64,
         kind: ReleaseKind,
     ) -> BoxFuture<'a, Result<SettleOutcome, StoreError>>;
-    fn get_dyn<'a>(&'a self, key: &'a ScopedKey) -> BoxFuture<'a, Result<Option<Record>, StoreError>>;
-    fn list_dyn<'a>(&'a self, filter: &'a ListFilter) -> BoxFuture<'a, Result<Vec<Record>, StoreError>>;
+    fn get_dyn<'a>(
+        &'a self,
+        key: &'a ScopedKey,
+    ) -> BoxFuture<'a, Result<Option<Record>, StoreError>>;
+    fn list_dyn<'a>(
+        &'a self,
+        filter: &'a ListFilter,
+    ) -> BoxFuture<'a, Result<Vec<Record>, StoreError>>;
     fn resolve_dyn<'a>(
         &'a self,
         key: &'a ScopedKey,
@@ -47,7 +59,10 @@ pub trait DynStore: Send + Sync + 'static {
 }
 
 impl<S: Store> DynStore for S {
-    fn claim_dyn<'a>(&'a self, req: &'a ClaimRequest) -> BoxFuture<'a, Result<ClaimOutcome, StoreError>> {
+    fn claim_dyn<'a>(
+        &'a self,
+        req: &'a ClaimRequest,
+    ) -> BoxFuture<'a, Result<ClaimOutcome, StoreError>> {
         Box::pin(self.claim(req))
     }
     fn renew_dyn<'a>(
@@ -78,10 +93,16 @@ impl<S: Store> DynStore for S {
     ) -> BoxFuture<'a, Result<SettleOutcome, StoreError>> {
         Box::pin(self.release(key, owner, fence, kind))
     }
-    fn get_dyn<'a>(&'a self, key: &'a ScopedKey) -> BoxFuture<'a, Result<Option<Record>, StoreError>> {
+    fn get_dyn<'a>(
+        &'a self,
+        key: &'a ScopedKey,
+    ) -> BoxFuture<'a, Result<Option<Record>, StoreError>> {
         Box::pin(self.get(key))
     }
-    fn list_dyn<'a>(&'a self, filter: &'a ListFilter) -> BoxFuture<'a, Result<Vec<Record>, StoreError>> {
+    fn list_dyn<'a>(
+        &'a self,
+        filter: &'a ListFilter,
+    ) -> BoxFuture<'a, Result<Vec<Record>, StoreError>> {
         Box::pin(self.list(filter))
     }
     fn resolve_dyn<'a>(

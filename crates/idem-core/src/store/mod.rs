@@ -21,7 +21,10 @@ pub use boxed::{BoxStore, DynStore};
 
 use crate::fingerprint::Fingerprint;
 use crate::key::ScopedKey;
-use crate::record::{CodecError, Lease, OwnerId, Record, ReleaseKind, StateKind, StoredResponse, TakeoverPolicy, Timestamp};
+use crate::record::{
+    CodecError, Lease, OwnerId, Record, ReleaseKind, StateKind, StoredResponse, TakeoverPolicy,
+    Timestamp,
+};
 
 /// A request to claim a key.
 #[derive(Clone, Debug)]
@@ -198,7 +201,10 @@ pub trait Store: Send + Sync + 'static {
     /// # Errors
     /// [`StoreError`] when the store failed; the claim may or may not have happened, and a
     /// claim that did happen is reclaimed once its lease runs out.
-    fn claim(&self, req: &ClaimRequest) -> impl Future<Output = Result<ClaimOutcome, StoreError>> + Send;
+    fn claim(
+        &self,
+        req: &ClaimRequest,
+    ) -> impl Future<Output = Result<ClaimOutcome, StoreError>> + Send;
 
     /// Extends the lease of the current holder (owner and fence must match).
     ///
@@ -242,13 +248,19 @@ pub trait Store: Send + Sync + 'static {
     ///
     /// # Errors
     /// [`StoreError`] when the store failed.
-    fn get(&self, key: &ScopedKey) -> impl Future<Output = Result<Option<Record>, StoreError>> + Send;
+    fn get(
+        &self,
+        key: &ScopedKey,
+    ) -> impl Future<Output = Result<Option<Record>, StoreError>> + Send;
 
     /// Lists live records, oldest first.
     ///
     /// # Errors
     /// [`StoreError`] when the store failed.
-    fn list(&self, filter: &ListFilter) -> impl Future<Output = Result<Vec<Record>, StoreError>> + Send;
+    fn list(
+        &self,
+        filter: &ListFilter,
+    ) -> impl Future<Output = Result<Vec<Record>, StoreError>> + Send;
 
     /// Settles an unknown record, or a processing one whose lease has expired.
     ///
@@ -269,7 +281,10 @@ pub trait Store: Send + Sync + 'static {
 }
 
 impl<S: Store> Store for Arc<S> {
-    fn claim(&self, req: &ClaimRequest) -> impl Future<Output = Result<ClaimOutcome, StoreError>> + Send {
+    fn claim(
+        &self,
+        req: &ClaimRequest,
+    ) -> impl Future<Output = Result<ClaimOutcome, StoreError>> + Send {
         (**self).claim(req)
     }
     fn renew(
@@ -300,10 +315,16 @@ impl<S: Store> Store for Arc<S> {
     ) -> impl Future<Output = Result<SettleOutcome, StoreError>> + Send {
         (**self).release(key, owner, fence, kind)
     }
-    fn get(&self, key: &ScopedKey) -> impl Future<Output = Result<Option<Record>, StoreError>> + Send {
+    fn get(
+        &self,
+        key: &ScopedKey,
+    ) -> impl Future<Output = Result<Option<Record>, StoreError>> + Send {
         (**self).get(key)
     }
-    fn list(&self, filter: &ListFilter) -> impl Future<Output = Result<Vec<Record>, StoreError>> + Send {
+    fn list(
+        &self,
+        filter: &ListFilter,
+    ) -> impl Future<Output = Result<Vec<Record>, StoreError>> + Send {
         (**self).list(filter)
     }
     fn resolve(
