@@ -136,6 +136,15 @@ impl Inner {
             Change::Remove => self.remove(key),
             Change::Put(record) => {
                 self.fence_high = self.fence_high.max(record.fence);
+                // A record created anew over an expired one is young: it takes a new place in
+                // age order (for list and eviction) instead of inheriting the old one's.
+                if self
+                    .records
+                    .get(key)
+                    .is_some_and(|e| e.record.created_at != record.created_at)
+                {
+                    self.remove(key);
+                }
                 if let Some(entry) = self.records.get_mut(key) {
                     if entry.record.expires_at != record.expires_at {
                         self.by_expiry.remove(&(entry.record.expires_at, entry.seq));
@@ -301,10 +310,11 @@ impl Store for MemoryStore {
             .filter_map(|k| inner.records.get(k))
             .map(|e| &e.record)
             .filter(|r| decide::matches_filter(now, r, filter))
-            .take(filter.effective_limit())
             .cloned()
             .collect();
+        // Sort before limiting, so the limit keeps the oldest records.
         found.sort_by_key(|r| r.created_at);
+        found.truncate(filter.effective_limit());
         ready(Ok(found))
     }
 
@@ -324,5 +334,66 @@ impl Store for MemoryStore {
         let existed = decide::live(now, inner.records.get(key).map(|e| &e.record)).is_some();
         inner.remove(key);
         ready(Ok(existed))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::clock::ManualClock;
+    use crate::fingerprint::Fingerprint;
+    use crate::key::{Key, Scope};
+    use crate::record::TakeoverPolicy;
+
+    fn key(name: &str) -> ScopedKey {
+        ScopedKey::new(Scope::new("mem").expect("ns"), Key::new(name).expect("key"))
+    }
+
+    async fn claim_and_complete(store: &MemoryStore, name: &str, ttl: Duration) {
+        let req = ClaimRequest {
+            key: key(name),
+            fingerprint: Fingerprint::of_bytes(1, b"x"),
+            owner: OwnerId::random(),
+            lease: Duration::from_secs(1),
+            ttl,
+            takeover: TakeoverPolicy::Reexecute,
+            request_id: None,
+        };
+        let ClaimOutcome::Claimed { lease, .. } = store.claim(&req).await.expect("claim") else {
+            panic!("{name} not claimed");
+        };
+        let done = store
+            .complete(
+                &req.key,
+                lease.owner,
+                lease.fence,
+                &StoredResponse::new(200, ""),
+                ttl,
+            )
+            .await
+            .expect("complete");
+        assert_eq!(done, SettleOutcome::Settled);
+    }
+
+    // Bug guarded: a key claimed again over its expired (unswept) record kept the old
+    // record's place in age order, so eviction dropped it as "oldest" while it was the newest.
+    #[tokio::test]
+    async fn a_reclaimed_key_is_young_for_eviction() {
+        let clock = ManualClock::new(Timestamp(1_000_000));
+        let store = MemoryStore::with_clock(2, clock.clone());
+        claim_and_complete(&store, "a", Duration::from_secs(5)).await;
+        claim_and_complete(&store, "b", Duration::from_secs(100)).await;
+        clock.advance(Duration::from_secs(10));
+        // "a" expired but is still held in memory; claimed again it is the newest record.
+        claim_and_complete(&store, "a", Duration::from_secs(100)).await;
+        claim_and_complete(&store, "c", Duration::from_secs(100)).await;
+        assert!(
+            store.get(&key("a")).await.expect("get").is_some(),
+            "the newest record was evicted"
+        );
+        assert!(
+            store.get(&key("b")).await.expect("get").is_none(),
+            "the oldest record should go"
+        );
     }
 }
