@@ -94,6 +94,7 @@ macro_rules! conformance_tests {
             list_filters_by_namespace_and_principal,
             list_filters_by_state,
             list_oldest_first_with_limit_and_age,
+            list_orders_reclaimed_key_by_new_age,
             request_id_kept_on_record,
             race_one_claim_wins,
             race_one_takeover_wins,

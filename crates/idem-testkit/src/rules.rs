@@ -44,6 +44,7 @@ pub const ALL: &[&str] = &[
     "list_filters_by_namespace_and_principal",
     "list_filters_by_state",
     "list_oldest_first_with_limit_and_age",
+    "list_orders_reclaimed_key_by_new_age",
     "request_id_kept_on_record",
     "race_one_claim_wins",
     "race_one_takeover_wins",
@@ -1107,6 +1108,46 @@ pub async fn list_oldest_first_with_limit_and_age<H: Harness>(h: &H) {
         ..c.in_ns()
     };
     assert_eq!(listed(all).await, order);
+}
+
+/// A key claimed again after its record expired is as young as that new claim: `list` orders
+/// and limits it by the new `created_at`, not by when the key was first seen.
+pub async fn list_orders_reclaimed_key_by_new_age<H: Harness>(h: &H) {
+    let c = Ctx::new(h, "list-reclaimed").await;
+    let short = c.lease * 2;
+    let first = c.key("first");
+    let mut req = c.req(&first, fp(1));
+    req.ttl = short;
+    let a = c.claimed_with(&req).await;
+    assert_eq!(
+        c.complete_ttl(
+            &first,
+            a.owner,
+            a.fence,
+            &StoredResponse::new(200, "a"),
+            short
+        )
+        .await,
+        SettleOutcome::Settled
+    );
+    c.advance(c.lease).await;
+    let second = c.key("second");
+    c.claimed(&second).await;
+    c.advance(short).await;
+    // `first` expired a lease ago; claimed again it is now the youngest record.
+    c.claimed(&first).await;
+    let listed = |limit: usize| {
+        let c = &c;
+        async move {
+            c.list(&ListFilter { limit, ..c.in_ns() })
+                .await
+                .into_iter()
+                .map(|r| r.key.key.as_str().to_owned())
+                .collect::<Vec<_>>()
+        }
+    };
+    assert_eq!(listed(0).await, ["second", "first"], "oldest first");
+    assert_eq!(listed(1).await, ["second"], "limit keeps the oldest");
 }
 
 /// The claim's request id is kept on the record through completion and unknown release.
