@@ -176,10 +176,9 @@ impl Store for BrokenStore {
                 let inner = self.lock();
                 (inner.get(&req.key).cloned(), inner.fence_high + 1)
             };
-            // The await point between read and write: other claims run here.
-            for _ in 0..4 {
-                tokio::task::yield_now().await;
-            }
+            // The await point between read and write (a round trip, in a real store): other
+            // claims run here.
+            tokio::time::sleep(Duration::from_millis(5)).await;
             let t = self.decide_claim(self.clock.now(), previous.as_ref(), req, floor);
             self.lock().write(&req.key, t.change);
             return Ok(t.outcome);
