@@ -128,10 +128,12 @@ pub enum Op {
         /// Which key.
         key: u8,
     },
-    /// List the case's namespace, optionally by state.
+    /// List the case's namespace, optionally by state, optionally limited.
     List {
         /// State filter.
         state: Option<StateKind>,
+        /// The filter's limit (0: the default).
+        limit: u8,
     },
     /// Let time pass.
     Advance {
@@ -168,12 +170,15 @@ pub fn op(time_travel: bool) -> impl Strategy<Value = Op> {
         2 => (0..KEYS, proptest::option::of((0..RESPONSES, ttl))).prop_map(|(key, complete)| Op::Resolve { key, complete }),
         1 => (0..KEYS).prop_map(|key| Op::Delete { key }),
         2 => (0..KEYS).prop_map(|key| Op::Get { key }),
-        1 => proptest::option::of(prop_oneof![
-            Just(StateKind::Processing),
-            Just(StateKind::Completed),
-            Just(StateKind::Unknown)
-        ])
-        .prop_map(|state| Op::List { state }),
+        2 => (
+            proptest::option::of(prop_oneof![
+                Just(StateKind::Processing),
+                Just(StateKind::Completed),
+                Just(StateKind::Unknown)
+            ]),
+            prop_oneof![2 => Just(0u8), 1 => 1u8..=2],
+        )
+            .prop_map(|(state, limit)| Op::List { state, limit }),
         advance_weight => (1..=max_steps).prop_map(|steps| Op::Advance { steps }),
     ]
 }
@@ -861,9 +866,9 @@ impl<'h, H: Harness> Case<'h, H> {
                 self.hit("get");
                 self.compare(key).await?;
             }
-            Op::List { state } => {
-                self.hit("list");
-                self.compare_list(state).await?;
+            Op::List { state, limit } => {
+                self.hit(if limit == 0 { "list" } else { "list: limited" });
+                self.compare_list(state, limit).await?;
             }
             Op::Advance { steps } => {
                 self.h.advance(self.steps(steps.into())).await;
@@ -943,10 +948,11 @@ impl<'h, H: Harness> Case<'h, H> {
         Ok(())
     }
 
-    async fn compare_list(&mut self, state: Option<StateKind>) -> Checked {
+    async fn compare_list(&mut self, state: Option<StateKind>, limit: u8) -> Checked {
         let filter = ListFilter {
             namespace: Some(self.ns.clone()),
             state,
+            limit: usize::from(limit),
             ..ListFilter::default()
         };
         let got = match self.store.list(&filter).await {
@@ -972,9 +978,27 @@ impl<'h, H: Harness> Case<'h, H> {
             };
             self.compare_record(k, rec, &w)?;
         }
+        if limit == 0 || want.len() <= usize::from(limit) {
+            ensure!(
+                seen == want,
+                "list {state:?}: store lists {seen:?}, model {want:?}"
+            );
+            return Ok(());
+        }
+        // Limited: the `limit` oldest (ties in model time may go either way).
         ensure!(
-            seen == want,
-            "list {state:?}: store lists {seen:?}, model {want:?}"
+            seen.len() == usize::from(limit),
+            "list {state:?} limit {limit}: store lists {seen:?} of {want:?}"
+        );
+        let created = |m: &mut Model, k: u8| m.live(k).map_or(0, |r| r.created);
+        let newest_listed = seen.iter().map(|&k| created(&mut self.model, k)).max();
+        let oldest_left = want
+            .difference(&seen)
+            .map(|&k| created(&mut self.model, k))
+            .min();
+        ensure!(
+            newest_listed <= oldest_left,
+            "list {state:?} limit {limit}: store lists {seen:?}, not the oldest of {want:?}"
         );
         Ok(())
     }
@@ -1065,7 +1089,7 @@ async fn run_judged<H: Harness>(
         }
     }
     if result.is_ok() {
-        result = case.compare_list(None).await;
+        result = case.compare_list(None, 0).await;
     }
     let result = result.map_err(|e| {
         let e = format!("{e}\noperations:{}", case.log);
@@ -1109,6 +1133,7 @@ pub const BRANCHES: &[&str] = &[
     "delete: absent",
     "get",
     "list",
+    "list: limited",
 ];
 
 fn claim_branch(want: &ModelClaim, pre: Option<&ModelRecord>, now: u64) -> &'static str {
