@@ -89,6 +89,7 @@ pub(crate) const COLUMNS: &str = "namespace, principal, idem_key, fingerprint, f
      response, state_at, request_id, created_at, expires_at, verdict";
 
 /// How many columns [`COLUMNS`] names.
+#[cfg_attr(not(any(feature = "sqlite", feature = "mysql")), allow(dead_code))]
 pub(crate) const COLUMN_COUNT: usize = 14;
 
 /// Replaces `{t}` in a statement template with the table name.
