@@ -164,7 +164,7 @@ async fn killed_under_load_fails_fast_and_never_runs_unclaimed() {
         .await
         .expect("kill");
     down.store(true, Ordering::SeqCst);
-    tokio::time::sleep(Duration::from_millis(700)).await;
+    tokio::time::sleep(Duration::from_millis(1000)).await;
     stop.store(true, Ordering::SeqCst);
     let (mut ok, mut outage_errors) = (0, 0);
     for w in workers {
