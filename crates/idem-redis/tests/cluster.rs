@@ -58,3 +58,55 @@ async fn records_spread_over_masters_and_list_sees_them_all() {
         .expect("list");
     assert_eq!(listed.len(), 60);
 }
+
+/// Durability mode on a cluster: `WAIT` runs on the master that owns the key's slot; this
+/// cluster has no replicas, so the claim is uncertain and given back.
+#[tokio::test]
+async fn durability_wait_runs_on_the_keys_master() {
+    use idem_core::store::ClaimRequest;
+    use idem_core::{
+        Fingerprint, Key, OwnerId, Scope, ScopedKey, Store, StoreError, TakeoverPolicy,
+    };
+    use std::time::Duration;
+
+    if common::RedisHarness::cluster().await.is_none() {
+        return;
+    }
+    let url = common::Cluster::shared().url();
+    let config = idem_redis::RedisConfig::from_url(&url)
+        .and_then(|c| c.prefix(common::unique_prefix()))
+        .and_then(|c| c.durability(1, Duration::from_millis(50)))
+        .expect("config");
+    let store = idem_redis::RedisStore::connect(config)
+        .await
+        .expect("connect");
+    let key = ScopedKey::new(
+        Scope::new("cluster.durable").expect("ns"),
+        Key::new("k").expect("key"),
+    );
+    let req = ClaimRequest {
+        key: key.clone(),
+        fingerprint: Fingerprint::of_bytes(1, b"x"),
+        owner: OwnerId::random(),
+        lease: Duration::from_secs(30),
+        ttl: Duration::from_secs(60),
+        takeover: TakeoverPolicy::Reexecute,
+        request_id: None,
+    };
+    let result = store.claim(&req).await;
+    assert!(
+        matches!(
+            result,
+            Err(StoreError::Uncertain {
+                acked: 0,
+                wanted: 1
+            })
+        ),
+        "got {result:?}"
+    );
+    assert_eq!(
+        store.get(&key).await.expect("get"),
+        None,
+        "the uncertain claim was given back"
+    );
+}
