@@ -465,9 +465,9 @@ async fn a_client_that_disconnects_does_not_cancel_the_handler() {
     assert!(retry.replayed(), "{retry:?}");
     assert_eq!(retry.json()["execution"], 1);
     assert_eq!(hits.started(), 1);
-    // Regression guard (checked by swapping `tokio::spawn` for an inline await in
-    // `protect`): without the spawned task the abort cancels the handler, which never
-    // finishes, and this test fails at the timeout above.
+    // Regression guard (checked by building `ResponseFuture` with `detach_on_drop: false`):
+    // without the hand-off to a spawned task on drop, the abort cancels the handler, which
+    // never finishes, and this test fails at the timeout above.
 }
 
 #[tokio::test]

@@ -124,7 +124,7 @@ where
             let fut = inner.call(Request::from_parts(parts, body));
             return ResponseFuture::new(async move { Ok(fut.await?.map(ResponseBody::inner)) });
         };
-        ResponseFuture::new(protect(shared, inner, parts, body, found))
+        ResponseFuture::detached_on_drop(protect(shared, inner, parts, body, found))
     }
 }
 
@@ -177,8 +177,7 @@ where
         Err(_) => return Ok(error::body_unreadable(&found.key).into_response()),
     };
     let fingerprint = config.fingerprint.fingerprint(&parts, &bytes);
-    let key = found.key.clone();
-    let scoped = ScopedKey::new(config.scope_for(principal), key.clone());
+    let scoped = ScopedKey::new(config.scope_for(principal), found.key.clone());
     let request_id = parts
         .headers
         .get(X_REQUEST_ID)
@@ -186,28 +185,18 @@ where
         .map(str::to_owned);
     let req = Request::from_parts(parts, ReqB::from(bytes));
 
-    // The run lives in its own task so that dropping this future (client gone) neither
-    // cancels the handler nor loses its result.
-    let task_shared = Arc::clone(&shared);
-    let task = tokio::spawn(async move {
-        let shared = task_shared;
-        let run = run(
-            &shared,
-            &scoped,
-            &fingerprint,
-            request_id.as_deref(),
-            move |req| inner.call(req),
-            req,
-        );
-        answer(&shared.config, &found, run.await)
-    });
-    match task.await {
-        Ok(result) => result,
-        Err(join) => {
-            tracing::error!(error = %join, "idempotency task failed");
-            Ok(error::internal(&key).into_response())
-        }
-    }
+    // Dropping this future mid-run hands the rest to a spawned task (see `ResponseFuture`),
+    // so a client that goes away neither cancels the handler nor loses its result.
+    let outcome = run(
+        &shared,
+        &scoped,
+        &fingerprint,
+        request_id.as_deref(),
+        move |req| inner.call(req),
+        req,
+    )
+    .await;
+    answer(&shared.config, &found, outcome)
 }
 
 async fn run<St, F, Fut, ReqB, ResB, E>(
@@ -283,7 +272,8 @@ where
             stored,
         );
     }
-    let mut buf = BytesMut::new();
+    // A single-chunk body (the usual case) is kept without copying.
+    let mut chunks = Chunks::default();
     while let Some(frame) = body.frame().await {
         let frame = match frame {
             Ok(frame) => frame,
@@ -299,21 +289,20 @@ where
         let Ok(data) = frame.into_data() else {
             continue;
         }; // trailers are not kept
-        if buf.len() + data.len() > budget {
+        chunks.push(data);
+        if chunks.len > budget {
             // Larger than the cap: this client gets all of it, the record only the head.
-            buf.extend_from_slice(&data);
             let stored = omitted(head.status.as_u16(), stored_headers);
             return Settlement::complete(
                 Ok(Response::from_parts(
                     head,
-                    ResponseBody::prefixed(buf.freeze(), body),
+                    ResponseBody::prefixed(chunks.into_bytes(), body),
                 )),
                 stored,
             );
         }
-        buf.extend_from_slice(&data);
     }
-    let bytes = buf.freeze();
+    let bytes = chunks.into_bytes();
     let stored = StoredResponse {
         status: head.status.as_u16(),
         headers: stored_headers,
@@ -324,6 +313,34 @@ where
         Ok(Response::from_parts(head, ResponseBody::full(bytes))),
         stored,
     )
+}
+
+#[derive(Default)]
+struct Chunks {
+    first: Option<Bytes>,
+    rest: BytesMut,
+    len: usize,
+}
+
+impl Chunks {
+    fn push(&mut self, data: Bytes) {
+        self.len += data.len();
+        if self.first.is_none() && self.rest.is_empty() {
+            self.first = Some(data);
+            return;
+        }
+        if let Some(first) = self.first.take() {
+            self.rest.extend_from_slice(&first);
+        }
+        self.rest.extend_from_slice(&data);
+    }
+
+    fn into_bytes(self) -> Bytes {
+        match self.first {
+            Some(first) => first,
+            None => self.rest.freeze(),
+        }
+    }
 }
 
 fn omitted(status: u16, headers: Vec<(String, Bytes)>) -> StoredResponse {

@@ -1,0 +1,81 @@
+//! In-process cost per request: the same trivial axum handler called through `oneshot`
+//! with and without the layer (no sockets), interleaved in rounds so load drift hits both.
+//!
+//! `cargo run --release -p idem-http --example bench_inproc [requests-per-round] [rounds]`
+
+use std::time::{Duration, Instant};
+
+use axum::Router;
+use axum::body::Body;
+use axum::http::Request;
+use axum::routing::post;
+use bytes::Bytes;
+use http_body_util::BodyExt;
+use idem_core::{Engine, MemoryStore, Policy};
+use idem_http::{IdempotencyConfig, IdempotencyLayer};
+use tower::ServiceExt;
+
+const BODY: &str = r#"{"amount_cents":1250,"currency":"EUR","note":"bench"}"#;
+
+async fn trivial(body: Bytes) -> ([(&'static str, &'static str); 1], String) {
+    (
+        [("content-type", "application/json")],
+        format!("{{\"ok\":true,\"len\":{}}}", body.len()),
+    )
+}
+
+async fn drive(
+    app: &Router,
+    path: &str,
+    key: impl Fn(usize) -> Option<String>,
+    n: usize,
+) -> Duration {
+    let t0 = Instant::now();
+    for i in 0..n {
+        let mut req = Request::post(path).header("content-type", "application/json");
+        if let Some(k) = key(i) {
+            req = req.header("idempotency-key", k);
+        }
+        let res = app
+            .clone()
+            .oneshot(req.body(Body::from(BODY)).expect("request"))
+            .await
+            .expect("infallible");
+        assert_eq!(res.status(), 200);
+        let _ = res.into_body().collect().await.expect("body");
+    }
+    t0.elapsed() / n as u32
+}
+
+#[tokio::main(flavor = "current_thread")]
+async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let mut args = std::env::args().skip(1);
+    let n: usize = args
+        .next()
+        .map(|a| a.parse())
+        .transpose()?
+        .unwrap_or(20_000);
+    let rounds: usize = args.next().map(|a| a.parse()).transpose()?.unwrap_or(5);
+    let engine = Engine::new(MemoryStore::new(4_000_000), Policy::default())?;
+    let layer = IdempotencyLayer::new(&engine, IdempotencyConfig::new("bench")?);
+    let app = Router::new()
+        .route("/plain", post(trivial))
+        .route("/idem", post(trivial).layer(layer));
+    drive(&app, "/plain", |_| None, n).await;
+    drive(&app, "/idem", |_| Some("warm".into()), n).await;
+    println!("round plain_ns unique_ns replay_ns unique_ratio replay_ratio");
+    let mut offset = 0;
+    for r in 0..rounds {
+        let plain = drive(&app, "/plain", |_| None, n).await;
+        let unique = drive(&app, "/idem", |i| Some(format!("u-{}", offset + i)), n).await;
+        offset += n;
+        let replay = drive(&app, "/idem", |_| Some("warm".into()), n).await;
+        let (p, u, rp) = (
+            plain.as_nanos() as f64,
+            unique.as_nanos() as f64,
+            replay.as_nanos() as f64,
+        );
+        println!("{r} {p:.0} {u:.0} {rp:.0} {:.2} {:.2}", u / p, rp / p);
+    }
+    Ok(())
+}

@@ -1,0 +1,35 @@
+//! Throughput bench target: the same trivial handler with and without the layer.
+//!
+//! `POST /plain` (no layer) and `POST /idem` (layer over `MemoryStore`). Driven by `wrk`
+//! from `bench/run.sh`; see docs/BENCHMARKS.md.
+
+use std::net::SocketAddr;
+
+use axum::Router;
+use axum::routing::post;
+use bytes::Bytes;
+use idem_core::{Engine, MemoryStore, Policy};
+use idem_http::{IdempotencyConfig, IdempotencyLayer};
+
+async fn trivial(body: Bytes) -> ([(&'static str, &'static str); 1], String) {
+    (
+        [("content-type", "application/json")],
+        format!("{{\"ok\":true,\"len\":{}}}", body.len()),
+    )
+}
+
+#[tokio::main]
+async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let addr: SocketAddr = std::env::var("BENCH_ADDR")
+        .unwrap_or_else(|_| "127.0.0.1:3999".into())
+        .parse()?;
+    let engine = Engine::new(MemoryStore::new(4_000_000), Policy::default())?;
+    let layer = IdempotencyLayer::new(&engine, IdempotencyConfig::new("bench")?);
+    let app = Router::new()
+        .route("/plain", post(trivial))
+        .route("/idem", post(trivial).layer(layer));
+    let listener = tokio::net::TcpListener::bind(addr).await?;
+    eprintln!("bench server on {}", listener.local_addr()?);
+    axum::serve(listener, app).await?;
+    Ok(())
+}
