@@ -441,6 +441,9 @@ impl<S: Store> Engine<S> {
                 Ok(SettleOutcome::Settled) => return Settled::Stored,
                 Ok(_) => return Settled::Fenced,
                 // The effect happened: try a little harder to record it before giving up.
+                // The write landed but too few replicas acknowledged it: retrying would only
+                // meet the completed record and report a false `Fenced`.
+                Err(e @ StoreError::Uncertain { .. }) => return Settled::Failed(e),
                 Err(e) if attempt >= 2 => return Settled::Failed(e),
                 Err(e) => {
                     tracing::warn!(key = %key, error = %e, attempt, "complete failed; retrying");
