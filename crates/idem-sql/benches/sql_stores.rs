@@ -16,8 +16,6 @@ use idem_core::{
 };
 use idem_sql::{MySqlStore, PgStore, SqliteStore};
 
-const REPLAY_KEYS: u64 = 256;
-
 fn req(ns: &str, i: u64) -> ClaimRequest {
     ClaimRequest {
         key: ScopedKey::new(
@@ -82,9 +80,15 @@ async fn first_request<S: Store + Clone>(
     .await
 }
 
-async fn replay<S: Store + Clone>(store: &S, ns: &'static str, c: usize, secs: Duration) -> f64 {
+async fn replay<S: Store + Clone>(
+    store: &S,
+    ns: &'static str,
+    c: usize,
+    secs: Duration,
+    keys: u64,
+) -> f64 {
     let response = StoredResponse::new(200, vec![b'x'; 200]);
-    for i in 0..REPLAY_KEYS {
+    for i in 0..keys {
         let r = req(ns, i);
         if let ClaimOutcome::Claimed { lease, .. } = store.claim(&r).await.expect("claim") {
             store
@@ -97,7 +101,7 @@ async fn replay<S: Store + Clone>(store: &S, ns: &'static str, c: usize, secs: D
     rate(c, secs, move |i| {
         let store = store.clone();
         async move {
-            let r = req(ns, i % REPLAY_KEYS);
+            let r = req(ns, i % keys);
             assert!(matches!(
                 store.claim(&r).await.expect("claim"),
                 ClaimOutcome::Done { .. }
@@ -136,12 +140,17 @@ fn table(rows: &[Row]) {
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
-    let secs = Duration::from_secs(
-        std::env::var("IDEM_BENCH_SECS")
-            .ok()
-            .and_then(|s| s.parse().ok())
-            .unwrap_or(2),
-    );
+    // `cargo bench` passes `--bench`; under `cargo test --all-targets` this is a quick smoke run.
+    let measuring = std::env::args().any(|a| a == "--bench");
+    let secs = match std::env::var("IDEM_BENCH_SECS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+    {
+        Some(s) => Duration::from_secs(s),
+        None if measuring => Duration::from_secs(2),
+        None => Duration::from_millis(50),
+    };
+    let keys: u64 = if measuring { 256 } else { 16 };
     let run = format!("{:08x}", OwnerId::random().0 as u32);
     let mut rows = Vec::new();
 
@@ -176,7 +185,7 @@ async fn main() {
                 .await;
                 let ns: &'static str = if c == 1 { "pg1" } else { "pg16" };
                 let first = first_request(&store, ns, c, secs).await;
-                let replay = replay(&store, ns, c, secs).await;
+                let replay = replay(&store, ns, c, secs, keys).await;
                 rows.push(Row {
                     backend: "PostgreSQL",
                     c,
@@ -227,7 +236,7 @@ async fn main() {
                 .await;
                 let ns: &'static str = if c == 1 { "my1" } else { "my16" };
                 let first = first_request(&store, ns, c, secs).await;
-                let replay = replay(&store, ns, c, secs).await;
+                let replay = replay(&store, ns, c, secs, keys).await;
                 rows.push(Row {
                     backend: "MariaDB",
                     c,
@@ -271,7 +280,7 @@ async fn main() {
         .await;
         let ns: &'static str = if c == 1 { "lite1" } else { "lite16" };
         let first = first_request(&store, ns, c, secs).await;
-        let replay = replay(&store, ns, c, secs).await;
+        let replay = replay(&store, ns, c, secs, keys).await;
         rows.push(Row {
             backend: "SQLite (file, WAL)",
             c,
