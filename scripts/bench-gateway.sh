@@ -31,16 +31,16 @@ cleanup() {
 trap cleanup EXIT
 
 # Starts a process whose stdout announces "... on http://ADDR" or "... listening on http://ADDR";
-# echoes ADDR once it is up.
+# sets ADDR once it is up. Runs in this shell (not a subshell) so PIDS keeps the pid.
 start() {
   local name=$1; shift
   "$@" >"$WORK/$name.out" 2>"$WORK/$name.err" &
   PIDS+=($!)
+  ADDR=
   for _ in $(seq 1 200); do
-    local addr
-    addr=$(grep -oE '(idem listening|sample upstream) on http://[0-9.:]+' "$WORK/$name.out" | head -1 | sed 's|.*http://||' || true)
-    if [ -n "$addr" ]; then echo "$addr"; return 0; fi
-    if ! kill -0 "${PIDS[-1]}" 2>/dev/null; then cat "$WORK/$name.err" >&2; return 1; fi
+    ADDR=$(grep -oE '(idem listening|sample upstream) on http://[0-9.:]+' "$WORK/$name.out" | head -1 | sed 's|.*http://||' || true)
+    if [ -n "$ADDR" ]; then return 0; fi
+    if ! kill -0 "${PIDS[-1]}" 2>/dev/null; then cat "$WORK/$name.err" >&2; unset 'PIDS[-1]'; return 1; fi
     sleep 0.05
   done
   echo "$name did not start" >&2; return 1
@@ -53,7 +53,8 @@ stop_last() {
   unset 'PIDS[-1]'
 }
 
-UP=$(start upstream "$BIN" sample-upstream --listen 127.0.0.1:0)
+start upstream "$BIN" sample-upstream --listen 127.0.0.1:0
+UP=$ADDR
 echo "sample upstream on $UP" >&2
 
 RUN_TAG=$(date +%s)
@@ -88,7 +89,8 @@ level = "warn"
 idempotency = $idem
 namespace = "bench"
 EOF
-  GW=$(start "gw-$label" "$BIN" serve --config "$WORK/gw.toml" --listen 127.0.0.1:0) || return 1
+  start "gw-$label" "$BIN" serve --config "$WORK/gw.toml" --listen 127.0.0.1:0 || return 1
+  GW=$ADDR
   echo "$label gateway on $GW" >&2
 }
 

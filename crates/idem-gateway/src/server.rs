@@ -41,6 +41,18 @@ pub async fn run(settings: Settings, metrics: Option<PrometheusHandle>) -> anyho
     .await
     .with_context(|| format!("cannot open store {}", settings.store))?;
     let store = MeteredStore::new(backend);
+    if let Some(handle) = &metrics {
+        // Histograms keep raw samples until upkeep folds them into buckets: without it,
+        // memory grows with every request between scrapes.
+        let handle = handle.clone();
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_secs(5));
+            loop {
+                tick.tick().await;
+                handle.run_upkeep();
+            }
+        });
+    }
 
     let mut upstream = settings.upstream.clone();
     if settings.demo_upstream {
