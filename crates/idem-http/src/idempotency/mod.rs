@@ -5,13 +5,18 @@
 //!
 //! 1. parse the key (400 if malformed, doubled or a list; 400 if missing on a required route),
 //!    find the principal (part of the scope), buffer the body up to the cap (413), fingerprint;
-//! 2. in a **spawned task**, [`Engine::run_traced`]: claim, call the inner service, then keep the
+//! 2. [`Engine::run_traced`]: claim, call the inner service, then keep the
 //!    response for replay or release the claim as [`StorePolicy`](crate::StorePolicy) says;
 //! 3. answer: the handler's response, a replay (`Idempotent-Replayed: true`, key echoed), or a
-//!    problem (see [`error`](self) for the table of statuses).
+//!    RFC 9457 problem (the table of statuses and `type` URIs is in `docs/http.md`).
 //!
-//! The task owns the run, so a client that disconnects mid-handler does not cancel it: the
-//! result is still recorded and no lease is orphaned.
+//! If the client disconnects mid-handler, the rest of the run moves to a spawned task (see
+//! [`ResponseFuture`]): the handler is not cancelled, its result is still recorded, and no
+//! lease is orphaned.
+//!
+//! Response bodies must be `Unpin` (axum's `Body`, hyper's `Incoming`, `Full` and boxed
+//! bodies are). On a plain hyper server, wrap the request body in
+//! [`RequestBody`](crate::RequestBody) so the layer can rebuild it after buffering.
 //!
 //! ```
 //! use axum::{Router, routing::post};
