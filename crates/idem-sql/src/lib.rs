@@ -11,6 +11,8 @@
 //!   unique-violation classifier, an insert-once helper, guarded state transitions and an
 //!   optimistic lock.
 //!
+//! The guide `docs/sql-stores.md` shows the schema and each dialect's statements.
+//!
 //! # Fences survive expiry
 //! Expired rows are kept as tombstones (a released or deleted record is made to expire now)
 //! until the reaper deletes them, and a claim's fence is `max(previous + 1, clock in
@@ -86,6 +88,7 @@ pub enum TxOutcome<T> {
 }
 
 impl<T> TxOutcome<T> {
+    /// The answer for a claim that was not won (`run_in_tx` handles `Claimed` itself).
     #[cfg_attr(
         not(any(feature = "postgres", feature = "mysql", feature = "sqlite")),
         allow(dead_code)
