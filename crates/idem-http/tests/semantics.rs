@@ -510,3 +510,72 @@ async fn status_endpoint_reports_processing_and_absent() {
             && done.json()["expires_at"].as_u64().is_some()
     );
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_handler_past_its_timeout_gets_504_and_is_released() {
+    let engine = engine();
+    let hits = Arc::new(Hits::default());
+    let policy = Policy::builder()
+        .handler_timeout(Duration::from_millis(100))
+        .lease(Duration::from_secs(16))
+        .build()
+        .expect("policy");
+    let router = common::app_with(&engine, Arc::clone(&hits), move |c| {
+        c.policy(policy.clone())
+    });
+    // The gate is never opened: the handler hangs until the engine's timeout cancels it
+    // (the paused clock jumps straight to it).
+    let got = send(&router, post_req("/gated", Some("slow"), None, "{}")).await;
+    assert_eq!(got.status, StatusCode::GATEWAY_TIMEOUT);
+    assert_eq!(
+        got.problem_type(),
+        "https://idem.dev/problems/handler-timeout"
+    );
+    let status = send(
+        &router,
+        Request::get("/idempotency/slow")
+            .body(Body::empty())
+            .expect("request"),
+    )
+    .await;
+    assert_eq!(
+        status.json()["state"],
+        "absent",
+        "released under the default re-execute takeover"
+    );
+    assert_eq!(hits.started(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_endpoint_reports_a_key_in_flight() {
+    let engine = engine();
+    let hits = Arc::new(Hits::default());
+    let router = app(&engine, Arc::clone(&hits));
+    let started = hits.on_start.notified();
+    let first = {
+        let router = router.clone();
+        tokio::spawn(
+            async move { send(&router, post_req("/gated", Some("busy"), None, "{}")).await },
+        )
+    };
+    started.await;
+    let query = || {
+        Request::get("/idempotency-gated/busy")
+            .body(Body::empty())
+            .expect("request")
+    };
+    let during = send(&router, query()).await;
+    assert_eq!(during.status, StatusCode::OK, "{during:?}");
+    assert_eq!(during.json()["state"], "processing");
+    assert!(during.json()["lease_until"].as_u64() > during.json()["created_at"].as_u64());
+    hits.gate.notify_waiters();
+    assert_eq!(first.await.expect("task").status, StatusCode::CREATED);
+    let after = send(&router, query()).await;
+    assert_eq!(
+        (
+            after.json()["state"].as_str(),
+            after.json()["status"].as_u64()
+        ),
+        (Some("completed"), Some(201))
+    );
+}

@@ -175,6 +175,10 @@ pub fn app_with<S: Store>(
             "/idempotency/{key}",
             layer("test.respond").status_service("/idempotency"),
         )
+        .route_service(
+            "/idempotency-gated/{key}",
+            layer("test.gated").status_service("/idempotency-gated"),
+        )
         .with_state(hits)
 }
 
