@@ -1,6 +1,6 @@
 //! Several gateway processes on one shared store behave as one; crashes, store outages and
-//! shutdown deadlines leave no lease behind. Needs Redis and PostgreSQL on their standard
-//! local ports (a missing one fails under CI, and skips loudly otherwise).
+//! shutdown deadlines leave no lease behind. Needs Redis, PostgreSQL and MariaDB on their
+//! standard local ports (a missing one fails under CI, and skips loudly otherwise).
 
 mod common;
 
@@ -13,6 +13,8 @@ use http::{Method, StatusCode};
 const REDIS: &str = "127.0.0.1:6379";
 const POSTGRES: &str = "127.0.0.1:5432";
 const PG_URL: &str = "postgres://postgres@127.0.0.1:5432/test";
+const MYSQL: &str = "127.0.0.1:3306";
+const MYSQL_URL: &str = "mysql://root@127.0.0.1:3306/test";
 
 async fn service_up(addr: &str, name: &str) -> bool {
     if reachable(addr).await {
@@ -122,6 +124,31 @@ async fn two_gateways_sharing_postgres_run_one_of_200() {
     );
     two_gateways_one_execution(PG_URL, &format!("store_table = \"{table}\"")).await;
     drop_pg_table(&table);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_gateways_sharing_mariadb_run_one_of_200() {
+    if !service_up(MYSQL, "MariaDB/MySQL").await {
+        return;
+    }
+    let table = format!(
+        "idem_gw_{}",
+        &uuid::Uuid::now_v7().simple().to_string()[20..]
+    );
+    two_gateways_one_execution(MYSQL_URL, &format!("store_table = \"{table}\"")).await;
+    let _ = Command::new("mysql")
+        .args([
+            "-h",
+            "127.0.0.1",
+            "-u",
+            "root",
+            "test",
+            "-e",
+            &format!("DROP TABLE IF EXISTS {table}"),
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status();
 }
 
 fn drop_pg_table(table: &str) {
