@@ -11,11 +11,11 @@ use idem_testkit::{Harness, sleep_for};
 use sqlx::Connection as _;
 
 /// Lease used against real servers: long enough for a few round trips on a loaded 2-core box.
-pub const LEASE: Duration = Duration::from_millis(400);
+pub const LEASE: Duration = Duration::from_millis(600);
 
 /// The model test's time step: its tolerance is half a step, which must cover a case's round
 /// trips on a busy machine.
-pub const MODEL_STEP: Duration = Duration::from_millis(200);
+pub const MODEL_STEP: Duration = Duration::from_millis(300);
 
 pub fn pg_url() -> String {
     std::env::var("IDEM_TEST_PG_URL")
