@@ -71,8 +71,8 @@ fn start_server() -> Server {
     server
 }
 
-/// CPU seconds (user + system) a process has used so far, from /proc.
-fn cpu_secs(pid: u32) -> f64 {
+/// CPU seconds (user, system) a process has used so far, from /proc.
+fn cpu_split(pid: u32) -> (f64, f64) {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
     let fields: Vec<&str> = stat
         .rsplit(')')
@@ -80,11 +80,20 @@ fn cpu_secs(pid: u32) -> f64 {
         .unwrap_or("")
         .split_whitespace()
         .collect();
-    let ticks: f64 = [11, 12]
-        .iter()
-        .filter_map(|&i| fields.get(i).and_then(|f| f.parse::<f64>().ok()))
-        .sum();
-    ticks / 100.0
+    let ticks = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|f| f.parse::<f64>().ok())
+            .unwrap_or(0.0)
+            / 100.0
+    };
+    (ticks(11), ticks(12))
+}
+
+/// CPU seconds (user + system) a process has used so far, from /proc.
+fn cpu_secs(pid: u32) -> f64 {
+    let (user, system) = cpu_split(pid);
+    user + system
 }
 
 /// Runs `op(worker, i)` in `concurrency` tasks for `secs`; returns operations per second.
@@ -101,7 +110,7 @@ where
         std::process::id(),
         SERVER_PID.load(Ordering::Relaxed) as u32,
     );
-    let (me0, server0) = (cpu_secs(me), cpu_secs(server));
+    let (me0, server0) = (cpu_split(me), cpu_secs(server));
     let tasks: Vec<_> = (0..concurrency)
         .map(|w| {
             let (op, stop, done) = (Arc::clone(&op), Arc::clone(&stop), Arc::clone(&done));
@@ -121,9 +130,12 @@ where
         t.await.expect("task");
     }
     let ops = done.load(Ordering::Relaxed) as f64;
+    let me1 = cpu_split(me);
     eprintln!(
-        "  c={concurrency}: {ops} ops; CPU per op: client {:.1} µs, server {:.1} µs",
-        (cpu_secs(me) - me0) / ops * 1e6,
+        "  c={concurrency}: {ops} ops; CPU per op: client {:.1} µs (user {:.1}, system {:.1}), server {:.1} µs",
+        (me1.0 + me1.1 - me0.0 - me0.1) / ops * 1e6,
+        (me1.0 - me0.0) / ops * 1e6,
+        (me1.1 - me0.1) / ops * 1e6,
         (cpu_secs(server) - server0) / ops * 1e6
     );
     ops / started.elapsed().as_secs_f64()
@@ -216,7 +228,12 @@ async fn main() {
     );
     println!("|---:|---:|---:|---:|---:|---:|---:|");
     let mut direct = Vec::new();
-    for &c in &[1usize, 64] {
+    // `IDEM_BENCH_CONCURRENCY=64` measures one level only (for profiling).
+    let levels: Vec<usize> = std::env::var("IDEM_BENCH_CONCURRENCY")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .map_or_else(|| vec![1, 64], |c| vec![c]);
+    for &c in &levels {
         eprintln!("raw SET NX PX");
         let raw = {
             let conn = conn.clone();

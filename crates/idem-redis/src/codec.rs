@@ -142,8 +142,36 @@ impl Header {
 }
 
 /// The identity part kept on every record: namespace, principal, key, request id.
+#[cfg(test)]
 pub(crate) fn encode_meta(key: &ScopedKey, request_id: Option<&str>) -> Vec<u8> {
-    let mut out = Vec::with_capacity(16 + key.key.as_str().len() + key.scope.namespace().len());
+    let mut out = Vec::new();
+    write_meta(&mut out, key, request_id);
+    out
+}
+
+/// The claim script's last argument: `<meta_len:10>\n<meta>`, the header's end and the
+/// identity part, in one buffer.
+pub(crate) fn encode_meta_tail(key: &ScopedKey, request_id: Option<&str>) -> Vec<u8> {
+    const WIDTH: usize = 10;
+    let mut out = Vec::with_capacity(
+        WIDTH
+            + 17
+            + key.key.as_str().len()
+            + key.scope.namespace().len()
+            + key.scope.principal().map_or(0, str::len)
+            + request_id.map_or(0, str::len),
+    );
+    out.extend_from_slice(b"0000000000\n");
+    write_meta(&mut out, key, request_id);
+    let mut len = out.len() - (WIDTH + 1);
+    for digit in out[..WIDTH].iter_mut().rev() {
+        *digit = b'0' + (len % 10) as u8;
+        len /= 10;
+    }
+    out
+}
+
+fn write_meta(out: &mut Vec<u8>, key: &ScopedKey, request_id: Option<&str>) {
     for part in [
         Some(key.scope.namespace()),
         key.scope.principal(),
@@ -161,7 +189,6 @@ pub(crate) fn encode_meta(key: &ScopedKey, request_id: Option<&str>) -> Vec<u8> 
             None => out.extend_from_slice(&u32::MAX.to_be_bytes()),
         }
     }
-    out
 }
 
 fn decode_meta(raw: &[u8]) -> Result<(ScopedKey, Option<String>), CodecError> {
@@ -284,6 +311,15 @@ mod tests {
             }
         );
         assert_eq!(busy.request_id, None);
+    }
+
+    #[test]
+    fn meta_tail_is_the_padded_length_then_the_meta() {
+        let meta = encode_meta(&key(), Some("req-9"));
+        let tail = encode_meta_tail(&key(), Some("req-9"));
+        let mut expected = format!("{:010}\n", meta.len()).into_bytes();
+        expected.extend_from_slice(&meta);
+        assert_eq!(tail, expected);
     }
 
     #[test]

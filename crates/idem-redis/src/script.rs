@@ -13,7 +13,7 @@ use idem_core::StoreError;
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
-use redis::{Cmd, RedisError, RedisFuture, Value};
+use redis::{Cmd, ErrorKind, RedisError, RedisFuture, ServerErrorKind, Value};
 
 /// A connection to a single Redis node or a Redis Cluster. Cheap to clone: clones share one
 /// multiplexed connection (per node), which reconnects in the background after a failure.
@@ -259,15 +259,24 @@ impl NamedScript {
         keys: &[&[u8]],
         args: &[&[u8]],
     ) -> Result<Value, RedisError> {
-        let mut invocation = self.script.prepare_invoke();
-        for k in keys {
-            invocation.key(*k);
-        }
-        for a in args {
-            invocation.arg(*a);
+        // The EVALSHA command is built once, straight from the borrowed arguments (the
+        // client's `ScriptInvocation` copies every argument twice), and re-sent as is after a
+        // NOSCRIPT.
+        let sha = self.script.get_hash();
+        let bytes: usize = keys.iter().chain(args).map(|a| a.len()).sum();
+        let mut cmd = Cmd::with_capacity(3 + keys.len() + args.len(), 16 + sha.len() + bytes);
+        cmd.arg("EVALSHA").arg(sha).arg(keys.len());
+        for a in keys.iter().chain(args) {
+            cmd.arg(*a);
         }
         let mut conn = conn.clone();
-        invocation.invoke_async(&mut conn).await
+        match cmd.query_async::<Value>(&mut conn).await {
+            Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
+                self.script.load_async(&mut conn).await?;
+                cmd.query_async(&mut conn).await
+            }
+            result => result,
+        }
     }
 }
 

@@ -14,7 +14,9 @@ use idem_core::{
 };
 use redis::{RedisError, Value};
 
-use crate::codec::{Header, decode_record, encode_meta, fingerprint_hex, holder_token, owner_hex};
+use crate::codec::{
+    Header, decode_record, encode_meta_tail, fingerprint_hex, holder_token, owner_hex,
+};
 use crate::config::{Durability, RedisConfig, Target};
 use crate::script::{Connection, NamedScript, Timeouts, bounded};
 
@@ -152,7 +154,13 @@ impl RedisStore {
 
     /// The Redis key that holds `key`'s record.
     pub fn record_key(&self, key: &ScopedKey) -> String {
-        format!("{}{{{}}}", self.shared.prefix, key.digest_hex())
+        let (prefix, digest) = (&self.shared.prefix, key.digest_hex());
+        let mut rk = String::with_capacity(prefix.len() + digest.len() + 2);
+        rk.push_str(prefix);
+        rk.push('{');
+        rk.push_str(&digest);
+        rk.push('}');
+        rk
     }
 
     /// The bound of one write: the op timeout, plus the replica wait in durability mode.
@@ -209,9 +217,7 @@ impl RedisStore {
         } else {
             b"0"
         };
-        let meta = encode_meta(&req.key, req.request_id.as_deref());
-        let mut tail = format!("{:010}\n", meta.len()).into_bytes();
-        tail.extend_from_slice(&meta);
+        let tail = encode_meta_tail(&req.key, req.request_id.as_deref());
         let reply = self
             .run(
                 &SCRIPTS.claim,
