@@ -1,6 +1,8 @@
 -- wrk script for scripts/bench-gateway.sh.
 -- wrk -s scripts/bench-gateway.lua URL -- MODE TAG
---   MODE none:   POST /charge without a key (upstream direct, plain proxy)
+--   MODE none:   POST /charge without a key (upstream direct, plain proxy); it still builds a
+--                fresh per-request header of the same size (X-Bench-Id-Hdr0, as long as Idempotency-Key), so the client pays
+--                the same per-request cost as in MODE unique and the baseline stays fair
 --   MODE unique: a fresh Idempotency-Key per request (every request claims, runs, completes)
 --   MODE replay: one key for every request, completed before the run (every request replays)
 -- The done() hook prints one machine-readable line: RESULT rps p50_us p99_us non2xx errors.
@@ -25,6 +27,8 @@ function request()
   local headers = { ["Content-Type"] = "application/json" }
   if mode == "unique" then
     headers["Idempotency-Key"] = prefix .. counter
+  elseif mode == "none" then
+    headers["X-Bench-Id-Hdr0"] = prefix .. counter
   elseif mode == "replay" then
     headers["Idempotency-Key"] = "r-" .. tag
   end
