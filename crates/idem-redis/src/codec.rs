@@ -11,6 +11,7 @@
 //! every reader, kept only so the fence never goes backwards). Times are milliseconds on the
 //! Redis server's clock, zero-padded.
 
+use idem_core::fingerprint::FINGERPRINT_LEN;
 use idem_core::record::CodecError;
 use idem_core::{
     Fingerprint, Key, OwnerId, Record, RecordState, Scope, ScopedKey, StoredResponse, Timestamp,
@@ -44,8 +45,9 @@ pub(crate) fn hex(bytes: &[u8]) -> String {
     s
 }
 
-fn unhex(s: &[u8]) -> Result<Vec<u8>, CodecError> {
-    if !s.len().is_multiple_of(2) {
+/// Decodes exactly `N` bytes of lower-case hex, without allocating.
+fn unhex<const N: usize>(s: &[u8]) -> Result<[u8; N], CodecError> {
+    if s.len() != 2 * N {
         return Err(BAD);
     }
     let nibble = |c: u8| match c {
@@ -53,9 +55,11 @@ fn unhex(s: &[u8]) -> Result<Vec<u8>, CodecError> {
         b'a'..=b'f' => Ok(c - b'a' + 10),
         _ => Err(BAD),
     };
-    s.chunks_exact(2)
-        .map(|p| Ok(nibble(p[0])? << 4 | nibble(p[1])?))
-        .collect()
+    let mut out = [0u8; N];
+    for (o, p) in out.iter_mut().zip(s.chunks_exact(2)) {
+        *o = nibble(p[0])? << 4 | nibble(p[1])?;
+    }
+    Ok(out)
 }
 
 /// The owner id as the scripts store it.
@@ -65,7 +69,18 @@ pub(crate) fn owner_hex(owner: OwnerId) -> String {
 
 /// What settling scripts compare against the record: `p <owner> <fence>`, fixed width.
 pub(crate) fn holder_token(owner: OwnerId, fence: u64) -> String {
-    format!("p {} {fence:020}", owner_hex(owner))
+    let mut token = String::with_capacity(2 + 32 + 1 + 20);
+    token.push_str("p ");
+    token.push_str(&owner_hex(owner));
+    token.push(' ');
+    let mut digits = [b'0'; 20];
+    let mut rest = fence;
+    for d in digits.iter_mut().rev() {
+        *d = b'0' + (rest % 10) as u8;
+        rest /= 10;
+    }
+    token.extend(digits.iter().map(|&d| char::from(d)));
+    token
 }
 
 /// The fingerprint as the scripts store it.
@@ -73,11 +88,19 @@ pub(crate) fn fingerprint_hex(fp: &Fingerprint) -> String {
     hex(&fp.to_bytes())
 }
 
+/// A non-empty run of ASCII digits that fits a `u64`.
 fn number(raw: &[u8]) -> Result<u64, CodecError> {
-    std::str::from_utf8(raw)
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .ok_or(BAD)
+    if raw.is_empty() {
+        return Err(BAD);
+    }
+    raw.iter().try_fold(0u64, |n, &c| {
+        if !c.is_ascii_digit() {
+            return Err(BAD);
+        }
+        n.checked_mul(10)
+            .and_then(|n| n.checked_add(u64::from(c - b'0')))
+            .ok_or(BAD)
+    })
 }
 
 impl Header {
@@ -115,8 +138,9 @@ impl Header {
                 meta: start..start,
             });
         }
-        let owner_bytes: [u8; 16] = unhex(owner_raw)?.try_into().map_err(|_| BAD)?;
-        let fingerprint = Fingerprint::from_bytes(&unhex(fp_raw)?).map_err(|_| BAD)?;
+        let owner_bytes: [u8; 16] = unhex(owner_raw)?;
+        let fingerprint =
+            Fingerprint::from_bytes(&unhex::<FINGERPRINT_LEN>(fp_raw)?).map_err(|_| BAD)?;
         let start = end + 1;
         let stop = start
             .checked_add(meta_len)
@@ -311,6 +335,26 @@ mod tests {
             }
         );
         assert_eq!(busy.request_id, None);
+    }
+
+    #[test]
+    fn holder_token_is_state_owner_and_padded_fence() {
+        let owner = OwnerId::random();
+        for fence in [0, 7, 1_764_000_000_000_000, u64::MAX] {
+            assert_eq!(
+                holder_token(owner, fence),
+                format!("p {} {fence:020}", owner_hex(owner))
+            );
+        }
+    }
+
+    #[test]
+    fn numbers_are_plain_digits() {
+        assert_eq!(number(b"0001764000000000"), Ok(1_764_000_000_000));
+        assert_eq!(number(b"18446744073709551615"), Ok(u64::MAX));
+        for bad in [&b""[..], b"18446744073709551616", b"+1", b"1 ", b"-1"] {
+            assert_eq!(number(bad), Err(BAD), "{bad:?}");
+        }
     }
 
     #[test]
