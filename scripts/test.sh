@@ -4,6 +4,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 .ci/ensure-services
-cargo test --workspace --all-targets
-cargo test --workspace --doc
+cargo test --workspace --all-targets --no-fail-fast
+cargo test --workspace --doc --no-fail-fast
 if [ -x scripts/shuttle.sh ]; then scripts/shuttle.sh; fi

@@ -360,13 +360,20 @@ async fn durability_wait_refuses_unreplicated_claims() {
     let config = |url: &str| {
         RedisConfig::from_url(url)
             .and_then(|c| c.prefix(common::unique_prefix()))
-            .and_then(|c| c.durability(1, Duration::from_millis(100)))
+            // Generous: on a loaded 2-core box a live replica can take well over 100 ms to
+            // acknowledge (this test flaked at 100 ms).
+            .and_then(|c| c.durability(1, Duration::from_secs(1)))
             .expect("config")
     };
     let store = RedisStore::connect(config(&master.url()))
         .await
         .expect("connect");
-    let engine = Engine::new(store.clone(), Policy::default()).expect("engine");
+    // The engine's store timeout must outlast the replica wait, or it reports a timeout.
+    let policy = Policy::builder()
+        .store_timeout(Duration::from_secs(3))
+        .build()
+        .expect("policy");
+    let engine = Engine::new(store.clone(), policy).expect("engine");
     let ran = std::sync::atomic::AtomicU32::new(0);
     let k = key("durable");
     let result = engine
