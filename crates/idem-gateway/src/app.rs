@@ -27,7 +27,7 @@ use crate::config::{
     FingerprintBody, FingerprintSettings, PrincipalSource, Route, RoutePolicy, Settings,
     UpstreamFailure,
 };
-use crate::metrics::{MeteredStore, PROBLEM_SLUG, RequestOutcome, classify};
+use crate::metrics::{MeteredStore, OutcomeCounters, PROBLEM_SLUG, RequestOutcome, classify};
 use crate::principal;
 use crate::proxy::{self, HttpClient, Proxy, ReqBody, ResBody};
 
@@ -54,6 +54,7 @@ pub struct App {
     entries: Vec<Entry>,
     fallback: Option<Proxy>,
     request_id: HeaderName,
+    outcomes: OutcomeCounters,
 }
 
 impl std::fmt::Debug for App {
@@ -114,6 +115,7 @@ impl App {
             entries,
             fallback,
             request_id: settings.request_id_header.clone(),
+            outcomes: OutcomeCounters::new(),
         })
     }
 
@@ -172,7 +174,7 @@ impl App {
                 (res, outcome, route.name.as_str())
             }
         };
-        outcome.record();
+        self.outcomes.record(outcome);
         res.headers_mut().remove(PROBLEM_SLUG);
         res.headers_mut()
             .insert(self.request_id.clone(), request_id.clone());
