@@ -291,17 +291,27 @@ fn strip_hop_by_hop(headers: &mut http::HeaderMap) {
 
 /// Reads up to `cap` bytes of `body`. A body that ends within the cap comes back whole (exact
 /// size); a longer one comes back as the prefix followed by the rest of the stream.
+/// A body that arrives in one chunk (the usual case) is kept as that chunk, without a copy.
 async fn buffer(mut body: Incoming, cap: usize) -> Result<ResBody, hyper::Error> {
+    let mut first: Option<Bytes> = None;
     let mut buf = BytesMut::new();
     loop {
         match body.frame().await {
-            None => return Ok(full(buf.freeze())),
+            None => return Ok(full(first.unwrap_or_else(|| buf.freeze()))),
             Some(frame) => {
                 let frame = frame?;
                 if let Ok(data) = frame.into_data() {
-                    buf.extend_from_slice(&data);
-                    if buf.len() > cap {
-                        let prefix = buf.freeze();
+                    if first.is_none() && buf.is_empty() {
+                        first = Some(data);
+                    } else {
+                        if let Some(f) = first.take() {
+                            buf.extend_from_slice(&f);
+                        }
+                        buf.extend_from_slice(&data);
+                    }
+                    let len = first.as_ref().map_or(buf.len(), Bytes::len);
+                    if len > cap {
+                        let prefix = first.take().unwrap_or_else(|| buf.freeze());
                         let rest = body.map_err(BoxError::from);
                         let chained = Prefixed {
                             prefix: Some(prefix),
