@@ -74,7 +74,14 @@ pub(crate) fn mismatch(key: &Key) -> Problem {
     .key(Some(key))
 }
 
+/// Longest `Retry-After` suggested for an in-flight duplicate. The store's answer is the time
+/// left on the holder's lease, which only bounds a *crashed* holder; a live one usually
+/// finishes much sooner, so telling clients to wait out the whole lease (45 s by default)
+/// would delay nearly every retry for nothing.
+pub(crate) const IN_FLIGHT_RETRY_CAP: Duration = Duration::from_secs(1);
+
 pub(crate) fn in_flight(key: &Key, retry_after: Duration) -> Problem {
+    let retry_after = retry_after.min(IN_FLIGHT_RETRY_CAP);
     Problem::new(
         StatusCode::CONFLICT,
         "in-flight",
