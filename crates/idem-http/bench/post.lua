@@ -14,6 +14,11 @@ function request()
   if mode == "unique" then
     counter = counter + 1
     headers["Idempotency-Key"] = prefix .. "-" .. (tid or "t") .. "-" .. counter
+  elseif mode == "none" then
+    -- The baseline builds and sends a header of the same size, which the plain route ignores,
+    -- so wrk (sharing the two cores) does the same work per request on both sides.
+    counter = counter + 1
+    headers["X-Bench-Pad"] = prefix .. "-" .. (tid or "t") .. "-" .. counter
   elseif mode == "replay" then
     headers["Idempotency-Key"] = "bench-replay-key"
   end
