@@ -333,6 +333,98 @@ pub(crate) fn too_many_races() -> StoreError {
     )
 }
 
+/// `get`, `list`, `resolve` and `delete` of a `Store` impl, which PostgreSQL and SQLite share
+/// word for word but for their pools (SQLite reads on its reader pool and writes on its single
+/// writer; PostgreSQL uses one pool for both). Expanded inside `impl Store for …`.
+macro_rules! shared_queries {
+    (reader: $reader:ident, writer: $writer:ident) => {
+        async fn get(&self, key: &ScopedKey) -> Result<Option<Record>, StoreError> {
+            let row = sqlx::query(&self.sql.get)
+                .bind(key.digest().to_vec())
+                .fetch_optional(&self.$reader)
+                .await
+                .map_err(StoreError::unavailable)?;
+            row.map(|row| raw_record!(&row, 0).and_then(RawRecord::into_record))
+                .transpose()
+        }
+
+        async fn list(&self, filter: &ListFilter) -> Result<Vec<Record>, StoreError> {
+            let rows = sqlx::query(&self.sql.list)
+                .bind(filter.namespace.as_deref())
+                .bind(filter.principal.as_deref())
+                .bind(filter.state.map(state_code))
+                .bind(filter.older_than.map(ms))
+                .bind(i64::try_from(filter.effective_limit()).unwrap_or(100))
+                .fetch_all(&self.$reader)
+                .await
+                .map_err(StoreError::unavailable)?;
+            rows.iter()
+                .map(|row| raw_record!(row, 0).and_then(RawRecord::into_record))
+                .collect()
+        }
+
+        async fn resolve(
+            &self,
+            key: &ScopedKey,
+            resolution: &Resolution,
+        ) -> Result<ResolveOutcome, StoreError> {
+            let id = key.digest().to_vec();
+            for _ in 0..MAX_RACES {
+                let query = match resolution {
+                    Resolution::Complete { response, ttl } => {
+                        sqlx::query(&self.sql.resolve_complete)
+                            .bind(&id)
+                            .bind(response.encode())
+                            .bind(ms(*ttl))
+                    }
+                    _ => sqlx::query(&self.sql.resolve_release).bind(&id),
+                };
+                if query
+                    .execute(&self.$writer)
+                    .await
+                    .map_err(StoreError::unavailable)?
+                    .rows_affected()
+                    == 1
+                {
+                    return Ok(ResolveOutcome::Resolved);
+                }
+                let row = sqlx::query(&self.sql.resolve_probe)
+                    .bind(&id)
+                    .fetch_optional(&self.$reader)
+                    .await
+                    .map_err(StoreError::unavailable)?;
+                let (now, state) = match row {
+                    Some(row) => {
+                        let get =
+                            |c: &str| row.try_get::<i64, _>(c).map_err(StoreError::unavailable);
+                        let state: i16 = row.try_get("state").map_err(StoreError::unavailable)?;
+                        (
+                            get("now_ms")?,
+                            Some((state, get("lease_until")?, get("expires_at")?)),
+                        )
+                    }
+                    None => (0, None),
+                };
+                if let Some(outcome) = unresolved(ts(now), state) {
+                    return Ok(outcome);
+                }
+            }
+            Err(too_many_races())
+        }
+
+        async fn delete(&self, key: &ScopedKey) -> Result<bool, StoreError> {
+            let done = sqlx::query(&self.sql.delete)
+                .bind(key.digest().to_vec())
+                .execute(&self.$writer)
+                .await
+                .map_err(StoreError::unavailable)?;
+            Ok(done.rows_affected() == 1)
+        }
+    };
+}
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
+pub(crate) use shared_queries;
+
 #[cfg(test)]
 mod tests {
     use super::*;
