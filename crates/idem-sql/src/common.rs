@@ -336,6 +336,7 @@ pub(crate) fn too_many_races() -> StoreError {
 /// `get`, `list`, `resolve` and `delete` of a `Store` impl, which PostgreSQL and SQLite share
 /// word for word but for their pools (SQLite reads on its reader pool and writes on its single
 /// writer; PostgreSQL uses one pool for both). Expanded inside `impl Store for …`.
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
 macro_rules! shared_queries {
     (reader: $reader:ident, writer: $writer:ident) => {
         async fn get(&self, key: &ScopedKey) -> Result<Option<Record>, StoreError> {

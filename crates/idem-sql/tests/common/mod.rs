@@ -11,7 +11,9 @@ use idem_testkit::{Harness, sleep_for};
 use sqlx::Connection as _;
 
 /// Lease used against real servers: long enough for a few round trips on a loaded 2-core box.
-pub const LEASE: Duration = Duration::from_millis(600);
+/// (At 600 ms the list-age rule, whose margin is half a lease, failed once in about ten runs
+/// while 31 conformance tests shared the two cores.)
+pub const LEASE: Duration = Duration::from_secs(1);
 
 /// The model test's time step: its tolerance is half a step, which must cover a case's round
 /// trips on a busy machine.
