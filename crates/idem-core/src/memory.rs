@@ -1,17 +1,27 @@
 //! `MemoryStore`: a bounded, swept, in-process store. The embedded test double and the
 //! fast path for single-process deployments.
 //!
-//! Transitions are the pure functions of [`crate::decide`], applied under one lock, so every
+//! Transitions are the pure functions of [`crate::decide`], applied under a lock, so every
 //! operation is atomic. Capacity is a hard bound: a claim for a new key at capacity first
 //! drops expired records, then the oldest records that no one depends on. Processing records
 //! with a live lease and unknown records are never evicted (evicting them would let a retry
 //! run twice); when nothing else is left the claim fails with [`StoreError::Full`].
+//!
+//! A large store (capacity of at least [`SHARD_SIZE`] × 2) is split into up to
+//! [`MAX_SHARDS`] shards by key hash, each with its own lock, capacity share, age order and
+//! fence counter, so concurrent requests rarely wait on each other and a growing table
+//! rehashes one shard at a time. A key always lives in the same shard, so everything the
+//! state machine promises per key holds unchanged; eviction order ("oldest first") is then
+//! kept per shard. Smaller stores are one shard, exactly bounded.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::future::{Future, ready};
+use std::hash::BuildHasher;
 use std::sync::{Arc, PoisonError, Weak};
 use std::time::Duration;
+
+use hashbrown::HashTable;
 
 use crate::clock::{Clock, SystemClock};
 use crate::decide::{self, Change, Transition};
@@ -23,6 +33,11 @@ use crate::store::{
 };
 use crate::sync::Mutex;
 
+/// Records per shard below which a store is not split further.
+pub const SHARD_SIZE: usize = 8192;
+/// The most shards a store is split into.
+pub const MAX_SHARDS: usize = 16;
+
 /// A bounded in-memory store. Clones share the same records.
 #[derive(Clone)]
 pub struct MemoryStore {
@@ -32,24 +47,29 @@ pub struct MemoryStore {
 struct Shared {
     clock: Box<dyn Clock>,
     capacity: usize,
-    inner: Mutex<Inner>,
+    /// Seeded per store, so key hashes cannot be predicted from outside.
+    hasher: foldhash::fast::RandomState,
+    shards: Box<[Mutex<Inner>]>,
 }
 
 #[derive(Default)]
 struct Inner {
-    records: HashMap<ScopedKey, Entry>,
-    /// Insertion order: seq -> key. The first entry is the oldest.
-    by_age: BTreeMap<u64, ScopedKey>,
+    /// Entries found by the key's hash (computed once per operation) and the key itself.
+    records: HashTable<Entry>,
+    /// Insertion order: seq -> key hash. The first entry is the oldest.
+    by_age: BTreeMap<u64, u64>,
     /// (expires_at, seq), for sweeping.
     by_expiry: BTreeSet<(Timestamp, u64)>,
     next_seq: u64,
-    /// Highest fence ever issued; outlives every record, so fences never repeat.
+    /// Highest fence ever issued in this shard; outlives every record, so fences never
+    /// repeat for any key of the shard.
     fence_high: u64,
 }
 
 struct Entry {
-    record: Record,
+    hash: u64,
     seq: u64,
+    record: Record,
 }
 
 impl MemoryStore {
@@ -60,18 +80,28 @@ impl MemoryStore {
 
     /// A store on a given clock (a [`crate::ManualClock`] in tests).
     pub fn with_clock(capacity: usize, clock: impl Clock) -> Self {
+        let capacity = capacity.max(1);
+        let shards = (capacity / SHARD_SIZE)
+            .clamp(1, MAX_SHARDS)
+            .next_power_of_two()
+            .min(MAX_SHARDS);
         Self {
             shared: Arc::new(Shared {
                 clock: Box::new(clock),
-                capacity: capacity.max(1),
-                inner: Mutex::new(Inner::default()),
+                capacity,
+                hasher: foldhash::fast::RandomState::default(),
+                shards: (0..shards).map(|_| Mutex::new(Inner::default())).collect(),
             }),
         }
     }
 
     /// Number of records held, expired ones included until swept.
     pub fn len(&self) -> usize {
-        self.shared.lock().records.len()
+        self.shared
+            .shards
+            .iter()
+            .map(|s| lock(s).records.len())
+            .sum()
     }
 
     /// True when no records are held.
@@ -86,8 +116,7 @@ impl MemoryStore {
 
     /// Removes expired records now; returns how many.
     pub fn sweep(&self) -> usize {
-        let now = self.shared.clock.now();
-        self.shared.lock().sweep(now)
+        self.shared.sweep()
     }
 
     /// Sweeps every `every` on the current tokio runtime until the store is dropped.
@@ -99,8 +128,7 @@ impl MemoryStore {
             loop {
                 tick.tick().await;
                 let Some(shared) = weak.upgrade() else { return };
-                let now = shared.clock.now();
-                let swept = shared.lock().sweep(now);
+                let swept = shared.sweep();
                 if swept > 0 {
                     tracing::trace!(swept, "memory store sweep");
                 }
@@ -114,38 +142,61 @@ impl MemoryStore {
         step: impl FnOnce(Timestamp, Option<&Record>) -> Transition<O>,
     ) -> O {
         let now = self.shared.clock.now();
-        let mut inner = self.shared.lock();
-        let t = step(now, inner.records.get(key).map(|e| &e.record));
-        inner.write(key, t.change);
+        let (hash, _, mut inner) = self.shared.shard(key);
+        let t = step(now, inner.get(hash, key).map(|e| &e.record));
+        inner.write(hash, key, t.change);
         t.outcome
     }
 }
 
+fn lock(shard: &Mutex<Inner>) -> crate::sync::MutexGuard<'_, Inner> {
+    // A panic while holding the lock cannot leave a half-applied transition: every
+    // write is computed first and then applied with infallible map operations.
+    shard.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
 impl Shared {
-    fn lock(&self) -> crate::sync::MutexGuard<'_, Inner> {
-        // A panic while holding the lock cannot leave a half-applied transition: every
-        // write is computed first and then applied with infallible map operations.
-        self.inner.lock().unwrap_or_else(PoisonError::into_inner)
+    /// The key's hash, its shard's index, and the shard, locked.
+    fn shard(&self, key: &ScopedKey) -> (u64, usize, crate::sync::MutexGuard<'_, Inner>) {
+        let hash = self.hasher.hash_one(key);
+        // The table uses the hash's low bits for buckets and its top 7 bits as tags; the
+        // shard takes bits in between.
+        let index = (hash >> 32) as usize & (self.shards.len() - 1);
+        (hash, index, lock(&self.shards[index]))
+    }
+
+    /// Shard `index`'s share of the capacity; the shares add up to the capacity exactly.
+    fn shard_capacity(&self, index: usize) -> usize {
+        let n = self.shards.len();
+        self.capacity / n + usize::from(index < self.capacity % n)
+    }
+
+    fn sweep(&self) -> usize {
+        let now = self.clock.now();
+        self.shards.iter().map(|s| lock(s).sweep(now)).sum()
     }
 }
 
 impl Inner {
-    fn write(&mut self, key: &ScopedKey, change: Change) {
+    fn get(&self, hash: u64, key: &ScopedKey) -> Option<&Entry> {
+        self.records.find(hash, |e| e.record.key == *key)
+    }
+
+    fn write(&mut self, hash: u64, key: &ScopedKey, change: Change) {
         match change {
             Change::Keep => {}
-            Change::Remove => self.remove(key),
+            Change::Remove => self.remove(hash, key),
             Change::Put(record) => {
                 self.fence_high = self.fence_high.max(record.fence);
                 // A record created anew over an expired one is young: it takes a new place in
                 // age order (for list and eviction) instead of inheriting the old one's.
                 if self
-                    .records
-                    .get(key)
+                    .get(hash, key)
                     .is_some_and(|e| e.record.created_at != record.created_at)
                 {
-                    self.remove(key);
+                    self.remove(hash, key);
                 }
-                if let Some(entry) = self.records.get_mut(key) {
+                if let Some(entry) = self.records.find_mut(hash, |e| e.record.key == *key) {
                     if entry.record.expires_at != record.expires_at {
                         self.by_expiry.remove(&(entry.record.expires_at, entry.seq));
                         self.by_expiry.insert((record.expires_at, entry.seq));
@@ -154,19 +205,38 @@ impl Inner {
                 } else {
                     let seq = self.next_seq;
                     self.next_seq += 1;
-                    self.by_age.insert(seq, key.clone());
+                    self.by_age.insert(seq, hash);
                     self.by_expiry.insert((record.expires_at, seq));
-                    self.records.insert(key.clone(), Entry { record, seq });
+                    self.records
+                        .insert_unique(hash, Entry { hash, seq, record }, |e| e.hash);
                 }
             }
         }
     }
 
-    fn remove(&mut self, key: &ScopedKey) {
-        if let Some(entry) = self.records.remove(key) {
+    fn remove(&mut self, hash: u64, key: &ScopedKey) {
+        if let Ok(found) = self.records.find_entry(hash, |e| e.record.key == *key) {
+            let (entry, _) = found.remove();
             self.by_age.remove(&entry.seq);
             self.by_expiry.remove(&(entry.record.expires_at, entry.seq));
         }
+    }
+
+    /// The entry with this age sequence number, if it is still held.
+    fn by_seq(&self, seq: u64) -> Option<&Entry> {
+        let hash = *self.by_age.get(&seq)?;
+        self.records.find(hash, |e| e.seq == seq)
+    }
+
+    fn remove_seq(&mut self, seq: u64) {
+        let Some(&hash) = self.by_age.get(&seq) else {
+            return;
+        };
+        if let Ok(found) = self.records.find_entry(hash, |e| e.seq == seq) {
+            let (entry, _) = found.remove();
+            self.by_expiry.remove(&(entry.record.expires_at, entry.seq));
+        }
+        self.by_age.remove(&seq);
     }
 
     fn sweep(&mut self, now: Timestamp) -> usize {
@@ -175,8 +245,8 @@ impl Inner {
             if expires_at > now {
                 break;
             }
-            if let Some(key) = self.by_age.get(&seq).cloned() {
-                self.remove(&key);
+            if self.by_age.contains_key(&seq) {
+                self.remove_seq(seq);
             } else {
                 self.by_expiry.remove(&(expires_at, seq));
             }
@@ -185,7 +255,7 @@ impl Inner {
         swept
     }
 
-    /// Makes room for one new record, or says the store is full.
+    /// Makes room for one new record, or says the shard is full.
     fn make_room(&mut self, now: Timestamp, capacity: usize) -> Result<(), StoreError> {
         if self.records.len() < capacity {
             return Ok(());
@@ -196,16 +266,12 @@ impl Inner {
         }
         let victim = self
             .by_age
-            .values()
-            .find(|k| {
-                self.records
-                    .get(*k)
-                    .is_some_and(|e| evictable(now, &e.record))
-            })
-            .cloned();
+            .keys()
+            .copied()
+            .find(|&seq| self.by_seq(seq).is_some_and(|e| evictable(now, &e.record)));
         match victim {
-            Some(key) => {
-                self.remove(&key);
+            Some(seq) => {
+                self.remove_seq(seq);
                 Ok(())
             }
             None => Err(StoreError::Full { capacity }),
@@ -235,16 +301,17 @@ impl Store for MemoryStore {
         req: &ClaimRequest,
     ) -> impl Future<Output = Result<ClaimOutcome, StoreError>> + Send {
         let now = self.shared.clock.now();
-        let mut inner = self.shared.lock();
-        let previous = inner.records.get(&req.key).map(|e| &e.record);
+        let (hash, index, mut inner) = self.shared.shard(&req.key);
+        let previous = inner.get(hash, &req.key).map(|e| &e.record);
+        let exists = previous.is_some();
         let floor = inner.fence_high + 1;
         let t = decide::claim(now, previous, req, floor);
-        let result = match (&t.change, inner.records.contains_key(&req.key)) {
-            (Change::Put(_), false) => inner.make_room(now, self.shared.capacity),
+        let result = match (&t.change, exists) {
+            (Change::Put(_), false) => inner.make_room(now, self.shared.shard_capacity(index)),
             _ => Ok(()),
         };
         let result = result.map(|()| {
-            inner.write(&req.key, t.change);
+            inner.write(hash, &req.key, t.change);
             t.outcome
         });
         drop(inner);
@@ -293,8 +360,8 @@ impl Store for MemoryStore {
         key: &ScopedKey,
     ) -> impl Future<Output = Result<Option<Record>, StoreError>> + Send {
         let now = self.shared.clock.now();
-        let inner = self.shared.lock();
-        let found = decide::live(now, inner.records.get(key).map(|e| &e.record)).cloned();
+        let (hash, _, inner) = self.shared.shard(key);
+        let found = decide::live(now, inner.get(hash, key).map(|e| &e.record)).cloned();
         ready(Ok(found))
     }
 
@@ -303,15 +370,19 @@ impl Store for MemoryStore {
         filter: &ListFilter,
     ) -> impl Future<Output = Result<Vec<Record>, StoreError>> + Send {
         let now = self.shared.clock.now();
-        let inner = self.shared.lock();
-        let mut found: Vec<Record> = inner
-            .by_age
-            .values()
-            .filter_map(|k| inner.records.get(k))
-            .map(|e| &e.record)
-            .filter(|r| decide::matches_filter(now, r, filter))
-            .cloned()
-            .collect();
+        let mut found: Vec<Record> = Vec::new();
+        for shard in &self.shared.shards {
+            let inner = lock(shard);
+            found.extend(
+                inner
+                    .by_age
+                    .keys()
+                    .filter_map(|&seq| inner.by_seq(seq))
+                    .map(|e| &e.record)
+                    .filter(|r| decide::matches_filter(now, r, filter))
+                    .cloned(),
+            );
+        }
         // Sort before limiting, so the limit keeps the oldest records.
         found.sort_by_key(|r| r.created_at);
         found.truncate(filter.effective_limit());
@@ -330,9 +401,9 @@ impl Store for MemoryStore {
 
     fn delete(&self, key: &ScopedKey) -> impl Future<Output = Result<bool, StoreError>> + Send {
         let now = self.shared.clock.now();
-        let mut inner = self.shared.lock();
-        let existed = decide::live(now, inner.records.get(key).map(|e| &e.record)).is_some();
-        inner.remove(key);
+        let (hash, _, mut inner) = self.shared.shard(key);
+        let existed = decide::live(now, inner.get(hash, key).map(|e| &e.record)).is_some();
+        inner.remove(hash, key);
         ready(Ok(existed))
     }
 }
@@ -395,5 +466,26 @@ mod tests {
             store.get(&key("b")).await.expect("get").is_none(),
             "the oldest record should go"
         );
+    }
+
+    #[tokio::test]
+    async fn a_sharded_store_stays_within_its_capacity() {
+        let clock = ManualClock::new(Timestamp(1_000_000));
+        let capacity = 3 * SHARD_SIZE + 5;
+        let store = MemoryStore::with_clock(capacity, clock.clone());
+        assert!(store.shared.shards.len() > 1, "expected a sharded store");
+        for i in 0..capacity + 2_000 {
+            claim_and_complete(&store, &format!("k{i}"), Duration::from_secs(100)).await;
+        }
+        let held = store.len();
+        assert!(held <= capacity, "{held} records held, capacity {capacity}");
+        // Every shard filled up to its share before evicting.
+        assert!(
+            held > capacity - 2 * store.shared.shards.len(),
+            "only {held} held"
+        );
+        // The newest record is always kept: eviction takes the oldest of its shard.
+        let last = format!("k{}", capacity + 1_999);
+        assert!(store.get(&key(&last)).await.expect("get").is_some());
     }
 }

@@ -23,7 +23,12 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let addr: SocketAddr = std::env::var("BENCH_ADDR")
         .unwrap_or_else(|_| "127.0.0.1:3999".into())
         .parse()?;
-    let engine = Engine::new(MemoryStore::new(4_000_000), Policy::default())?;
+    // BENCH_CAPACITY bounds the store, to measure it at capacity (evicting) instead of growing.
+    let capacity = match std::env::var("BENCH_CAPACITY") {
+        Ok(v) => v.parse()?,
+        Err(_) => 4_000_000,
+    };
+    let engine = Engine::new(MemoryStore::new(capacity), Policy::default())?;
     let layer = IdempotencyLayer::new(&engine, IdempotencyConfig::new("bench")?);
     let app = Router::new()
         .route("/plain", post(trivial))

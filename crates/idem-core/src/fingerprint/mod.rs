@@ -627,13 +627,13 @@ mod tests {
         /// Writes `v` with random whitespace, member order, duplicated members and
         /// number spellings (`1.0`, `10e-1`) that mean the same.
         fn spell(v: &Value, noise: &mut impl Iterator<Item = u8>, out: &mut String) {
-            let ws =
-                |out: &mut String, n: &mut dyn Iterator<Item = u8>| match n.next().unwrap_or(0) % 6
-                {
-                    0 => out.push(' '),
-                    1 => out.push_str("\n\t"),
-                    _ => {}
-                };
+            let ws = |out: &mut String, n: &mut dyn Iterator<Item = u8>| match n.next().unwrap_or(0)
+                % 6
+            {
+                0 => out.push(' '),
+                1 => out.push_str("\n\t"),
+                _ => {}
+            };
             match v {
                 Value::Array(items) => {
                     out.push('[');
