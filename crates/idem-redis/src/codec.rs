@@ -35,14 +35,37 @@ pub(crate) struct Header {
 const BAD: CodecError = CodecError("malformed redis record");
 
 /// Lower-case hex of `bytes`.
+#[cfg(test)]
 pub(crate) fn hex(bytes: &[u8]) -> String {
+    let mut out = Vec::with_capacity(bytes.len() * 2);
+    push_hex(&mut out, bytes);
+    // Hex digits are ASCII.
+    String::from_utf8(out).unwrap_or_default()
+}
+
+/// Appends the lower-case hex of `bytes` to `out`.
+pub(crate) fn push_hex(out: &mut Vec<u8>, bytes: &[u8]) {
     const DIGITS: &[u8; 16] = b"0123456789abcdef";
-    let mut s = String::with_capacity(bytes.len() * 2);
+    out.reserve(bytes.len() * 2);
     for b in bytes {
-        s.push(char::from(DIGITS[usize::from(b >> 4)]));
-        s.push(char::from(DIGITS[usize::from(b & 15)]));
+        out.push(DIGITS[usize::from(b >> 4)]);
+        out.push(DIGITS[usize::from(b & 15)]);
     }
-    s
+}
+
+/// Appends `n` in decimal, at least `width` digits (zero-padded).
+pub(crate) fn push_decimal(out: &mut Vec<u8>, n: u64, width: usize) {
+    let mut digits = [b'0'; 20];
+    let (mut rest, mut used) = (n, 0);
+    for d in digits.iter_mut().rev() {
+        *d = b'0' + (rest % 10) as u8;
+        rest /= 10;
+        used += 1;
+        if rest == 0 && used >= width {
+            break;
+        }
+    }
+    out.extend_from_slice(&digits[digits.len() - used..]);
 }
 
 /// Decodes exactly `N` bytes of lower-case hex, without allocating.
@@ -63,27 +86,32 @@ fn unhex<const N: usize>(s: &[u8]) -> Result<[u8; N], CodecError> {
 }
 
 /// The owner id as the scripts store it.
+#[cfg(test)]
 pub(crate) fn owner_hex(owner: OwnerId) -> String {
     hex(&owner.to_bytes())
 }
 
 /// What settling scripts compare against the record: `p <owner> <fence>`, fixed width.
 pub(crate) fn holder_token(owner: OwnerId, fence: u64) -> String {
-    let mut token = String::with_capacity(2 + 32 + 1 + 20);
-    token.push_str("p ");
-    token.push_str(&owner_hex(owner));
-    token.push(' ');
-    let mut digits = [b'0'; 20];
-    let mut rest = fence;
-    for d in digits.iter_mut().rev() {
-        *d = b'0' + (rest % 10) as u8;
-        rest /= 10;
-    }
-    token.extend(digits.iter().map(|&d| char::from(d)));
-    token
+    let mut out = Vec::with_capacity(HOLDER_TOKEN_LEN);
+    push_holder_token(&mut out, owner, fence);
+    // The token is ASCII.
+    String::from_utf8(out).unwrap_or_default()
+}
+
+/// Length of a holder token.
+pub(crate) const HOLDER_TOKEN_LEN: usize = 2 + 32 + 1 + 20;
+
+/// Appends the holder token `p <owner> <fence>` to `out`.
+pub(crate) fn push_holder_token(out: &mut Vec<u8>, owner: OwnerId, fence: u64) {
+    out.extend_from_slice(b"p ");
+    push_hex(out, &owner.to_bytes());
+    out.push(b' ');
+    push_decimal(out, fence, 20);
 }
 
 /// The fingerprint as the scripts store it.
+#[cfg(test)]
 pub(crate) fn fingerprint_hex(fp: &Fingerprint) -> String {
     hex(&fp.to_bytes())
 }
@@ -175,24 +203,34 @@ pub(crate) fn encode_meta(key: &ScopedKey, request_id: Option<&str>) -> Vec<u8> 
 
 /// The claim script's last argument: `<meta_len:10>\n<meta>`, the header's end and the
 /// identity part, in one buffer.
+#[cfg(test)]
 pub(crate) fn encode_meta_tail(key: &ScopedKey, request_id: Option<&str>) -> Vec<u8> {
+    let mut out = Vec::new();
+    push_meta_tail(&mut out, key, request_id);
+    out
+}
+
+/// Bytes [`push_meta_tail`] appends, at most.
+pub(crate) fn meta_tail_len(key: &ScopedKey, request_id: Option<&str>) -> usize {
+    10 + 17
+        + key.key.as_str().len()
+        + key.scope.namespace().len()
+        + key.scope.principal().map_or(0, str::len)
+        + request_id.map_or(0, str::len)
+}
+
+/// Appends the claim script's last argument (see `encode_meta_tail`) to `out`.
+pub(crate) fn push_meta_tail(out: &mut Vec<u8>, key: &ScopedKey, request_id: Option<&str>) {
     const WIDTH: usize = 10;
-    let mut out = Vec::with_capacity(
-        WIDTH
-            + 17
-            + key.key.as_str().len()
-            + key.scope.namespace().len()
-            + key.scope.principal().map_or(0, str::len)
-            + request_id.map_or(0, str::len),
-    );
+    out.reserve(meta_tail_len(key, request_id));
+    let start = out.len();
     out.extend_from_slice(b"0000000000\n");
-    write_meta(&mut out, key, request_id);
-    let mut len = out.len() - (WIDTH + 1);
-    for digit in out[..WIDTH].iter_mut().rev() {
+    write_meta(out, key, request_id);
+    let mut len = out.len() - start - (WIDTH + 1);
+    for digit in out[start..start + WIDTH].iter_mut().rev() {
         *digit = b'0' + (len % 10) as u8;
         len /= 10;
     }
-    out
 }
 
 fn write_meta(out: &mut Vec<u8>, key: &ScopedKey, request_id: Option<&str>) {

@@ -53,7 +53,13 @@ pub struct RedisConfig {
     pub(crate) connect_timeout: Duration,
     pub(crate) durability: Option<Durability>,
     pub(crate) tombstone_ttl: Duration,
+    pub(crate) batching: bool,
+    pub(crate) batches_in_flight: usize,
 }
+
+/// Default number of script calls one store keeps in flight before it queues claims and
+/// completions into batches (see [`RedisConfig::batching`]).
+pub const DEFAULT_BATCHES_IN_FLIGHT: usize = 1;
 
 /// Default per-operation timeout.
 pub const DEFAULT_OP_TIMEOUT: Duration = Duration::from_millis(250);
@@ -76,6 +82,8 @@ impl RedisConfig {
             connect_timeout: Duration::from_secs(1),
             durability: None,
             tombstone_ttl: Duration::from_secs(60),
+            batching: true,
+            batches_in_flight: DEFAULT_BATCHES_IN_FLIGHT,
         })
     }
 
@@ -145,6 +153,34 @@ impl RedisConfig {
     /// [`ConfigError::Zero`] for a zero duration.
     pub fn tombstone_ttl(mut self, ttl: Duration) -> Result<Self, ConfigError> {
         self.tombstone_ttl = nonzero("tombstone ttl", ttl)?;
+        Ok(self)
+    }
+
+    /// Coalesce concurrent claims and completions (on by default; single node only).
+    ///
+    /// When a claim or completion finds its store with [`RedisConfig::batches_in_flight`]
+    /// script calls already waiting for replies, it queues; when a reply comes back, all
+    /// that queued go as one `EVALSHA` of a batch script that applies each of them in order,
+    /// exactly as its own script would, and answers each separately. A lone operation still
+    /// runs its own script at once, so an idle store adds no latency and no command. Each
+    /// operation keeps its own timeout; a batch that fails fails each of its operations.
+    /// On a Redis Cluster every operation runs its own script (a script's keys must share
+    /// a slot, and concurrent records rarely do).
+    pub fn batching(mut self, on: bool) -> Self {
+        self.batching = on;
+        self
+    }
+
+    /// Script calls (lone operations or batches) a store keeps in flight before it queues
+    /// claims and completions; 1 by default.
+    ///
+    /// # Errors
+    /// [`ConfigError::Zero`] for zero.
+    pub fn batches_in_flight(mut self, n: usize) -> Result<Self, ConfigError> {
+        if n == 0 {
+            return Err(ConfigError::Zero("batches in flight"));
+        }
+        self.batches_in_flight = n;
         Ok(self)
     }
 

@@ -63,6 +63,7 @@
 //! crypto provider: the binary installs the process-wide rustls provider it already uses, so
 //! no second one is pulled in.
 
+mod batch;
 mod codec;
 pub mod config;
 pub mod script;

@@ -262,13 +262,33 @@ impl NamedScript {
         // The EVALSHA command is built once, straight from the borrowed arguments (the
         // client's `ScriptInvocation` copies every argument twice), and re-sent as is after a
         // NOSCRIPT.
-        let sha = self.script.get_hash();
         let bytes: usize = keys.iter().chain(args).map(|a| a.len()).sum();
-        let mut cmd = Cmd::with_capacity(3 + keys.len() + args.len(), 16 + sha.len() + bytes);
-        cmd.arg("EVALSHA").arg(sha).arg(keys.len());
+        let mut cmd = self.command(keys.len(), args.len(), bytes);
         for a in keys.iter().chain(args) {
             cmd.arg(*a);
         }
+        self.run_command(conn, &cmd).await
+    }
+
+    /// Starts an `EVALSHA` of this script with `keys` keys; append the keys, then the
+    /// arguments (`args` of them, `bytes` long in all, to size the buffer), and run it with
+    /// [`NamedScript::run_command`].
+    pub fn command(&self, keys: usize, args: usize, bytes: usize) -> Cmd {
+        let sha = self.script.get_hash();
+        let mut cmd = Cmd::with_capacity(3 + keys + args, 16 + sha.len() + bytes);
+        cmd.arg("EVALSHA").arg(sha).arg(keys);
+        cmd
+    }
+
+    /// Runs an `EVALSHA` built by [`NamedScript::command`]; on `NOSCRIPT` loads the script
+    /// and sends the same command once more.
+    ///
+    /// # Errors
+    /// The client's error, including errors the script raised.
+    ///
+    /// # Cancel safety
+    /// As [`NamedScript::run`].
+    pub async fn run_command(&self, conn: &Connection, cmd: &Cmd) -> Result<Value, RedisError> {
         let mut conn = conn.clone();
         match cmd.query_async::<Value>(&mut conn).await {
             Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {

@@ -12,10 +12,12 @@ use idem_core::{
     Fingerprint, Lease, OwnerId, Record, ReleaseKind, ScopedKey, StateKind, Store, StoreError,
     StoredResponse, TakeoverPolicy, Timestamp, decide,
 };
-use redis::{RedisError, Value};
+use redis::Value;
 
+use crate::batch::{self, Batcher, Kind, Op, Reply, malformed, redis_err};
 use crate::codec::{
-    Header, decode_record, encode_meta_tail, fingerprint_hex, holder_token, owner_hex,
+    HOLDER_TOKEN_LEN, Header, decode_record, holder_token, meta_tail_len, push_decimal, push_hex,
+    push_holder_token, push_meta_tail,
 };
 use crate::config::{Durability, RedisConfig, Target};
 use crate::script::{Connection, NamedScript, Timeouts, bounded};
@@ -32,7 +34,23 @@ macro_rules! record_script {
     };
 }
 
-/// The record scripts, one per operation that writes.
+/// Claim and complete are Lua functions (`lua/claim.lua`, `lua/complete.lua`) that both their
+/// single script and the batch script call, so each operation is defined once.
+macro_rules! function_script {
+    ($name:literal, $call:literal) => {
+        NamedScript::new(
+            $name,
+            concat!(
+                include_str!("lua/prelude.lua"),
+                include_str!(concat!("lua/", $name, ".lua")),
+                $call
+            ),
+        )
+    };
+}
+
+/// The record scripts, one per operation that writes, and the batch of claims and
+/// completions.
 struct Scripts {
     claim: NamedScript,
     renew: NamedScript,
@@ -40,16 +58,40 @@ struct Scripts {
     release: NamedScript,
     resolve: NamedScript,
     delete: NamedScript,
+    batch: NamedScript,
 }
 
 static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
-    claim: record_script!("claim"),
+    claim: function_script!(
+        "claim",
+        "return claim(KEYS[1], ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6])\n"
+    ),
     renew: record_script!("renew"),
-    complete: record_script!("complete"),
+    complete: function_script!(
+        "complete",
+        "return complete(KEYS[1], ARGV[1], ARGV[2], ARGV[3])\n"
+    ),
     release: record_script!("release"),
     resolve: record_script!("resolve"),
     delete: record_script!("delete"),
+    batch: NamedScript::new(
+        "batch",
+        concat!(
+            include_str!("lua/prelude.lua"),
+            include_str!("lua/claim.lua"),
+            include_str!("lua/complete.lua"),
+            include_str!("lua/batch.lua")
+        ),
+    ),
 });
+
+fn op_scripts() -> batch::Scripts<'static> {
+    batch::Scripts {
+        claim: &SCRIPTS.claim,
+        complete: &SCRIPTS.complete,
+        batch: &SCRIPTS.batch,
+    }
+}
 
 /// idem's store on a Redis node or a Redis Cluster. Cheap to clone.
 ///
@@ -68,6 +110,8 @@ struct Shared {
     admin_timeout: Duration,
     durability: Option<Durability>,
     tombstone_ms: Vec<u8>,
+    /// Coalesces claims and completions; `None` on a cluster or when batching is off.
+    batcher: Option<Arc<Batcher>>,
 }
 
 impl fmt::Debug for RedisStore {
@@ -77,16 +121,9 @@ impl fmt::Debug for RedisStore {
             .field("prefix", &self.shared.prefix)
             .field("op_timeout", &self.shared.op_timeout)
             .field("durability", &self.shared.durability)
+            .field("batching", &self.shared.batcher.is_some())
             .finish_non_exhaustive()
     }
-}
-
-fn redis_err(e: RedisError) -> StoreError {
-    StoreError::unavailable(e)
-}
-
-fn malformed(what: &'static str) -> StoreError {
-    StoreError::Codec(idem_core::record::CodecError(what))
 }
 
 fn int(v: Option<&Value>) -> Result<u64, StoreError> {
@@ -103,7 +140,13 @@ fn int(v: Option<&Value>) -> Result<u64, StoreError> {
 const MAX_MS: u64 = 100 * 365 * 24 * 3600 * 1000;
 
 fn ms_arg(d: Duration) -> Vec<u8> {
-    duration_ms(d).clamp(1, MAX_MS).to_string().into_bytes()
+    let mut out = Vec::with_capacity(13);
+    push_ms(&mut out, d);
+    out
+}
+
+fn push_ms(out: &mut Vec<u8>, d: Duration) {
+    push_decimal(out, duration_ms(d).clamp(1, MAX_MS), 1);
 }
 
 impl RedisStore {
@@ -135,6 +178,16 @@ impl RedisStore {
 
     /// A store over an existing connection; `config`'s target is ignored.
     pub fn with_connection(conn: Connection, config: RedisConfig) -> Self {
+        let wait = config.durability.map_or(Duration::ZERO, |d| d.timeout);
+        let batcher = (config.batching && !conn.is_cluster()).then(|| {
+            Arc::new(Batcher::new(
+                conn.clone(),
+                op_scripts(),
+                config.batches_in_flight,
+                config.op_timeout + wait,
+                config.durability,
+            ))
+        });
         Self {
             shared: Arc::new(Shared {
                 conn,
@@ -143,6 +196,7 @@ impl RedisStore {
                 admin_timeout: config.admin_timeout,
                 durability: config.durability,
                 tombstone_ms: ms_arg(config.tombstone_ttl),
+                batcher,
             }),
         }
     }
@@ -185,93 +239,77 @@ impl RedisStore {
 
     /// In durability mode, waits until enough replicas have this connection's writes.
     async fn wait_replicas(&self, rk: &str) -> Result<(), StoreError> {
-        let Some(d) = self.shared.durability else {
-            return Ok(());
-        };
-        let mut cmd = redis::cmd("WAIT");
-        cmd.arg(d.replicas).arg(duration_ms(d.timeout));
-        let acked = match self
-            .shared
-            .conn
-            .query_at_key(cmd, rk.as_bytes())
-            .await
-            .map_err(redis_err)?
-        {
-            Value::Int(n) => u32::try_from(n).unwrap_or(0),
-            _ => return Err(malformed("unexpected WAIT reply")),
-        };
-        if acked < d.replicas {
-            return Err(StoreError::Uncertain {
-                acked,
-                wanted: d.replicas,
-            });
+        match self.shared.durability {
+            Some(d) => batch::wait_replicas(&self.shared.conn, d, rk.as_bytes()).await,
+            None => Ok(()),
         }
-        Ok(())
     }
 
-    async fn claim_once(&self, req: &ClaimRequest, rk: &str) -> Result<ClaimOutcome, StoreError> {
-        let fp = fingerprint_hex(&req.fingerprint);
-        let owner = owner_hex(req.owner);
-        let hold: &[u8] = if req.takeover == TakeoverPolicy::Hold {
+    /// Runs a claim or completion: through the batcher when batching, else alone.
+    async fn exec(&self, op: Op) -> Result<Reply, StoreError> {
+        match &self.shared.batcher {
+            Some(b) => b.submit(op).await,
+            None => Ok(Reply {
+                value: batch::run_alone(&self.shared.conn, &op_scripts(), &op).await?,
+                waited: None,
+            }),
+        }
+    }
+
+    /// The replica wait after a write: done by its batch already, or now (in durability
+    /// mode) on the master of `key`.
+    async fn waited(
+        &self,
+        done: Option<Result<(), StoreError>>,
+        key: &ScopedKey,
+    ) -> Result<(), StoreError> {
+        match done {
+            Some(done) => done,
+            None if self.shared.durability.is_some() => {
+                self.wait_replicas(&self.record_key(key)).await
+            }
+            None => Ok(()),
+        }
+    }
+
+    async fn claim_once(&self, req: &ClaimRequest) -> Result<ClaimOutcome, StoreError> {
+        // The six arguments of `lua/claim.lua`, written straight into one buffer.
+        let tail_len = meta_tail_len(&req.key, req.request_id.as_deref());
+        let mut op = Op::new(
+            Kind::Claim,
+            self.record_key(&req.key),
+            2 * 34 + 32 + 2 * 13 + 1 + tail_len,
+        );
+        push_hex(op.buf(), &req.fingerprint.to_bytes());
+        op.end_arg();
+        push_hex(op.buf(), &req.owner.to_bytes());
+        op.end_arg();
+        push_ms(op.buf(), req.lease);
+        op.end_arg();
+        push_ms(op.buf(), req.ttl);
+        op.end_arg();
+        op.arg(if req.takeover == TakeoverPolicy::Hold {
             b"1"
         } else {
             b"0"
-        };
-        let tail = encode_meta_tail(&req.key, req.request_id.as_deref());
-        let reply = self
-            .run(
-                &SCRIPTS.claim,
-                rk,
-                &[
-                    fp.as_bytes(),
-                    owner.as_bytes(),
-                    &ms_arg(req.lease),
-                    &ms_arg(req.ttl),
-                    hold,
-                    &tail,
-                ],
-            )
-            .await?;
-        let outcome = claim_outcome(reply, req)?;
+        });
+        push_meta_tail(op.buf(), &req.key, req.request_id.as_deref());
+        op.end_arg();
+        let reply = self.exec(op).await?;
+        let outcome = claim_outcome(reply.value, req)?;
         if let ClaimOutcome::Claimed { lease, .. } = &outcome
-            && let Err(e) = self.wait_replicas(rk).await
+            && let Err(e) = self.waited(reply.waited, &req.key).await
         {
+            let rk = self.record_key(&req.key);
             // The handler will not run: give the claim back (best effort) so a retry can.
             let token = holder_token(lease.owner, lease.fence);
             let args: [&[u8]; 3] = [token.as_bytes(), b"r", &self.shared.tombstone_ms];
-            if let Err(undo_err) = self.run(&SCRIPTS.release, rk, &args).await {
+            if let Err(undo_err) = self.run(&SCRIPTS.release, &rk, &args).await {
                 tracing::warn!(key = %req.key, error = %undo_err, "could not release an uncertain claim; its lease will expire");
             }
             return Err(e);
         }
         Ok(outcome)
-    }
-
-    async fn settle(
-        &self,
-        script: &NamedScript,
-        key: &ScopedKey,
-        args: &[&[u8]],
-        wait: bool,
-    ) -> Result<SettleOutcome, StoreError> {
-        let rk = self.record_key(key);
-        let limit = if wait {
-            self.write_limit()
-        } else {
-            self.shared.op_timeout
-        };
-        bounded(limit, async {
-            let settled = match self.run(script, &rk, args).await? {
-                Value::Int(1) => SettleOutcome::Settled,
-                Value::Int(0) => SettleOutcome::Fenced,
-                _ => return Err(malformed("unexpected script reply")),
-            };
-            if wait && settled == SettleOutcome::Settled {
-                self.wait_replicas(&rk).await?;
-            }
-            Ok(settled)
-        })
-        .await
     }
 
     async fn scan_records(&self) -> Result<(Timestamp, Vec<Record>), StoreError> {
@@ -333,6 +371,15 @@ async fn server_now(conn: &Connection) -> Result<Timestamp, StoreError> {
     Ok(Timestamp(secs * 1000 + micros / 1000))
 }
 
+/// Reads a settling script's reply: 1 settled, 0 fenced.
+fn settle_outcome(reply: &Value) -> Result<SettleOutcome, StoreError> {
+    match reply {
+        Value::Int(1) => Ok(SettleOutcome::Settled),
+        Value::Int(0) => Ok(SettleOutcome::Fenced),
+        _ => Err(malformed("unexpected script reply")),
+    }
+}
+
 /// Reads the claim script's reply (see `lua/claim.lua`).
 fn claim_outcome(reply: Value, req: &ClaimRequest) -> Result<ClaimOutcome, StoreError> {
     let Value::Array(items) = reply else {
@@ -383,8 +430,7 @@ fn found(raw: &[u8], fingerprint: Fingerprint) -> Result<ClaimOutcome, StoreErro
 
 impl Store for RedisStore {
     async fn claim(&self, req: &ClaimRequest) -> Result<ClaimOutcome, StoreError> {
-        let rk = self.record_key(&req.key);
-        bounded(self.write_limit(), self.claim_once(req, &rk)).await
+        bounded(self.write_limit(), self.claim_once(req)).await
     }
 
     async fn renew(
@@ -421,9 +467,27 @@ impl Store for RedisStore {
         response: &StoredResponse,
         ttl: Duration,
     ) -> Result<SettleOutcome, StoreError> {
-        let (token, body) = (holder_token(owner, fence), response.encode());
-        let args: [&[u8]; 3] = [token.as_bytes(), &ms_arg(ttl), &body];
-        self.settle(&SCRIPTS.complete, key, &args, true).await
+        let body = response.encode();
+        let mut op = Op::new(
+            Kind::Complete,
+            self.record_key(key),
+            HOLDER_TOKEN_LEN + 13 + body.len(),
+        );
+        push_holder_token(op.buf(), owner, fence);
+        op.end_arg();
+        push_ms(op.buf(), ttl);
+        op.end_arg();
+        op.arg(&body);
+        drop(body);
+        bounded(self.write_limit(), async {
+            let reply = self.exec(op).await?;
+            let settled = settle_outcome(&reply.value)?;
+            if settled == SettleOutcome::Settled {
+                self.waited(reply.waited, key).await?;
+            }
+            Ok(settled)
+        })
+        .await
     }
 
     async fn release(
@@ -440,7 +504,11 @@ impl Store for RedisStore {
             b"r"
         };
         let args: [&[u8]; 3] = [token.as_bytes(), kind, &self.shared.tombstone_ms];
-        self.settle(&SCRIPTS.release, key, &args, false).await
+        let rk = self.record_key(key);
+        bounded(self.shared.op_timeout, async {
+            settle_outcome(&self.run(&SCRIPTS.release, &rk, &args).await?)
+        })
+        .await
     }
 
     async fn get(&self, key: &ScopedKey) -> Result<Option<Record>, StoreError> {

@@ -1,12 +1,15 @@
--- KEYS[1] record; ARGV: holder token, ttl_ms, response. Replies 1 settled or 0 fenced.
-local v = fetch(KEYS[1])
-if not holds(v, ARGV[1]) then
-  return 0
+-- complete(key, holder token, ttl_ms, response). Replies 1 settled or 0 fenced.
+-- Shared by the single complete script and the batch script.
+local function complete(key, token, ttl_ms, response)
+  local v = fetch(key)
+  if not holds(v, token) then
+    return 0
+  end
+  local ms = math.floor(now_us() / 1000)
+  local expires = ms + tonumber(ttl_ms)
+  -- A processing record holds no response yet: everything after `since` is meta.
+  redis.call('SET', key,
+    '1 c ' .. string.sub(v, 5, 155) .. expires .. ' ' .. ms .. string.sub(v, 183) .. response,
+    'PXAT', expires)
+  return 1
 end
-local ms = math.floor(now_us() / 1000)
-local expires = ms + tonumber(ARGV[2])
--- A processing record holds no response yet: everything after `since` is meta.
-redis.call('SET', KEYS[1],
-  '1 c ' .. string.sub(v, 5, 155) .. expires .. ' ' .. ms .. string.sub(v, 183) .. ARGV[3],
-  'PXAT', expires)
-return 1

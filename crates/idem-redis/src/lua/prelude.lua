@@ -37,10 +37,16 @@ end
 -- (the client caps leases and TTLs so no deadline reaches 14 digits).
 local SINCE_NONE = ' 0000000000000 '
 
--- Server time in microseconds; one TIME call per script at most.
+-- Server time in microseconds; one TIME call per script at most. A batch reads it once for
+-- all its operations: they run in one atomic script, so they happen at one instant anyway
+-- (Redis also judges key expiry at the script's start).
+local time_us
 local function now_us()
-  local t = redis.call('TIME')
-  return tonumber(t[1]) * 1000000 + tonumber(t[2])
+  if not time_us then
+    local t = redis.call('TIME')
+    time_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  end
+  return time_us
 end
 
 local function fetch(key)
