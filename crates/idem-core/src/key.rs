@@ -1,6 +1,7 @@
 //! Idempotency keys and the scope they live in.
 
 use std::fmt;
+use std::sync::Arc;
 
 use thiserror::Error;
 
@@ -37,8 +38,10 @@ pub enum KeyError {
 }
 
 /// A validated idempotency key: 1–255 printable ASCII characters (0x20–0x7E), no outer spaces.
+///
+/// Cheap to clone (shared text): a request's key is copied into claims, records and logs.
 #[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct Key(String);
+pub struct Key(Arc<str>);
 
 impl Key {
     /// Validates `raw` as a key.
@@ -48,7 +51,7 @@ impl Key {
     pub fn new(raw: impl Into<String>) -> Result<Self, KeyError> {
         let raw = raw.into();
         validate_key(raw.as_bytes())?;
-        Ok(Self(raw))
+        Ok(Self(raw.into()))
     }
 
     /// Validates raw bytes as a key (header values arrive as bytes).
@@ -58,7 +61,7 @@ impl Key {
     pub fn from_bytes(raw: &[u8]) -> Result<Self, KeyError> {
         validate_key(raw)?;
         // Validated as ASCII above, so this never allocates a replacement.
-        Ok(Self(String::from_utf8_lossy(raw).into_owned()))
+        Ok(Self(String::from_utf8_lossy(raw).into()))
     }
 
     /// The key text.
@@ -112,8 +115,9 @@ impl TryFrom<&str> for Key {
 /// Keys in two scopes never meet: a caller can never receive another scope's response.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Scope {
-    namespace: String,
-    principal: Option<String>,
+    // Shared text: a route's scope is cloned into every request's key.
+    namespace: Arc<str>,
+    principal: Option<Arc<str>>,
 }
 
 impl Scope {
@@ -131,7 +135,7 @@ impl Scope {
             return Err(KeyError::BadNamespace);
         }
         Ok(Self {
-            namespace,
+            namespace: namespace.into(),
             principal: None,
         })
     }
@@ -140,7 +144,7 @@ impl Scope {
     /// hash of the credential rather than the credential itself.
     #[must_use]
     pub fn with_principal(mut self, principal: impl Into<String>) -> Self {
-        self.principal = Some(principal.into());
+        self.principal = Some(Arc::from(principal.into()));
         self
     }
 

@@ -19,6 +19,7 @@ pub(super) fn canonicalize(body: &[u8], out: &mut Vec<u8>) -> Result<(), Fingerp
         src: body,
         pos: 0,
         depth: 0,
+        members: Vec::new(),
     };
     parser.skip_ws();
     parser.value(out)?;
@@ -33,6 +34,8 @@ struct Parser<'a> {
     src: &'a [u8],
     pos: usize,
     depth: usize,
+    /// Members of the objects being written, innermost last (one buffer for all levels).
+    members: Vec<Member<'a>>,
 }
 
 /// One object member already written to the output: its decoded name, and where its
@@ -132,7 +135,7 @@ impl<'a> Parser<'a> {
         self.enter()?;
         out.push(b'{');
         let body_start = out.len();
-        let mut members: Vec<Member<'a>> = Vec::new();
+        let first = self.members.len();
         if self.peek() == Some(b'}') {
             self.pos += 1;
         } else {
@@ -150,7 +153,7 @@ impl<'a> Parser<'a> {
                 self.skip_ws();
                 out.push(b':');
                 self.value(out)?;
-                members.push(Member {
+                self.members.push(Member {
                     name,
                     start,
                     end: out.len(),
@@ -162,9 +165,11 @@ impl<'a> Parser<'a> {
             }
         }
         // Written in input order; most bodies are already sorted and free of duplicates.
+        let members = &mut self.members[first..];
         if !members.windows(2).all(|w| w[0].name < w[1].name) {
             sort_members(out, body_start, members);
         }
+        self.members.truncate(first);
         out.push(b'}');
         self.depth -= 1;
         Ok(())
@@ -176,18 +181,24 @@ impl<'a> Parser<'a> {
         let mut i = open + 1;
         let mut escaped = false;
         loop {
-            match self.src.get(i) {
-                None => return Err(self.error("unterminated string")),
-                Some(b'"') => break,
-                Some(b'\\') => {
+            // Skip plain bytes in one tight loop; stop at a quote, a backslash or a control.
+            let plain = self.src[i.min(self.src.len())..]
+                .iter()
+                .position(|&b| b == b'"' || b == b'\\' || b < 0x20);
+            let Some(n) = plain else {
+                return Err(self.error("unterminated string"));
+            };
+            i += n;
+            match self.src[i] {
+                b'"' => break,
+                b'\\' => {
                     escaped = true;
                     i += 2;
                 }
-                Some(&b) if b < 0x20 => {
+                _ => {
                     self.pos = i;
                     return Err(self.error("control character in a string"));
                 }
-                Some(_) => i += 1,
             }
         }
         let src = self.src;
@@ -257,7 +268,7 @@ impl<'a> Parser<'a> {
 
 /// Rewrites an object's members in name order; of duplicate names the last one wins, as in
 /// serde_json's map.
-fn sort_members(out: &mut Vec<u8>, body_start: usize, mut members: Vec<Member<'_>>) {
+fn sort_members(out: &mut Vec<u8>, body_start: usize, members: &mut [Member<'_>]) {
     let text = out.split_off(body_start);
     // Stable, so among equal names the input order stays and the last is the one kept.
     members.sort_by(|a, b| a.name.cmp(&b.name));
