@@ -15,7 +15,14 @@ const MAX_DEPTH: usize = 127;
 
 /// Appends the canonical form of `body` to `out`.
 pub(super) fn canonicalize(body: &[u8], out: &mut Vec<u8>) -> Result<(), FingerprintError> {
+    // serde_json refuses invalid UTF-8 inside strings, and any byte above 0x7F outside them,
+    // so a body that is not UTF-8 is refused either way; checking it once up front is cheaper
+    // than checking every string.
+    let text = std::str::from_utf8(body).map_err(|e| {
+        FingerprintError::Json(format!("invalid UTF-8 at byte {}", e.valid_up_to()))
+    })?;
     let mut parser = Parser {
+        text,
         src: body,
         pos: 0,
         depth: 0,
@@ -31,6 +38,8 @@ pub(super) fn canonicalize(body: &[u8], out: &mut Vec<u8>) -> Result<(), Fingerp
 }
 
 struct Parser<'a> {
+    text: &'a str,
+    /// `text` as bytes.
     src: &'a [u8],
     pos: usize,
     depth: usize,
@@ -204,11 +213,14 @@ impl<'a> Parser<'a> {
         let src = self.src;
         self.pos = i + 1;
         if !escaped {
-            let raw = &src[open + 1..i];
-            let text = std::str::from_utf8(raw).map_err(|_| self.error("invalid UTF-8"))?;
+            // Both ends are quotes, so they are character boundaries.
+            let text = self
+                .text
+                .get(open + 1..i)
+                .ok_or_else(|| self.error("invalid UTF-8"))?;
             // Nothing in it needs escaping, so it is already canonical.
             out.push(b'"');
-            out.extend_from_slice(raw);
+            out.extend_from_slice(text.as_bytes());
             out.push(b'"');
             return Ok(Cow::Borrowed(text));
         }
