@@ -1,6 +1,8 @@
 //! The record a store keeps per scoped key, and the values inside it.
 
 use std::fmt;
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -50,9 +52,15 @@ pub fn duration_ms(d: Duration) -> u64 {
 pub struct OwnerId(pub u128);
 
 impl OwnerId {
-    /// A fresh, unique owner id.
+    /// A fresh, unique owner id: this process's random 64-bit nonce, then a per-process
+    /// counter. Two processes share a nonce with probability 2^-64; within a process ids never
+    /// repeat. (Cheaper than drawing 122 random bits per request, which showed in profiles.)
     pub fn random() -> Self {
-        Self(uuid::Uuid::now_v7().as_u128())
+        static NONCE: OnceLock<u64> = OnceLock::new();
+        static NEXT: AtomicU64 = AtomicU64::new(0);
+        let nonce = *NONCE.get_or_init(|| (uuid::Uuid::new_v4().as_u128() >> 64) as u64);
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        Self((u128::from(nonce) << 64) | u128::from(n))
     }
 
     /// The id as 16 big-endian bytes.

@@ -469,6 +469,11 @@ async fn timed_op<T>(
     limit: Duration,
     op: impl Future<Output = Result<T, StoreError>>,
 ) -> Result<T, StoreError> {
+    let mut op = std::pin::pin!(op);
+    // A store that answers at once (memory, a cache hit) needs no timer.
+    if let std::task::Poll::Ready(result) = futures::poll!(op.as_mut()) {
+        return result;
+    }
     match tokio::time::timeout(limit, op).await {
         Ok(result) => result,
         Err(_) => Err(StoreError::Timeout(limit)),
