@@ -62,6 +62,7 @@ fn start_server() -> Server {
         .spawn()
         .expect("redis-server");
     SERVER_PID.store(u64::from(child.id()), Ordering::Relaxed);
+    SERVER_PORT.store(u64::from(port), Ordering::Relaxed);
     let server = Server { child, port, dir };
     let give_up = Instant::now() + Duration::from_secs(10);
     while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
@@ -103,6 +104,7 @@ where
     Fut: std::future::Future<Output = ()> + Send,
 {
     let op = Arc::new(op);
+    server_stats(&["CONFIG", "RESETSTAT"]);
     let stop = Arc::new(AtomicBool::new(false));
     let done = Arc::new(AtomicU64::new(0));
     let started = Instant::now();
@@ -138,10 +140,42 @@ where
         (me1.1 - me0.1) / ops * 1e6,
         (cpu_secs(server) - server0) / ops * 1e6
     );
+    // Time the server spent executing commands (scripts included), per operation and per
+    // call: the rest of its CPU is reading requests and writing replies.
+    let stats = server_stats(&["INFO", "commandstats"]);
+    for line in stats.lines().filter(|l| l.starts_with("cmdstat_")) {
+        let field = |name: &str| {
+            line.split([':', ','])
+                .find_map(|f| f.strip_prefix(name))
+                .and_then(|v| v.parse::<f64>().ok())
+                .unwrap_or(0.0)
+        };
+        let (calls, usec) = (field("calls="), field("usec="));
+        if calls > 0.0 && !line.starts_with("cmdstat_config") {
+            eprintln!(
+                "    {}: {calls} calls, {:.2} ops per call, {:.2} µs per op",
+                line.split(':').next().unwrap_or(""),
+                ops / calls,
+                usec / ops
+            );
+        }
+    }
     ops / started.elapsed().as_secs_f64()
 }
 
 static SERVER_PID: AtomicU64 = AtomicU64::new(0);
+static SERVER_PORT: AtomicU64 = AtomicU64::new(0);
+
+/// `redis-cli` against the bench's server; its output.
+fn server_stats(args: &[&str]) -> String {
+    let port = SERVER_PORT.load(Ordering::Relaxed).to_string();
+    Command::new("redis-cli")
+        .args(["-p", &port])
+        .args(args)
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+        .unwrap_or_default()
+}
 
 fn redis_benchmark(port: u16, clients: usize, requests: u64) -> f64 {
     let out = Command::new("redis-benchmark")
@@ -207,10 +241,23 @@ async fn main() {
     );
     let server = start_server();
     let url = format!("redis://127.0.0.1:{}", server.port);
+    // `IDEM_BENCH_BATCHING=0` turns coalescing off; `IDEM_BENCH_IN_FLIGHT=n` sets
+    // `batches_in_flight`.
+    let env = |name: &str| {
+        std::env::var(name)
+            .ok()
+            .and_then(|s| s.parse::<usize>().ok())
+    };
     let config = RedisConfig::from_url(&url)
         .and_then(|c| c.prefix("bench:"))
         .and_then(|c| c.op_timeout(Duration::from_secs(2)))
+        .and_then(|c| match env("IDEM_BENCH_IN_FLIGHT") {
+            Some(n) => c.batches_in_flight(n),
+            None => Ok(c),
+        })
+        .map(|c| c.batching(env("IDEM_BENCH_BATCHING") != Some(0)))
         .expect("config");
+    eprintln!("store: {config:?}");
     let store = RedisStore::connect(config).await.expect("connect");
     let policy = Policy::builder()
         .record_ttl(Duration::from_secs(300))

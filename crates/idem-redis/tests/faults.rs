@@ -430,3 +430,143 @@ async fn paused_holder_loses_to_a_new_claimer() {
         other => panic!("expected the new holder's response, got {other:?}"),
     }
 }
+
+/// The same restart with claims coalesced into batches: the batch script is forgotten too,
+/// and `NOSCRIPT` → `SCRIPT LOAD` → retry brings it back. Without that fallback every batch
+/// would fail for as long as the server runs (shown by removing the retry from
+/// `NamedScript::run_command`: this test then never resumes).
+#[tokio::test]
+async fn restarted_empty_reloads_the_batch_script() {
+    if !redis_server_available() {
+        return;
+    }
+    let server = Server::start(&[]);
+    let store = store_at(&server.url(), OP_TIMEOUT).await;
+    let claims = |round: u32| -> Vec<ClaimRequest> {
+        (0..5)
+            .map(|i| request(&key(&format!("batch-{round}-{i}")), Duration::from_secs(30)))
+            .collect()
+    };
+    let before = claims(0);
+    for out in futures::future::join_all(before.iter().map(|r| store.claim(r))).await {
+        assert!(
+            matches!(out, Ok(ClaimOutcome::Claimed { .. })),
+            "got {out:?}"
+        );
+    }
+    let server = tokio::task::spawn_blocking(move || server.restart_empty())
+        .await
+        .expect("restart");
+
+    let give_up = Instant::now() + Duration::from_secs(10);
+    let mut round = 1;
+    loop {
+        let started = Instant::now();
+        let reqs = claims(round);
+        round += 1;
+        // The first claim runs alone, the other four queue behind it as one batch.
+        let outs = futures::future::join_all(reqs.iter().map(|r| store.claim(r))).await;
+        assert!(
+            started.elapsed() < OP_TIMEOUT + SLACK,
+            "a round took {:?}",
+            started.elapsed()
+        );
+        if outs.iter().all(Result::is_ok) {
+            for out in outs {
+                assert!(
+                    matches!(out, Ok(ClaimOutcome::Claimed { .. })),
+                    "got {out:?}"
+                );
+            }
+            break;
+        }
+        eprintln!(
+            "round failed while reconnecting: {:?}",
+            outs.iter().find(|o| o.is_err())
+        );
+        assert!(
+            Instant::now() < give_up,
+            "batches did not resume after the restart"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Once for the claim script, once for the batch script.
+    assert!(
+        server.calls("script|load") >= 2,
+        "NOSCRIPT made the client load both scripts: {:?}",
+        server.all_calls()
+    );
+}
+
+/// A frozen server with claims queued behind one in flight: every one of them fails with a
+/// timeout within the op timeout; none waits for the batch ahead of it to come back.
+#[tokio::test]
+async fn frozen_server_fails_every_queued_operation_in_time() {
+    if !redis_server_available() {
+        return;
+    }
+    let server = Server::start(&[]);
+    let store = store_at(&server.url(), OP_TIMEOUT).await;
+    let warm: Vec<ClaimRequest> = (0..3)
+        .map(|i| request(&key(&format!("warm-{i}")), Duration::from_secs(30)))
+        .collect();
+    for out in futures::future::join_all(warm.iter().map(|r| store.claim(r))).await {
+        assert!(
+            matches!(out, Ok(ClaimOutcome::Claimed { .. })),
+            "got {out:?}"
+        );
+    }
+    server.freeze();
+    for round in 0..3 {
+        let reqs: Vec<ClaimRequest> = (0..8)
+            .map(|i| {
+                request(
+                    &key(&format!("frozen-{round}-{i}")),
+                    Duration::from_secs(30),
+                )
+            })
+            .collect();
+        let started = Instant::now();
+        let outs = tokio::time::timeout(
+            Duration::from_secs(5),
+            futures::future::join_all(reqs.iter().map(|r| store.claim(r))),
+        )
+        .await
+        .expect("queued claims hung past 5 s");
+        assert!(
+            started.elapsed() < OP_TIMEOUT + SLACK,
+            "round {round} took {:?}",
+            started.elapsed()
+        );
+        for out in outs {
+            assert!(
+                matches!(out, Err(StoreError::Timeout(t)) if t == OP_TIMEOUT),
+                "got {out:?}"
+            );
+        }
+    }
+    server.resume();
+    let give_up = Instant::now() + Duration::from_secs(10);
+    loop {
+        let reqs: Vec<ClaimRequest> = (0..4)
+            .map(|i| {
+                request(
+                    &key(&format!("thawed-{i}-{:?}", Instant::now())),
+                    Duration::from_secs(30),
+                )
+            })
+            .collect();
+        let outs = futures::future::join_all(reqs.iter().map(|r| store.claim(r))).await;
+        if outs
+            .iter()
+            .all(|o| matches!(o, Ok(ClaimOutcome::Claimed { .. })))
+        {
+            break;
+        }
+        assert!(
+            Instant::now() < give_up,
+            "service did not resume after SIGCONT"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}

@@ -1,0 +1,316 @@
+//! Coalescing of concurrent claims and completions: fewer script calls than operations, each
+//! operation answered exactly as if it ran alone, operations on one key inside one batch
+//! applied in order. Each test runs on its own private `redis-server` so `INFO commandstats`
+//! counts only its own commands.
+//!
+//! The concurrent operations are polled together by `join_all` in one task: the first finds
+//! the store idle and runs its own script, the rest queue behind it and leave as one batch
+//! when its reply comes back. So the batches these tests see are deterministic.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{Server, redis_server_available, unique_prefix};
+use futures::future::join_all;
+use idem_core::store::{ClaimOutcome, ClaimRequest, SettleOutcome};
+use idem_core::{
+    Fingerprint, Key, Lease, OwnerId, ReleaseKind, Scope, ScopedKey, Store, StoreError,
+    StoredResponse, TakeoverPolicy,
+};
+use idem_redis::{RedisConfig, RedisStore};
+
+fn key(k: &str) -> ScopedKey {
+    ScopedKey::new(
+        Scope::new("redis.batch").expect("ns").with_principal("p1"),
+        Key::new(k).expect("key"),
+    )
+}
+
+fn request(key: &ScopedKey, fp: u8) -> ClaimRequest {
+    ClaimRequest {
+        key: key.clone(),
+        fingerprint: Fingerprint::of_bytes(1, &[fp]),
+        owner: OwnerId::random(),
+        lease: Duration::from_secs(30),
+        ttl: Duration::from_secs(60),
+        takeover: TakeoverPolicy::Reexecute,
+        request_id: Some("req".into()),
+    }
+}
+
+async fn store(server: &Server, batching: bool) -> RedisStore {
+    let config = RedisConfig::from_url(&server.url())
+        .and_then(|c| c.prefix(unique_prefix()))
+        .and_then(|c| c.op_timeout(Duration::from_secs(2)))
+        .map(|c| c.batching(batching))
+        .expect("config");
+    RedisStore::connect(config).await.expect("connect")
+}
+
+fn claimed(outcome: &Result<ClaimOutcome, StoreError>) -> Lease {
+    match outcome {
+        Ok(ClaimOutcome::Claimed { lease, .. }) => *lease,
+        other => panic!("expected a claim, got {other:?}"),
+    }
+}
+
+/// What must agree between the batched and the unbatched store: the outcome's kind and
+/// everything in it that does not depend on time or on the random owner.
+fn comparable(outcome: &Result<ClaimOutcome, StoreError>) -> String {
+    match outcome {
+        Ok(ClaimOutcome::Claimed { takeover, .. }) => format!("claimed takeover={takeover}"),
+        Ok(ClaimOutcome::Busy { .. }) => "busy".into(),
+        Ok(ClaimOutcome::Done { response }) => format!("done {:?}", response.body),
+        Ok(ClaimOutcome::Mismatch { stored }) => format!("mismatch {stored:?}"),
+        Ok(ClaimOutcome::Unknown) => "unknown".into(),
+        Ok(other) => format!("{other:?}"),
+        Err(StoreError::Unavailable(_)) => "unavailable".into(),
+        Err(e) => format!("error {e}"),
+    }
+}
+
+/// Puts the records of `i`'s scenario in place on `store`: 0 absent, 1 completed (its own
+/// response), 2 processing, 3 completed under another fingerprint, 4 unknown, 5 corrupt.
+async fn prepare(store: &RedisStore, server: &Server, i: usize) -> Option<Lease> {
+    let k = key(&format!("k{i}"));
+    match i % 6 {
+        1 | 3 => {
+            let lease = claimed(&store.claim(&request(&k, 1)).await);
+            let response = StoredResponse::new(200, format!("response {i}"));
+            let ttl = Duration::from_secs(60);
+            store
+                .complete(&k, lease.owner, lease.fence, &response, ttl)
+                .await
+                .expect("complete");
+            None
+        }
+        2 => Some(claimed(&store.claim(&request(&k, 1)).await)),
+        4 => {
+            let lease = claimed(&store.claim(&request(&k, 1)).await);
+            store
+                .release(&k, lease.owner, lease.fence, ReleaseKind::Unknown)
+                .await
+                .expect("release");
+            None
+        }
+        5 => {
+            let rk = store.record_key(&k);
+            server.cli(&["SET", &rk, "garbage", "PX", "60000"]);
+            None
+        }
+        _ => None,
+    }
+}
+
+/// The fingerprint each scenario's claim is made with (3 asks with another one).
+fn fp_of(i: usize) -> u8 {
+    if i % 6 == 3 { 2 } else { 1 }
+}
+
+// Guards against a batch mixing up replies (each caller must get its own key's answer, in
+// order) and against one failing operation (a corrupt record) failing its neighbours.
+#[tokio::test]
+async fn concurrent_claims_share_calls_and_each_gets_its_own_answer() {
+    if !redis_server_available() {
+        return;
+    }
+    let server = Server::start(&[]);
+    let batched = store(&server, true).await;
+    let plain = store(&server, false).await;
+    const N: usize = 30;
+    for s in [&batched, &plain] {
+        for i in 0..N {
+            prepare(s, &server, i).await;
+        }
+    }
+    let requests: Vec<ClaimRequest> = (0..N)
+        .map(|i| request(&key(&format!("k{i}")), fp_of(i)))
+        .collect();
+    // Load the scripts first so NOSCRIPT retries do not count.
+    join_all((0..3).map(|i| batched.claim(&requests[i]))).await;
+    // The warm-up claimed the absent record 0 on the batched store: do the same on the
+    // plain one so both start from the same state.
+    claimed(&plain.claim(&request(&key("k0"), 1)).await);
+
+    server.cli(&["CONFIG", "RESETSTAT"]);
+    let together = join_all(requests.iter().map(|r| batched.claim(r))).await;
+    let calls = server.calls("evalsha");
+    eprintln!("{N} concurrent claims: {calls} script calls");
+    assert!(calls < N as u64, "{calls} script calls for {N} claims");
+    assert_eq!(calls, 2, "one alone, then the rest in one batch");
+
+    let mut alone = Vec::new();
+    for r in &requests {
+        alone.push(plain.claim(r).await);
+    }
+    for (i, (b, p)) in together.iter().zip(&alone).enumerate() {
+        assert_eq!(comparable(b), comparable(p), "key k{i}: batched vs alone");
+    }
+    // And each answer is its own key's: the scenario says what it must be.
+    for (i, outcome) in together.iter().enumerate() {
+        let expected = match i % 6 {
+            0 if i == 0 => "busy".to_owned(),
+            0 => "claimed takeover=false".to_owned(),
+            1 => format!(
+                "done {:?}",
+                StoredResponse::new(200, format!("response {i}")).body
+            ),
+            2 => "busy".to_owned(),
+            3 => format!("mismatch {:?}", Fingerprint::of_bytes(1, &[1])),
+            4 => "unknown".to_owned(),
+            _ => "unavailable".to_owned(),
+        };
+        assert_eq!(comparable(outcome), expected, "key k{i}");
+    }
+
+    // Completions together too: the fresh claims' owners settle, a wrong owner is fenced.
+    let ttl = Duration::from_secs(60);
+    let response = StoredResponse::new(201, "done");
+    let settles: Vec<(ScopedKey, OwnerId, u64)> = together
+        .iter()
+        .enumerate()
+        .filter_map(|(i, o)| match o {
+            Ok(ClaimOutcome::Claimed { lease, .. }) => {
+                Some((key(&format!("k{i}")), lease.owner, lease.fence))
+            }
+            _ => None,
+        })
+        .flat_map(|(k, owner, fence)| [(k.clone(), OwnerId::random(), fence), (k, owner, fence)])
+        .collect();
+    assert!(settles.len() >= 8);
+    server.cli(&["CONFIG", "RESETSTAT"]);
+    let settled = join_all(
+        settles
+            .iter()
+            .map(|(k, owner, fence)| batched.complete(k, *owner, *fence, &response, ttl)),
+    )
+    .await;
+    assert_eq!(server.calls("evalsha"), 2);
+    for (j, result) in settled.iter().enumerate() {
+        let expected = if j % 2 == 0 {
+            SettleOutcome::Fenced
+        } else {
+            SettleOutcome::Settled
+        };
+        assert_eq!(result.as_ref().ok(), Some(&expected), "completion {j}");
+    }
+    for (k, _, _) in settles.iter().step_by(2) {
+        match batched.claim(&request(k, 1)).await {
+            Ok(ClaimOutcome::Done { response: r }) => assert_eq!(r, response),
+            other => panic!("expected the stored response, got {other:?}"),
+        }
+    }
+}
+
+// Guards against a batch applying operations on one key as if they were independent (both
+// claims granted) or out of order.
+#[tokio::test]
+async fn operations_on_one_key_inside_one_batch_are_sequential() {
+    if !redis_server_available() {
+        return;
+    }
+    let server = Server::start(&[]);
+    let store = store(&server, true).await;
+    // Load the claim and batch scripts first so NOSCRIPT retries do not count.
+    let warm: Vec<ClaimRequest> = (0..3)
+        .map(|i| request(&key(&format!("warm{i}")), 1))
+        .collect();
+    for out in join_all(warm.iter().map(|r| store.claim(r))).await {
+        claimed(&out);
+    }
+
+    let (blocker, k) = (key("blocker"), key("same"));
+    let (first, second) = (request(&k, 1), request(&k, 1));
+    server.cli(&["CONFIG", "RESETSTAT"]);
+    let out = join_all([
+        store.claim(&request(&blocker, 1)),
+        store.claim(&first),
+        store.claim(&second),
+    ])
+    .await;
+    assert_eq!(
+        server.calls("evalsha"),
+        2,
+        "the two claims went in one batch"
+    );
+    claimed(&out[0]);
+    let lease = claimed(&out[1]);
+    assert!(
+        matches!(out[2], Ok(ClaimOutcome::Busy { .. })),
+        "the second claim sees the first: {:?}",
+        out[2]
+    );
+    assert_eq!(lease.owner, first.owner);
+
+    // A completion and a claim of the same key in one batch: the claim replays it.
+    let response = StoredResponse::new(200, "first");
+    let ttl = Duration::from_secs(60);
+    server.cli(&["CONFIG", "RESETSTAT"]);
+    let blocker2 = key("blocker-2");
+    let third = request(&k, 1);
+    let (done, replies) = futures::join!(
+        async {
+            let b = store.claim(&request(&blocker2, 1)).await;
+            claimed(&b);
+        },
+        async {
+            futures::join!(
+                store.complete(&k, lease.owner, lease.fence, &response, ttl),
+                store.claim(&third)
+            )
+        }
+    );
+    let () = done;
+    assert_eq!(
+        server.calls("evalsha"),
+        2,
+        "completion and claim in one batch"
+    );
+    assert_eq!(replies.0.expect("complete"), SettleOutcome::Settled);
+    match replies.1 {
+        Ok(ClaimOutcome::Done { response: r }) => assert_eq!(r, response),
+        other => panic!("expected a replay, got {other:?}"),
+    }
+}
+
+/// The round-trip rule still holds with batching on: an operation alone runs its own script.
+#[tokio::test]
+async fn a_lone_operation_runs_its_own_script() {
+    if !redis_server_available() {
+        return;
+    }
+    let server = Server::start(&[]);
+    let store = store(&server, true).await;
+    let ttl = Duration::from_secs(60);
+    let response = StoredResponse::new(200, "ok");
+    // Load the claim and complete scripts first so NOSCRIPT retries do not count.
+    let warm = claimed(&store.claim(&request(&key("warm"), 1)).await);
+    store
+        .complete(&key("warm"), warm.owner, warm.fence, &response, ttl)
+        .await
+        .expect("complete");
+    server.cli(&["CONFIG", "RESETSTAT"]);
+    let lease = claimed(&store.claim(&request(&key("lone"), 1)).await);
+    assert_eq!(
+        store
+            .complete(&key("lone"), lease.owner, lease.fence, &response, ttl)
+            .await
+            .expect("complete"),
+        SettleOutcome::Settled
+    );
+    assert_eq!(server.calls("evalsha"), 2);
+    assert_eq!(
+        (
+            server.calls("get"),
+            server.calls("time"),
+            server.calls("set")
+        ),
+        (2, 2, 2)
+    );
+    assert_eq!(
+        server.calls("script|load"),
+        0,
+        "the batch script was not needed"
+    );
+}
