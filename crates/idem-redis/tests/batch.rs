@@ -314,3 +314,67 @@ async fn a_lone_operation_runs_its_own_script() {
         "the batch script was not needed"
     );
 }
+
+/// Durability mode with claims in one batch: one `WAIT` after the batch covers all its
+/// writes, a short acknowledgement makes every claim in it uncertain (and each is given
+/// back), and with a live replica every claim goes through.
+#[tokio::test]
+async fn a_short_ack_after_a_batch_makes_each_of_its_claims_uncertain() {
+    if !redis_server_available() {
+        return;
+    }
+    let master = Server::start(&[]);
+    let config = RedisConfig::from_url(&master.url())
+        .and_then(|c| c.prefix(unique_prefix()))
+        .and_then(|c| c.op_timeout(Duration::from_secs(3)))
+        // Generous for a loaded 2-core box (see the durability test in tests/store.rs).
+        .and_then(|c| c.durability(1, Duration::from_millis(500)))
+        .expect("config");
+    let store = RedisStore::connect(config).await.expect("connect");
+    let reqs: Vec<ClaimRequest> = (0..4)
+        .map(|i| request(&key(&format!("durable-{i}")), 1))
+        .collect();
+    master.cli(&["CONFIG", "RESETSTAT"]);
+    let outs = join_all(reqs.iter().map(|r| store.claim(r))).await;
+    for out in &outs {
+        assert!(
+            matches!(
+                out,
+                Err(StoreError::Uncertain {
+                    acked: 0,
+                    wanted: 1
+                })
+            ),
+            "got {out:?}"
+        );
+    }
+    // The lone claim waited on its own, the batch of three once.
+    assert_eq!(master.calls("wait"), 2, "{:?}", master.all_calls());
+    for r in &reqs {
+        assert_eq!(
+            store.get(&r.key).await.expect("get"),
+            None,
+            "the uncertain claim was given back"
+        );
+    }
+
+    let replica = Server::start(&["--replicaof", "127.0.0.1", &master.port.to_string()]);
+    let give_up = std::time::Instant::now() + Duration::from_secs(10);
+    while !master
+        .cli(&["INFO", "replication"])
+        .is_some_and(|i| i.contains("connected_slaves:1") && i.contains("state=online"))
+    {
+        assert!(
+            std::time::Instant::now() < give_up,
+            "replica did not come online"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let reqs: Vec<ClaimRequest> = (0..4)
+        .map(|i| request(&key(&format!("durable-{i}")), 1))
+        .collect();
+    for out in join_all(reqs.iter().map(|r| store.claim(r))).await {
+        claimed(&out);
+    }
+    drop(replica);
+}
