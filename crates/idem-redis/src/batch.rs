@@ -39,10 +39,10 @@ pub(crate) enum Kind {
 }
 
 impl Kind {
-    fn code(self) -> &'static [u8] {
+    fn code(self) -> u8 {
         match self {
-            Kind::Claim => b"c",
-            Kind::Complete => b"d",
+            Kind::Claim => b'c',
+            Kind::Complete => b'd',
         }
     }
 }
@@ -352,15 +352,16 @@ impl Batcher {
         &self,
         batch: &[Waiting],
     ) -> Result<(Vec<Value>, Option<Result<(), StoreError>>), StoreError> {
-        let args = batch.iter().map(|w| 1 + w.op.args).sum();
+        let args = 1 + batch.iter().map(|w| w.op.args).sum::<usize>();
         let bytes = batch.iter().map(|w| 1 + w.op.size()).sum();
         let script = self.scripts.batch;
         let mut cmd: Cmd = script.command(batch.len(), args, bytes);
         for w in batch {
             cmd.arg(w.op.key.as_bytes());
         }
+        let codes: Vec<u8> = batch.iter().map(|w| w.op.kind.code()).collect();
+        cmd.arg(codes);
         for w in batch {
-            cmd.arg(w.op.kind.code());
             for a in w.op.arg_slices() {
                 cmd.arg(a);
             }

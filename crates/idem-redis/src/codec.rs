@@ -53,6 +53,16 @@ pub(crate) fn push_hex(out: &mut Vec<u8>, bytes: &[u8]) {
     }
 }
 
+/// Appends the lower-case hex of `bytes` to `out`.
+pub(crate) fn push_hex_str(out: &mut String, bytes: &[u8]) {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    out.reserve(bytes.len() * 2);
+    for b in bytes {
+        out.push(char::from(DIGITS[usize::from(b >> 4)]));
+        out.push(char::from(DIGITS[usize::from(b & 15)]));
+    }
+}
+
 /// Appends `n` in decimal, at least `width` digits (zero-padded).
 pub(crate) fn push_decimal(out: &mut Vec<u8>, n: u64, width: usize) {
     let mut digits = [b'0'; 20];

@@ -17,7 +17,7 @@ use redis::Value;
 use crate::batch::{self, Batcher, Kind, Op, Reply, malformed, redis_err};
 use crate::codec::{
     HOLDER_TOKEN_LEN, Header, decode_record, holder_token, meta_tail_len, push_decimal, push_hex,
-    push_holder_token, push_meta_tail,
+    push_hex_str, push_holder_token, push_meta_tail,
 };
 use crate::config::{Durability, RedisConfig, Target};
 use crate::script::{Connection, NamedScript, Timeouts, bounded};
@@ -208,11 +208,11 @@ impl RedisStore {
 
     /// The Redis key that holds `key`'s record.
     pub fn record_key(&self, key: &ScopedKey) -> String {
-        let (prefix, digest) = (&self.shared.prefix, key.digest_hex());
-        let mut rk = String::with_capacity(prefix.len() + digest.len() + 2);
+        let (prefix, digest) = (&self.shared.prefix, key.digest());
+        let mut rk = String::with_capacity(prefix.len() + 2 * digest.len() + 2);
         rk.push_str(prefix);
         rk.push('{');
-        rk.push_str(&digest);
+        push_hex_str(&mut rk, &digest);
         rk.push('}');
         rk
     }
@@ -382,16 +382,12 @@ fn settle_outcome(reply: &Value) -> Result<SettleOutcome, StoreError> {
 
 /// Reads the claim script's reply (see `lua/claim.lua`).
 fn claim_outcome(reply: Value, req: &ClaimRequest) -> Result<ClaimOutcome, StoreError> {
-    let Value::Array(items) = reply else {
-        return Err(malformed("unexpected claim reply"));
+    let items = match reply {
+        Value::BulkString(raw) => return found(&raw, req.fingerprint),
+        Value::Array(items) => items,
+        _ => return Err(malformed("unexpected claim reply")),
     };
     Ok(match int(items.first())? {
-        0 => {
-            let Some(Value::BulkString(raw)) = items.get(1) else {
-                return Err(malformed("unexpected claim reply"));
-            };
-            found(raw, req.fingerprint)?
-        }
         1 => ClaimOutcome::Busy {
             retry_after: Duration::from_millis(int(items.get(1))?),
         },

@@ -1,6 +1,8 @@
 -- claim(key, fp, owner, lease_ms, ttl_ms, hold (0|1), tail ("<meta_len:10>\n<meta>"))
--- Replies: {0, value} found completed/unknown/other-fp (caller decides replay, unknown or
--- mismatch); {1, retry_after_ms} busy; {2} held: now unknown; {3, fence, deadline, takeover}.
+-- Replies: the record's value when found completed/unknown/other-fp (the caller decides
+-- replay, unknown or mismatch; a bare string, as a table around it costs the server more than
+-- the rest of a replay); {1, retry_after_ms} busy; {2} held: now unknown;
+-- {3, fence, deadline, takeover}.
 -- Shared by the single claim script and the batch script.
 local function claim(key, fp, owner, lease_ms, ttl_ms, hold, tail)
   local v, s = fetch(key)
@@ -8,8 +10,8 @@ local function claim(key, fp, owner, lease_ms, ttl_ms, hold, tail)
   if s == 't' then
     prev_fence = num(v, 38, 20)
   elseif s then
-    if s ~= 'p' or string.sub(v, 59, 126) ~= fp then
-      return {0, v}
+    if s ~= 'p' or string.find(v, fp, 59, true) ~= 59 then
+      return v
     end
     us = now_us()
     local ms = math.floor(us / 1000)
@@ -28,11 +30,12 @@ local function claim(key, fp, owner, lease_ms, ttl_ms, hold, tail)
   -- Above the previous fence and at least the server clock in microseconds: it increases
   -- across expiry without a counter kept forever.
   local fence = math.max(prev_fence + 1, us)
+  local fence_text = fence == us and now_fence_text() or string.format('%020.0f', fence)
   local deadline = ms + tonumber(lease_ms)
-  local expires = math.max(ms + tonumber(ttl_ms), deadline)
+  local expires = text(math.max(ms + tonumber(ttl_ms), deadline))
   redis.call('SET', key,
-    '1 p ' .. owner .. ' ' .. string.format('%020.0f', fence) .. ' ' .. fp .. ' ' .. deadline .. ' '
-      .. (created or ms) .. ' ' .. expires .. SINCE_NONE .. tail,
+    '1 p ' .. owner .. ' ' .. fence_text .. ' ' .. fp .. ' ' .. text(deadline) .. ' '
+      .. text(created or ms) .. ' ' .. expires .. SINCE_NONE .. tail,
     'PXAT', expires)
   return {3, fence, deadline, takeover}
 end

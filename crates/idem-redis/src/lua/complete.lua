@@ -6,10 +6,10 @@ local function complete(key, token, ttl_ms, response)
     return 0
   end
   local ms = math.floor(now_us() / 1000)
-  local expires = ms + tonumber(ttl_ms)
+  local expires = text(ms + tonumber(ttl_ms))
   -- A processing record holds no response yet: everything after `since` is meta.
   redis.call('SET', key,
-    '1 c ' .. string.sub(v, 5, 155) .. expires .. ' ' .. ms .. string.sub(v, 183) .. response,
+    '1 c ' .. string.sub(v, 5, 155) .. expires .. ' ' .. text(ms) .. string.sub(v, 183) .. response,
     'PXAT', expires)
   return 1
 end
