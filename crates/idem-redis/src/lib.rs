@@ -50,12 +50,23 @@
 //! - **Round trips**: a first request costs two scripts (claim, complete), a replay one, a
 //!   replay through [`idem_core::CachedStore`] none. Inside the scripts a replay runs one
 //!   `GET`; a fresh claim `GET`, `TIME`, `SET`.
+//! - **Batching** (single node, on by default, [`RedisConfig::batching`]): claims and
+//!   completions that arrive while a script call is in flight queue up and leave together as
+//!   one `EVALSHA` of a batch script, which applies each of them in order with the same Lua
+//!   function as its own script (`lua/claim.lua`, `lua/complete.lua`) and answers each
+//!   separately; two operations on one key in one batch behave as two calls in a row. An
+//!   operation that finds the store idle runs its own script at once, so the round trips
+//!   above hold for a lone request and an idle store adds no latency. Each operation keeps
+//!   its own timeout; a failed batch fails each of its operations. A batch reads `TIME`
+//!   once. On a Redis Cluster every operation runs its own script (see the crate README).
 //! - **Timeouts**: every operation is bounded (250 ms by default) and reports
 //!   [`idem_core::StoreError::Timeout`]; the connection reconnects in the background.
 //! - **Durability**: [`RedisConfig::durability`] makes claims and completions `WAIT` for
 //!   replicas; a short acknowledgement is [`idem_core::StoreError::Uncertain`] (a claim is
-//!   then given back and its handler never runs). `WAIT` blocks the shared multiplexed
-//!   connection while it waits, so use it with replicas that keep up.
+//!   then given back and its handler never runs). With batching, one `WAIT` after a batch
+//!   covers all its writes, and a short acknowledgement makes every claim and completion in
+//!   it uncertain. `WAIT` blocks the shared multiplexed connection while it waits, so use it
+//!   with replicas that keep up.
 //!
 //! # TLS
 //!
