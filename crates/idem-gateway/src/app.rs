@@ -121,18 +121,25 @@ impl App {
 
     /// Handles one request from `remote`.
     pub async fn handle(&self, req: Request<Incoming>, remote: SocketAddr) -> Response<ResBody> {
-        let started = Instant::now();
+        self.handle_from(req, &Peer::new(remote)).await
+    }
+
+    /// Handles one request from `peer` (what [`service`] calls: the peer's address is
+    /// rendered once per connection, not per request).
+    pub async fn handle_from(&self, req: Request<Incoming>, peer: &Peer) -> Response<ResBody> {
+        // Everything only the access log needs is skipped when it is off.
+        let log = tracing::enabled!(tracing::Level::INFO);
+        let started = log.then(Instant::now);
         let (mut parts, body) = req.into_parts();
         let request_id = request_id(&mut parts, &self.request_id);
-        append_forwarded_for(&mut parts, remote);
+        append_forwarded_for(&mut parts, peer);
         let method = parts.method.clone();
-        let path = parts.uri.path().to_owned();
+        let path = log.then(|| parts.uri.path().to_owned());
+        let entry = self.entries.iter().find(|e| {
+            e.route.methods.contains(&parts.method) && e.route.pattern.matches(parts.uri.path())
+        });
         let req = Request::from_parts(parts, ReqBody::Incoming(body));
 
-        let entry = self
-            .entries
-            .iter()
-            .find(|e| e.route.methods.contains(&method) && e.route.pattern.matches(&path));
         let (mut res, outcome, route) = match entry {
             None => match &self.fallback {
                 Some(proxy) => (proxy.forward(req).await, RequestOutcome::Passthrough, "-"),
@@ -176,20 +183,37 @@ impl App {
         };
         self.outcomes.record(outcome);
         res.headers_mut().remove(PROBLEM_SLUG);
+        if let Some(started) = started {
+            tracing::info!(
+                request_id = request_id.to_str().unwrap_or("-"),
+                %method,
+                path = path.as_deref().unwrap_or("-"),
+                route,
+                status = res.status().as_u16(),
+                outcome = outcome.as_str(),
+                micros = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX),
+                "request"
+            );
+        }
         res.headers_mut()
-            .insert(self.request_id.clone(), request_id.clone());
-        let status = res.status().as_u16();
-        tracing::info!(
-            request_id = request_id.to_str().unwrap_or("-"),
-            %method,
-            path,
-            route,
-            status,
-            outcome = outcome.as_str(),
-            micros = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX),
-            "request"
-        );
+            .insert(self.request_id.clone(), request_id);
         res
+    }
+}
+
+/// The client end of one connection, with its `X-Forwarded-For` entry rendered once.
+#[derive(Debug, Clone)]
+pub struct Peer {
+    ip: HeaderValue,
+}
+
+impl Peer {
+    /// The peer at `remote`.
+    pub fn new(remote: SocketAddr) -> Self {
+        // An IP address always renders as a valid header value.
+        let ip = HeaderValue::from_str(&remote.ip().to_string())
+            .unwrap_or(HeaderValue::from_static("unknown"));
+        Self { ip }
     }
 }
 
@@ -260,29 +284,48 @@ fn request_id(parts: &mut Parts, name: &HeaderName) -> HeaderValue {
             !v.is_empty() && v.len() <= 200 && v.as_bytes().iter().all(|b| b.is_ascii_graphic())
         })
         .cloned();
-    let id = given.unwrap_or_else(|| {
-        HeaderValue::from_str(&uuid::Uuid::now_v7().to_string())
-            .unwrap_or(HeaderValue::from_static("invalid"))
-    });
-    parts.headers.insert(name.clone(), id.clone());
-    if name != "x-request-id" {
+    let id = match given {
+        // Already on the request; only a repeated header needs collapsing to this one value.
+        Some(id) if parts.headers.get_all(name).iter().nth(1).is_none() => id,
+        Some(id) => {
+            parts.headers.insert(name.clone(), id.clone());
+            id
+        }
+        None => {
+            let mut buf = [0u8; uuid::fmt::Hyphenated::LENGTH];
+            let text = uuid::Uuid::now_v7().hyphenated().encode_lower(&mut buf);
+            let id = HeaderValue::from_str(text).unwrap_or(HeaderValue::from_static("invalid"));
+            parts.headers.insert(name.clone(), id.clone());
+            id
+        }
+    };
+    if name != X_REQUEST_ID {
         // The idempotency layer records `x-request-id` on the claim.
-        parts
-            .headers
-            .insert(HeaderName::from_static("x-request-id"), id.clone());
+        parts.headers.insert(X_REQUEST_ID, id.clone());
     }
     id
 }
 
-fn append_forwarded_for(parts: &mut Parts, remote: SocketAddr) {
-    let xff = HeaderName::from_static("x-forwarded-for");
-    let ip = remote.ip().to_string();
-    let value = match parts.headers.get(&xff).and_then(|v| v.to_str().ok()) {
-        Some(prev) => format!("{prev}, {ip}"),
-        None => ip,
+const X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
+const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
+
+fn append_forwarded_for(parts: &mut Parts, peer: &Peer) {
+    let joined = match parts.headers.get(&X_FORWARDED_FOR) {
+        None => {
+            parts.headers.insert(X_FORWARDED_FOR, peer.ip.clone());
+            return;
+        }
+        Some(prev) => match (prev.to_str(), peer.ip.to_str()) {
+            (Ok(prev), Ok(ip)) => format!("{prev}, {ip}"),
+            // An unreadable earlier value is replaced, as before.
+            _ => {
+                parts.headers.insert(X_FORWARDED_FOR, peer.ip.clone());
+                return;
+            }
+        },
     };
-    if let Ok(v) = HeaderValue::from_str(&value) {
-        parts.headers.insert(xff, v);
+    if let Ok(v) = HeaderValue::from_str(&joined) {
+        parts.headers.insert(X_FORWARDED_FOR, v);
     }
 }
 
@@ -388,9 +431,11 @@ pub fn service(
     Error = Infallible,
     Future: Send,
 > + Clone {
+    let peer = Arc::new(Peer::new(remote));
     hyper::service::service_fn(move |req| {
         let app = Arc::clone(&app);
-        async move { Ok::<_, Infallible>(app.handle(req, remote).await) }
+        let peer = Arc::clone(&peer);
+        async move { Ok::<_, Infallible>(app.handle_from(req, &peer).await) }
     })
 }
 
@@ -496,5 +541,52 @@ mod tests {
         assert_eq!(p.headers.get(&name), Some(&made));
         let mut p = parts("POST", "/", &[("x-request-id", "has space")]);
         assert_ne!(request_id(&mut p, &name), "has space");
+        // A repeated header collapses to the first (sane) value.
+        let mut p = parts(
+            "POST",
+            "/",
+            &[("x-request-id", "first"), ("x-request-id", "second")],
+        );
+        assert_eq!(request_id(&mut p, &name), "first");
+        let all: Vec<_> = p.headers.get_all(&name).iter().collect();
+        assert_eq!(all, ["first"]);
+        // Under another header name, the id is copied to `x-request-id` for the layer.
+        let trace = HeaderName::from_static("x-trace");
+        let mut p = parts(
+            "POST",
+            "/",
+            &[("x-trace", "t-1"), ("x-request-id", "other")],
+        );
+        assert_eq!(request_id(&mut p, &trace), "t-1");
+        assert_eq!(
+            p.headers.get("x-request-id").map(|v| v.as_bytes()),
+            Some(&b"t-1"[..])
+        );
+        let made = request_id(&mut parts("POST", "/", &[]), &trace);
+        assert!(uuid::Uuid::parse_str(made.to_str().expect("ascii")).is_ok());
+    }
+
+    #[test]
+    fn forwarded_for_is_appended() {
+        let peer = Peer::new(SocketAddr::from(([10, 0, 0, 7], 5000)));
+        let mut p = parts("POST", "/", &[]);
+        append_forwarded_for(&mut p, &peer);
+        assert_eq!(
+            p.headers.get("x-forwarded-for").map(|v| v.as_bytes()),
+            Some(&b"10.0.0.7"[..])
+        );
+        let mut p = parts("POST", "/", &[("x-forwarded-for", "1.2.3.4")]);
+        append_forwarded_for(&mut p, &peer);
+        assert_eq!(
+            p.headers.get("x-forwarded-for").map(|v| v.as_bytes()),
+            Some(&b"1.2.3.4, 10.0.0.7"[..])
+        );
+        let v6 = Peer::new("[::1]:80".parse().expect("addr"));
+        let mut p = parts("POST", "/", &[]);
+        append_forwarded_for(&mut p, &v6);
+        assert_eq!(
+            p.headers.get("x-forwarded-for").map(|v| v.as_bytes()),
+            Some(&b"::1"[..])
+        );
     }
 }

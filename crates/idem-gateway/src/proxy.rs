@@ -145,6 +145,8 @@ struct ProxyInner {
     client: HttpClient,
     scheme: Scheme,
     authority: Authority,
+    /// `Host` for the upstream, rendered once.
+    host: Option<HeaderValue>,
     prefix: String,
     timeout: Duration,
     /// `Some(cap)`: buffer up to `cap` bytes of the response inside the timeout (protected
@@ -177,10 +179,12 @@ impl Proxy {
             .cloned()
             .ok_or_else(|| anyhow::anyhow!("upstream {upstream} has no host"))?;
         let prefix = upstream.path().trim_end_matches('/').to_owned();
+        let host = HeaderValue::from_str(authority.as_str()).ok();
         Ok(Self {
             inner: Arc::new(ProxyInner {
                 client,
                 scheme,
+                host,
                 authority,
                 prefix,
                 timeout,
@@ -193,24 +197,14 @@ impl Proxy {
     pub async fn forward(&self, req: Request<ReqBody>) -> Response<ResBody> {
         let p = &*self.inner;
         let (mut parts, body) = req.into_parts();
-        let pq = parts.uri.path_and_query().map_or("/", PathAndQuery::as_str);
-        let target = format!("{}{}", p.prefix, pq);
-        let uri = match Uri::builder()
-            .scheme(p.scheme.clone())
-            .authority(p.authority.clone())
-            .path_and_query(target)
-            .build()
-        {
-            Ok(uri) => uri,
-            Err(_) => {
-                return problem(
-                    StatusCode::BAD_REQUEST,
-                    "bad-request-target",
-                    "Bad request target",
-                    "unusable path",
-                    None,
-                );
-            }
+        let Some(uri) = p.target(&parts.uri) else {
+            return problem(
+                StatusCode::BAD_REQUEST,
+                "bad-request-target",
+                "Bad request target",
+                "unusable path",
+                None,
+            );
         };
         strip_hop_by_hop(&mut parts.headers);
         if let Some(host) = parts.headers.remove(header::HOST).or_else(|| {
@@ -219,16 +213,13 @@ impl Proxy {
                 .authority()
                 .and_then(|a| HeaderValue::from_str(a.as_str()).ok())
         }) {
-            parts
-                .headers
-                .insert(HeaderName::from_static("x-forwarded-host"), host);
+            parts.headers.insert(X_FORWARDED_HOST, host);
         }
-        parts.headers.insert(
-            HeaderName::from_static("x-forwarded-proto"),
-            HeaderValue::from_static("http"),
-        );
-        if let Ok(host) = HeaderValue::from_str(p.authority.as_str()) {
-            parts.headers.insert(header::HOST, host);
+        parts
+            .headers
+            .insert(X_FORWARDED_PROTO, HeaderValue::from_static("http"));
+        if let Some(host) = &p.host {
+            parts.headers.insert(header::HOST, host.clone());
         }
         parts.uri = uri;
         parts.version = http::Version::HTTP_11;
@@ -257,6 +248,29 @@ impl Proxy {
     }
 }
 
+const X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
+const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
+
+impl ProxyInner {
+    /// The upstream URI for a request to `uri`: the upstream's scheme and authority, its path
+    /// prefix, then the request's path and query. `None` if that is not a valid URI.
+    fn target(&self, uri: &Uri) -> Option<Uri> {
+        let path_and_query = match uri.path_and_query() {
+            // No prefix: the request's own path and query, shared rather than re-parsed.
+            Some(pq) if self.prefix.is_empty() => pq.clone(),
+            pq => {
+                let pq = pq.map_or("/", PathAndQuery::as_str);
+                PathAndQuery::try_from(format!("{}{}", self.prefix, pq)).ok()?
+            }
+        };
+        let mut target = http::uri::Parts::default();
+        target.scheme = Some(self.scheme.clone());
+        target.authority = Some(self.authority.clone());
+        target.path_and_query = Some(path_and_query);
+        Uri::from_parts(target).ok()
+    }
+}
+
 impl tower::Service<Request<ReqBody>> for Proxy {
     type Response = Response<ResBody>;
     type Error = Infallible;
@@ -274,6 +288,13 @@ impl tower::Service<Request<ReqBody>> for Proxy {
 }
 
 fn strip_hop_by_hop(headers: &mut http::HeaderMap) {
+    // Most messages carry none of these: one pass over the names instead of a lookup each.
+    let any = headers
+        .keys()
+        .any(|n| n == header::TRANSFER_ENCODING || HOP_BY_HOP.contains(n));
+    if !any {
+        return;
+    }
     // Headers named in `Connection` are hop-by-hop too.
     let named: Vec<HeaderName> = headers
         .get_all(header::CONNECTION)

@@ -351,29 +351,27 @@ impl PathPattern {
         })
     }
 
-    /// Whether `path` (no query) matches.
+    /// Whether `path` (no query) matches. Runs on every request: walks the segments without
+    /// collecting them.
     pub fn matches(&self, path: &str) -> bool {
         let body = path.strip_prefix('/').unwrap_or(path);
-        let mut parts = if body.is_empty() {
-            Vec::new()
-        } else {
-            body.split('/').collect::<Vec<_>>()
-        };
-        if self.rest {
-            if parts.len() < self.segments.len() {
+        let mut parts = (!body.is_empty())
+            .then(|| body.split('/'))
+            .into_iter()
+            .flatten();
+        for seg in &self.segments {
+            let Some(part) = parts.next() else {
                 return false;
-            }
-            parts.truncate(self.segments.len());
-        } else if parts.len() != self.segments.len() {
-            return false;
-        }
-        self.segments
-            .iter()
-            .zip(parts)
-            .all(|(seg, part)| match seg {
+            };
+            let ok = match seg {
                 Segment::Literal(l) => l == part,
                 Segment::Param => !part.is_empty(),
-            })
+            };
+            if !ok {
+                return false;
+            }
+        }
+        self.rest || parts.next().is_none()
     }
 
     /// The pattern text.
@@ -992,6 +990,61 @@ mod tests {
         compile(&from_toml(text)?)
     }
 
+    /// The matcher as first written (collects the segments); the allocation-free one must
+    /// agree with it everywhere.
+    fn collecting_match(p: &PathPattern, path: &str) -> bool {
+        let body = path.strip_prefix('/').unwrap_or(path);
+        let mut parts = if body.is_empty() {
+            Vec::new()
+        } else {
+            body.split('/').collect::<Vec<_>>()
+        };
+        if p.rest {
+            if parts.len() < p.segments.len() {
+                return false;
+            }
+            parts.truncate(p.segments.len());
+        } else if parts.len() != p.segments.len() {
+            return false;
+        }
+        p.segments.iter().zip(parts).all(|(seg, part)| match seg {
+            Segment::Literal(l) => l == part,
+            Segment::Param => !part.is_empty(),
+        })
+    }
+
+    #[test]
+    fn path_matching_agrees_with_the_collecting_matcher() {
+        let patterns = [
+            "/",
+            "/*",
+            "/a",
+            "/a/*",
+            "/a/b",
+            "/{x}",
+            "/{x}/*",
+            "/a/{x}/b",
+            "/a/{x}/b/*",
+        ];
+        let paths = [
+            "", "/", "//", "/a", "/a/", "/a/b", "/a/b/", "/a//b", "/a/x/b", "/a/x/b/c", "/b",
+            "/a/b/c/d", "a", "a/b", "/x/a",
+        ];
+        let mut checked = 0;
+        for pattern in patterns {
+            let p = PathPattern::parse(pattern).expect("valid");
+            for path in paths {
+                assert_eq!(
+                    p.matches(path),
+                    collecting_match(&p, path),
+                    "{pattern} against {path:?}"
+                );
+                checked += 1;
+            }
+        }
+        assert_eq!(checked, patterns.len() * paths.len());
+    }
+
     #[test]
     fn path_patterns_match_segments() {
         let p = PathPattern::parse("/v1/orders/{id}/pay").expect("valid");
@@ -1003,6 +1056,8 @@ mod tests {
         assert!(rest.matches("/v1"));
         assert!(!rest.matches("/v2/a"));
         assert!(PathPattern::parse("/*").expect("valid").matches("/"));
+        assert!(PathPattern::parse("/").expect("valid").matches("/"));
+        assert!(!PathPattern::parse("/").expect("valid").matches("/a"));
         assert!(PathPattern::parse("v1").is_err());
         assert!(PathPattern::parse("/a/*/b").is_err());
         assert!(PathPattern::parse("/a{b").is_err());
