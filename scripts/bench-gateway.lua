@@ -1,5 +1,8 @@
 -- wrk script for scripts/bench-gateway.sh.
 -- wrk -s scripts/bench-gateway.lua URL -- MODE TAG
+--   TAG has the same length in every row (the bench script makes it so), so MODE none and
+--   MODE unique send requests of the same size (up to the digits of the request counter): same
+--   method, path, body and headers, apart from the name of one 15-character header.
 --   MODE none:   POST /charge without a key (upstream direct, plain proxy); it still builds a
 --                fresh per-request header of the same size (X-Bench-Id-Hdr0, as long as Idempotency-Key), so the client pays
 --                the same per-request cost as in MODE unique and the baseline stays fair
