@@ -99,7 +99,6 @@ struct Held {
     takeover: TakeoverPolicy,
 }
 
-#[derive(Default)]
 struct Claims {
     held: Mutex<HashMap<(OwnerId, u64), Held, BuildHasherDefault<ClaimIdHasher>>>,
     empty: Notify,
@@ -172,7 +171,15 @@ impl<S: Store> MeteredStore<S> {
         Self {
             inner,
             handles: Arc::new(handles),
-            claims: Arc::default(),
+            // Sized for the usual number in flight: a table this small (the default) filled
+            // up with tombstones and rehashed on nearly every claim.
+            claims: Arc::new(Claims {
+                held: Mutex::new(HashMap::with_capacity_and_hasher(
+                    256,
+                    BuildHasherDefault::default(),
+                )),
+                empty: Notify::new(),
+            }),
         }
     }
 
