@@ -42,6 +42,7 @@ macro_rules! function_script {
             $name,
             concat!(
                 include_str!("lua/prelude.lua"),
+                include_str!("lua/text_single.lua"),
                 include_str!(concat!("lua/", $name, ".lua")),
                 $call
             ),
@@ -78,6 +79,7 @@ static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
         "batch",
         concat!(
             include_str!("lua/prelude.lua"),
+            include_str!("lua/text_batch.lua"),
             include_str!("lua/claim.lua"),
             include_str!("lua/complete.lua"),
             include_str!("lua/batch.lua")

@@ -30,11 +30,10 @@ local function claim(key, fp, owner, lease_ms, ttl_ms, hold, tail)
   -- Above the previous fence and at least the server clock in microseconds: it increases
   -- across expiry without a counter kept forever.
   local fence = math.max(prev_fence + 1, us)
-  local fence_text = fence == us and now_fence_text() or string.format('%020.0f', fence)
   local deadline = ms + tonumber(lease_ms)
   local expires = text(math.max(ms + tonumber(ttl_ms), deadline))
   redis.call('SET', key,
-    '1 p ' .. owner .. ' ' .. fence_text .. ' ' .. fp .. ' ' .. text(deadline) .. ' '
+    '1 p ' .. owner .. ' ' .. fence_text(fence) .. ' ' .. fp .. ' ' .. text(deadline) .. ' '
       .. text(created or ms) .. ' ' .. expires .. SINCE_NONE .. tail,
     'PXAT', expires)
   return {3, fence, deadline, takeover}

@@ -49,27 +49,6 @@ local function now_us()
   return time_us
 end
 
--- The server time as a 20-digit fence, made once per script: most fences are the time.
-local time_fence
-local function now_fence_text()
-  if not time_fence then
-    time_fence = string.format('%020.0f', now_us())
-  end
-  return time_fence
-end
-
--- Decimal text of a whole number (a millisecond time), remembered: the operations of a
--- batch mostly share their times, and number-to-text is one of Lua's dearer steps.
-local texts = {}
-local function text(n)
-  local s = texts[n]
-  if not s then
-    s = tostring(n)
-    texts[n] = s
-  end
-  return s
-end
-
 local function fetch(key)
   local v = redis.call('GET', key)
   if not v then

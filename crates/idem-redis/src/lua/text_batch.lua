@@ -1,0 +1,23 @@
+-- Number texts for the batch script, remembered across its operations: they mostly share
+-- their times (one TIME per script), and number-to-text is one of Lua's dearer steps.
+local texts = {}
+local function text(n)
+  local s = texts[n]
+  if not s then
+    s = tostring(n)
+    texts[n] = s
+  end
+  return s
+end
+
+-- A fence as the record stores it: 20 digits. Most fences of a batch are the same server
+-- time, so that one is made once.
+local fences = {}
+local function fence_text(fence)
+  local s = fences[fence]
+  if not s then
+    s = string.format('%020.0f', fence)
+    fences[fence] = s
+  end
+  return s
+end
