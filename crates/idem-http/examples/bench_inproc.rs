@@ -62,7 +62,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .route("/plain", post(trivial))
         .route("/idem", post(trivial).layer(layer));
     drive(&app, "/plain", |_| None, n).await;
-    drive(&app, "/idem", |_| Some("warm".into()), n).await;
+    if std::env::var_os("ONLY_UNIQUE").is_none() {
+        drive(&app, "/idem", |_| Some("warm".into()), n).await;
+    }
     println!("round plain_ns unique_ns replay_ns unique_ratio replay_ratio");
     let mut offset = 0;
     for r in 0..rounds {
@@ -73,7 +75,11 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             drive(&app, "/idem", |i| Some(format!("u-{}", offset + i)), n).await
         };
         offset += n;
-        let replay = drive(&app, "/idem", |_| Some("warm".into()), n).await;
+        let replay = if std::env::var_os("ONLY_UNIQUE").is_some() {
+            plain
+        } else {
+            drive(&app, "/idem", |_| Some("warm".into()), n).await
+        };
         let (p, u, rp) = (
             plain.as_nanos() as f64,
             unique.as_nanos() as f64,
