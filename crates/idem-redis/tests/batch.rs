@@ -378,3 +378,53 @@ async fn a_short_ack_after_a_batch_makes_each_of_its_claims_uncertain() {
     }
     drop(replica);
 }
+
+// Guards against two ways a queue could strand or misapply work when callers give up: a
+// queued claim whose caller is gone must not be sent (its caller was told nothing, so it must
+// not hold the key), and a lone claim whose caller is gone must still let the claims queued
+// behind it go (else they would wait until their timeouts for nothing).
+#[tokio::test]
+async fn callers_that_give_up_neither_run_late_nor_strand_the_queue() {
+    if !redis_server_available() {
+        return;
+    }
+    let server = Server::start(&[]);
+    let store = store(&server, true).await;
+    // Load the claim and batch scripts first so NOSCRIPT retries do not count.
+    let warm: Vec<ClaimRequest> = (0..3)
+        .map(|i| request(&key(&format!("warm{i}")), 1))
+        .collect();
+    for out in join_all(warm.iter().map(|r| store.claim(r))).await {
+        claimed(&out);
+    }
+
+    // A queued claim dropped before its batch leaves is left out.
+    server.cli(&["CONFIG", "RESETSTAT"]);
+    let (rb, rq) = (request(&key("lone-1"), 1), request(&key("dropped"), 1));
+    let mut lone = Box::pin(store.claim(&rb));
+    let mut queued = Box::pin(store.claim(&rq));
+    assert!(futures::poll!(&mut lone).is_pending());
+    assert!(futures::poll!(&mut queued).is_pending());
+    drop(queued);
+    claimed(&lone.await);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(server.calls("evalsha"), 1, "only the lone claim was sent");
+    assert_eq!(store.get(&rq.key).await.expect("get"), None);
+
+    // A lone claim dropped in flight hands its slot on: the claims behind it are answered.
+    let rl = request(&key("lone-2"), 1);
+    let behind: Vec<ClaimRequest> = (0..3)
+        .map(|i| request(&key(&format!("behind{i}")), 1))
+        .collect();
+    let mut lone = Box::pin(store.claim(&rl));
+    assert!(futures::poll!(&mut lone).is_pending());
+    let mut waiting = Box::pin(join_all(behind.iter().map(|r| store.claim(r))));
+    assert!(futures::poll!(&mut waiting).is_pending());
+    drop(lone);
+    let outs = tokio::time::timeout(Duration::from_secs(1), waiting)
+        .await
+        .expect("the queued claims were stranded");
+    for out in &outs {
+        claimed(out);
+    }
+}
