@@ -275,8 +275,8 @@ impl Batcher {
         Entered::Queued(rx)
     }
 
-    /// Hands a held slot to a new task that sends what waits. Without a runtime (a store
-    /// dropped outside one) the waiting operations fail at once instead.
+    /// Hands a held slot to a new task that sends what waits. Outside any runtime (a lone
+    /// operation's future dropped there) the waiting operations fail at once instead.
     fn spawn_driver(self: &Arc<Self>) {
         let slot = Slot {
             batcher: Some(Arc::clone(self)),
