@@ -406,6 +406,23 @@ mod tests {
     }
 
     #[test]
+    fn decimals_are_padded_to_their_width_only() {
+        let text = |n: u64, width: usize| {
+            let mut out = b"x".to_vec();
+            push_decimal(&mut out, n, width);
+            String::from_utf8(out).expect("ascii")
+        };
+        assert_eq!(text(0, 1), "x0");
+        assert_eq!(text(30_000, 1), "x30000");
+        assert_eq!(text(7, 20), format!("x{:020}", 7));
+        assert_eq!(text(u64::MAX, 20), format!("x{}", u64::MAX));
+        assert_eq!(text(u64::MAX, 1), format!("x{}", u64::MAX));
+        let mut tail = b"ab".to_vec();
+        push_meta_tail(&mut tail, &key(), Some("req-9"));
+        assert_eq!(&tail[2..], &encode_meta_tail(&key(), Some("req-9"))[..]);
+    }
+
+    #[test]
     fn meta_tail_is_the_padded_length_then_the_meta() {
         let meta = encode_meta(&key(), Some("req-9"));
         let tail = encode_meta_tail(&key(), Some("req-9"));
