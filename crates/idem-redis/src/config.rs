@@ -165,7 +165,9 @@ impl RedisConfig {
     /// runs its own script at once, so an idle store adds no latency and no command. Each
     /// operation keeps its own timeout; a batch that fails fails each of its operations.
     /// On a Redis Cluster every operation runs its own script (a script's keys must share
-    /// a slot, and concurrent records rarely do).
+    /// a slot, and concurrent records rarely do). Turn it off behind a proxy that shards
+    /// keys over several nodes (twemproxy, Envoy's Redis proxy): such a proxy routes a script
+    /// by its first key, so a batch's other records would land on the wrong shard.
     pub fn batching(mut self, on: bool) -> Self {
         self.batching = on;
         self
