@@ -288,16 +288,25 @@ impl<S: Store> Engine<S> {
 
         // Call the handler inside the guarded future, so a panic in the closure body itself
         // (before it returns its future) is caught as well.
-        let work = AssertUnwindSafe(async move { handler(lease).await }).catch_unwind();
-        let timed = tokio::time::timeout(policy.handler_timeout, work);
-        let lost = watchdog(&*self.store, key, lease, policy, sent_at);
-        let result = tokio::select! {
-            biased;
-            r = timed => r,
-            loss = lost => {
-                guard.armed = false;
-                tracing::warn!(key = %key, fence = lease.fence, ?loss, "lease lost; handler cancelled");
-                return Err(EngineError::LeaseLost);
+        let started = Instant::now();
+        let mut work =
+            std::pin::pin!(AssertUnwindSafe(async move { handler(lease).await }).catch_unwind());
+        // A handler that finishes on its first poll needs neither the timeout's timer nor the
+        // watchdog; one that does not gets both, with the deadline counted from `started`.
+        let result = match futures::poll!(work.as_mut()) {
+            std::task::Poll::Ready(done) => Ok(done),
+            std::task::Poll::Pending => {
+                let timed = tokio::time::timeout_at(started + policy.handler_timeout, work);
+                let lost = watchdog(&*self.store, key, lease, policy, sent_at);
+                tokio::select! {
+                    biased;
+                    r = timed => r,
+                    loss = lost => {
+                        guard.armed = false;
+                        tracing::warn!(key = %key, fence = lease.fence, ?loss, "lease lost; handler cancelled");
+                        return Err(EngineError::LeaseLost);
+                    }
+                }
             }
         };
         let settlement = match result {
