@@ -163,7 +163,7 @@ impl<S: Store> Store for CachedStore<S> {
             .await?;
         let fingerprint = self.held.remove(&(owner, fence)).map(|(_, fp)| fp);
         if let (SettleOutcome::Settled, Some(fp)) = (outcome, fingerprint) {
-            self.remember(key, fp, response.clone(), ttl);
+            self.remember(key, fp, response.compacted(), ttl);
         }
         Ok(outcome)
     }

@@ -342,8 +342,10 @@ impl Store for MemoryStore {
         response: &StoredResponse,
         ttl: Duration,
     ) -> impl Future<Output = Result<SettleOutcome, StoreError>> + Send {
+        // Kept in exact-size buffers: a slice of a larger buffer would pin all of it.
+        let response = response.compacted();
         ready(Ok(self.apply(key, |now, prev| {
-            decide::complete(now, prev, owner, fence, response, ttl)
+            decide::complete(now, prev, owner, fence, &response, ttl)
         })))
     }
 
@@ -491,5 +493,43 @@ mod tests {
         // The newest record is always kept: eviction takes the oldest of its shard.
         let last = format!("k{}", capacity + 1_999);
         assert!(store.get(&key(&last)).await.expect("get").is_some());
+    }
+
+    // Bug guarded: a completed response whose body was a slice of a larger buffer (as an HTTP
+    // client's read buffer hands out) pinned that whole buffer for the record's lifetime; the
+    // gateway kept about 5 KB per record for a 14-byte body.
+    #[tokio::test]
+    async fn a_stored_body_does_not_pin_the_buffer_it_was_sliced_from() {
+        let clock = ManualClock::new(Timestamp(1_000_000));
+        let store = MemoryStore::with_clock(10, clock);
+        let buffer = bytes::Bytes::from(vec![7u8; 8192]);
+        let req = ClaimRequest {
+            key: key("slice"),
+            fingerprint: Fingerprint::of_bytes(1, b"x"),
+            owner: OwnerId::random(),
+            lease: Duration::from_secs(1),
+            ttl: Duration::from_secs(60),
+            takeover: TakeoverPolicy::Reexecute,
+            request_id: None,
+        };
+        let ClaimOutcome::Claimed { lease, .. } = store.claim(&req).await.expect("claim") else {
+            panic!("not claimed");
+        };
+        let response = StoredResponse::new(200, buffer.slice(0..10))
+            .with_header("x-part", buffer.slice(10..20));
+        let done = store
+            .complete(&req.key, lease.owner, lease.fence, &response, req.ttl)
+            .await
+            .expect("complete");
+        assert_eq!(done, SettleOutcome::Settled);
+        drop(response);
+        assert!(
+            buffer.is_unique(),
+            "the store still holds a slice of the 8 KB buffer"
+        );
+        let ClaimOutcome::Done { response } = store.claim(&req).await.expect("replay") else {
+            panic!("no replay");
+        };
+        assert_eq!(&response.body[..], &[7u8; 10]);
     }
 }

@@ -132,6 +132,25 @@ pub struct StoredResponse {
 }
 
 impl StoredResponse {
+    /// The same response in exact-size buffers of its own.
+    ///
+    /// A body is often a slice of a much larger buffer (an HTTP client's read buffer): kept
+    /// as it is in memory, every record would pin that whole buffer. Stores that keep
+    /// responses in process memory keep this copy instead.
+    #[must_use]
+    pub fn compacted(&self) -> Self {
+        Self {
+            status: self.status,
+            headers: self
+                .headers
+                .iter()
+                .map(|(name, value)| (name.clone(), Bytes::copy_from_slice(value)))
+                .collect(),
+            body: Bytes::copy_from_slice(&self.body),
+            body_omitted: self.body_omitted,
+        }
+    }
+
     /// A response with a status and body and no headers.
     pub fn new(status: u16, body: impl Into<Bytes>) -> Self {
         Self {
