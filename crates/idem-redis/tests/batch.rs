@@ -43,6 +43,9 @@ async fn store(server: &Server, batching: bool) -> RedisStore {
     let config = RedisConfig::from_url(&server.url())
         .and_then(|c| c.prefix(unique_prefix()))
         .and_then(|c| c.op_timeout(Duration::from_secs(2)))
+        // One script call in flight, so the tests can state exactly how operations group
+        // ("one alone, then the rest in one batch"); the default keeps two.
+        .and_then(|c| c.batches_in_flight(1))
         .map(|c| c.batching(batching))
         .expect("config");
     RedisStore::connect(config).await.expect("connect")
@@ -329,6 +332,8 @@ async fn a_short_ack_after_a_batch_makes_each_of_its_claims_uncertain() {
         .and_then(|c| c.op_timeout(Duration::from_secs(3)))
         // Generous for a loaded 2-core box (see the durability test in tests/store.rs).
         .and_then(|c| c.durability(1, Duration::from_millis(500)))
+        // One call in flight, so the grouping below is exact (see `store`).
+        .and_then(|c| c.batches_in_flight(1))
         .expect("config");
     let store = RedisStore::connect(config).await.expect("connect");
     let reqs: Vec<ClaimRequest> = (0..4)
