@@ -59,7 +59,7 @@ pub struct RedisConfig {
 
 /// Default number of script calls one store keeps in flight before it queues claims and
 /// completions into batches (see [`RedisConfig::batching`]).
-pub const DEFAULT_BATCHES_IN_FLIGHT: usize = 2;
+pub const DEFAULT_BATCHES_IN_FLIGHT: usize = 1;
 
 /// Default per-operation timeout.
 pub const DEFAULT_OP_TIMEOUT: Duration = Duration::from_millis(250);

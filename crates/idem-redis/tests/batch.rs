@@ -43,8 +43,8 @@ async fn store(server: &Server, batching: bool) -> RedisStore {
     let config = RedisConfig::from_url(&server.url())
         .and_then(|c| c.prefix(unique_prefix()))
         .and_then(|c| c.op_timeout(Duration::from_secs(2)))
-        // One script call in flight, so the tests can state exactly how operations group
-        // ("one alone, then the rest in one batch"); the default keeps two.
+        // One script call in flight (the default, pinned here because the tests state exactly
+        // how operations group: "one alone, then the rest in one batch").
         .and_then(|c| c.batches_in_flight(1))
         .map(|c| c.batching(batching))
         .expect("config");
