@@ -219,11 +219,7 @@ impl Inner {
     }
 
     fn remove(&mut self, hash: u64, key: &ScopedKey) {
-        if let Ok(found) = self.records.find_entry(hash, |e| e.record.key == *key) {
-            let (entry, _) = found.remove();
-            self.by_age.remove(&entry.seq);
-            self.by_expiry.remove(&(entry.record.expires_at, entry.seq));
-        }
+        self.remove_where(hash, |e| e.record.key == *key);
     }
 
     /// The entry with this age sequence number, if it is still held.
@@ -233,14 +229,18 @@ impl Inner {
     }
 
     fn remove_seq(&mut self, seq: u64) {
-        let Some(&hash) = self.by_age.get(&seq) else {
-            return;
-        };
-        if let Ok(found) = self.records.find_entry(hash, |e| e.seq == seq) {
+        if let Some(&hash) = self.by_age.get(&seq) {
+            self.remove_where(hash, |e| e.seq == seq);
+        }
+    }
+
+    /// Removes the entry under `hash` that `pick` chooses, with its age and expiry entries.
+    fn remove_where(&mut self, hash: u64, pick: impl Fn(&Entry) -> bool) {
+        if let Ok(found) = self.records.find_entry(hash, |e| pick(e)) {
             let (entry, _) = found.remove();
+            self.by_age.remove(&entry.seq);
             self.by_expiry.remove(&(entry.record.expires_at, entry.seq));
         }
-        self.by_age.remove(&seq);
     }
 
     fn sweep(&mut self, now: Timestamp) -> usize {
@@ -249,11 +249,8 @@ impl Inner {
             if expires_at > now {
                 break;
             }
-            if self.by_age.contains_key(&seq) {
-                self.remove_seq(seq);
-            } else {
-                self.by_expiry.remove(&(expires_at, seq));
-            }
+            self.by_expiry.remove(&(expires_at, seq));
+            self.remove_seq(seq);
             swept += 1;
         }
         swept

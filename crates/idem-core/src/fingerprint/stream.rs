@@ -23,7 +23,6 @@ pub(super) fn canonicalize(body: &[u8], out: &mut Vec<u8>) -> Result<(), Fingerp
     })?;
     let mut parser = Parser {
         text,
-        src: body,
         pos: 0,
         depth: 0,
         members: Vec::new(),
@@ -39,8 +38,6 @@ pub(super) fn canonicalize(body: &[u8], out: &mut Vec<u8>) -> Result<(), Fingerp
 
 struct Parser<'a> {
     text: &'a str,
-    /// `text` as bytes.
-    src: &'a [u8],
     pos: usize,
     depth: usize,
     /// Members of the objects being written, innermost last (one buffer for all levels).
@@ -56,12 +53,17 @@ struct Member<'a> {
 }
 
 impl<'a> Parser<'a> {
+    /// The input as bytes.
+    fn src(&self) -> &'a [u8] {
+        self.text.as_bytes()
+    }
+
     fn error(&self, what: &str) -> FingerprintError {
         FingerprintError::Json(format!("{what} at byte {}", self.pos))
     }
 
     fn peek(&self) -> Option<u8> {
-        self.src.get(self.pos).copied()
+        self.src().get(self.pos).copied()
     }
 
     fn skip_ws(&mut self) {
@@ -85,7 +87,7 @@ impl<'a> Parser<'a> {
     }
 
     fn literal(&mut self, word: &[u8], out: &mut Vec<u8>) -> Result<(), FingerprintError> {
-        if !self.src[self.pos..].starts_with(word) {
+        if !self.src()[self.pos..].starts_with(word) {
             return Err(self.error("invalid literal"));
         }
         self.pos += word.len();
@@ -191,14 +193,14 @@ impl<'a> Parser<'a> {
         let mut escaped = false;
         loop {
             // Skip plain bytes in one tight loop; stop at a quote, a backslash or a control.
-            let plain = self.src[i.min(self.src.len())..]
+            let plain = self.src()[i.min(self.src().len())..]
                 .iter()
                 .position(|&b| b == b'"' || b == b'\\' || b < 0x20);
             let Some(n) = plain else {
                 return Err(self.error("unterminated string"));
             };
             i += n;
-            match self.src[i] {
+            match self.src()[i] {
                 b'"' => break,
                 b'\\' => {
                     escaped = true;
@@ -210,7 +212,7 @@ impl<'a> Parser<'a> {
                 }
             }
         }
-        let src = self.src;
+        let src = self.src();
         self.pos = i + 1;
         if !escaped {
             // Both ends are quotes, so they are character boundaries.
@@ -231,7 +233,7 @@ impl<'a> Parser<'a> {
     }
 
     fn number(&mut self, out: &mut Vec<u8>) -> Result<(), FingerprintError> {
-        let (src, start) = (self.src, self.pos);
+        let (src, start) = (self.src(), self.pos);
         let digits_from = |i: usize| {
             src[i..]
                 .iter()
