@@ -199,7 +199,7 @@ pub fn complete(
     previous: Option<&Record>,
     owner: OwnerId,
     fence: u64,
-    response: &StoredResponse,
+    response: StoredResponse,
     ttl: Duration,
 ) -> Transition<SettleOutcome> {
     let Some(record) = held(now, previous, owner, fence) else {
@@ -207,7 +207,7 @@ pub fn complete(
     };
     let mut next = record.clone();
     next.state = RecordState::Completed {
-        response: response.clone(),
+        response,
         completed_at: now,
     };
     next.expires_at = now.plus(ttl);
@@ -383,15 +383,23 @@ mod tests {
         let resp = StoredResponse::new(200, "ok");
         let ttl = Duration::from_secs(100);
         assert_eq!(
-            complete(Timestamp(1), Some(&rec), OwnerId::random(), 1, &resp, ttl).outcome,
+            complete(
+                Timestamp(1),
+                Some(&rec),
+                OwnerId::random(),
+                1,
+                resp.clone(),
+                ttl
+            )
+            .outcome,
             SettleOutcome::Fenced
         );
         assert_eq!(
-            complete(Timestamp(1), Some(&rec), r.owner, 2, &resp, ttl).outcome,
+            complete(Timestamp(1), Some(&rec), r.owner, 2, resp.clone(), ttl).outcome,
             SettleOutcome::Fenced
         );
         assert_eq!(
-            complete(Timestamp(1), Some(&rec), r.owner, 1, &resp, ttl).outcome,
+            complete(Timestamp(1), Some(&rec), r.owner, 1, resp.clone(), ttl).outcome,
             SettleOutcome::Settled
         );
         assert_eq!(

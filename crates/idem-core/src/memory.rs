@@ -14,7 +14,7 @@
 //! state machine promises per key holds unchanged; eviction order ("oldest first") is then
 //! kept per shard. Smaller stores are one shard, exactly bounded.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, VecDeque};
 use std::fmt;
 use std::future::{Future, ready};
 use std::hash::BuildHasher;
@@ -58,15 +58,26 @@ struct Inner {
     /// Boxed: a record is a few hundred bytes, and moving it into the table (and every
     /// record again on each growth) showed in profiles; a pointer moves cheaply.
     records: HashTable<Box<Entry>>,
-    /// Insertion order: seq -> key hash. The first entry is the oldest.
-    by_age: BTreeMap<u64, u64>,
-    /// (expires_at, seq), for sweeping.
-    by_expiry: BTreeSet<(Timestamp, u64)>,
+    /// Insertion order, oldest first: (seq, key hash). Kept lazily: removing a record
+    /// leaves its pair behind, and a pair counts only while an entry with that hash still
+    /// has that seq. Stale pairs are dropped when they reach the front, or all at once when
+    /// they outnumber the records. So an insert or a removal is O(1) here (an ordered map
+    /// cost a fresh request about a microsecond, in profiles of a growing store).
+    by_age: VecDeque<(u64, u64)>,
+    /// Expiry times, bucketed by second: second -> (expires_at, seq, key hash). Lazy in the
+    /// same way: a record whose expiry moved or that was removed leaves its old triple,
+    /// which a sweep skips because it no longer matches the entry.
+    by_expiry: BTreeMap<u64, Vec<(Timestamp, u64, u64)>>,
+    /// Triples held in `by_expiry`, stale ones included.
+    expiry_len: usize,
     next_seq: u64,
     /// Highest fence ever issued in this shard; outlives every record, so fences never
     /// repeat for any key of the shard.
     fence_high: u64,
 }
+
+/// Stale index entries tolerated beyond the live ones before an index is rebuilt.
+const STALE_SLACK: usize = 1024;
 
 struct Entry {
     hash: u64,
@@ -186,72 +197,120 @@ impl Inner {
             .map(|e| &**e)
     }
 
+    /// The live entry an index pair or triple names, if it still names one.
+    fn current(&self, seq: u64, hash: u64) -> Option<&Entry> {
+        self.records.find(hash, |e| e.seq == seq).map(|e| &**e)
+    }
+
     fn write(&mut self, hash: u64, key: &ScopedKey, change: Change) {
         match change {
             Change::Keep => {}
             Change::Remove => self.remove(hash, key),
             Change::Put(record) => {
                 self.fence_high = self.fence_high.max(record.fence);
-                // A record created anew over an expired one is young: it takes a new place in
-                // age order (for list and eviction) instead of inheriting the old one's.
-                if self
-                    .get(hash, key)
-                    .is_some_and(|e| e.record.created_at != record.created_at)
-                {
-                    self.remove(hash, key);
-                }
-                if let Some(entry) = self.records.find_mut(hash, |e| e.record.key == *key) {
-                    if entry.record.expires_at != record.expires_at {
-                        self.by_expiry.remove(&(entry.record.expires_at, entry.seq));
-                        self.by_expiry.insert((record.expires_at, entry.seq));
+                let expires_at = record.expires_at;
+                let seq = match self.records.find_mut(hash, |e| e.record.key == *key) {
+                    Some(entry) if entry.record.created_at == record.created_at => {
+                        let moved = entry.record.expires_at != expires_at;
+                        entry.record = record;
+                        if moved {
+                            let seq = entry.seq;
+                            self.index_expiry(expires_at, seq, hash);
+                        }
+                        return;
                     }
-                    entry.record = record;
-                } else {
-                    let seq = self.next_seq;
-                    self.next_seq += 1;
-                    self.by_age.insert(seq, hash);
-                    self.by_expiry.insert((record.expires_at, seq));
-                    self.records
-                        .insert_unique(hash, Box::new(Entry { hash, seq, record }), |e| e.hash);
+                    // A record created anew over an expired one is young: it takes a new
+                    // place in age order (for list and eviction) instead of inheriting the
+                    // old one's. Its old index entries go stale with the old seq.
+                    Some(entry) => {
+                        entry.seq = self.next_seq;
+                        entry.record = record;
+                        entry.seq
+                    }
+                    None => {
+                        let seq = self.next_seq;
+                        self.records.insert_unique(
+                            hash,
+                            Box::new(Entry { hash, seq, record }),
+                            |e| e.hash,
+                        );
+                        seq
+                    }
+                };
+                self.next_seq += 1;
+                self.by_age.push_back((seq, hash));
+                if self.by_age.len() > 2 * self.records.len() + STALE_SLACK {
+                    let records = &self.records;
+                    self.by_age
+                        .retain(|&(seq, hash)| records.find(hash, |e| e.seq == seq).is_some());
                 }
+                self.index_expiry(expires_at, seq, hash);
             }
         }
     }
 
+    fn index_expiry(&mut self, expires_at: Timestamp, seq: u64, hash: u64) {
+        self.by_expiry
+            .entry(expires_at.0 / 1000)
+            .or_default()
+            .push((expires_at, seq, hash));
+        self.expiry_len += 1;
+        if self.expiry_len > 2 * self.records.len() + STALE_SLACK {
+            self.by_expiry.clear();
+            self.expiry_len = 0;
+            for e in &self.records {
+                let t = e.record.expires_at;
+                self.by_expiry
+                    .entry(t.0 / 1000)
+                    .or_default()
+                    .push((t, e.seq, e.hash));
+                self.expiry_len += 1;
+            }
+        }
+    }
+
+    /// Removes the record under `key`; its index entries go stale.
     fn remove(&mut self, hash: u64, key: &ScopedKey) {
-        self.remove_where(hash, |e| e.record.key == *key);
-    }
-
-    /// The entry with this age sequence number, if it is still held.
-    fn by_seq(&self, seq: u64) -> Option<&Entry> {
-        let hash = *self.by_age.get(&seq)?;
-        self.records.find(hash, |e| e.seq == seq).map(|e| &**e)
-    }
-
-    fn remove_seq(&mut self, seq: u64) {
-        if let Some(&hash) = self.by_age.get(&seq) {
-            self.remove_where(hash, |e| e.seq == seq);
+        if let Ok(found) = self.records.find_entry(hash, |e| e.record.key == *key) {
+            found.remove();
         }
     }
 
-    /// Removes the entry under `hash` that `pick` chooses, with its age and expiry entries.
-    fn remove_where(&mut self, hash: u64, pick: impl Fn(&Entry) -> bool) {
-        if let Ok(found) = self.records.find_entry(hash, |e| pick(e)) {
-            let (entry, _) = found.remove();
-            self.by_age.remove(&entry.seq);
-            self.by_expiry.remove(&(entry.record.expires_at, entry.seq));
-        }
+    /// The live (seq, hash) pairs in age order, oldest first.
+    fn oldest_first(&self) -> impl Iterator<Item = &Entry> {
+        self.by_age
+            .iter()
+            .filter_map(|&(seq, hash)| self.current(seq, hash))
     }
 
     fn sweep(&mut self, now: Timestamp) -> usize {
         let mut swept = 0;
-        while let Some(&(expires_at, seq)) = self.by_expiry.first() {
-            if expires_at > now {
+        let Self {
+            records,
+            by_expiry,
+            expiry_len,
+            ..
+        } = self;
+        while let Some(mut bucket) = by_expiry.first_entry() {
+            if *bucket.key() > now.0 / 1000 {
                 break;
             }
-            self.by_expiry.remove(&(expires_at, seq));
-            self.remove_seq(seq);
-            swept += 1;
+            bucket.get_mut().retain(|&(t, seq, hash)| {
+                if t > now {
+                    return true; // later in the current second
+                }
+                *expiry_len -= 1;
+                let due = records.find_entry(hash, |e| e.seq == seq && e.record.expires_at == t);
+                if let Ok(found) = due {
+                    found.remove();
+                    swept += 1;
+                }
+                false
+            });
+            if !bucket.get().is_empty() {
+                break;
+            }
+            bucket.remove();
         }
         swept
     }
@@ -265,14 +324,21 @@ impl Inner {
         if self.records.len() < capacity {
             return Ok(());
         }
+        while let Some(&(seq, hash)) = self.by_age.front() {
+            if self.current(seq, hash).is_some() {
+                break;
+            }
+            self.by_age.pop_front();
+        }
         let victim = self
-            .by_age
-            .keys()
-            .copied()
-            .find(|&seq| self.by_seq(seq).is_some_and(|e| evictable(now, &e.record)));
+            .oldest_first()
+            .find(|e| evictable(now, &e.record))
+            .map(|e| (e.seq, e.hash));
         match victim {
-            Some(seq) => {
-                self.remove_seq(seq);
+            Some((seq, hash)) => {
+                if let Ok(found) = self.records.find_entry(hash, |e| e.seq == seq) {
+                    found.remove();
+                }
                 Ok(())
             }
             None => Err(StoreError::Full { capacity }),
@@ -342,7 +408,7 @@ impl Store for MemoryStore {
         // Kept in exact-size buffers: a slice of a larger buffer would pin all of it.
         let response = response.compacted();
         ready(Ok(self.apply(key, |now, prev| {
-            decide::complete(now, prev, owner, fence, &response, ttl)
+            decide::complete(now, prev, owner, fence, response, ttl)
         })))
     }
 
@@ -378,9 +444,7 @@ impl Store for MemoryStore {
             let inner = lock(shard);
             found.extend(
                 inner
-                    .by_age
-                    .keys()
-                    .filter_map(|&seq| inner.by_seq(seq))
+                    .oldest_first()
                     .map(|e| &e.record)
                     .filter(|r| decide::matches_filter(now, r, filter))
                     .cloned(),
@@ -469,6 +533,99 @@ mod tests {
             store.get(&key("b")).await.expect("get").is_none(),
             "the oldest record should go"
         );
+    }
+
+    /// The one shard of a small store, for looking at its indexes.
+    fn only_shard(store: &MemoryStore) -> crate::sync::MutexGuard<'_, Inner> {
+        assert_eq!(store.shared.shards.len(), 1);
+        lock(&store.shared.shards[0])
+    }
+
+    // Bug guarded: the expiry index is lazy, so a completed record still has the triple of
+    // its claim (lease expiry) in it. A sweep that took any triple of the record's seq as
+    // due would drop a completed record when its old lease ran out, long before its TTL.
+    #[tokio::test]
+    async fn a_sweep_skips_an_expiry_the_record_has_moved_past() {
+        let clock = ManualClock::new(Timestamp(1_000_000));
+        let store = MemoryStore::with_clock(10, clock.clone());
+        let req = ClaimRequest {
+            key: key("a"),
+            fingerprint: Fingerprint::of_bytes(1, b"x"),
+            owner: OwnerId::random(),
+            lease: Duration::from_secs(1),
+            ttl: Duration::from_secs(10),
+            takeover: TakeoverPolicy::Reexecute,
+            request_id: None,
+        };
+        let ClaimOutcome::Claimed { lease, .. } = store.claim(&req).await.expect("claim") else {
+            panic!("not claimed");
+        };
+        clock.advance(Duration::from_secs(5));
+        let response = StoredResponse::new(200, "");
+        let ttl = Duration::from_secs(3600);
+        let done = store.complete(&req.key, lease.owner, lease.fence, &response, ttl);
+        assert_eq!(done.await.expect("complete"), SettleOutcome::Settled);
+        clock.advance(Duration::from_secs(6)); // past the claim's expiry, not the new one
+        assert_eq!(store.sweep(), 0, "swept on the claim's stale expiry");
+        assert!(store.get(&key("a")).await.expect("get").is_some());
+        clock.advance(Duration::from_secs(3600));
+        assert_eq!(store.sweep(), 1);
+        assert!(store.is_empty());
+        let inner = only_shard(&store);
+        assert_eq!((inner.by_expiry.len(), inner.expiry_len), (0, 0));
+    }
+
+    // The lazy indexes keep stale entries; churn (claims, completions, deletes and
+    // re-claims over expired records) must not let them grow without bound, and what they
+    // say must stay true: eviction takes the oldest live record, never a deleted one.
+    #[tokio::test]
+    async fn lazy_indexes_stay_bounded_and_true_under_churn() {
+        let clock = ManualClock::new(Timestamp(1_000_000));
+        let store = MemoryStore::with_clock(64, clock.clone());
+        for i in 0..20_000u32 {
+            let name = format!("k{}", i % 48);
+            claim_and_complete(&store, &name, Duration::from_secs(2)).await;
+            if i % 3 == 0 {
+                store.delete(&key(&name)).await.expect("delete");
+            }
+            if i % 7 == 0 {
+                clock.advance(Duration::from_millis(900));
+            }
+            let inner = only_shard(&store);
+            let live = inner.records.len();
+            assert!(
+                inner.by_age.len() <= 2 * live + STALE_SLACK + 1,
+                "age index grew"
+            );
+            assert!(
+                inner.expiry_len <= 2 * live + STALE_SLACK + 1,
+                "expiry index grew"
+            );
+            let counted: usize = inner.by_expiry.values().map(Vec::len).sum();
+            assert_eq!(counted, inner.expiry_len);
+            assert_eq!(
+                inner.oldest_first().count(),
+                live,
+                "a live record left age order"
+            );
+        }
+        // Fill to capacity with long-lived records, delete the oldest, add two more: the
+        // second addition evicts the oldest *live* record.
+        clock.advance(Duration::from_secs(10));
+        store.sweep();
+        for i in 0..64 {
+            claim_and_complete(&store, &format!("f{i}"), Duration::from_secs(1000)).await;
+        }
+        store.delete(&key("f0")).await.expect("delete");
+        claim_and_complete(&store, "g0", Duration::from_secs(1000)).await;
+        claim_and_complete(&store, "g1", Duration::from_secs(1000)).await;
+        assert_eq!(store.len(), 64);
+        assert!(
+            store.get(&key("f1")).await.expect("get").is_none(),
+            "oldest live kept"
+        );
+        assert!(store.get(&key("f2")).await.expect("get").is_some());
+        assert!(store.get(&key("g1")).await.expect("get").is_some());
     }
 
     #[tokio::test]

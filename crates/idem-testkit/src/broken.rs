@@ -234,7 +234,7 @@ impl Store for BrokenStore {
                         outcome: SettleOutcome::Settled,
                     }
                 }
-                _ => decide::complete(now, prev, owner, fence, response, ttl),
+                _ => decide::complete(now, prev, owner, fence, response.clone(), ttl),
             }
         })))
     }

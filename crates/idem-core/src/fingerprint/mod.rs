@@ -40,7 +40,9 @@ pub enum FingerprintError {
 impl Fingerprint {
     /// Starts a fingerprint of the given version.
     pub fn builder(version: u16) -> FingerprintBuilder {
-        let mut buf = Vec::with_capacity(256);
+        let mut buf = SPARE_BUFFER.take();
+        buf.clear();
+        buf.reserve(256);
         buf.extend_from_slice(b"idem.fingerprint");
         buf.extend_from_slice(&version.to_le_bytes());
         FingerprintBuilder {
@@ -172,6 +174,12 @@ pub struct FingerprintBuilder {
 /// Parts are buffered while the buffer stays under this size.
 const BUFFERED: usize = 4096;
 
+thread_local! {
+    /// The buffer of this thread's last finished builder, reused by its next one: a
+    /// fingerprint per request then costs no allocation.
+    static SPARE_BUFFER: std::cell::Cell<Vec<u8>> = const { std::cell::Cell::new(Vec::new()) };
+}
+
 impl FingerprintBuilder {
     /// Adds one named part.
     #[must_use]
@@ -206,6 +214,9 @@ impl FingerprintBuilder {
                 hasher.finalize()
             }
         };
+        if self.buf.capacity() <= 2 * BUFFERED {
+            SPARE_BUFFER.set(self.buf);
+        }
         Fingerprint {
             version: self.version,
             digest: *digest.as_bytes(),

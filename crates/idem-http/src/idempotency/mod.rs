@@ -39,10 +39,11 @@ use std::future::Future;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
+use bytes::Buf;
 use bytes::{Bytes, BytesMut};
 use http::{HeaderMap, HeaderName, HeaderValue, Request, Response, StatusCode, header};
 use http_body::Body;
-use http_body_util::{BodyExt, Limited};
+use http_body_util::BodyExt;
 use idem_core::{
     Engine, Fingerprint, Outcome, ReleaseKind, ScopedKey, Settlement, Store, StoredResponse,
 };
@@ -140,6 +141,33 @@ where
     ResponseFuture::new(std::future::ready(Ok(res)))
 }
 
+enum BodyFailure {
+    TooLarge,
+    Unreadable,
+}
+
+/// Buffers a request body of at most `limit` bytes. A body that arrives as one chunk (the
+/// usual case) is kept as that chunk, without a copy or a chunk list.
+async fn read_body<B>(body: B, limit: usize) -> Result<Bytes, BodyFailure>
+where
+    B: Body,
+    B::Error: Into<BoxError>,
+{
+    let mut body = std::pin::pin!(body);
+    let mut chunks = Chunks::default();
+    while let Some(frame) = body.as_mut().frame().await {
+        let frame = frame.map_err(|_| BodyFailure::Unreadable)?;
+        let Ok(mut data) = frame.into_data() else {
+            continue; // trailers take no part in the request
+        };
+        if chunks.len + data.remaining() > limit {
+            return Err(BodyFailure::TooLarge);
+        }
+        chunks.push(data.copy_to_bytes(data.remaining()));
+    }
+    Ok(chunks.into_bytes())
+}
+
 /// What the handler closure hands back through the engine.
 type Handled<B, E> = Result<Response<ResponseBody<B>>, E>;
 
@@ -174,12 +202,14 @@ where
     if declared.is_some_and(|n| n > limit as u64) {
         return Ok(error::body_too_large(&found.key, limit).into_response());
     }
-    let bytes = match Limited::new(body, limit).collect().await {
-        Ok(collected) => collected.to_bytes(),
-        Err(e) if e.is::<http_body_util::LengthLimitError>() => {
+    let bytes = match read_body(body, limit).await {
+        Ok(bytes) => bytes,
+        Err(BodyFailure::TooLarge) => {
             return Ok(error::body_too_large(&found.key, limit).into_response());
         }
-        Err(_) => return Ok(error::body_unreadable(&found.key).into_response()),
+        Err(BodyFailure::Unreadable) => {
+            return Ok(error::body_unreadable(&found.key).into_response());
+        }
     };
     let fingerprint = config.fingerprint.fingerprint(&parts, &bytes);
     let scoped = ScopedKey::new(config.scope_for(principal), found.key.clone());
@@ -254,9 +284,9 @@ where
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
         .is_some_and(|ct| {
-            ct.trim_start()
-                .to_ascii_lowercase()
-                .starts_with("text/event-stream")
+            let ct = ct.trim_start().as_bytes();
+            let kind = b"text/event-stream";
+            ct.len() >= kind.len() && ct[..kind.len()].eq_ignore_ascii_case(kind)
         });
     let exact = body.size_hint().exact();
     if (event_stream || exact.is_none()) && config.streaming == StreamingResponses::Release {
