@@ -385,7 +385,7 @@ async fn request_ids_are_propagated_or_made() {
         *up.seen.request_ids.lock(),
         vec!["trace-abc-123".to_owned(), made.clone()]
     );
-    assert!(gw.logs().contains(&made), "the request id is logged");
+    assert!(gw.logged(&made).await, "the request id is logged");
     // The upstream is told who asked.
     let headers = up.seen.headers.lock();
     assert!(headers[0].get("x-forwarded-for").is_some());

@@ -426,6 +426,15 @@ macro_rules! shared_queries {
 #[cfg(any(feature = "postgres", feature = "sqlite"))]
 pub(crate) use shared_queries;
 
+/// A settling statement's answer: it changed the row (settled) or matched none (fenced).
+pub(crate) fn settled(rows: u64) -> idem_core::SettleOutcome {
+    if rows == 1 {
+        idem_core::SettleOutcome::Settled
+    } else {
+        idem_core::SettleOutcome::Fenced
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -103,6 +103,65 @@ impl<T> TxOutcome<T> {
     }
 }
 
+/// A store that claims and completes on a connection the caller holds (same-database mode):
+/// what [`claim_work_complete`] needs of each backend.
+#[cfg_attr(
+    not(any(feature = "postgres", feature = "mysql", feature = "sqlite")),
+    allow(dead_code)
+)]
+trait InTx {
+    /// The backend's connection type (a transaction dereferences to it).
+    type Conn;
+
+    fn claim_on<'a>(
+        &'a self,
+        conn: &'a mut Self::Conn,
+        req: &'a idem_core::ClaimRequest,
+    ) -> impl Future<Output = Result<idem_core::ClaimOutcome, idem_core::StoreError>> + Send + 'a;
+
+    fn complete_on<'a>(
+        &'a self,
+        conn: &'a mut Self::Conn,
+        req: &'a idem_core::ClaimRequest,
+        lease: idem_core::Lease,
+        response: &'a idem_core::StoredResponse,
+    ) -> impl Future<Output = Result<idem_core::SettleOutcome, idem_core::StoreError>> + Send + 'a;
+}
+
+/// Every backend's `run_in_tx` between opening its transaction and committing it: claims
+/// `req.key` on `conn`, and when the claim is won runs `work` there and completes. The caller
+/// commits when this answers [`TxOutcome::Executed`], and otherwise drops (rolls back) the
+/// transaction.
+#[cfg_attr(
+    not(any(feature = "postgres", feature = "mysql", feature = "sqlite")),
+    allow(dead_code)
+)]
+async fn claim_work_complete<S, T, E, F>(
+    store: &S,
+    conn: &mut S::Conn,
+    req: &idem_core::ClaimRequest,
+    work: F,
+) -> Result<TxOutcome<T>, InTxError<E>>
+where
+    S: InTx,
+    F: for<'c> FnOnce(
+        &'c mut S::Conn,
+    )
+        -> futures::future::BoxFuture<'c, Result<(T, idem_core::StoredResponse), E>>,
+{
+    let lease = match store.claim_on(conn, req).await? {
+        idem_core::ClaimOutcome::Claimed { lease, .. } => lease,
+        other => return Ok(TxOutcome::from_claim(other)),
+    };
+    let (output, response) = work(conn).await.map_err(InTxError::Work)?;
+    match store.complete_on(conn, req, lease, &response).await? {
+        idem_core::SettleOutcome::Settled => Ok(TxOutcome::Executed(output)),
+        _ => Err(InTxError::Store(idem_core::StoreError::unavailable(
+            "claim lost inside its own transaction",
+        ))),
+    }
+}
+
 /// Why a same-database run failed. Either way the transaction rolled back: no record and no
 /// business row remain.
 #[derive(Debug, thiserror::Error)]

@@ -34,7 +34,7 @@ use sqlx::{Executor as _, MySqlConnection, MySqlPool, Row};
 
 use crate::common::{
     self, COLUMN_COUNT, COLUMNS, MAX_RACES, RawRecord, TableName, TableNameError, claim_outcome,
-    fence_param, ms, raw_record, state_code, too_many_races, ts, unresolved,
+    fence_param, ms, raw_record, settled, state_code, too_many_races, ts, unresolved,
 };
 
 /// The server clock in microseconds, fixed for the statement.
@@ -382,33 +382,13 @@ impl MySqlStore {
             .begin()
             .await
             .map_err(|e| crate::InTxError::Store(StoreError::unavailable(e)))?;
-        let lease = match self.claim_in(&mut tx, req).await? {
-            ClaimOutcome::Claimed { lease, .. } => lease,
-            other => return Ok(crate::TxOutcome::from_claim(other)),
-        };
-        let (output, response) = work(&mut tx).await.map_err(crate::InTxError::Work)?;
-        match self
-            .complete_in(
-                &mut tx,
-                &req.key,
-                lease.owner,
-                lease.fence,
-                &response,
-                req.ttl,
-            )
-            .await?
-        {
-            SettleOutcome::Settled => {}
-            _ => {
-                return Err(crate::InTxError::Store(StoreError::unavailable(
-                    "claim lost inside its own transaction",
-                )));
-            }
+        let outcome = crate::claim_work_complete(self, &mut tx, req, work).await?;
+        if matches!(outcome, crate::TxOutcome::Executed(_)) {
+            tx.commit()
+                .await
+                .map_err(|e| crate::InTxError::Store(StoreError::unavailable(e)))?;
         }
-        tx.commit()
-            .await
-            .map_err(|e| crate::InTxError::Store(StoreError::unavailable(e)))?;
-        Ok(crate::TxOutcome::Executed(output))
+        Ok(outcome)
     }
 
     async fn settle(
@@ -434,11 +414,25 @@ fn is_deadlock(e: &sqlx::Error) -> bool {
     matches!(e, sqlx::Error::Database(db) if db.code().as_deref() == Some("40001"))
 }
 
-fn settled(rows: u64) -> SettleOutcome {
-    if rows == 1 {
-        SettleOutcome::Settled
-    } else {
-        SettleOutcome::Fenced
+impl crate::InTx for MySqlStore {
+    type Conn = MySqlConnection;
+
+    fn claim_on<'a>(
+        &'a self,
+        conn: &'a mut MySqlConnection,
+        req: &'a ClaimRequest,
+    ) -> impl Future<Output = Result<ClaimOutcome, StoreError>> + Send + 'a {
+        self.claim_in(conn, req)
+    }
+
+    fn complete_on<'a>(
+        &'a self,
+        conn: &'a mut MySqlConnection,
+        req: &'a ClaimRequest,
+        lease: idem_core::Lease,
+        response: &'a StoredResponse,
+    ) -> impl Future<Output = Result<SettleOutcome, StoreError>> + Send + 'a {
+        self.complete_in(conn, &req.key, lease.owner, lease.fence, response, req.ttl)
     }
 }
 

@@ -33,7 +33,8 @@ use sqlx::{Row, SqliteConnection, SqlitePool};
 
 use crate::common::{
     self, COLUMN_COUNT, COLUMNS, MAX_RACES, RawRecord, TableName, TableNameError, claim_outcome,
-    fence_param, ms, raw_record, shared_queries, state_code, too_many_races, ts, unresolved,
+    fence_param, ms, raw_record, settled, shared_queries, state_code, too_many_races, ts,
+    unresolved,
 };
 
 /// The default database file.
@@ -453,33 +454,13 @@ impl SqliteStore {
             .begin_with("BEGIN IMMEDIATE")
             .await
             .map_err(|e| crate::InTxError::Store(StoreError::unavailable(e)))?;
-        let lease = match self.claim_in(&mut tx, req).await? {
-            ClaimOutcome::Claimed { lease, .. } => lease,
-            other => return Ok(crate::TxOutcome::from_claim(other)),
-        };
-        let (output, response) = work(&mut tx).await.map_err(crate::InTxError::Work)?;
-        match self
-            .complete_in(
-                &mut tx,
-                &req.key,
-                lease.owner,
-                lease.fence,
-                &response,
-                req.ttl,
-            )
-            .await?
-        {
-            SettleOutcome::Settled => {}
-            _ => {
-                return Err(crate::InTxError::Store(StoreError::unavailable(
-                    "claim lost inside its own transaction",
-                )));
-            }
+        let outcome = crate::claim_work_complete(self, &mut tx, req, work).await?;
+        if matches!(outcome, crate::TxOutcome::Executed(_)) {
+            tx.commit()
+                .await
+                .map_err(|e| crate::InTxError::Store(StoreError::unavailable(e)))?;
         }
-        tx.commit()
-            .await
-            .map_err(|e| crate::InTxError::Store(StoreError::unavailable(e)))?;
-        Ok(crate::TxOutcome::Executed(output))
+        Ok(outcome)
     }
 
     async fn settle(
@@ -500,11 +481,25 @@ impl SqliteStore {
     }
 }
 
-fn settled(rows: u64) -> SettleOutcome {
-    if rows == 1 {
-        SettleOutcome::Settled
-    } else {
-        SettleOutcome::Fenced
+impl crate::InTx for SqliteStore {
+    type Conn = SqliteConnection;
+
+    fn claim_on<'a>(
+        &'a self,
+        conn: &'a mut SqliteConnection,
+        req: &'a ClaimRequest,
+    ) -> impl Future<Output = Result<ClaimOutcome, StoreError>> + Send + 'a {
+        self.claim_in(conn, req)
+    }
+
+    fn complete_on<'a>(
+        &'a self,
+        conn: &'a mut SqliteConnection,
+        req: &'a ClaimRequest,
+        lease: idem_core::Lease,
+        response: &'a StoredResponse,
+    ) -> impl Future<Output = Result<SettleOutcome, StoreError>> + Send + 'a {
+        self.complete_in(conn, &req.key, lease.owner, lease.fence, response, req.ttl)
     }
 }
 

@@ -186,6 +186,20 @@ impl Gateway {
     pub fn logs(&self) -> String {
         self.stderr.lock().join("\n")
     }
+
+    /// Whether a log line containing `needle` shows up within 5 s. A line is logged after
+    /// the response is sent and read from the pipe by another thread, so it can trail the
+    /// response the test has just received.
+    pub async fn logged(&self, needle: &str) -> bool {
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while std::time::Instant::now() < deadline {
+            if self.logs().contains(needle) {
+                return true;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        self.logs().contains(needle)
+    }
 }
 
 impl Drop for Gateway {
