@@ -128,6 +128,46 @@ trait InTx {
     ) -> impl Future<Output = Result<idem_core::SettleOutcome, idem_core::StoreError>> + Send + 'a;
 }
 
+/// Implements [`InTx`] for a store through its own `claim_in` and `complete_in`.
+#[cfg_attr(
+    not(any(feature = "postgres", feature = "mysql", feature = "sqlite")),
+    allow(unused_macros)
+)]
+macro_rules! in_tx_by_inherent_methods {
+    ($store:ty, $conn:ty) => {
+        impl $crate::InTx for $store {
+            type Conn = $conn;
+
+            fn claim_on<'a>(
+                &'a self,
+                conn: &'a mut $conn,
+                req: &'a ::idem_core::ClaimRequest,
+            ) -> impl Future<Output = Result<::idem_core::ClaimOutcome, ::idem_core::StoreError>>
+            + Send
+            + 'a {
+                self.claim_in(conn, req)
+            }
+
+            fn complete_on<'a>(
+                &'a self,
+                conn: &'a mut $conn,
+                req: &'a ::idem_core::ClaimRequest,
+                lease: ::idem_core::Lease,
+                response: &'a ::idem_core::StoredResponse,
+            ) -> impl Future<Output = Result<::idem_core::SettleOutcome, ::idem_core::StoreError>>
+            + Send
+            + 'a {
+                self.complete_in(conn, &req.key, lease.owner, lease.fence, response, req.ttl)
+            }
+        }
+    };
+}
+#[cfg_attr(
+    not(any(feature = "postgres", feature = "mysql", feature = "sqlite")),
+    allow(unused_imports)
+)]
+pub(crate) use in_tx_by_inherent_methods;
+
 /// Every backend's `run_in_tx` between opening its transaction and committing it: claims
 /// `req.key` on `conn`, and when the claim is won runs `work` there and completes. The caller
 /// commits when this answers [`TxOutcome::Executed`], and otherwise drops (rolls back) the

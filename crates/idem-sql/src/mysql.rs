@@ -414,27 +414,7 @@ fn is_deadlock(e: &sqlx::Error) -> bool {
     matches!(e, sqlx::Error::Database(db) if db.code().as_deref() == Some("40001"))
 }
 
-impl crate::InTx for MySqlStore {
-    type Conn = MySqlConnection;
-
-    fn claim_on<'a>(
-        &'a self,
-        conn: &'a mut MySqlConnection,
-        req: &'a ClaimRequest,
-    ) -> impl Future<Output = Result<ClaimOutcome, StoreError>> + Send + 'a {
-        self.claim_in(conn, req)
-    }
-
-    fn complete_on<'a>(
-        &'a self,
-        conn: &'a mut MySqlConnection,
-        req: &'a ClaimRequest,
-        lease: idem_core::Lease,
-        response: &'a StoredResponse,
-    ) -> impl Future<Output = Result<SettleOutcome, StoreError>> + Send + 'a {
-        self.complete_in(conn, &req.key, lease.owner, lease.fence, response, req.ttl)
-    }
-}
+crate::in_tx_by_inherent_methods!(MySqlStore, MySqlConnection);
 
 impl fmt::Debug for MySqlStore {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

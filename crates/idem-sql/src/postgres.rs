@@ -419,27 +419,7 @@ impl PgStore {
     }
 }
 
-impl crate::InTx for PgStore {
-    type Conn = PgConnection;
-
-    fn claim_on<'a>(
-        &'a self,
-        conn: &'a mut PgConnection,
-        req: &'a ClaimRequest,
-    ) -> impl Future<Output = Result<ClaimOutcome, StoreError>> + Send + 'a {
-        self.claim_in(conn, req)
-    }
-
-    fn complete_on<'a>(
-        &'a self,
-        conn: &'a mut PgConnection,
-        req: &'a ClaimRequest,
-        lease: idem_core::Lease,
-        response: &'a StoredResponse,
-    ) -> impl Future<Output = Result<SettleOutcome, StoreError>> + Send + 'a {
-        self.complete_in(conn, &req.key, lease.owner, lease.fence, response, req.ttl)
-    }
-}
+crate::in_tx_by_inherent_methods!(PgStore, PgConnection);
 
 impl fmt::Debug for PgStore {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

@@ -481,27 +481,7 @@ impl SqliteStore {
     }
 }
 
-impl crate::InTx for SqliteStore {
-    type Conn = SqliteConnection;
-
-    fn claim_on<'a>(
-        &'a self,
-        conn: &'a mut SqliteConnection,
-        req: &'a ClaimRequest,
-    ) -> impl Future<Output = Result<ClaimOutcome, StoreError>> + Send + 'a {
-        self.claim_in(conn, req)
-    }
-
-    fn complete_on<'a>(
-        &'a self,
-        conn: &'a mut SqliteConnection,
-        req: &'a ClaimRequest,
-        lease: idem_core::Lease,
-        response: &'a StoredResponse,
-    ) -> impl Future<Output = Result<SettleOutcome, StoreError>> + Send + 'a {
-        self.complete_in(conn, &req.key, lease.owner, lease.fence, response, req.ttl)
-    }
-}
+crate::in_tx_by_inherent_methods!(SqliteStore, SqliteConnection);
 
 impl fmt::Debug for SqliteStore {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
