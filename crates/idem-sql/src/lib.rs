@@ -168,38 +168,44 @@ macro_rules! in_tx_by_inherent_methods {
 )]
 pub(crate) use in_tx_by_inherent_methods;
 
-/// Every backend's `run_in_tx` between opening its transaction and committing it: claims
-/// `req.key` on `conn`, and when the claim is won runs `work` there and completes. The caller
-/// commits when this answers [`TxOutcome::Executed`], and otherwise drops (rolls back) the
-/// transaction.
+/// Every backend's `run_in_tx` once its transaction `tx` is open: claims `req.key` in it,
+/// and when the claim is won runs `work` there, completes and commits. Any other answer, or
+/// any failure, drops (rolls back) the transaction.
 #[cfg_attr(
     not(any(feature = "postgres", feature = "mysql", feature = "sqlite")),
     allow(dead_code)
 )]
-async fn claim_work_complete<S, T, E, F>(
+async fn claim_work_complete<DB, S, T, E, F>(
     store: &S,
-    conn: &mut S::Conn,
+    mut tx: sqlx::Transaction<'_, DB>,
     req: &idem_core::ClaimRequest,
     work: F,
 ) -> Result<TxOutcome<T>, InTxError<E>>
 where
-    S: InTx,
+    DB: sqlx::Database,
+    S: InTx<Conn = DB::Connection>,
     F: for<'c> FnOnce(
-        &'c mut S::Conn,
+        &'c mut DB::Connection,
     )
         -> futures::future::BoxFuture<'c, Result<(T, idem_core::StoredResponse), E>>,
 {
-    let lease = match store.claim_on(conn, req).await? {
+    let lease = match store.claim_on(&mut tx, req).await? {
         idem_core::ClaimOutcome::Claimed { lease, .. } => lease,
         other => return Ok(TxOutcome::from_claim(other)),
     };
-    let (output, response) = work(conn).await.map_err(InTxError::Work)?;
-    match store.complete_on(conn, req, lease, &response).await? {
-        idem_core::SettleOutcome::Settled => Ok(TxOutcome::Executed(output)),
-        _ => Err(InTxError::Store(idem_core::StoreError::unavailable(
-            "claim lost inside its own transaction",
-        ))),
+    let (output, response) = work(&mut tx).await.map_err(InTxError::Work)?;
+    match store.complete_on(&mut tx, req, lease, &response).await? {
+        idem_core::SettleOutcome::Settled => {}
+        _ => {
+            return Err(InTxError::Store(idem_core::StoreError::unavailable(
+                "claim lost inside its own transaction",
+            )));
+        }
     }
+    tx.commit()
+        .await
+        .map_err(|e| InTxError::Store(idem_core::StoreError::unavailable(e)))?;
+    Ok(TxOutcome::Executed(output))
 }
 
 /// Why a same-database run failed. Either way the transaction rolled back: no record and no

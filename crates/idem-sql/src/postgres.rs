@@ -387,18 +387,12 @@ impl PgStore {
     where
         F: for<'c> FnOnce(&'c mut PgConnection) -> BoxFuture<'c, Result<(T, StoredResponse), E>>,
     {
-        let mut tx = self
+        let tx = self
             .pool
             .begin()
             .await
             .map_err(|e| crate::InTxError::Store(StoreError::unavailable(e)))?;
-        let outcome = crate::claim_work_complete(self, &mut tx, req, work).await?;
-        if matches!(outcome, crate::TxOutcome::Executed(_)) {
-            tx.commit()
-                .await
-                .map_err(|e| crate::InTxError::Store(StoreError::unavailable(e)))?;
-        }
-        Ok(outcome)
+        crate::claim_work_complete(self, tx, req, work).await
     }
 
     async fn settle(
