@@ -363,18 +363,7 @@ async fn a_short_ack_after_a_batch_makes_each_of_its_claims_uncertain() {
         );
     }
 
-    let replica = Server::start(&["--replicaof", "127.0.0.1", &master.port.to_string()]);
-    let give_up = std::time::Instant::now() + Duration::from_secs(10);
-    while !master
-        .cli(&["INFO", "replication"])
-        .is_some_and(|i| i.contains("connected_slaves:1") && i.contains("state=online"))
-    {
-        assert!(
-            std::time::Instant::now() < give_up,
-            "replica did not come online"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let replica = master.start_replica().await;
     let reqs: Vec<ClaimRequest> = (0..4)
         .map(|i| request(&key(&format!("durable-{i}")), 1))
         .collect();

@@ -403,18 +403,7 @@ async fn durability_wait_refuses_unreplicated_claims() {
         "the uncertain claim was given back"
     );
 
-    let replica = Server::start(&["--replicaof", "127.0.0.1", &master.port.to_string()]);
-    let give_up = std::time::Instant::now() + Duration::from_secs(10);
-    while !master
-        .cli(&["INFO", "replication"])
-        .is_some_and(|i| i.contains("connected_slaves:1") && i.contains("state=online"))
-    {
-        assert!(
-            std::time::Instant::now() < give_up,
-            "replica did not come online"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let replica = master.start_replica().await;
     let lease = claimed(
         store
             .claim(&request(&k, 1, 5_000, TakeoverPolicy::Reexecute))

@@ -169,6 +169,20 @@ impl Server {
         }
     }
 
+    /// A private replica of this server, returned once it is online.
+    pub async fn start_replica(&self) -> Server {
+        let replica = Server::start(&["--replicaof", "127.0.0.1", &self.port.to_string()]);
+        let give_up = Instant::now() + Duration::from_secs(10);
+        while !self
+            .cli(&["INFO", "replication"])
+            .is_some_and(|i| i.contains("connected_slaves:1") && i.contains("state=online"))
+        {
+            assert!(Instant::now() < give_up, "replica did not come online");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        replica
+    }
+
     /// Runs `redis-cli` against this server; `None` if it failed.
     pub fn cli(&self, args: &[&str]) -> Option<String> {
         let out = Command::new("redis-cli")
