@@ -199,7 +199,7 @@ impl Inner {
 
     /// The live entry an index pair or triple names, if it still names one.
     fn current(&self, seq: u64, hash: u64) -> Option<&Entry> {
-        self.records.find(hash, |e| e.seq == seq).map(|e| &**e)
+        named(&self.records, seq, hash)
     }
 
     fn write(&mut self, hash: u64, key: &ScopedKey, change: Change) {
@@ -242,7 +242,7 @@ impl Inner {
                 if self.by_age.len() > 2 * self.records.len() + STALE_SLACK {
                     let records = &self.records;
                     self.by_age
-                        .retain(|&(seq, hash)| records.find(hash, |e| e.seq == seq).is_some());
+                        .retain(|&(seq, hash)| named(records, seq, hash).is_some());
                 }
                 self.index_expiry(expires_at, seq, hash);
             }
@@ -250,23 +250,27 @@ impl Inner {
     }
 
     fn index_expiry(&mut self, expires_at: Timestamp, seq: u64, hash: u64) {
+        self.push_expiry(expires_at, seq, hash);
+        if self.expiry_len > 2 * self.records.len() + STALE_SLACK {
+            self.by_expiry.clear();
+            self.expiry_len = 0;
+            let live: Vec<_> = self
+                .records
+                .iter()
+                .map(|e| (e.record.expires_at, e.seq, e.hash))
+                .collect();
+            for (t, seq, hash) in live {
+                self.push_expiry(t, seq, hash);
+            }
+        }
+    }
+
+    fn push_expiry(&mut self, expires_at: Timestamp, seq: u64, hash: u64) {
         self.by_expiry
             .entry(expires_at.0 / 1000)
             .or_default()
             .push((expires_at, seq, hash));
         self.expiry_len += 1;
-        if self.expiry_len > 2 * self.records.len() + STALE_SLACK {
-            self.by_expiry.clear();
-            self.expiry_len = 0;
-            for e in &self.records {
-                let t = e.record.expires_at;
-                self.by_expiry
-                    .entry(t.0 / 1000)
-                    .or_default()
-                    .push((t, e.seq, e.hash));
-                self.expiry_len += 1;
-            }
-        }
     }
 
     /// Removes the record under `key`; its index entries go stale.
@@ -344,6 +348,11 @@ impl Inner {
             None => Err(StoreError::Full { capacity }),
         }
     }
+}
+
+/// The entry under `hash` with age sequence number `seq`, if one is held.
+fn named(records: &HashTable<Box<Entry>>, seq: u64, hash: u64) -> Option<&Entry> {
+    records.find(hash, |e| e.seq == seq).map(|e| &**e)
 }
 
 fn evictable(now: Timestamp, record: &Record) -> bool {

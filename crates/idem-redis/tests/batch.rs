@@ -107,6 +107,17 @@ async fn prepare(store: &RedisStore, server: &Server, i: usize) -> Option<Lease>
 }
 
 /// The fingerprint each scenario's claim is made with (3 asks with another one).
+/// Loads the claim and batch scripts (three concurrent claims on fresh keys), so the
+/// NOSCRIPT retries of a first call do not count in what a test measures next.
+async fn load_claim_scripts(store: &RedisStore) {
+    let warm: Vec<ClaimRequest> = (0..3)
+        .map(|i| request(&key(&format!("warm{i}")), 1))
+        .collect();
+    for out in join_all(warm.iter().map(|r| store.claim(r))).await {
+        claimed(&out);
+    }
+}
+
 fn fp_of(i: usize) -> u8 {
     if i % 6 == 3 { 2 } else { 1 }
 }
@@ -215,13 +226,7 @@ async fn operations_on_one_key_inside_one_batch_are_sequential() {
     }
     let server = Server::start(&[]);
     let store = store(&server, true).await;
-    // Load the claim and batch scripts first so NOSCRIPT retries do not count.
-    let warm: Vec<ClaimRequest> = (0..3)
-        .map(|i| request(&key(&format!("warm{i}")), 1))
-        .collect();
-    for out in join_all(warm.iter().map(|r| store.claim(r))).await {
-        claimed(&out);
-    }
+    load_claim_scripts(&store).await;
 
     let (blocker, k) = (key("blocker"), key("same"));
     let (first, second) = (request(&k, 1), request(&k, 1));
@@ -384,13 +389,7 @@ async fn callers_that_give_up_neither_run_late_nor_strand_the_queue() {
     }
     let server = Server::start(&[]);
     let store = store(&server, true).await;
-    // Load the claim and batch scripts first so NOSCRIPT retries do not count.
-    let warm: Vec<ClaimRequest> = (0..3)
-        .map(|i| request(&key(&format!("warm{i}")), 1))
-        .collect();
-    for out in join_all(warm.iter().map(|r| store.claim(r))).await {
-        claimed(&out);
-    }
+    load_claim_scripts(&store).await;
 
     // A queued claim dropped before its batch leaves is left out.
     server.cli(&["CONFIG", "RESETSTAT"]);
