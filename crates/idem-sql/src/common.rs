@@ -426,6 +426,56 @@ macro_rules! shared_queries {
 #[cfg(any(feature = "postgres", feature = "sqlite"))]
 pub(crate) use shared_queries;
 
+/// A backend whose expired rows a background task deletes (see [`spawn_reaper`]).
+pub(crate) trait Reap: Clone + Send + Sync + 'static {
+    /// The table, for the reaper's log lines.
+    fn table_name(&self) -> &TableName;
+    /// One reaping pass: deletes expired rows `batch` at a time until none is left.
+    fn reap_pass(&self, batch: u32) -> impl Future<Output = Result<u64, StoreError>> + Send;
+}
+
+/// Runs `step` (one `DELETE` of at most `batch` expired rows, answering how many it deleted)
+/// until a batch comes back short, and returns how many rows were deleted in all. Each batch
+/// is its own short statement, so other writers wait at most one batch.
+pub(crate) async fn reap_in_batches<F, Fut>(batch: u32, mut step: F) -> Result<u64, StoreError>
+where
+    F: FnMut(u32) -> Fut,
+    Fut: Future<Output = Result<u64, sqlx::Error>>,
+{
+    let batch = batch.max(1);
+    let mut total = 0;
+    loop {
+        let done = step(batch).await.map_err(StoreError::unavailable)?;
+        total += done;
+        if done < u64::from(batch) {
+            return Ok(total);
+        }
+    }
+}
+
+/// Runs `store`'s reaping pass every `every` on the current tokio runtime, until the handle is
+/// aborted. Failures are logged and retried on the next tick.
+pub(crate) fn spawn_reaper<S: Reap>(
+    store: &S,
+    every: std::time::Duration,
+    batch: u32,
+) -> tokio::task::JoinHandle<()> {
+    let store = store.clone();
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(every);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            let table = store.table_name();
+            match store.reap_pass(batch).await {
+                Ok(0) => {}
+                Ok(n) => tracing::debug!(reaped = n, table = %table, "idem-sql reaper"),
+                Err(e) => tracing::warn!(error = %e, table = %table, "idem-sql reaper failed"),
+            }
+        }
+    })
+}
+
 /// A settling statement's answer: it changed the row (settled) or matched none (fenced).
 pub(crate) fn settled(rows: u64) -> idem_core::SettleOutcome {
     if rows == 1 {

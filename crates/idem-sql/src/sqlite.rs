@@ -304,39 +304,20 @@ impl SqliteStore {
     /// # Errors
     /// [`StoreError::Unavailable`] when the database failed; rows deleted before stay deleted.
     pub async fn reap(&self, batch: u32) -> Result<u64, StoreError> {
-        let batch = i64::from(batch.max(1));
-        let mut total = 0;
-        loop {
+        common::reap_in_batches(batch, |n| async move {
             let done = sqlx::query(&self.sql.reap)
-                .bind(batch)
+                .bind(i64::from(n))
                 .execute(&self.writer)
-                .await
-                .map_err(StoreError::unavailable)?
-                .rows_affected();
-            total += done;
-            if done < batch as u64 {
-                return Ok(total);
-            }
-        }
+                .await?;
+            Ok(done.rows_affected())
+        })
+        .await
     }
 
-    /// Runs [`SqliteStore::reap`] every `every` until the handle is aborted.
+    /// Runs [`SqliteStore::reap`] every `every` on the current tokio runtime, until the handle is
+    /// aborted. Failures are logged and retried on the next tick.
     pub fn spawn_reaper(&self, every: Duration, batch: u32) -> tokio::task::JoinHandle<()> {
-        let store = self.clone();
-        tokio::spawn(async move {
-            let mut tick = tokio::time::interval(every);
-            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            loop {
-                tick.tick().await;
-                match store.reap(batch).await {
-                    Ok(0) => {}
-                    Ok(n) => tracing::debug!(reaped = n, table = %store.table, "idem-sql reaper"),
-                    Err(e) => {
-                        tracing::warn!(error = %e, table = %store.table, "idem-sql reaper failed")
-                    }
-                }
-            }
-        })
+        common::spawn_reaper(self, every, batch)
     }
 
     async fn read(
@@ -567,4 +548,14 @@ impl Store for SqliteStore {
     }
 
     shared_queries!(reader: reader, writer: writer);
+}
+
+impl common::Reap for SqliteStore {
+    fn table_name(&self) -> &TableName {
+        &self.table
+    }
+
+    fn reap_pass(&self, batch: u32) -> impl Future<Output = Result<u64, StoreError>> + Send {
+        self.reap(batch)
+    }
 }
