@@ -506,24 +506,14 @@ async fn the_admin_api_needs_its_token_and_its_own_listener() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_drains_in_flight_requests() {
     let (up, mut gw, http) = setup().await;
-    let arrived = up.seen.arrived.notified();
-    tokio::pin!(arrived);
-    arrived.as_mut().enable();
     let k = key();
-    let url = gw.url("/slow?delay_ms=1000");
-    let pending = {
-        let http = http.clone();
-        let k = k.clone();
-        tokio::spawn(async move { http.post(&url, Some(&k), "{}").await })
-    };
-    tokio::time::timeout(Duration::from_secs(5), arrived)
-        .await
-        .expect("request reached the upstream");
+    let pending = up.in_flight(&http, gw.url("/slow?delay_ms=1000"), &k).await;
     gw.term();
     let r = tokio::time::timeout(Duration::from_secs(5), pending)
         .await
         .expect("answered")
-        .expect("join");
+        .expect("join")
+        .expect("the in-flight request got an answer");
     assert_eq!(
         r.status,
         StatusCode::CREATED,

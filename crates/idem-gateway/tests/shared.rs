@@ -192,18 +192,7 @@ async fn after_a_sigkill_the_other_gateway_follows_the_takeover_policy() {
         ("/re/pay?delay_ms=800", &kre),
         ("/hold/pay?delay_ms=800", &khold),
     ] {
-        let arrived = up.seen.arrived.notified();
-        tokio::pin!(arrived);
-        arrived.as_mut().enable();
-        let (http2, url, k2) = (http.clone(), a.url(path), k.clone());
-        tokio::spawn(async move {
-            http2
-                .try_send(Method::POST, &url, &[("idempotency-key", &k2)], "{}")
-                .await
-        });
-        tokio::time::timeout(Duration::from_secs(5), arrived)
-            .await
-            .expect("reached the upstream");
+        up.in_flight(&http, a.url(path), k).await;
     }
     a.kill();
     let claimed_by = Instant::now();
@@ -399,18 +388,7 @@ async fn shutdown_deadline_settles_leases() {
         ("/re/pay?delay_ms=5000", &kre),
         ("/hold/pay?delay_ms=5000", &khold),
     ] {
-        let arrived = up.seen.arrived.notified();
-        tokio::pin!(arrived);
-        arrived.as_mut().enable();
-        let (http2, url, k2) = (http.clone(), a.url(path), k.clone());
-        tokio::spawn(async move {
-            http2
-                .try_send(Method::POST, &url, &[("idempotency-key", &k2)], "{}")
-                .await
-        });
-        tokio::time::timeout(Duration::from_secs(5), arrived)
-            .await
-            .expect("reached the upstream");
+        up.in_flight(&http, a.url(path), k).await;
     }
     a.term();
     assert!(

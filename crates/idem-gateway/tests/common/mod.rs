@@ -256,6 +256,29 @@ impl Upstream {
         Self { addr, seen, task }
     }
 
+    /// POSTs `{}` to `url` with idempotency key `key` in the background, and returns once the
+    /// request has reached this upstream (at most 5 s), so it is in flight behind the gateway.
+    /// The handle answers with the reply, or the error if the connection died.
+    pub async fn in_flight(
+        &self,
+        http: &Http,
+        url: String,
+        key: &str,
+    ) -> tokio::task::JoinHandle<Result<Reply, String>> {
+        let arrived = self.seen.arrived.notified();
+        tokio::pin!(arrived);
+        arrived.as_mut().enable();
+        let (http, key) = (http.clone(), key.to_owned());
+        let pending = tokio::spawn(async move {
+            http.try_send(Method::POST, &url, &[("idempotency-key", &key)], "{}")
+                .await
+        });
+        tokio::time::timeout(Duration::from_secs(5), arrived)
+            .await
+            .expect("the request reached the upstream");
+        pending
+    }
+
     pub fn url(&self) -> String {
         format!("http://{}", self.addr)
     }
