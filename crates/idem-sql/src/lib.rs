@@ -128,7 +128,8 @@ trait InTx {
     ) -> impl Future<Output = Result<idem_core::SettleOutcome, idem_core::StoreError>> + Send + 'a;
 }
 
-/// Implements [`InTx`] for a store through its own `claim_in` and `complete_in`.
+/// Implements [`InTx`] for a store through its own `claim_in` and `complete_in`, and the
+/// reaper's `Reap` through its own `reap` and `table`.
 #[cfg_attr(
     not(any(feature = "postgres", feature = "mysql", feature = "sqlite")),
     allow(unused_macros)
@@ -158,6 +159,19 @@ macro_rules! in_tx_by_inherent_methods {
             + Send
             + 'a {
                 self.complete_in(conn, &req.key, lease.owner, lease.fence, response, req.ttl)
+            }
+        }
+
+        impl $crate::common::Reap for $store {
+            fn table_name(&self) -> &$crate::common::TableName {
+                &self.table
+            }
+
+            fn reap_pass(
+                &self,
+                batch: u32,
+            ) -> impl Future<Output = Result<u64, ::idem_core::StoreError>> + Send {
+                self.reap(batch)
             }
         }
     };

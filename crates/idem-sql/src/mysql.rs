@@ -557,13 +557,3 @@ impl Store for MySqlStore {
         Ok(done.rows_affected() == 1)
     }
 }
-
-impl common::Reap for MySqlStore {
-    fn table_name(&self) -> &TableName {
-        &self.table
-    }
-
-    fn reap_pass(&self, batch: u32) -> impl Future<Output = Result<u64, StoreError>> + Send {
-        self.reap(batch)
-    }
-}

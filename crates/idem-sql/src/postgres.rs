@@ -464,13 +464,3 @@ impl Store for PgStore {
 
     shared_queries!(reader: pool, writer: pool);
 }
-
-impl common::Reap for PgStore {
-    fn table_name(&self) -> &TableName {
-        &self.table
-    }
-
-    fn reap_pass(&self, batch: u32) -> impl Future<Output = Result<u64, StoreError>> + Send {
-        self.reap(batch)
-    }
-}

@@ -549,13 +549,3 @@ impl Store for SqliteStore {
 
     shared_queries!(reader: reader, writer: writer);
 }
-
-impl common::Reap for SqliteStore {
-    fn table_name(&self) -> &TableName {
-        &self.table
-    }
-
-    fn reap_pass(&self, batch: u32) -> impl Future<Output = Result<u64, StoreError>> + Send {
-        self.reap(batch)
-    }
-}
