@@ -2,7 +2,10 @@
 //! one run on one private `redis-server`.
 //!
 //! `cargo bench -p idem-redis --bench store` (set `IDEM_BENCH_SECS` to change the 2 s per
-//! measurement). Prints a Markdown table for docs/BENCHMARKS.md.
+//! measurement, `IDEM_BENCH_ROUNDS` the 3 rounds). Every row is measured once per round, so
+//! drift on a shared machine hits the baseline and the store alike; ratios are taken within a
+//! round. Prints Markdown tables for docs/BENCHMARKS.md: every round, then the medians with
+//! the range of the per-round ratios.
 //!
 //! Rows, each at concurrency 1 and 64 (tasks sharing one multiplexed connection, as the store
 //! does):
@@ -226,6 +229,163 @@ fn key(ns: &str, w: usize, i: u64) -> ScopedKey {
     )
 }
 
+/// What one round measures, all at one concurrency.
+struct RoundResult {
+    c: usize,
+    round: usize,
+    raw: f64,
+    redis_benchmark: f64,
+    first: f64,
+    replay: f64,
+    store_first: f64,
+    store_replay: f64,
+}
+
+fn median(values: &[f64]) -> f64 {
+    let mut v = values.to_vec();
+    v.sort_by(f64::total_cmp);
+    match v.len() {
+        0 => f64::NAN,
+        n if n % 2 == 1 => v[n / 2],
+        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
+    }
+}
+
+/// "median (min–max)" of per-round ratios.
+fn summary(ratios: &[f64]) -> String {
+    let lo = ratios.iter().copied().fold(f64::INFINITY, f64::min);
+    let hi = ratios.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    format!("**{:.2}** ({lo:.2}–{hi:.2})", median(ratios))
+}
+
+/// The parts every measurement uses.
+struct Bench {
+    engine: Engine<RedisStore>,
+    store: RedisStore,
+    conn: idem_redis::script::Connection,
+    fp: Fingerprint,
+    body: StoredResponse,
+    secs: Duration,
+    port: u16,
+}
+
+impl Bench {
+    /// The replay rows replay a fixed set of 1000 keys, completed here once per level.
+    async fn seed_replays(&self, c: usize) {
+        let ns = format!("replay{c}");
+        for i in 0..1000 {
+            let body = self.body.clone();
+            self.engine
+                .run(&key(&ns, 0, i), &self.fp, |_| async move {
+                    Settlement::complete((), body)
+                })
+                .await
+                .expect("seed");
+        }
+    }
+
+    /// Every row once at concurrency `c`. Keys written in this round are new to the server
+    /// (their names carry the round), so first requests and raw `SET NX` never meet old keys.
+    async fn round(&self, c: usize, round: usize) -> RoundResult {
+        let (secs, fp) = (self.secs, self.fp);
+        eprintln!("raw SET NX PX");
+        let raw = {
+            let conn = self.conn.clone();
+            measure(c, secs, move |w, i| {
+                let conn = conn.clone();
+                async move {
+                    let cmd = redis::cmd("SET")
+                        .arg(format!("raw:{c}:{round}:{w}:{i}"))
+                        .arg("v")
+                        .arg("NX")
+                        .arg("PX")
+                        .arg(60_000)
+                        .clone();
+                    conn.query(&cmd).await.expect("SET");
+                }
+            })
+            .await
+        };
+        let redis_benchmark = redis_benchmark(self.port, c, if c == 1 { 50_000 } else { 200_000 });
+        eprintln!("first request");
+        let first = {
+            let (engine, body) = (self.engine.clone(), self.body.clone());
+            measure(c, secs, move |w, i| {
+                let (engine, body) = (engine.clone(), body.clone());
+                async move {
+                    let k = key(&format!("first{c}r{round}"), w, i);
+                    engine
+                        .run(&k, &fp, |_| async move { Settlement::complete((), body) })
+                        .await
+                        .expect("run");
+                }
+            })
+            .await
+        };
+        eprintln!("replay");
+        let replay = {
+            let engine = self.engine.clone();
+            measure(c, secs, move |w, i| {
+                let engine = engine.clone();
+                async move {
+                    let k = key(&format!("replay{c}"), 0, (i * 64 + w as u64) % 1000);
+                    let out = engine
+                        .run(&k, &fp, |_| async {
+                            Settlement::complete((), StoredResponse::default())
+                        })
+                        .await
+                        .expect("run");
+                    assert!(matches!(out, idem_core::Outcome::Replayed(_)));
+                }
+            })
+            .await
+        };
+        // The same two paths straight on the store, without the engine around them.
+        eprintln!("store claim + complete");
+        let store_first = {
+            let (store, body) = (self.store.clone(), self.body.clone());
+            measure(c, secs, move |w, i| {
+                let (store, body) = (store.clone(), body.clone());
+                async move {
+                    let req = claim_request(key(&format!("direct{c}r{round}"), w, i), fp);
+                    let Ok(ClaimOutcome::Claimed { lease, .. }) = store.claim(&req).await else {
+                        panic!("claim")
+                    };
+                    let ttl = Duration::from_secs(300);
+                    store
+                        .complete(&req.key, lease.owner, lease.fence, &body, ttl)
+                        .await
+                        .expect("complete");
+                }
+            })
+            .await
+        };
+        eprintln!("store replay claim");
+        let store_replay = {
+            let store = self.store.clone();
+            measure(c, secs, move |w, i| {
+                let store = store.clone();
+                async move {
+                    let k = key(&format!("replay{c}"), 0, (i * 64 + w as u64) % 1000);
+                    let out = store.claim(&claim_request(k, fp)).await.expect("claim");
+                    assert!(matches!(out, ClaimOutcome::Done { .. }));
+                }
+            })
+            .await
+        };
+        RoundResult {
+            c,
+            round,
+            raw,
+            redis_benchmark,
+            first,
+            replay,
+            store_first,
+            store_replay,
+        }
+    }
+}
+
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
     // `cargo test --all-targets` runs this binary without `--bench`: nothing to measure then.
@@ -270,132 +430,77 @@ async fn main() {
     let body = StoredResponse::new(200, "{\"id\":\"ch_1\",\"status\":\"succeeded\"}")
         .with_header("content-type", "application/json");
 
-    println!(
-        "| concurrency | raw SET NX PX (redis-rs) | redis-benchmark SET NX PX | first request | ratio | replay | ratio |"
-    );
-    println!("|---:|---:|---:|---:|---:|---:|---:|");
-    let mut direct = Vec::new();
     // `IDEM_BENCH_CONCURRENCY=64` measures one level only (for profiling).
     let levels: Vec<usize> = std::env::var("IDEM_BENCH_CONCURRENCY")
         .ok()
         .and_then(|s| s.parse().ok())
         .map_or_else(|| vec![1, 64], |c| vec![c]);
+    // Every row is measured once per round, the rounds one after another, so drift on a
+    // shared machine hits the baseline and the store alike; ratios are taken per round.
+    let rounds = env("IDEM_BENCH_ROUNDS").unwrap_or(3).max(1);
+    let bench = Bench {
+        engine,
+        store,
+        conn,
+        fp,
+        body,
+        secs,
+        port: server.port,
+    };
+    let mut results = Vec::new();
     for &c in &levels {
-        eprintln!("raw SET NX PX");
-        let raw = {
-            let conn = conn.clone();
-            measure(c, secs, move |w, i| {
-                let conn = conn.clone();
-                async move {
-                    let cmd = redis::cmd("SET")
-                        .arg(format!("raw:{c}:{w}:{i}"))
-                        .arg("v")
-                        .arg("NX")
-                        .arg("PX")
-                        .arg(60_000)
-                        .clone();
-                    conn.query(&cmd).await.expect("SET");
-                }
-            })
-            .await
-        };
-        let rb = redis_benchmark(server.port, c, if c == 1 { 50_000 } else { 200_000 });
-        eprintln!("first request");
-        let first = {
-            let (engine, body) = (engine.clone(), body.clone());
-            measure(c, secs, move |w, i| {
-                let (engine, body) = (engine.clone(), body.clone());
-                async move {
-                    let k = key(&format!("first{c}"), w, i);
-                    engine
-                        .run(&k, &fp, |_| async move { Settlement::complete((), body) })
-                        .await
-                        .expect("run");
-                }
-            })
-            .await
-        };
-        // Replays: a fixed set of keys completed beforehand, replayed round-robin.
-        let ns = format!("replay{c}");
-        for i in 0..1000 {
-            let body = body.clone();
-            engine
-                .run(&key(&ns, 0, i), &fp, |_| async move {
-                    Settlement::complete((), body)
-                })
-                .await
-                .expect("seed");
+        bench.seed_replays(c).await;
+        for round in 1..=rounds {
+            eprintln!("== c={c}, round {round} of {rounds}");
+            results.push(bench.round(c, round).await);
         }
-        eprintln!("replay");
-        let replay = {
-            let engine = engine.clone();
-            measure(c, secs, move |w, i| {
-                let (engine, ns) = (engine.clone(), ns.clone());
-                async move {
-                    let k = key(&ns, 0, (i * 64 + w as u64) % 1000);
-                    let out = engine
-                        .run(&k, &fp, |_| async {
-                            Settlement::complete((), StoredResponse::default())
-                        })
-                        .await
-                        .expect("run");
-                    assert!(matches!(out, idem_core::Outcome::Replayed(_)));
-                }
-            })
-            .await
-        };
-        // The same two paths straight on the store, without the engine around them.
-        eprintln!("store claim + complete");
-        let store_first = {
-            let (store, body) = (store.clone(), body.clone());
-            measure(c, secs, move |w, i| {
-                let (store, body) = (store.clone(), body.clone());
-                async move {
-                    let req = claim_request(key(&format!("direct{c}"), w, i), fp);
-                    let Ok(ClaimOutcome::Claimed { lease, .. }) = store.claim(&req).await else {
-                        panic!("claim")
-                    };
-                    let ttl = Duration::from_secs(300);
-                    store
-                        .complete(&req.key, lease.owner, lease.fence, &body, ttl)
-                        .await
-                        .expect("complete");
-                }
-            })
-            .await
-        };
-        eprintln!("store replay claim");
-        let ns = format!("replay{c}");
-        let store_replay = {
-            let store = store.clone();
-            measure(c, secs, move |w, i| {
-                let (store, ns) = (store.clone(), ns.clone());
-                async move {
-                    let req = claim_request(key(&ns, 0, (i * 64 + w as u64) % 1000), fp);
-                    let out = store.claim(&req).await.expect("claim");
-                    assert!(matches!(out, ClaimOutcome::Done { .. }));
-                }
-            })
-            .await
-        };
-        println!(
-            "| {c} | {raw:.0} | {rb:.0} | {first:.0} | {:.2} | {replay:.0} | {:.2} |",
-            first / raw,
-            replay / raw
-        );
-        direct.push(format!(
-            "| {c} | {raw:.0} | {store_first:.0} | {:.2} | {store_replay:.0} | {:.2} |",
-            store_first / raw,
-            store_replay / raw
-        ));
     }
+    println!("Per round (ratios against the raw loop of the same round):");
     println!();
     println!(
-        "| concurrency | raw SET NX PX (redis-rs) | store claim + complete | ratio | store claim (replay) | ratio |"
+        "| concurrency | round | raw SET NX PX (redis-rs) | redis-benchmark SET NX PX | first request | ratio | replay | ratio | store claim + complete | ratio | store claim (replay) | ratio |"
     );
-    println!("|---:|---:|---:|---:|---:|---:|");
-    for row in direct {
-        println!("{row}");
+    println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    for r in &results {
+        println!(
+            "| {} | {} | {:.0} | {:.0} | {:.0} | {:.2} | {:.0} | {:.2} | {:.0} | {:.2} | {:.0} | {:.2} |",
+            r.c,
+            r.round,
+            r.raw,
+            r.redis_benchmark,
+            r.first,
+            r.first / r.raw,
+            r.replay,
+            r.replay / r.raw,
+            r.store_first,
+            r.store_first / r.raw,
+            r.store_replay,
+            r.store_replay / r.raw
+        );
+    }
+    println!();
+    println!("Median over the rounds (ratio: median of the per-round ratios, with their range):");
+    println!();
+    println!(
+        "| concurrency | raw SET NX PX (redis-rs) | first request | ratio | replay | ratio | store claim + complete | ratio | store claim (replay) | ratio |"
+    );
+    println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    for &c in &levels {
+        let rows: Vec<&RoundResult> = results.iter().filter(|r| r.c == c).collect();
+        let pick = |f: &dyn Fn(&RoundResult) -> f64| rows.iter().map(|r| f(r)).collect::<Vec<_>>();
+        let ratio = |f: &dyn Fn(&RoundResult) -> f64| summary(&pick(&|r| f(r) / r.raw));
+        println!(
+            "| {c} | {:.0} | {:.0} | {} | {:.0} | {} | {:.0} | {} | {:.0} | {} |",
+            median(&pick(&|r| r.raw)),
+            median(&pick(&|r| r.first)),
+            ratio(&|r| r.first),
+            median(&pick(&|r| r.replay)),
+            ratio(&|r| r.replay),
+            median(&pick(&|r| r.store_first)),
+            ratio(&|r| r.store_first),
+            median(&pick(&|r| r.store_replay)),
+            ratio(&|r| r.store_replay),
+        );
     }
     let stats = Command::new("redis-cli")
         .args(["-p", &server.port.to_string(), "INFO", "commandstats"])
