@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Requests/s through axum with and without the idem-http layer, one run, memory store.
-# Usage: crates/idem-http/bench/run.sh [seconds] [connections]
+# Usage: [ROUNDS=n] crates/idem-http/bench/run.sh [seconds] [connections]
+# Each round runs plain, unique, plain, replay; each layer case is compared with the plain run
+# just before it, and the last line gives the median of those ratios and their range.
 set -euo pipefail
 secs=${1:-10}
 conns=${2:-32}
@@ -23,9 +25,20 @@ run() { # name path mode
 }
 # Warm up, then alternate baseline and layer twice so drift hits both.
 BENCH_PATH=/plain KEY_MODE=none wrk -t1 -c"$conns" -d2s -s "$here/post.lua" http://127.0.0.1:3999 >/dev/null
-for round in 1 2; do
-  run "plain#$round" /plain none
-  run "unique#$round" /idem unique
-  run "plain-b#$round" /plain none
-  run "replay#$round" /idem replay
+results=()
+for round in $(seq "${ROUNDS:-2}"); do
+  results+=("$(run "plain#$round" /plain none)")
+  results+=("$(run "unique#$round" /idem unique)")
+  results+=("$(run "plain-b#$round" /plain none)")
+  results+=("$(run "replay#$round" /idem replay)")
+  printf '%s\n' "${results[@]: -4}"
 done
+printf '%s\n' "${results[@]}" | python3 -c '
+import statistics, sys
+rows = [l.split() for l in sys.stdin if l.strip()]
+ratios = {"unique": [], "replay": []}
+for (_, base), (name, rps) in zip(rows[0::2], rows[1::2]):
+    ratios[name.split("#")[0]].append(float(rps) / float(base))
+for name, r in ratios.items():
+    print(f"{name}/plain: median {statistics.median(r):.2f} (range {min(r):.2f}-{max(r):.2f}, {len(r)} rounds, c='"$conns"')")
+'
