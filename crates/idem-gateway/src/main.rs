@@ -19,6 +19,12 @@ use anyhow::Context as _;
 use idem_gateway::config::{self, LogFormat, OverrideAdmin, OverrideLog, Overrides, Settings};
 use idem_gateway::{demo, metrics, server, store};
 
+/// mimalloc keeps freed blocks on per-thread lists: a proxy frees on one worker thread much of
+/// what the other allocated (buffers, futures, records), which with glibc's allocator meant
+/// contended arena locks and futex calls on the protected path (see docs/BENCHMARKS.md).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[derive(Debug, Parser)]
 #[command(
     name = "idem",
