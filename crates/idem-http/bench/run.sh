@@ -23,10 +23,10 @@ run() { # name path mode
   rps=$(awk '/Requests\/sec/ {print $2}' <<<"$out")
   echo "$1 $rps"
 }
-# The replay key is completed once before any measurement: otherwise the first burst of
-# concurrent requests on it would (rightly) get 409 while its first request is in flight.
-curl -sf -o /dev/null -X POST -H 'Content-Type: application/json' -H 'Idempotency-Key: bench-replay-key' \
-  --data '{"amount_cents":1250,"currency":"EUR","note":"bench"}' http://127.0.0.1:3999/idem
+# The replay key is completed once, over a single connection (so with post.lua's exact
+# request), before any measurement: otherwise the first burst of concurrent requests on it
+# would (rightly) get 409 while its first request is in flight.
+BENCH_PATH=/idem KEY_MODE=replay wrk -t1 -c1 -d1s -s "$here/post.lua" http://127.0.0.1:3999 >/dev/null
 # Warm up, then alternate baseline and layer so drift hits both.
 BENCH_PATH=/plain KEY_MODE=none wrk -t1 -c"$conns" -d2s -s "$here/post.lua" http://127.0.0.1:3999 >/dev/null
 results=()

@@ -262,7 +262,6 @@ fn summary(ratios: &[f64]) -> String {
 struct Bench {
     engine: Engine<RedisStore>,
     store: RedisStore,
-    conn: idem_redis::script::Connection,
     fp: Fingerprint,
     body: StoredResponse,
     secs: Duration,
@@ -290,7 +289,7 @@ impl Bench {
         let (secs, fp) = (self.secs, self.fp);
         eprintln!("raw SET NX PX");
         let raw = {
-            let conn = self.conn.clone();
+            let conn = self.store.connection().clone();
             measure(c, secs, move |w, i| {
                 let conn = conn.clone();
                 async move {
@@ -425,7 +424,6 @@ async fn main() {
         .build()
         .expect("policy");
     let engine = Engine::new(store.clone(), policy).expect("engine");
-    let conn = store.connection().clone();
     let fp = Fingerprint::of_bytes(1, b"{\"amount\":100}");
     let body = StoredResponse::new(200, "{\"id\":\"ch_1\",\"status\":\"succeeded\"}")
         .with_header("content-type", "application/json");
@@ -441,7 +439,6 @@ async fn main() {
     let bench = Bench {
         engine,
         store,
-        conn,
         fp,
         body,
         secs,
