@@ -35,7 +35,6 @@ mod future;
 mod layer;
 
 use std::fmt;
-use std::future::Future;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
@@ -44,9 +43,7 @@ use bytes::{Bytes, BytesMut};
 use http::{HeaderMap, HeaderName, HeaderValue, Request, Response, StatusCode, header};
 use http_body::Body;
 use http_body_util::BodyExt;
-use idem_core::{
-    Engine, Fingerprint, Outcome, ReleaseKind, ScopedKey, Settlement, Store, StoredResponse,
-};
+use idem_core::{Engine, Outcome, ReleaseKind, ScopedKey, Settlement, Store, StoredResponse};
 use tower::Service;
 
 pub(crate) use error::key_rejection as key_problem;
@@ -222,43 +219,24 @@ where
 
     // Dropping this future mid-run hands the rest to a spawned task (see `ResponseFuture`),
     // so a client that goes away neither cancels the handler nor loses its result.
-    let outcome = run(
-        &shared,
-        &scoped,
-        &fingerprint,
-        request_id.as_deref(),
-        move |req| inner.call(req),
-        req,
-    )
-    .await;
-    answer(&shared.config, &found, outcome)
-}
-
-async fn run<St, F, Fut, ReqB, ResB, E>(
-    shared: &Shared<St>,
-    key: &ScopedKey,
-    fingerprint: &Fingerprint,
-    request_id: Option<&str>,
-    call: F,
-    req: Request<ReqB>,
-) -> Result<Outcome<Handled<ResB, E>>, idem_core::EngineError>
-where
-    St: Store,
-    F: FnOnce(Request<ReqB>) -> Fut,
-    Fut: Future<Output = Result<Response<ResB>, E>>,
-    ResB: Body<Data = Bytes> + Unpin,
-    ResB::Error: Into<BoxError>,
-{
-    let config = &shared.config;
-    shared
+    // (The engine is driven right here, not through a helper async fn: every nested async fn
+    // is one more multi-kilobyte state built on the stack and then moved into its parent.)
+    let key = &scoped.key;
+    let outcome = shared
         .engine
-        .run_traced(key, fingerprint, request_id, move |_lease| async move {
-            match call(req).await {
-                Err(e) => Settlement::release(Err(e), ReleaseKind::Retryable),
-                Ok(res) => settle(config, &key.key, res).await,
-            }
-        })
-        .await
+        .run_traced(
+            &scoped,
+            &fingerprint,
+            request_id.as_deref(),
+            move |_lease| async move {
+                match inner.call(req).await {
+                    Err(e) => Settlement::release(Err(e), ReleaseKind::Retryable),
+                    Ok(res) => settle(config, key, res).await,
+                }
+            },
+        )
+        .await;
+    answer(&shared.config, &found, outcome)
 }
 
 /// Decides what to keep of the handler's response, buffering it if it is to be stored.
