@@ -10,11 +10,10 @@ set -euo pipefail
 conns=$1 secs=$2 rounds=$3
 shift 3
 here=$(cd "$(dirname "$0")" && pwd)
+. "$here/common.sh"
 cd "$here/../../.."
-command -v wrk >/dev/null || { echo "wrk missing: apt-get install -y wrk" >&2; exit 1; }
-cargo build --release -q -p idem-http --example bench_server
-target=$(cargo metadata --format-version 1 --no-deps | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')
-server="$target/release/examples/bench_server"
+need wrk wrk
+server=$(example_binary bench_server)
 labels=() ports=() pids=()
 trap 'kill "${pids[@]}" 2>/dev/null || true' EXIT
 while [ $# -ge 2 ]; do

@@ -11,11 +11,10 @@
 set -euo pipefail
 n=${1:-5000}
 here=$(cd "$(dirname "$0")" && pwd)
+. "$here/common.sh"
 cd "$here/../../.."
-command -v valgrind >/dev/null || { echo "valgrind missing: apt-get install -y valgrind" >&2; exit 1; }
-cargo build --release -q -p idem-http --example bench_inproc
-target=$(cargo metadata --format-version 1 --no-deps | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')
-bin="$target/release/examples/bench_inproc"
+need valgrind valgrind
+bin=$(example_binary bench_inproc)
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 total() { # callgrind file -> inclusive instructions of Oneshot::poll

@@ -7,12 +7,11 @@ set -euo pipefail
 secs=${1:-10}
 conns=${2:-32}
 here=$(cd "$(dirname "$0")" && pwd)
-root=$(cd "$here/../../.." && pwd)
-command -v wrk >/dev/null || { echo "wrk missing: apt-get install -y wrk" >&2; exit 1; }
-cd "$root"
-cargo build --release -q -p idem-http --example bench_server
-target=$(cargo metadata --format-version 1 --no-deps | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')
-BENCH_ADDR=127.0.0.1:3999 "$target/release/examples/bench_server" 2>/dev/null &
+. "$here/common.sh"
+cd "$here/../../.."
+need wrk wrk
+server_bin=$(example_binary bench_server)
+BENCH_ADDR=127.0.0.1:3999 "$server_bin" 2>/dev/null &
 server=$!
 trap 'kill $server 2>/dev/null || true' EXIT
 for _ in $(seq 50); do (exec 3<>/dev/tcp/127.0.0.1/3999) 2>/dev/null && break; sleep 0.1; done
