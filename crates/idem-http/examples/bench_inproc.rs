@@ -2,6 +2,9 @@
 //! with and without the layer (no sockets), interleaved in rounds so load drift hits both.
 //!
 //! `cargo run --release -p idem-http --example bench_inproc [requests-per-round] [rounds]`
+//!
+//! `UNIQUE_PATH=/floor` measures the bench-only floor layer (`bench_server/floor.rs`) in place
+//! of idem on fresh keys; `THRASH=<bytes>` (see `drive`) starts every request with cold caches.
 
 use std::time::{Duration, Instant};
 
@@ -14,6 +17,9 @@ use http_body_util::BodyExt;
 use idem_core::{Engine, MemoryStore, Policy};
 use idem_http::{IdempotencyConfig, IdempotencyLayer};
 use tower::ServiceExt;
+
+#[path = "bench_server/floor.rs"]
+mod floor;
 
 const BODY: &str = r#"{"amount_cents":1250,"currency":"EUR","note":"bench"}"#;
 
@@ -30,8 +36,21 @@ async fn drive(
     key: impl Fn(usize) -> Option<String>,
     n: usize,
 ) -> Duration {
-    let t0 = Instant::now();
+    // THRASH=<bytes>: writes that many bytes between requests (untimed), so each request
+    // starts with cold caches, as it does in a server where the kernel and the network stack
+    // run in between.
+    let thrash: usize = std::env::var("THRASH")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    let mut junk = vec![0u64; thrash / 8 + 1];
+    let mut spent = Duration::ZERO;
     for i in 0..n {
+        for (j, w) in junk.iter_mut().enumerate().step_by(8) {
+            *w = w.wrapping_add(j as u64);
+        }
+        std::hint::black_box(&junk);
+        let t0 = Instant::now();
         let mut req = Request::post(path).header("content-type", "application/json");
         if let Some(k) = key(i) {
             req = req.header("idempotency-key", k);
@@ -43,8 +62,9 @@ async fn drive(
             .expect("infallible");
         assert_eq!(res.status(), 200);
         let _ = res.into_body().collect().await.expect("body");
+        spent += t0.elapsed();
     }
-    t0.elapsed() / n as u32
+    spent / n as u32
 }
 
 #[tokio::main(flavor = "current_thread")]
@@ -60,7 +80,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let layer = IdempotencyLayer::new(&engine, IdempotencyConfig::new("bench")?);
     let app = Router::new()
         .route("/plain", post(trivial))
-        .route("/idem", post(trivial).layer(layer));
+        .route("/idem", post(trivial).layer(layer))
+        .route("/floor", post(trivial).layer(floor::FloorLayer::default()));
+    let unique_path = std::env::var("UNIQUE_PATH").unwrap_or_else(|_| "/idem".into());
     drive(&app, "/plain", |_| None, n).await;
     if std::env::var_os("ONLY_UNIQUE").is_none() {
         drive(&app, "/idem", |_| Some("warm".into()), n).await;
@@ -72,7 +94,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         let unique = if std::env::var_os("ONLY_REPLAY").is_some() {
             plain
         } else {
-            drive(&app, "/idem", |i| Some(format!("u-{}", offset + i)), n).await
+            drive(&app, &unique_path, |i| Some(format!("u-{}", offset + i)), n).await
         };
         offset += n;
         let replay = if std::env::var_os("ONLY_UNIQUE").is_some() {

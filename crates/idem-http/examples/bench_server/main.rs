@@ -1,7 +1,10 @@
 //! Throughput bench target: the same trivial handler with and without the layer.
 //!
-//! `POST /plain` (no layer) and `POST /idem` (layer over `MemoryStore`). Driven by `wrk`
-//! from `bench/run.sh`; see docs/BENCHMARKS.md.
+//! `POST /plain` (no layer), `POST /idem` (layer over `MemoryStore`) and `POST /floor` (the
+//! bench-only [`floor`] layer: the least any idempotency layer must do). Driven by `wrk` from
+//! `bench/run.sh`; see docs/BENCHMARKS.md.
+
+mod floor;
 
 use std::net::SocketAddr;
 
@@ -32,7 +35,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let layer = IdempotencyLayer::new(&engine, IdempotencyConfig::new("bench")?);
     let app = Router::new()
         .route("/plain", post(trivial))
-        .route("/idem", post(trivial).layer(layer));
+        .route("/idem", post(trivial).layer(layer))
+        .route("/floor", post(trivial).layer(floor::FloorLayer::default()));
     let listener = tokio::net::TcpListener::bind(addr).await?;
     eprintln!("bench server on {}", listener.local_addr()?);
     axum::serve(listener, app).await?;

@@ -1,0 +1,121 @@
+//! The cost floor of any idempotency layer, for the bench only: NOT a usable middleware.
+//!
+//! It does only what every idempotency-key layer must do for a fresh key, and nothing the
+//! issue's semantics add on top: read and bound-check the key, buffer the request body,
+//! hash method, route and body, claim the key in a shared map, call the handler, buffer its
+//! response and record it. There are no leases, fences, expiry, principals, canonical JSON,
+//! header allow-list, panic or disconnect handling, timeouts or problem bodies. Whatever the
+//! real layer costs above this route is the price of those guarantees; what this route costs
+//! over the plain one is a bound no implementation can go under on the same machine.
+
+use std::collections::HashMap;
+use std::convert::Infallible;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::task::{Context, Poll};
+
+use axum::body::Body;
+use axum::response::{IntoResponse, Response};
+use bytes::Bytes;
+use futures::future::BoxFuture;
+use http::{Request, StatusCode};
+use idem_core::Fingerprint;
+use tower::{Layer, Service};
+
+const BODY_LIMIT: usize = 1 << 20;
+
+enum Slot {
+    Running(Fingerprint),
+    Done(Fingerprint, StatusCode, Bytes),
+}
+
+#[derive(Clone, Default)]
+pub(crate) struct FloorLayer {
+    slots: Arc<Mutex<HashMap<String, Slot>>>,
+}
+
+impl<S> Layer<S> for FloorLayer {
+    type Service = Floor<S>;
+
+    fn layer(&self, inner: S) -> Floor<S> {
+        Floor {
+            inner,
+            slots: Arc::clone(&self.slots),
+        }
+    }
+}
+
+#[derive(Clone)]
+pub(crate) struct Floor<S> {
+    inner: S,
+    slots: Arc<Mutex<HashMap<String, Slot>>>,
+}
+
+impl<S> Service<Request<Body>> for Floor<S>
+where
+    S: Service<Request<Body>, Response = Response, Error = Infallible> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+{
+    type Response = Response;
+    type Error = Infallible;
+    type Future = BoxFuture<'static, Result<Response, Infallible>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: Request<Body>) -> Self::Future {
+        let clone = self.inner.clone();
+        let mut inner = std::mem::replace(&mut self.inner, clone);
+        let slots = Arc::clone(&self.slots);
+        Box::pin(async move {
+            let (parts, body) = req.into_parts();
+            let key = parts
+                .headers
+                .get("idempotency-key")
+                .and_then(|v| v.to_str().ok())
+                .filter(|k| !k.is_empty() && k.len() < 256);
+            let Some(key) = key.map(str::to_owned) else {
+                return Ok(StatusCode::BAD_REQUEST.into_response());
+            };
+            let Ok(bytes) = axum::body::to_bytes(body, BODY_LIMIT).await else {
+                return Ok(StatusCode::PAYLOAD_TOO_LARGE.into_response());
+            };
+            let fingerprint = Fingerprint::builder(1)
+                .part("method", parts.method.as_str().as_bytes())
+                .part("route", parts.uri.path().as_bytes())
+                .part("body", &bytes)
+                .finish();
+            {
+                let mut slots = slots.lock().unwrap_or_else(PoisonError::into_inner);
+                match slots.get(&key) {
+                    None => {
+                        slots.insert(key.clone(), Slot::Running(fingerprint));
+                    }
+                    Some(Slot::Done(f, status, body)) if *f == fingerprint => {
+                        return Ok((*status, body.clone()).into_response());
+                    }
+                    Some(Slot::Running(f)) if *f == fingerprint => {
+                        return Ok(StatusCode::CONFLICT.into_response());
+                    }
+                    Some(_) => return Ok(StatusCode::UNPROCESSABLE_ENTITY.into_response()),
+                }
+            }
+            let res = inner
+                .call(Request::from_parts(parts, Body::from(bytes)))
+                .await?;
+            let (head, body) = res.into_parts();
+            let Ok(bytes) = axum::body::to_bytes(body, BODY_LIMIT).await else {
+                slots
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .remove(&key);
+                return Ok(StatusCode::INTERNAL_SERVER_ERROR.into_response());
+            };
+            slots
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .insert(key, Slot::Done(fingerprint, head.status, bytes.clone()));
+            Ok(Response::from_parts(head, Body::from(bytes)))
+        })
+    }
+}
