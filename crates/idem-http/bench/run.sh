@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Requests/s through axum with and without the idem-http layer, one run, memory store.
 # Usage: [ROUNDS=n] crates/idem-http/bench/run.sh [seconds] [connections]
-# Each round runs plain, unique, plain, replay, plain, floor; each layer case is compared with
-# the plain run just before it, and the last lines give the median of those ratios and their
-# range. "floor" is the bench-only layer of examples/bench_server/floor.rs: the least any
-# idempotency layer does (fresh keys), so unique/floor is the price of idem's guarantees.
+# Each round runs plain then a layer case, four times: idem on fresh keys (unique), idem on one
+# replayed key, and the bench-only floor layer of examples/bench_server/floor.rs (the least any
+# idempotency layer does, on fresh keys) with raw-body and canonical-JSON fingerprints. Each
+# case is compared with the plain run just before it; the last lines give the median of those
+# ratios and their range.
 set -euo pipefail
 secs=${1:-10}
 conns=${2:-32}
@@ -38,12 +39,14 @@ for round in $(seq "${ROUNDS:-2}"); do
   results+=("$(run "replay#$round" /idem replay)")
   results+=("$(run "plain-c#$round" /plain none)")
   results+=("$(run "floor#$round" /floor unique)")
-  printf '%s\n' "${results[@]: -6}"
+  results+=("$(run "plain-d#$round" /plain none)")
+  results+=("$(run "floor-json#$round" /floor-json unique)")
+  printf '%s\n' "${results[@]: -8}"
 done
 printf '%s\n' "${results[@]}" | python3 -c '
 import statistics, sys
 rows = [l.split() for l in sys.stdin if l.strip()]
-ratios = {"unique": [], "replay": [], "floor": []}
+ratios = {"unique": [], "replay": [], "floor": [], "floor-json": []}
 for (_, base), (name, rps) in zip(rows[0::2], rows[1::2]):
     ratios[name.split("#")[0]].append(float(rps) / float(base))
 for name, r in ratios.items():

@@ -3,8 +3,8 @@
 //!
 //! `cargo run --release -p idem-http --example bench_inproc [requests-per-round] [rounds]`
 //!
-//! `UNIQUE_PATH=/floor` measures the bench-only floor layer (`bench_server/floor.rs`) in place
-//! of idem on fresh keys; `THRASH=<bytes>` (see `drive`) starts every request with cold caches.
+//! `UNIQUE_PATH=/floor` (or `/floor-json`) measures the bench-only floor layer
+//! (`bench_server/floor.rs`) in place of idem on fresh keys; `THRASH=<bytes>` (see `drive`) starts every request with cold caches.
 
 use std::time::{Duration, Instant};
 
@@ -81,7 +81,11 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let app = Router::new()
         .route("/plain", post(trivial))
         .route("/idem", post(trivial).layer(layer))
-        .route("/floor", post(trivial).layer(floor::FloorLayer::default()));
+        .route("/floor", post(trivial).layer(floor::FloorLayer::default()))
+        .route(
+            "/floor-json",
+            post(trivial).layer(floor::FloorLayer::canonical_json()),
+        );
     let unique_path = std::env::var("UNIQUE_PATH").unwrap_or_else(|_| "/idem".into());
     drive(&app, "/plain", |_| None, n).await;
     if std::env::var_os("ONLY_UNIQUE").is_none() {

@@ -196,14 +196,14 @@ impl IdempotencyConfig {
     /// headers never are). `Set-Cookie` and `WWW-Authenticate` only if listed here.
     #[must_use]
     pub fn replay_headers(mut self, names: impl IntoIterator<Item = HeaderName>) -> Self {
-        self.replay_headers = names.into_iter().collect();
+        self.replay_headers = names.into_iter().filter(replayable).collect();
         self
     }
 
     /// Adds one header to the replay allow-list.
     #[must_use]
     pub fn replay_header(mut self, name: HeaderName) -> Self {
-        if !self.replay_headers.contains(&name) {
+        if replayable(&name) && !self.replay_headers.contains(&name) {
             self.replay_headers.push(name);
         }
         self
@@ -244,6 +244,32 @@ impl IdempotencyConfig {
     }
 
     pub(crate) fn replays(&self, name: &HeaderName) -> bool {
-        self.replay_headers.contains(name) && !NEVER_REPLAYED.contains(name)
+        // The list never holds a `NEVER_REPLAYED` name: they are dropped when it is set.
+        self.replay_headers.contains(name)
+    }
+}
+
+fn replayable(name: &HeaderName) -> bool {
+    !NEVER_REPLAYED.contains(name)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hop_by_hop_headers_are_never_replayed_even_when_listed() {
+        let config = IdempotencyConfig::new("t")
+            .expect("namespace")
+            .replay_headers([header::CONNECTION, header::CONTENT_TYPE])
+            .replay_header(header::TRANSFER_ENCODING)
+            .replay_header(HeaderName::from_static("keep-alive"))
+            .replay_header(header::SET_COOKIE);
+        assert!(config.replays(&header::CONTENT_TYPE));
+        assert!(config.replays(&header::SET_COOKIE), "listed explicitly");
+        for never in &NEVER_REPLAYED {
+            assert!(!config.replays(never), "{never} must never be replayed");
+        }
+        assert!(!config.replays(&header::LOCATION), "not listed");
     }
 }

@@ -116,6 +116,7 @@ impl Problem {
     }
 
     /// The response.
+    #[cold] // problems are the exception; keep them out of the request path's code
     pub fn into_response<B>(self) -> Response<ResponseBody<B>> {
         let mut res = Response::new(ResponseBody::full(self.to_json()));
         *res.status_mut() = self.status;

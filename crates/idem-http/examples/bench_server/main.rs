@@ -1,7 +1,8 @@
 //! Throughput bench target: the same trivial handler with and without the layer.
 //!
-//! `POST /plain` (no layer), `POST /idem` (layer over `MemoryStore`) and `POST /floor` (the
-//! bench-only [`floor`] layer: the least any idempotency layer must do). Driven by `wrk` from
+//! `POST /plain` (no layer), `POST /idem` (layer over `MemoryStore`), `POST /floor` (the
+//! bench-only [`floor`] layer: the least any idempotency layer must do) and `POST /floor-json`
+//! (the floor with idem's default canonical-JSON fingerprint). Driven by `wrk` from
 //! `bench/run.sh`; see docs/BENCHMARKS.md.
 
 mod floor;
@@ -36,7 +37,11 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let app = Router::new()
         .route("/plain", post(trivial))
         .route("/idem", post(trivial).layer(layer))
-        .route("/floor", post(trivial).layer(floor::FloorLayer::default()));
+        .route("/floor", post(trivial).layer(floor::FloorLayer::default()))
+        .route(
+            "/floor-json",
+            post(trivial).layer(floor::FloorLayer::canonical_json()),
+        );
     let listener = tokio::net::TcpListener::bind(addr).await?;
     eprintln!("bench server on {}", listener.local_addr()?);
     axum::serve(listener, app).await?;

@@ -26,6 +26,7 @@ use idem_core::{EngineError, Key};
 use crate::key::KeyRejection;
 use crate::problem::Problem;
 
+#[cold]
 pub(crate) fn key_rejection(r: &KeyRejection) -> Problem {
     let title = match r {
         KeyRejection::Missing => "Idempotency key missing",
@@ -35,6 +36,7 @@ pub(crate) fn key_rejection(r: &KeyRejection) -> Problem {
     Problem::new(StatusCode::BAD_REQUEST, r.slug(), title, r.to_string())
 }
 
+#[cold]
 pub(crate) fn unauthenticated(detail: String) -> Problem {
     Problem::new(
         StatusCode::UNAUTHORIZED,
@@ -44,6 +46,7 @@ pub(crate) fn unauthenticated(detail: String) -> Problem {
     )
 }
 
+#[cold]
 pub(crate) fn body_too_large(key: &Key, limit: usize) -> Problem {
     Problem::new(
         StatusCode::PAYLOAD_TOO_LARGE,
@@ -54,6 +57,7 @@ pub(crate) fn body_too_large(key: &Key, limit: usize) -> Problem {
     .key(Some(key))
 }
 
+#[cold]
 pub(crate) fn body_unreadable(key: &Key) -> Problem {
     Problem::new(
         StatusCode::BAD_REQUEST,
@@ -64,6 +68,7 @@ pub(crate) fn body_unreadable(key: &Key) -> Problem {
     .key(Some(key))
 }
 
+#[cold]
 pub(crate) fn mismatch(key: &Key) -> Problem {
     Problem::new(
         StatusCode::UNPROCESSABLE_ENTITY,
@@ -80,6 +85,7 @@ pub(crate) fn mismatch(key: &Key) -> Problem {
 /// would delay nearly every retry for nothing.
 pub(crate) const IN_FLIGHT_RETRY_CAP: Duration = Duration::from_secs(1);
 
+#[cold]
 pub(crate) fn in_flight(key: &Key, retry_after: Duration) -> Problem {
     let retry_after = retry_after.min(IN_FLIGHT_RETRY_CAP);
     Problem::new(
@@ -93,6 +99,7 @@ pub(crate) fn in_flight(key: &Key, retry_after: Duration) -> Problem {
     .retry_after(retry_after)
 }
 
+#[cold]
 pub(crate) fn outcome_unknown(key: &Key) -> Problem {
     Problem::new(
         StatusCode::CONFLICT,
@@ -104,6 +111,7 @@ pub(crate) fn outcome_unknown(key: &Key) -> Problem {
     .state("unknown")
 }
 
+#[cold]
 pub(crate) fn response_not_stored(key: &Key, status: u16) -> Problem {
     Problem::new(
         StatusCode::CONFLICT,
@@ -115,6 +123,7 @@ pub(crate) fn response_not_stored(key: &Key, status: u16) -> Problem {
     .state("completed")
 }
 
+#[cold]
 pub(crate) fn response_failed(key: &Key) -> Problem {
     Problem::new(
         StatusCode::INTERNAL_SERVER_ERROR,
@@ -125,6 +134,7 @@ pub(crate) fn response_failed(key: &Key) -> Problem {
     .key(Some(key))
 }
 
+#[cold]
 pub(crate) fn internal(key: &Key) -> Problem {
     Problem::new(
         StatusCode::INTERNAL_SERVER_ERROR,
@@ -135,6 +145,7 @@ pub(crate) fn internal(key: &Key) -> Problem {
     .key(Some(key))
 }
 
+#[cold]
 pub(crate) fn engine_error(key: &Key, e: &EngineError, store_retry_after: Duration) -> Problem {
     match e {
         EngineError::Store(_) => Problem::new(
