@@ -14,3 +14,12 @@ example_binary() {
     python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])') || return 1
   echo "$target/release/examples/$1"
 }
+
+# inproc_for_valgrind: needs valgrind, builds bench_inproc (its path in $bin), and makes a
+# temporary directory ($out) that is removed on exit. Run from the workspace root.
+inproc_for_valgrind() {
+  need valgrind valgrind
+  bin=$(example_binary bench_inproc)
+  out=$(mktemp -d)
+  trap 'rm -rf "$out"' EXIT
+}

@@ -13,10 +13,7 @@ thrash=${2:-1048576}
 here=$(cd "$(dirname "$0")" && pwd)
 . "$here/common.sh"
 cd "$here/../../.."
-need valgrind valgrind
-bin=$(example_binary bench_inproc)
-out=$(mktemp -d)
-trap 'rm -rf "$out"' EXIT
+inproc_for_valgrind
 events() { # callgrind file -> "Ir I1mr D1mr D1mw" inclusive in Oneshot::poll
   callgrind_annotate --inclusive=yes "$1" 2>/dev/null |
     awk '/\?\?\?:<tower::util::oneshot::Oneshot<S,Req> as core::future::future::Future>::poll / {

@@ -13,10 +13,7 @@ n=${1:-5000}
 here=$(cd "$(dirname "$0")" && pwd)
 . "$here/common.sh"
 cd "$here/../../.."
-need valgrind valgrind
-bin=$(example_binary bench_inproc)
-out=$(mktemp -d)
-trap 'rm -rf "$out"' EXIT
+inproc_for_valgrind
 total() { # callgrind file -> inclusive instructions of Oneshot::poll
   callgrind_annotate --inclusive=yes "$1" 2>/dev/null |
     awk '/\?\?\?:<tower::util::oneshot::Oneshot<S,Req> as core::future::future::Future>::poll / {gsub(",", "", $1); print $1; exit}'

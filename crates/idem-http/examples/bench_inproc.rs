@@ -4,31 +4,24 @@
 //! `cargo run --release -p idem-http --example bench_inproc [requests-per-round] [rounds]`
 //!
 //! `UNIQUE_PATH=/floor` (or `/floor-json`) measures the bench-only floor layer
-//! (`bench_server/floor.rs`) in place of idem on fresh keys; `THRASH=<bytes>` (see `drive`) starts every request with cold caches.
+//! (`bench_server/floor.rs`) in place of idem on fresh keys; `THRASH=<bytes>` (see `drive`)
+//! starts every request with cold caches.
 
 use std::time::{Duration, Instant};
 
 use axum::Router;
 use axum::body::Body;
 use axum::http::Request;
-use axum::routing::post;
-use bytes::Bytes;
 use http_body_util::BodyExt;
 use idem_core::{Engine, MemoryStore, Policy};
-use idem_http::{IdempotencyConfig, IdempotencyLayer};
 use tower::ServiceExt;
 
+#[path = "bench_server/app.rs"]
+mod app;
 #[path = "bench_server/floor.rs"]
 mod floor;
 
 const BODY: &str = r#"{"amount_cents":1250,"currency":"EUR","note":"bench"}"#;
-
-async fn trivial(body: Bytes) -> ([(&'static str, &'static str); 1], String) {
-    (
-        [("content-type", "application/json")],
-        format!("{{\"ok\":true,\"len\":{}}}", body.len()),
-    )
-}
 
 async fn drive(
     app: &Router,
@@ -77,15 +70,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .unwrap_or(20_000);
     let rounds: usize = args.next().map(|a| a.parse()).transpose()?.unwrap_or(5);
     let engine = Engine::new(MemoryStore::new(4_000_000), Policy::default())?;
-    let layer = IdempotencyLayer::new(&engine, IdempotencyConfig::new("bench")?);
-    let app = Router::new()
-        .route("/plain", post(trivial))
-        .route("/idem", post(trivial).layer(layer))
-        .route("/floor", post(trivial).layer(floor::FloorLayer::default()))
-        .route(
-            "/floor-json",
-            post(trivial).layer(floor::FloorLayer::canonical_json()),
-        );
+    let app = app::router(&engine)?;
     let unique_path = std::env::var("UNIQUE_PATH").unwrap_or_else(|_| "/idem".into());
     drive(&app, "/plain", |_| None, n).await;
     if std::env::var_os("ONLY_UNIQUE").is_none() {

@@ -5,22 +5,12 @@
 //! (the floor with idem's default canonical-JSON fingerprint). Driven by `wrk` from
 //! `bench/run.sh`; see docs/BENCHMARKS.md.
 
+mod app;
 mod floor;
 
 use std::net::SocketAddr;
 
-use axum::Router;
-use axum::routing::post;
-use bytes::Bytes;
 use idem_core::{Engine, MemoryStore, Policy};
-use idem_http::{IdempotencyConfig, IdempotencyLayer};
-
-async fn trivial(body: Bytes) -> ([(&'static str, &'static str); 1], String) {
-    (
-        [("content-type", "application/json")],
-        format!("{{\"ok\":true,\"len\":{}}}", body.len()),
-    )
-}
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -33,15 +23,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         Err(_) => 4_000_000,
     };
     let engine = Engine::new(MemoryStore::new(capacity), Policy::default())?;
-    let layer = IdempotencyLayer::new(&engine, IdempotencyConfig::new("bench")?);
-    let app = Router::new()
-        .route("/plain", post(trivial))
-        .route("/idem", post(trivial).layer(layer))
-        .route("/floor", post(trivial).layer(floor::FloorLayer::default()))
-        .route(
-            "/floor-json",
-            post(trivial).layer(floor::FloorLayer::canonical_json()),
-        );
+    let app = app::router(&engine)?;
     let listener = tokio::net::TcpListener::bind(addr).await?;
     eprintln!("bench server on {}", listener.local_addr()?);
     axum::serve(listener, app).await?;
