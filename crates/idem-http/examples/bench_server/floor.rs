@@ -13,19 +13,22 @@
 //! computed by idem-core's one-pass canonicaliser, instead of the raw bytes.
 
 use std::collections::HashMap;
+use std::collections::hash_map::Entry;
 use std::convert::Infallible;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Poll};
 
 use axum::body::Body;
 use axum::response::{IntoResponse, Response};
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use futures::future::BoxFuture;
-use http::{Request, StatusCode};
+use http::{HeaderName, Request, StatusCode};
+use http_body_util::BodyExt;
 use idem_core::{Fingerprint, JsonFields};
 use tower::{Layer, Service};
 
 const BODY_LIMIT: usize = 1 << 20;
+const KEY_HEADER: HeaderName = HeaderName::from_static("idempotency-key");
 
 enum Slot {
     Running(Fingerprint),
@@ -89,13 +92,13 @@ where
             let (parts, body) = req.into_parts();
             let key = parts
                 .headers
-                .get("idempotency-key")
+                .get(&KEY_HEADER)
                 .and_then(|v| v.to_str().ok())
                 .filter(|k| !k.is_empty() && k.len() < 256);
             let Some(key) = key.map(str::to_owned) else {
                 return Ok(StatusCode::BAD_REQUEST.into_response());
             };
-            let Ok(bytes) = axum::body::to_bytes(body, BODY_LIMIT).await else {
+            let Some(bytes) = buffer(body).await else {
                 return Ok(StatusCode::PAYLOAD_TOO_LARGE.into_response());
             };
             let (method, route) = (parts.method.as_str(), parts.uri.path());
@@ -106,35 +109,67 @@ where
                 json.unwrap_or_else(|| Fingerprint::http_raw(1, method, route, &bytes));
             {
                 let mut slots = slots.lock().unwrap_or_else(PoisonError::into_inner);
-                match slots.get(&key) {
-                    None => {
-                        slots.insert(key.clone(), Slot::Running(fingerprint));
+                match slots.entry(key.clone()) {
+                    Entry::Vacant(slot) => {
+                        slot.insert(Slot::Running(fingerprint));
                     }
-                    Some(Slot::Done(f, status, body)) if *f == fingerprint => {
-                        return Ok((*status, body.clone()).into_response());
+                    Entry::Occupied(slot) => {
+                        return Ok(match slot.get() {
+                            Slot::Done(f, status, body) if *f == fingerprint => {
+                                (*status, body.clone()).into_response()
+                            }
+                            Slot::Running(f) if *f == fingerprint => {
+                                StatusCode::CONFLICT.into_response()
+                            }
+                            _ => StatusCode::UNPROCESSABLE_ENTITY.into_response(),
+                        });
                     }
-                    Some(Slot::Running(f)) if *f == fingerprint => {
-                        return Ok(StatusCode::CONFLICT.into_response());
-                    }
-                    Some(_) => return Ok(StatusCode::UNPROCESSABLE_ENTITY.into_response()),
                 }
             }
             let res = inner
                 .call(Request::from_parts(parts, Body::from(bytes)))
                 .await?;
             let (head, body) = res.into_parts();
-            let Ok(bytes) = axum::body::to_bytes(body, BODY_LIMIT).await else {
+            let Some(bytes) = buffer(body).await else {
                 slots
                     .lock()
                     .unwrap_or_else(PoisonError::into_inner)
                     .remove(&key);
                 return Ok(StatusCode::INTERNAL_SERVER_ERROR.into_response());
             };
-            slots
+            if let Some(slot) = slots
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner)
-                .insert(key, Slot::Done(fingerprint, head.status, bytes.clone()));
+                .get_mut(&key)
+            {
+                *slot = Slot::Done(fingerprint, head.status, bytes.clone());
+            }
             Ok(Response::from_parts(head, Body::from(bytes)))
         })
     }
+}
+
+/// Buffers a body of at most [`BODY_LIMIT`] bytes; one that arrives as one chunk (the usual
+/// case) is kept as that chunk, without a copy.
+async fn buffer(body: Body) -> Option<Bytes> {
+    let mut body = std::pin::pin!(body);
+    let mut first: Option<Bytes> = None;
+    let mut more = BytesMut::new();
+    while let Some(frame) = body.as_mut().frame().await {
+        let Ok(data) = frame.ok()?.into_data() else {
+            continue; // trailers
+        };
+        if first.is_none() && more.is_empty() {
+            first = Some(data);
+        } else {
+            if let Some(first) = first.take() {
+                more.extend_from_slice(&first);
+            }
+            more.extend_from_slice(&data);
+        }
+        if first.as_ref().map_or(more.len(), Bytes::len) > BODY_LIMIT {
+            return None;
+        }
+    }
+    Some(first.unwrap_or_else(|| more.freeze()))
 }
