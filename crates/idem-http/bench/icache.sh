@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Cold-cache cost per fresh-key request, simulated (valgrind callgrind --cache-sim=yes), so it
 # is repeatable whatever else the machine runs: instructions, L1 instruction-cache misses and L1
-# data-cache misses per request of the plain route, of idem's layer and of the bench-only floor
-# layer (examples/bench_server/floor.rs) with raw-byte and canonical-JSON fingerprints, each request starting with caches cold (THRASH bytes
-# written in between, as the kernel and the network stack do in a real server).
+# data-cache misses per request of the plain route, of idem's layer, and of the bench-only floor
+# layer (examples/bench_server/floor.rs) with raw-byte and canonical-JSON fingerprints. Each
+# request starts with caches cold: THRASH bytes are written in between, as the kernel and the
+# network stack do in a real server.
 # Usage: crates/idem-http/bench/icache.sh [requests-per-round] [thrash-bytes]
 # Per request follows as in instructions.sh: one round (2n plain + n layer) and two rounds
 # (3n plain + 2n layer) of bench_inproc with ONLY_UNIQUE.
