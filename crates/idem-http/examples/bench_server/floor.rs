@@ -5,8 +5,10 @@
 //! hash method, route and body, claim the key in a shared map, call the handler, buffer its
 //! response and record it. There are no leases, fences, expiry, principals, canonical JSON,
 //! header allow-list, panic or disconnect handling, timeouts or problem bodies. Whatever the
-//! real layer costs above this route is the price of those guarantees; what this route costs
-//! over the plain one is a bound no implementation can go under on the same machine.
+//! real layer costs above this route is the price of those guarantees (and of any overhead
+//! idem could still trim). What this route costs over the plain one is close to what any
+//! implementation must pay on the same machine: each step is about as lean as it can be
+//! written, but a cleverer floor could still shave a little.
 //!
 //! [`FloorLayer::canonical_json`] adds one thing the issue asks for by default: the
 //! fingerprint covers the canonical form of a JSON body (key order and whitespace ignored),
