@@ -278,8 +278,8 @@ impl<S: Store> Engine<S> {
         };
         tracing::debug!(key = %key, fence = lease.fence, takeover, "claimed");
         let mut guard = ClaimGuard {
-            store: Arc::clone(&self.store),
-            key: key.clone(),
+            store: &self.store,
+            key,
             lease,
             kind: policy.interrupted_release(),
             store_timeout: policy.store_timeout,
@@ -536,29 +536,30 @@ async fn watchdog<S: Store>(
     }
 }
 
-/// Releases a claim if the run is abandoned before it settles.
-struct ClaimGuard<S: Store> {
-    store: Arc<S>,
-    key: ScopedKey,
+/// Releases a claim if the run is abandoned before it settles. Borrows the run's store and
+/// key; only a drop that must release in the background clones them.
+struct ClaimGuard<'a, S: Store> {
+    store: &'a Arc<S>,
+    key: &'a ScopedKey,
     lease: Lease,
     kind: ReleaseKind,
     store_timeout: Duration,
     armed: bool,
 }
 
-impl<S: Store> ClaimGuard<S> {
+impl<S: Store> ClaimGuard<'_, S> {
     async fn settle_now(&mut self, kind: ReleaseKind) {
         self.armed = false;
         let op = self
             .store
-            .release(&self.key, self.lease.owner, self.lease.fence, kind);
+            .release(self.key, self.lease.owner, self.lease.fence, kind);
         if let Err(e) = timed_op(self.store_timeout, op).await {
             tracing::error!(key = %self.key, fence = self.lease.fence, error = %e, "release failed; lease will expire");
         }
     }
 }
 
-impl<S: Store> Drop for ClaimGuard<S> {
+impl<S: Store> Drop for ClaimGuard<'_, S> {
     fn drop(&mut self) {
         if !self.armed {
             return;
@@ -568,7 +569,7 @@ impl<S: Store> Drop for ClaimGuard<S> {
             return;
         };
         let (store, key, lease, kind, limit) = (
-            Arc::clone(&self.store),
+            Arc::clone(self.store),
             self.key.clone(),
             self.lease,
             self.kind,
