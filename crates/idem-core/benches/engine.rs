@@ -10,7 +10,7 @@ use std::sync::{LazyLock, Mutex};
 use std::time::Duration;
 
 use idem_core::{
-    CachedStore, Engine, Fingerprint, Key, MemoryStore, Outcome, Policy, ReleaseKind, Scope,
+    Answer, CachedStore, Engine, Fingerprint, Key, MemoryStore, Policy, ReleaseKind, Scope,
     ScopedKey, Settlement, StoredResponse,
 };
 
@@ -58,7 +58,7 @@ static FP: LazyLock<Fingerprint> =
     LazyLock::new(|| Fingerprint::of_bytes(1, b"amount=100&currency=eur"));
 
 fn engine() -> Engine<MemoryStore> {
-    Engine::new(MemoryStore::new(CAPACITY), Policy::default()).expect("engine")
+    Engine::new(MemoryStore::new(CAPACITY), Policy::default())
 }
 
 async fn charge(_: idem_core::Lease) -> Settlement<()> {
@@ -115,7 +115,7 @@ fn first_request(bencher: divan::Bencher) {
     bencher.bench(|| {
         let key = unique_key();
         let outcome = block_on(FIRST.run(&key, &FP, charge)).expect("run");
-        assert!(matches!(outcome, Outcome::Executed { .. }));
+        assert!(matches!(outcome, Answer::Executed { .. }));
     });
 }
 
@@ -131,16 +131,13 @@ fn replay(bencher: divan::Bencher) {
     let (engine, key) = &*REPLAY;
     bencher.bench(|| {
         let outcome = block_on(engine.run(key, &FP, charge)).expect("run");
-        assert!(matches!(outcome, Outcome::Replayed(_)));
+        assert!(matches!(outcome, Answer::Replayed(_)));
     });
 }
 
 static CACHED: LazyLock<(Engine<CachedStore<MemoryStore>>, ScopedKey)> = LazyLock::new(|| {
     let cached = CachedStore::new(MemoryStore::new(CAPACITY), 10_000, Duration::from_secs(600));
-    let (engine, key) = (
-        Engine::new(cached, Policy::default()).expect("engine"),
-        fixed_key("cached"),
-    );
+    let (engine, key) = (Engine::new(cached, Policy::default()), fixed_key("cached"));
     block_on(engine.run(&key, &FP, charge)).expect("run");
     (engine, key)
 });
@@ -151,7 +148,7 @@ fn replay_cached(bencher: divan::Bencher) {
     let (engine, key) = &*CACHED;
     bencher.bench(|| {
         let outcome = block_on(engine.run(key, &FP, charge)).expect("run");
-        assert!(matches!(outcome, Outcome::Replayed(_)));
+        assert!(matches!(outcome, Answer::Replayed(_)));
     });
 }
 
@@ -178,8 +175,8 @@ fn contended_single_key(bencher: divan::Bencher) {
         }))
         .expect("run");
         match outcome {
-            Outcome::Executed { .. } => EXECUTED.fetch_add(1, Ordering::Relaxed),
-            Outcome::InFlight { .. } => IN_FLIGHT.fetch_add(1, Ordering::Relaxed),
+            Answer::Executed { .. } => EXECUTED.fetch_add(1, Ordering::Relaxed),
+            Answer::InFlight { .. } => IN_FLIGHT.fetch_add(1, Ordering::Relaxed),
             other => panic!("unexpected {other:?}"),
         };
     });

@@ -13,6 +13,7 @@ pub mod engine;
 pub mod fingerprint;
 pub mod key;
 pub mod memory;
+pub mod outcome;
 pub mod record;
 pub mod store;
 mod sync;
@@ -20,12 +21,13 @@ mod sync;
 pub use cache::CachedStore;
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use engine::{
-    Action, ConfigError, Engine, EngineError, Outcome, Policy, PolicyBuilder, Reply, Settled,
+    Action, Answer, Engine, EngineError, Policy, PolicyBuilder, PolicyError, Reply, Settled,
     Settlement,
 };
 pub use fingerprint::{Fingerprint, FingerprintError, JsonFields, canonical_json};
 pub use key::{Key, KeyError, Scope, ScopedKey};
 pub use memory::MemoryStore;
+pub use outcome::{Kept, Outcome, Refusal};
 pub use record::{
     Lease, OwnerId, Record, RecordState, ReleaseKind, StateKind, StoredResponse, TakeoverPolicy,
     Timestamp,

@@ -22,8 +22,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use idem_core::{
-    CachedStore, ClaimOutcome, ClaimRequest, Clock, ConfigError, Engine, EngineError, Fingerprint,
-    Key, KeyError, ListFilter, ManualClock, MemoryStore, Outcome, OwnerId, Policy, Record,
+    Answer, CachedStore, ClaimOutcome, ClaimRequest, Clock, Engine, EngineError, Fingerprint, Key,
+    KeyError, ListFilter, ManualClock, MemoryStore, OwnerId, Policy, PolicyError, Record,
     RecordState, ReleaseKind, RenewOutcome, Reply, Resolution, ResolveOutcome, Scope, ScopedKey,
     SettleOutcome, Settled, Settlement, StateKind, Store, StoreError, StoredResponse,
     TakeoverPolicy, Timestamp,
@@ -330,7 +330,7 @@ impl Rig {
     }
 
     fn engine(&self, policy: Policy) -> Engine<Faulty<MemoryStore>> {
-        Engine::new(self.store.clone(), policy).expect("engine")
+        Engine::new(self.store.clone(), policy)
     }
 
     async fn record(&self, k: &ScopedKey) -> Option<Record> {
@@ -353,7 +353,7 @@ struct Check {
 /// Runs a handler for five renew intervals while the store clock races ahead 40 s per
 /// interval (far past the first 75 s lease). Returns the run's outcome, the first lease's
 /// deadline and one [`Check`] per interval.
-async fn run_across_renewals(rig: &Rig) -> (Outcome<&'static str>, Timestamp, Vec<Check>) {
+async fn run_across_renewals(rig: &Rig) -> (Answer<&'static str>, Timestamp, Vec<Check>) {
     let engine = rig.engine(policy(secs(60), secs(10)));
     let k = key("renewed");
     let checks = Arc::new(Mutex::new(Vec::new()));
@@ -430,7 +430,7 @@ async fn renewal_keeps_the_lease_across_intervals() {
         rig.store.calls()
     );
     match outcome {
-        Outcome::Executed {
+        Answer::Executed {
             output,
             settled: Settled::Stored,
             takeover: false,
@@ -464,7 +464,7 @@ async fn renewal_check_bites_when_renewals_never_reach_the_store() {
     assert!(
         matches!(
             outcome,
-            Outcome::Executed {
+            Answer::Executed {
                 settled: Settled::Fenced,
                 ..
             }
@@ -694,7 +694,7 @@ async fn crashed_holder_is_taken_over_with_a_higher_fence() {
         .await
         .expect("run");
     assert!(
-        matches!(busy, Outcome::InFlight { retry_after } if retry_after == secs(45)),
+        matches!(busy, Answer::InFlight { retry_after } if retry_after == secs(45)),
         "got {busy:?}"
     );
     rig.clock.jump(secs(46));
@@ -703,7 +703,7 @@ async fn crashed_holder_is_taken_over_with_a_higher_fence() {
         .await
         .expect("run");
     match outcome {
-        Outcome::Executed {
+        Answer::Executed {
             output: "again",
             lease,
             takeover: true,
@@ -760,7 +760,7 @@ async fn hold_policy_turns_an_expired_lease_into_unknown() {
         })
         .await
         .expect("run");
-    assert!(matches!(outcome, Outcome::Unknown), "got {outcome:?}");
+    assert!(matches!(outcome, Answer::Unknown), "got {outcome:?}");
     assert!(!ran.load(Ordering::SeqCst), "nothing runs under hold");
     assert_eq!(
         rig.record(&k).await.expect("record").state.kind(),
@@ -770,7 +770,7 @@ async fn hold_policy_turns_an_expired_lease_into_unknown() {
         .run(&k, &fp(b"x"), |_| async { ok("still not") })
         .await
         .expect("run");
-    assert!(matches!(again, Outcome::Unknown));
+    assert!(matches!(again, Answer::Unknown));
 }
 
 // ---------------------------------------------------------------------------------------
@@ -796,7 +796,7 @@ async fn executed_then_replayed_then_mismatch() {
     assert!(
         matches!(
             first,
-            Outcome::Executed {
+            Answer::Executed {
                 output: "charged",
                 settled: Settled::Stored,
                 takeover: false,
@@ -810,14 +810,14 @@ async fn executed_then_replayed_then_mismatch() {
         .await
         .expect("run");
     assert!(
-        matches!(&second, Outcome::Replayed(r) if r.body == "charged" && r.status == 200),
+        matches!(&second, Answer::Replayed(r) if r.body == "charged" && r.status == 200),
         "{second:?}"
     );
     let other = engine
         .run(&k, &fp(b"amount=999"), handler)
         .await
         .expect("run");
-    assert!(matches!(other, Outcome::Mismatch), "{other:?}");
+    assert!(matches!(other, Answer::Mismatch), "{other:?}");
     assert_eq!(runs.load(Ordering::SeqCst), 1, "the handler ran once");
     // Another scope with the same key is another record.
     let elsewhere = ScopedKey::new(
@@ -830,7 +830,7 @@ async fn executed_then_replayed_then_mismatch() {
         .run(&elsewhere, &fp(b"amount=999"), handler)
         .await
         .expect("run");
-    assert!(matches!(mine, Outcome::Executed { .. }), "{mine:?}");
+    assert!(matches!(mine, Answer::Executed { .. }), "{mine:?}");
 }
 
 #[tokio::test(start_paused = true)]
@@ -854,7 +854,7 @@ async fn a_live_holder_makes_duplicates_in_flight() {
         .await
         .expect("run");
     assert!(
-        matches!(outcome, Outcome::InFlight { retry_after } if retry_after == secs(40)),
+        matches!(outcome, Answer::InFlight { retry_after } if retry_after == secs(40)),
         "{outcome:?}"
     );
 }
@@ -873,7 +873,7 @@ async fn released_unknown_answers_unknown() {
     assert!(
         matches!(
             first,
-            Ok(Outcome::Executed {
+            Ok(Answer::Executed {
                 settled: Settled::Released(ReleaseKind::Unknown),
                 ..
             })
@@ -884,7 +884,7 @@ async fn released_unknown_answers_unknown() {
         .run(&k, &fp(b"x"), |_| async { ok("no") })
         .await
         .expect("run");
-    assert!(matches!(retry, Outcome::Unknown), "{retry:?}");
+    assert!(matches!(retry, Answer::Unknown), "{retry:?}");
 }
 
 #[tokio::test(start_paused = true)]
@@ -923,7 +923,7 @@ async fn in_flight_wait_replays_the_first_result() {
         }
     );
     assert!(
-        matches!(&waiter, Ok(Outcome::Replayed(r)) if r.body == "first"),
+        matches!(&waiter, Ok(Answer::Replayed(r)) if r.body == "first"),
         "{waiter:?}"
     );
     assert!(
@@ -958,7 +958,7 @@ async fn in_flight_wait_gives_up_after_its_budget() {
         .run(&k, &fp(b"x"), |_| async { ok("must not run") })
         .await
         .expect("run");
-    assert!(matches!(outcome, Outcome::InFlight { .. }), "{outcome:?}");
+    assert!(matches!(outcome, Answer::InFlight { .. }), "{outcome:?}");
     let waited = start.elapsed();
     assert!(waited >= secs(2) && waited < secs(3), "waited {waited:?}");
 }
@@ -990,7 +990,7 @@ async fn in_flight_wait_runs_when_the_first_releases() {
     assert!(
         matches!(
             waiter,
-            Ok(Outcome::Executed {
+            Ok(Answer::Executed {
                 output: "second",
                 ..
             })
@@ -1098,31 +1098,31 @@ fn bad_policies_fail_at_build_time_with_a_clear_error() {
     // Guards: a lease shorter than the handler can run (a slow handler loses its claim to a
     // retry), a record that expires before its lease, and zero durations reaching run time.
     let zero = Duration::ZERO;
-    let cases: Vec<(&str, Result<Policy, ConfigError>, ConfigError)> = vec![
+    let cases: Vec<(&str, Result<Policy, PolicyError>, PolicyError)> = vec![
         (
             "zero record ttl",
             Policy::builder().record_ttl(zero).build(),
-            ConfigError::Zero("record ttl"),
+            PolicyError::Zero("record ttl"),
         ),
         (
             "zero lease",
             Policy::builder().lease(zero).build(),
-            ConfigError::Zero("lease"),
+            PolicyError::Zero("lease"),
         ),
         (
             "zero handler timeout",
             Policy::builder().handler_timeout(zero).build(),
-            ConfigError::Zero("handler timeout"),
+            PolicyError::Zero("handler timeout"),
         ),
         (
             "zero store timeout",
             Policy::builder().store_timeout(zero).build(),
-            ConfigError::Zero("store timeout"),
+            PolicyError::Zero("store timeout"),
         ),
         (
             "zero renew interval",
             Policy::builder().renew_every(zero).build(),
-            ConfigError::Zero("renew interval"),
+            PolicyError::Zero("renew interval"),
         ),
         (
             "lease longer than the ttl",
@@ -1130,7 +1130,7 @@ fn bad_policies_fail_at_build_time_with_a_clear_error() {
                 .lease(secs(120))
                 .record_ttl(secs(60))
                 .build(),
-            ConfigError::TtlShorterThanLease {
+            PolicyError::TtlShorterThanLease {
                 ttl: secs(60),
                 lease: secs(120),
             },
@@ -1141,7 +1141,7 @@ fn bad_policies_fail_at_build_time_with_a_clear_error() {
                 .handler_timeout(secs(30))
                 .lease(secs(44))
                 .build(),
-            ConfigError::LeaseTooShort {
+            PolicyError::LeaseTooShort {
                 lease: secs(44),
                 handler_timeout: secs(30),
             },
@@ -1152,7 +1152,7 @@ fn bad_policies_fail_at_build_time_with_a_clear_error() {
                 .handler_timeout(secs(30))
                 .lease(secs(30))
                 .build(),
-            ConfigError::LeaseTooShort {
+            PolicyError::LeaseTooShort {
                 lease: secs(30),
                 handler_timeout: secs(30),
             },
@@ -1160,7 +1160,7 @@ fn bad_policies_fail_at_build_time_with_a_clear_error() {
         (
             "renewal no sooner than the lease",
             Policy::builder().renew_every(secs(45)).build(),
-            ConfigError::RenewTooSlow {
+            PolicyError::RenewTooSlow {
                 renew_every: secs(45),
                 lease: secs(45),
             },
@@ -1209,7 +1209,7 @@ async fn a_panicking_handler_releases_its_claim_and_poisons_nothing() {
     assert!(
         matches!(
             retry,
-            Outcome::Executed {
+            Answer::Executed {
                 output: "fixed",
                 ..
             }
@@ -1221,7 +1221,7 @@ async fn a_panicking_handler_releases_its_claim_and_poisons_nothing() {
         .await
         .expect("run");
     assert!(
-        matches!(other, Outcome::Executed { output: "fine", .. }),
+        matches!(other, Answer::Executed { output: "fine", .. }),
         "{other:?}"
     );
     assert_eq!(
@@ -1279,7 +1279,7 @@ async fn handler_timeout_releases_per_policy() {
         .run(&k, &fp(b"x"), |_| async { ok("quick") })
         .await
         .expect("run");
-    assert!(matches!(retry, Outcome::Executed { .. }), "{retry:?}");
+    assert!(matches!(retry, Answer::Executed { .. }), "{retry:?}");
 
     let k = key("slow-held");
     let hold = rig.engine(
@@ -1306,7 +1306,7 @@ async fn handler_timeout_releases_per_policy() {
         .run(&k, &fp(b"x"), |_| async { ok("no") })
         .await
         .expect("run");
-    assert!(matches!(retry, Outcome::Unknown), "{retry:?}");
+    assert!(matches!(retry, Answer::Unknown), "{retry:?}");
 }
 
 // ---------------------------------------------------------------------------------------
@@ -1363,7 +1363,7 @@ async fn dropping_run_mid_handler_releases_the_claim() {
     assert!(
         matches!(
             retry,
-            Outcome::Executed {
+            Answer::Executed {
                 takeover: false,
                 ..
             }
@@ -1442,7 +1442,7 @@ async fn a_hanging_store_times_out_before_the_claim() {
 fn cached_rig() -> (Rig, Engine<CachedStore<Faulty<MemoryStore>>>) {
     let rig = Rig::new();
     let cached = CachedStore::with_clock(rig.store.clone(), 100, secs(600), rig.clock.clone());
-    let engine = Engine::new(cached, Policy::default()).expect("engine");
+    let engine = Engine::new(cached, Policy::default());
     (rig, engine)
 }
 
@@ -1457,7 +1457,7 @@ async fn cached_replays_make_no_store_calls() {
         .expect("run");
     assert!(matches!(
         first,
-        Outcome::Executed {
+        Answer::Executed {
             settled: Settled::Stored,
             ..
         }
@@ -1470,7 +1470,7 @@ async fn cached_replays_make_no_store_calls() {
             .await
             .expect("run");
         assert!(
-            matches!(&replay, Outcome::Replayed(r) if r.body == "kept"),
+            matches!(&replay, Answer::Replayed(r) if r.body == "kept"),
             "{replay:?}"
         );
     }
@@ -1479,7 +1479,7 @@ async fn cached_replays_make_no_store_calls() {
         .await
         .expect("run");
     assert!(
-        matches!(mismatch, Outcome::Mismatch),
+        matches!(mismatch, Answer::Mismatch),
         "mismatch detected from the cache: {mismatch:?}"
     );
     assert_eq!(rig.store.calls(), before, "no call reached the inner store");
@@ -1500,7 +1500,7 @@ async fn processing_records_are_never_cached() {
             .run(&k, &fp(b"x"), |_| async { ok("must not run") })
             .await
             .expect("run");
-        assert!(matches!(dup, Outcome::InFlight { .. }), "{dup:?}");
+        assert!(matches!(dup, Answer::InFlight { .. }), "{dup:?}");
         assert_eq!(
             rig.store.calls().claim,
             1 + n,
@@ -1527,7 +1527,7 @@ async fn processing_records_are_never_cached() {
         .await
         .expect("run");
     assert!(
-        matches!(&replay, Outcome::Replayed(r) if r.body == "done"),
+        matches!(&replay, Answer::Replayed(r) if r.body == "done"),
         "{replay:?}"
     );
     assert_eq!(rig.store.calls().claim, claims);
@@ -1540,7 +1540,7 @@ async fn a_replay_from_the_store_fills_the_cache_and_mismatch_is_still_caught() 
     let (rig, engine) = cached_rig();
     let k = key("warm");
     // Completed by another process, straight on the shared store.
-    let other = Engine::new(rig.memory.clone(), Policy::default()).expect("engine");
+    let other = Engine::new(rig.memory.clone(), Policy::default());
     other
         .run(&k, &fp(b"x"), |_| async { ok("remote") })
         .await
@@ -1550,7 +1550,7 @@ async fn a_replay_from_the_store_fills_the_cache_and_mismatch_is_still_caught() 
         .await
         .expect("run");
     assert!(
-        matches!(&replay, Outcome::Replayed(r) if r.body == "remote"),
+        matches!(&replay, Answer::Replayed(r) if r.body == "remote"),
         "{replay:?}"
     );
     let calls = rig.store.calls();
@@ -1559,6 +1559,6 @@ async fn a_replay_from_the_store_fills_the_cache_and_mismatch_is_still_caught() 
         .run(&k, &fp(b"y"), |_| async { ok("must not run") })
         .await
         .expect("run");
-    assert!(matches!(mismatch, Outcome::Mismatch), "{mismatch:?}");
+    assert!(matches!(mismatch, Answer::Mismatch), "{mismatch:?}");
     assert_eq!(rig.store.calls(), calls, "answered from the cache");
 }

@@ -80,7 +80,7 @@ impl App {
         upstream: Option<&Uri>,
         client: &HttpClient,
     ) -> anyhow::Result<Self> {
-        let engine = Engine::new(store, Policy::default()).map_err(|e| anyhow::anyhow!("{e}"))?;
+        let engine = Engine::new(store, Policy::default());
         let mut entries = Vec::with_capacity(settings.routes.len());
         for route in &settings.routes {
             let target = route

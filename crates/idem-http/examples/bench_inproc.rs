@@ -69,7 +69,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .transpose()?
         .unwrap_or(20_000);
     let rounds: usize = args.next().map(|a| a.parse()).transpose()?.unwrap_or(5);
-    let engine = Engine::new(MemoryStore::new(4_000_000), Policy::default())?;
+    let engine = Engine::new(MemoryStore::new(4_000_000), Policy::default());
     let app = app::router(&engine)?;
     let unique_path = std::env::var("UNIQUE_PATH").unwrap_or_else(|_| "/idem".into());
     drive(&app, "/plain", |_| None, n).await;

@@ -48,7 +48,7 @@ pub enum StreamingResponses {
 /// An invalid route configuration.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
-pub enum ConfigError {
+pub enum RouteConfigError {
     /// The namespace is not 1–255 printable ASCII characters without spaces.
     #[error("invalid namespace {0:?}: use 1-255 printable ASCII characters without spaces")]
     Namespace(String),
@@ -65,7 +65,7 @@ pub struct IdempotencyConfig {
     pub(crate) principal: Arc<dyn ExtractPrincipal>,
     pub(crate) fingerprint: Arc<dyn FingerprintRequest>,
     pub(crate) store_policy: Arc<dyn StorePolicy>,
-    pub(crate) policy: Policy,
+    pub(crate) policy: Option<Policy>,
     pub(crate) max_request_body: usize,
     pub(crate) max_stored_response: usize,
     pub(crate) replay_headers: Vec<HeaderName>,
@@ -94,16 +94,17 @@ impl fmt::Debug for IdempotencyConfig {
 
 impl IdempotencyConfig {
     /// The defaults for `namespace`: key required in `Idempotency-Key`, no principal,
-    /// canonical-JSON fingerprint v1, [`StoreUnless5xx`], the engine's default [`Policy`],
+    /// canonical-JSON fingerprint v1, [`StoreUnless5xx`], the engine's own [`Policy`],
     /// 1 MiB request and stored-response caps, `content-type` (and a few other
     /// representation headers) replayed, streaming responses released, `GET`/`HEAD`/`OPTIONS`
     /// passed through.
     ///
     /// # Errors
-    /// [`ConfigError::Namespace`] for an invalid namespace.
-    pub fn new(namespace: impl Into<String>) -> Result<Self, ConfigError> {
+    /// [`RouteConfigError::Namespace`] for an invalid namespace.
+    pub fn new(namespace: impl Into<String>) -> Result<Self, RouteConfigError> {
         let namespace = namespace.into();
-        let scope = Scope::new(namespace.clone()).map_err(|_| ConfigError::Namespace(namespace))?;
+        let scope =
+            Scope::new(namespace.clone()).map_err(|_| RouteConfigError::Namespace(namespace))?;
         Ok(Self {
             scope,
             key_required: true,
@@ -111,7 +112,7 @@ impl IdempotencyConfig {
             principal: Arc::new(NoPrincipal),
             fingerprint: Arc::new(CanonicalJson::new()),
             store_policy: Arc::new(StoreUnless5xx::new()),
-            policy: Policy::default(),
+            policy: None,
             max_request_body: DEFAULT_MAX_REQUEST_BODY,
             max_stored_response: DEFAULT_MAX_STORED_RESPONSE,
             replay_headers: vec![
@@ -170,10 +171,11 @@ impl IdempotencyConfig {
         self
     }
 
-    /// Lease, handler timeout, record TTL, takeover, store timeout and in-flight wait.
+    /// Lease, handler timeout, record TTL, takeover, store timeout and in-flight wait for this
+    /// route. Unset, the route runs under the policy of the engine the layer is built on.
     #[must_use]
     pub fn policy(mut self, policy: Policy) -> Self {
-        self.policy = policy;
+        self.policy = Some(policy);
         self
     }
 
@@ -230,9 +232,9 @@ impl IdempotencyConfig {
         self
     }
 
-    /// The engine policy.
-    pub fn engine_policy(&self) -> &Policy {
-        &self.policy
+    /// The route's own engine policy, if it sets one.
+    pub fn engine_policy(&self) -> Option<&Policy> {
+        self.policy.as_ref()
     }
 
     /// The scope for `principal` in this namespace.

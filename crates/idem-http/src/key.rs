@@ -5,8 +5,8 @@
 //! value `abc`. Both give the same key. Anything that is not clearly one key is refused:
 //! the layer answers 400 and never "ignores the key".
 
-use idem_core::Key;
 use idem_core::key::MAX_KEY_LEN;
+use idem_core::{Key, Refusal};
 use thiserror::Error;
 
 /// Why a key header was refused. Every variant answers 400.
@@ -51,10 +51,19 @@ pub enum KeyRejection {
 impl KeyRejection {
     /// The problem `type` slug: `key-missing`, `key-multiple` or `key-malformed`.
     pub fn slug(&self) -> &'static str {
-        match self {
-            Self::Missing => "key-missing",
-            Self::Multiple | Self::List => "key-multiple",
+        match self.refusal() {
+            Refusal::KeyMissing => "key-missing",
+            Refusal::KeyMultiple => "key-multiple",
             _ => "key-malformed",
+        }
+    }
+
+    /// The refusal this rejection is reported as.
+    pub fn refusal(&self) -> Refusal {
+        match self {
+            Self::Missing => Refusal::KeyMissing,
+            Self::Multiple | Self::List => Refusal::KeyMultiple,
+            _ => Refusal::KeyMalformed,
         }
     }
 }

@@ -8,7 +8,7 @@
 //! use idem_http::{HeaderPrincipal, IdempotencyConfig, IdempotencyLayer};
 //!
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
-//! let engine = Engine::new(MemoryStore::new(100_000), Policy::default())?;
+//! let engine = Engine::new(MemoryStore::new(100_000), Policy::default());
 //! let config = IdempotencyConfig::new("payments.charge")?
 //!     .principal(HeaderPrincipal::new(http::header::AUTHORIZATION));
 //! let app: Router = Router::new()
@@ -29,8 +29,8 @@ mod status;
 
 pub use body::{BoxError, RequestBody, ResponseBody};
 pub use config::{
-    ConfigError, DEFAULT_MAX_REQUEST_BODY, DEFAULT_MAX_STORED_RESPONSE, IdempotencyConfig,
-    NEVER_REPLAYED, StreamingResponses,
+    DEFAULT_MAX_REQUEST_BODY, DEFAULT_MAX_STORED_RESPONSE, IdempotencyConfig, NEVER_REPLAYED,
+    RouteConfigError, StreamingResponses,
 };
 pub use idempotency::{Idempotency, IdempotencyLayer, ResponseFuture};
 pub use key::{KeyRejection, parse_key};

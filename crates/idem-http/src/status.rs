@@ -140,7 +140,7 @@ impl<St: Store> IdempotencyStatus<St> {
             }
         };
         let scoped = ScopedKey::new(self.config.scope_for(principal), key);
-        let limit = self.config.policy.store_timeout();
+        let limit = self.engine.policy().store_timeout();
         let record = match tokio::time::timeout(limit, self.engine.store().get(&scoped)).await {
             Ok(Ok(record)) => record,
             Ok(Err(e)) => {

@@ -37,7 +37,7 @@ async fn hyper_server_replays_and_refuses_bad_keys() -> anyhow::Result<()> {
             )
         }
     });
-    let engine = Engine::new(MemoryStore::new(1000), Policy::default())?;
+    let engine = Engine::new(MemoryStore::new(1000), Policy::default());
     let svc = IdempotencyLayer::new(&engine, IdempotencyConfig::new("hyper.test")?).layer(handler);
 
     let listener = TcpListener::bind("127.0.0.1:0").await?;

@@ -12,7 +12,7 @@ use common::{Hits, app, post_req, send};
 use idem_core::{Engine, MemoryStore, Policy};
 
 fn engine() -> Engine<MemoryStore> {
-    Engine::new(MemoryStore::new(10_000), Policy::default()).expect("engine")
+    Engine::new(MemoryStore::new(10_000), Policy::default())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -99,7 +99,7 @@ fn policy(store_timeout: Duration) -> Policy {
 }
 
 async fn assert_fails_closed(store: BoxStore) {
-    let engine = Engine::new(store, Policy::default()).expect("engine");
+    let engine = Engine::new(store, Policy::default());
     let hits = Arc::new(Hits::default());
     let router = app_with(&engine, Arc::clone(&hits), |c| {
         c.policy(policy(STORE_TIMEOUT))
@@ -149,7 +149,7 @@ async fn a_hanging_store_is_503_within_its_timeout_and_nothing_runs() {
 /// holds the request far past the bound the test above checks (the unguarded variant).
 #[tokio::test]
 async fn without_the_store_timeout_a_hanging_store_holds_the_request() {
-    let engine = Engine::new(BoxStore::new(Broken::Hangs), Policy::default()).expect("engine");
+    let engine = Engine::new(BoxStore::new(Broken::Hangs), Policy::default());
     let hits = Arc::new(Hits::default());
     let router = app_with(&engine, Arc::clone(&hits), |c| {
         c.policy(policy(Duration::from_secs(60)))

@@ -334,7 +334,7 @@ impl Bench {
                         })
                         .await
                         .expect("run");
-                    assert!(matches!(out, idem_core::Outcome::Replayed(_)));
+                    assert!(matches!(out, idem_core::Answer::Replayed(_)));
                 }
             })
             .await
@@ -423,7 +423,7 @@ async fn main() {
         .store_timeout(Duration::from_secs(2))
         .build()
         .expect("policy");
-    let engine = Engine::new(store.clone(), policy).expect("engine");
+    let engine = Engine::new(store.clone(), policy);
     let fp = Fingerprint::of_bytes(1, b"{\"amount\":100}");
     let body = StoredResponse::new(200, "{\"id\":\"ch_1\",\"status\":\"succeeded\"}")
         .with_header("content-type", "application/json");

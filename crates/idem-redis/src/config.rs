@@ -7,7 +7,7 @@ use thiserror::Error;
 /// A configuration the store refuses.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
 #[non_exhaustive]
-pub enum ConfigError {
+pub enum RedisConfigError {
     /// The URL is not one of the accepted forms.
     #[error(
         "unsupported redis url {0:?}: expected redis://, rediss:// or redis+cluster://h1:p1,h2:p2"
@@ -72,8 +72,8 @@ impl RedisConfig {
     /// durability wait, tombstones kept 60 s.
     ///
     /// # Errors
-    /// [`ConfigError::BadUrl`] or [`ConfigError::TlsDisabled`].
-    pub fn from_url(url: &str) -> Result<Self, ConfigError> {
+    /// [`RedisConfigError::BadUrl`] or [`RedisConfigError::TlsDisabled`].
+    pub fn from_url(url: &str) -> Result<Self, RedisConfigError> {
         Ok(Self {
             target: parse_target(url)?,
             prefix: "idem:".to_owned(),
@@ -90,14 +90,14 @@ impl RedisConfig {
     /// Prefix of every key the store writes. Give each application (or test) its own.
     ///
     /// # Errors
-    /// [`ConfigError::BadPrefix`] if it holds `{`, `}` or a byte outside printable ASCII.
-    pub fn prefix(mut self, prefix: impl Into<String>) -> Result<Self, ConfigError> {
+    /// [`RedisConfigError::BadPrefix`] if it holds `{`, `}` or a byte outside printable ASCII.
+    pub fn prefix(mut self, prefix: impl Into<String>) -> Result<Self, RedisConfigError> {
         let prefix = prefix.into();
         if prefix
             .bytes()
             .any(|b| !(0x21..=0x7e).contains(&b) || b == b'{' || b == b'}')
         {
-            return Err(ConfigError::BadPrefix);
+            return Err(RedisConfigError::BadPrefix);
         }
         self.prefix = prefix;
         Ok(self)
@@ -106,8 +106,8 @@ impl RedisConfig {
     /// Bound on each record operation; running out is `StoreError::Timeout`.
     ///
     /// # Errors
-    /// [`ConfigError::Zero`] for a zero duration.
-    pub fn op_timeout(mut self, limit: Duration) -> Result<Self, ConfigError> {
+    /// [`RedisConfigError::Zero`] for a zero duration.
+    pub fn op_timeout(mut self, limit: Duration) -> Result<Self, RedisConfigError> {
         self.op_timeout = nonzero("op timeout", limit)?;
         Ok(self)
     }
@@ -115,8 +115,8 @@ impl RedisConfig {
     /// Bound on `list`, which scans keys.
     ///
     /// # Errors
-    /// [`ConfigError::Zero`] for a zero duration.
-    pub fn admin_timeout(mut self, limit: Duration) -> Result<Self, ConfigError> {
+    /// [`RedisConfigError::Zero`] for a zero duration.
+    pub fn admin_timeout(mut self, limit: Duration) -> Result<Self, RedisConfigError> {
         self.admin_timeout = nonzero("admin timeout", limit)?;
         Ok(self)
     }
@@ -124,8 +124,8 @@ impl RedisConfig {
     /// Bound on establishing a connection.
     ///
     /// # Errors
-    /// [`ConfigError::Zero`] for a zero duration.
-    pub fn connect_timeout(mut self, limit: Duration) -> Result<Self, ConfigError> {
+    /// [`RedisConfigError::Zero`] for a zero duration.
+    pub fn connect_timeout(mut self, limit: Duration) -> Result<Self, RedisConfigError> {
         self.connect_timeout = nonzero("connect timeout", limit)?;
         Ok(self)
     }
@@ -134,10 +134,14 @@ impl RedisConfig {
     /// acknowledgement is `StoreError::Uncertain` and the handler does not run.
     ///
     /// # Errors
-    /// [`ConfigError::Zero`] for zero replicas or a zero timeout.
-    pub fn durability(mut self, replicas: u32, timeout: Duration) -> Result<Self, ConfigError> {
+    /// [`RedisConfigError::Zero`] for zero replicas or a zero timeout.
+    pub fn durability(
+        mut self,
+        replicas: u32,
+        timeout: Duration,
+    ) -> Result<Self, RedisConfigError> {
         if replicas == 0 {
-            return Err(ConfigError::Zero("replicas"));
+            return Err(RedisConfigError::Zero("replicas"));
         }
         self.durability = Some(Durability {
             replicas,
@@ -150,8 +154,8 @@ impl RedisConfig {
     /// by the server clock in microseconds, so this only matters if that clock steps back.
     ///
     /// # Errors
-    /// [`ConfigError::Zero`] for a zero duration.
-    pub fn tombstone_ttl(mut self, ttl: Duration) -> Result<Self, ConfigError> {
+    /// [`RedisConfigError::Zero`] for a zero duration.
+    pub fn tombstone_ttl(mut self, ttl: Duration) -> Result<Self, RedisConfigError> {
         self.tombstone_ttl = nonzero("tombstone ttl", ttl)?;
         Ok(self)
     }
@@ -177,10 +181,10 @@ impl RedisConfig {
     /// claims and completions; 1 by default.
     ///
     /// # Errors
-    /// [`ConfigError::Zero`] for zero.
-    pub fn batches_in_flight(mut self, n: usize) -> Result<Self, ConfigError> {
+    /// [`RedisConfigError::Zero`] for zero.
+    pub fn batches_in_flight(mut self, n: usize) -> Result<Self, RedisConfigError> {
         if n == 0 {
-            return Err(ConfigError::Zero("batches in flight"));
+            return Err(RedisConfigError::Zero("batches in flight"));
         }
         self.batches_in_flight = n;
         Ok(self)
@@ -192,16 +196,16 @@ impl RedisConfig {
     }
 }
 
-fn nonzero(what: &'static str, d: Duration) -> Result<Duration, ConfigError> {
+fn nonzero(what: &'static str, d: Duration) -> Result<Duration, RedisConfigError> {
     if d.is_zero() {
-        Err(ConfigError::Zero(what))
+        Err(RedisConfigError::Zero(what))
     } else {
         Ok(d)
     }
 }
 
-fn parse_target(url: &str) -> Result<Target, ConfigError> {
-    let bad = || ConfigError::BadUrl(url.to_owned());
+fn parse_target(url: &str) -> Result<Target, RedisConfigError> {
+    let bad = || RedisConfigError::BadUrl(url.to_owned());
     let (scheme, rest) = url.split_once("://").ok_or_else(bad)?;
     let tls = match scheme {
         "redis" | "unix" | "redis+unix" => false,
@@ -222,11 +226,11 @@ fn parse_target(url: &str) -> Result<Target, ConfigError> {
     Ok(Target::Single(url.to_owned()))
 }
 
-fn require_tls() -> Result<(), ConfigError> {
+fn require_tls() -> Result<(), RedisConfigError> {
     if cfg!(feature = "tls") {
         Ok(())
     } else {
-        Err(ConfigError::TlsDisabled)
+        Err(RedisConfigError::TlsDisabled)
     }
 }
 
@@ -274,20 +278,20 @@ mod tests {
         );
         assert!(matches!(
             RedisConfig::from_url("redis+cluster://a:1,,b:2"),
-            Err(ConfigError::BadUrl(_))
+            Err(RedisConfigError::BadUrl(_))
         ));
         assert!(matches!(
             RedisConfig::from_url("http://a"),
-            Err(ConfigError::BadUrl(_))
+            Err(RedisConfigError::BadUrl(_))
         ));
         assert!(matches!(
             RedisConfig::from_url("redis://"),
-            Err(ConfigError::BadUrl(_))
+            Err(RedisConfigError::BadUrl(_))
         ));
         if !cfg!(feature = "tls") {
             assert_eq!(
                 RedisConfig::from_url("rediss://a:1").map(|c| c.target),
-                Err(ConfigError::TlsDisabled)
+                Err(RedisConfigError::TlsDisabled)
             );
         }
     }
@@ -297,20 +301,20 @@ mod tests {
         let c = RedisConfig::from_url("redis://a").expect("url");
         assert_eq!(
             c.clone().prefix("a{b").map(|_| ()),
-            Err(ConfigError::BadPrefix)
+            Err(RedisConfigError::BadPrefix)
         );
         assert_eq!(
             c.clone().prefix("a b").map(|_| ()),
-            Err(ConfigError::BadPrefix)
+            Err(RedisConfigError::BadPrefix)
         );
         assert!(c.clone().prefix("app:1:").is_ok());
         assert_eq!(
             c.clone().op_timeout(Duration::ZERO).map(|_| ()),
-            Err(ConfigError::Zero("op timeout"))
+            Err(RedisConfigError::Zero("op timeout"))
         );
         assert_eq!(
             c.durability(0, Duration::from_millis(5)).map(|_| ()),
-            Err(ConfigError::Zero("replicas"))
+            Err(RedisConfigError::Zero("replicas"))
         );
     }
 }

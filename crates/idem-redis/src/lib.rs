@@ -3,7 +3,7 @@
 //! ```no_run
 //! use std::time::Duration;
 //!
-//! use idem_core::{Engine, Fingerprint, Key, Outcome, Policy, Scope, ScopedKey, Settlement, StoredResponse};
+//! use idem_core::{Engine, Fingerprint, Key, Answer, Policy, Scope, ScopedKey, Settlement, StoredResponse};
 //! use idem_redis::{RedisConfig, RedisStore};
 //!
 //! # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -12,7 +12,7 @@
 //!     .prefix("shop:idem:")?
 //!     .op_timeout(Duration::from_millis(250))?;
 //! let store = RedisStore::connect(config).await?;
-//! let engine = Engine::new(store, Policy::default())?;
+//! let engine = Engine::new(store, Policy::default());
 //!
 //! let key = ScopedKey::new(Scope::new("payments.charge")?.with_principal("user-7"), Key::new("order-42")?);
 //! let fp = Fingerprint::of_bytes(1, b"amount=100");
@@ -23,8 +23,8 @@
 //!     })
 //!     .await?;
 //! match outcome {
-//!     Outcome::Executed { .. } => println!("charged now"),
-//!     Outcome::Replayed(response) => println!("replayed {:?}", response.body),
+//!     Answer::Executed { .. } => println!("charged now"),
+//!     Answer::Replayed(response) => println!("replayed {:?}", response.body),
 //!     other => println!("not run: {other:?}"),
 //! }
 //! # Ok(()) }
@@ -80,5 +80,5 @@ pub mod config;
 pub mod script;
 mod store;
 
-pub use config::{ConfigError, Durability, RedisConfig, Target};
+pub use config::{Durability, RedisConfig, RedisConfigError, Target};
 pub use store::RedisStore;

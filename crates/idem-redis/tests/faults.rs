@@ -117,7 +117,7 @@ async fn killed_under_load_fails_fast_and_never_runs_unclaimed() {
         inner: store_at(&server.url(), OP_TIMEOUT).await,
         claims: Arc::clone(&claims),
     };
-    let engine = Engine::new(store, Policy::default()).expect("engine");
+    let engine = Engine::new(store, Policy::default());
     let runs = Arc::new(AtomicU32::new(0));
     let down = Arc::new(AtomicBool::new(false));
     let stop = Arc::new(AtomicBool::new(false));
@@ -259,7 +259,7 @@ async fn frozen_server_times_out_within_the_op_timeout() {
     }
     let server = Server::start(&[]);
     let store = store_at(&server.url(), OP_TIMEOUT).await;
-    let engine = Engine::new(store.clone(), Policy::default()).expect("engine");
+    let engine = Engine::new(store.clone(), Policy::default());
     assert!(matches!(
         store
             .claim(&request(&key("warm"), Duration::from_secs(30)))

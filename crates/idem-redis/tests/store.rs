@@ -10,7 +10,7 @@ use idem_core::store::{
     ClaimOutcome, ClaimRequest, ListFilter, RenewOutcome, Resolution, ResolveOutcome, SettleOutcome,
 };
 use idem_core::{
-    CachedStore, Engine, Fingerprint, Key, Outcome, OwnerId, Policy, RecordState, ReleaseKind,
+    Answer, CachedStore, Engine, Fingerprint, Key, OwnerId, Policy, RecordState, ReleaseKind,
     Scope, ScopedKey, Settlement, StateKind, Store, StoreError, StoredResponse, TakeoverPolicy,
 };
 use idem_redis::{RedisConfig, RedisStore};
@@ -279,9 +279,8 @@ async fn round_trips_per_request() {
     let direct = Engine::new(
         CachedStore::new(store.clone(), 1000, Duration::from_secs(60)),
         Policy::default(),
-    )
-    .expect("engine");
-    let plain = Engine::new(store, Policy::default()).expect("engine");
+    );
+    let plain = Engine::new(store, Policy::default());
     // Load the scripts first so NOSCRIPT retries do not count.
     run(direct.clone(), key("warm-up")).await;
 
@@ -296,7 +295,7 @@ async fn round_trips_per_request() {
     };
     server.cli(&["CONFIG", "RESETSTAT"]);
     let first = run(plain.clone(), key("rt-1")).await;
-    assert!(matches!(first, Outcome::Executed { .. }));
+    assert!(matches!(first, Answer::Executed { .. }));
     let (_, calls) = count(&server);
     eprintln!("first request: {calls:?}");
     assert_eq!(server.calls("evalsha"), 2, "claim and complete");
@@ -313,7 +312,7 @@ async fn round_trips_per_request() {
     server.cli(&["CONFIG", "RESETSTAT"]);
     assert!(matches!(
         run(plain.clone(), key("rt-1")).await,
-        Outcome::Replayed(_)
+        Answer::Replayed(_)
     ));
     let (_, calls) = count(&server);
     eprintln!("replay: {calls:?}");
@@ -332,14 +331,14 @@ async fn round_trips_per_request() {
     server.cli(&["CONFIG", "RESETSTAT"]);
     assert!(matches!(
         run(direct.clone(), key("rt-2")).await,
-        Outcome::Replayed(_)
+        Answer::Replayed(_)
     ));
     let (total, calls) = count(&server);
     eprintln!("cached replay: {calls:?}");
     assert_eq!(total, 0);
 }
 
-async fn run<S: Store>(engine: Engine<S>, k: ScopedKey) -> Outcome<()> {
+async fn run<S: Store>(engine: Engine<S>, k: ScopedKey) -> Answer<()> {
     let fp = Fingerprint::of_bytes(1, b"body");
     engine
         .run(&k, &fp, |_| async {
@@ -373,7 +372,7 @@ async fn durability_wait_refuses_unreplicated_claims() {
         .store_timeout(Duration::from_secs(3))
         .build()
         .expect("policy");
-    let engine = Engine::new(store.clone(), policy).expect("engine");
+    let engine = Engine::new(store.clone(), policy);
     let ran = std::sync::atomic::AtomicU32::new(0);
     let k = key("durable");
     let result = engine

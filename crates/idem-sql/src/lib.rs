@@ -26,19 +26,19 @@
 //! ```
 //! # #[cfg(feature = "sqlite")]
 //! # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
-//! use idem_core::{Engine, Fingerprint, Key, Outcome, Scope, ScopedKey, Settlement, StoredResponse};
+//! use idem_core::{Engine, Fingerprint, Key, Answer, Scope, ScopedKey, Settlement, StoredResponse};
 //! use idem_sql::SqliteStore;
 //!
 //! let dir = std::env::temp_dir().join(format!("idem-doc-{}.db", std::process::id()));
 //! let store = SqliteStore::open(&dir).await?;
 //! store.migrate().await?;
-//! let engine = Engine::new(store, Default::default())?;
+//! let engine = Engine::new(store, Default::default());
 //! let key = ScopedKey::new(Scope::new("orders.create")?, Key::new("order-42")?);
 //! let fp = Fingerprint::of_bytes(1, b"{\"sku\":\"tea\"}");
 //! let first = engine.run(&key, &fp, |_lease| async { Settlement::complete((), StoredResponse::new(201, "made")) }).await?;
-//! assert!(matches!(first, Outcome::Executed { .. }));
+//! assert!(matches!(first, Answer::Executed { .. }));
 //! let again = engine.run(&key, &fp, |_lease| async { Settlement::complete((), StoredResponse::new(201, "twice")) }).await?;
-//! assert!(matches!(again, Outcome::Replayed(r) if r.body == "made"));
+//! assert!(matches!(again, Answer::Replayed(r) if r.body == "made"));
 //! # drop(engine); let _ = std::fs::remove_file(&dir);
 //! # Ok(()) }
 //! # #[cfg(not(feature = "sqlite"))] fn main() {}

@@ -19,7 +19,7 @@ use std::sync::Arc;
 use anyhow::Context as _;
 use futures::FutureExt as _;
 use idem_core::{
-    ClaimRequest, Engine, Fingerprint, Key, Outcome, OwnerId, Policy, Scope, ScopedKey, Settlement,
+    Answer, ClaimRequest, Engine, Fingerprint, Key, OwnerId, Policy, Scope, ScopedKey, Settlement,
     StoredResponse, TakeoverPolicy,
 };
 use idem_sql::backstop::{
@@ -101,7 +101,7 @@ async fn main() -> anyhow::Result<()> {
     .execute(&pool)
     .await?;
     let run = OwnerId::random().to_string();
-    let engine = Arc::new(Engine::new(store.clone(), Policy::default())?);
+    let engine = Arc::new(Engine::new(store.clone(), Policy::default()));
 
     // 1. Five concurrent "create order" requests with one idempotency key.
     println!("== 1. claim: five concurrent duplicates of POST /orders");
@@ -141,14 +141,14 @@ async fn main() -> anyhow::Result<()> {
     for result in futures::future::join_all(attempts).await {
         let (i, outcome) = result?;
         match outcome {
-            Outcome::Executed { output, .. } => {
+            Answer::Executed { output, .. } => {
                 println!("  request {i}: executed, created order {output}")
             }
-            Outcome::Replayed(r) => println!(
+            Answer::Replayed(r) => println!(
                 "  request {i}: replayed {}",
                 String::from_utf8_lossy(&r.body)
             ),
-            Outcome::InFlight { retry_after } => {
+            Answer::InFlight { retry_after } => {
                 println!("  request {i}: 409 in flight, retry after {retry_after:?}")
             }
             other => println!("  request {i}: {other:?}"),
@@ -159,7 +159,7 @@ async fn main() -> anyhow::Result<()> {
             Settlement::complete(0, StoredResponse::new(500, "must not run"))
         })
         .await?;
-    if let Outcome::Replayed(r) = replay {
+    if let Answer::Replayed(r) = replay {
         println!(
             "  a later retry replays: {} {}",
             r.status,

@@ -87,7 +87,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .parse()?;
     let store = MemoryStore::new(100_000);
     let _sweeper = store.spawn_sweeper(std::time::Duration::from_secs(30));
-    let engine = Engine::new(store, Policy::default())?;
+    let engine = Engine::new(store, Policy::default());
     let listener = tokio::net::TcpListener::bind(addr).await?;
     println!(
         "payments example listening on http://{}",
@@ -134,7 +134,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_retried_charge_is_charged_once() {
-        let engine = Engine::new(MemoryStore::new(100), Policy::default()).expect("engine");
+        let engine = Engine::new(MemoryStore::new(100), Policy::default());
         let router = app(&engine).expect("app");
         let body = r#"{"amount_cents":1250,"currency":"EUR","client_sent_at":"12:00:00"}"#;
         let (status, _, first) = call(&router, charge_req("order-42", "Bearer alice", body)).await;

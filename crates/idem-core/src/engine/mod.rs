@@ -4,10 +4,10 @@
 //! there is one state machine.
 //!
 //! ```
-//! use idem_core::{Engine, Fingerprint, Key, MemoryStore, Outcome, Scope, ScopedKey, Settlement, StoredResponse};
+//! use idem_core::{Answer, Engine, Fingerprint, Key, MemoryStore, Scope, ScopedKey, Settlement, StoredResponse};
 //!
 //! # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
-//! let engine = Engine::new(MemoryStore::new(10_000), Default::default())?;
+//! let engine = Engine::new(MemoryStore::new(10_000), Default::default());
 //! let key = ScopedKey::new(Scope::new("payments.charge")?, Key::new("order-42")?);
 //! let fp = Fingerprint::of_bytes(1, b"amount=100");
 //! for attempt in 0..2 {
@@ -17,8 +17,8 @@
 //!         })
 //!         .await?;
 //!     match outcome {
-//!         Outcome::Executed { .. } => assert_eq!(attempt, 0),
-//!         Outcome::Replayed(response) => assert_eq!(response.body, "charged"),
+//!         Answer::Executed { .. } => assert_eq!(attempt, 0),
+//!         Answer::Replayed(response) => assert_eq!(response.body, "charged"),
 //!         other => panic!("unexpected {other:?}"),
 //!     }
 //! }
@@ -38,10 +38,11 @@ use serde::de::DeserializeOwned;
 use thiserror::Error;
 use tokio::time::Instant;
 
-pub use policy::{ConfigError, LEASE_MARGIN, Policy, PolicyBuilder};
+pub use policy::{LEASE_MARGIN, Policy, PolicyBuilder, PolicyError};
 
 use crate::fingerprint::Fingerprint;
 use crate::key::ScopedKey;
+use crate::outcome::{Kept, Outcome};
 use crate::record::{Lease, OwnerId, ReleaseKind, StoredResponse};
 use crate::store::{ClaimOutcome, ClaimRequest, RenewOutcome, SettleOutcome, Store, StoreError};
 
@@ -97,10 +98,10 @@ pub enum Settled {
     Failed(StoreError),
 }
 
-/// The answer to one [`Engine::run`].
+/// The answer to one [`Engine::run`]; [`Answer::outcome`] names it for metrics and logs.
 #[derive(Debug)]
 #[non_exhaustive]
-pub enum Outcome<T> {
+pub enum Answer<T> {
     /// This call claimed the key and ran the handler.
     Executed {
         /// The handler's output.
@@ -125,6 +126,24 @@ pub enum Outcome<T> {
     Unknown,
 }
 
+impl<T> Answer<T> {
+    /// What became of the request, for metrics, logs and audit.
+    pub fn outcome(&self) -> Outcome {
+        match self {
+            Self::Executed { settled, .. } => match settled {
+                Settled::Stored => Outcome::Executed(Kept::Stored),
+                Settled::Released(kind) => Outcome::Executed(Kept::Released(*kind)),
+                Settled::Fenced => Outcome::Fenced,
+                Settled::Failed(_) => Outcome::Executed(Kept::Unsettled),
+            },
+            Self::Replayed(_) => Outcome::Replayed,
+            Self::InFlight { .. } => Outcome::InFlight,
+            Self::Mismatch => Outcome::Mismatch,
+            Self::Unknown => Outcome::Unknown,
+        }
+    }
+}
+
 /// The engine could not give a definite answer.
 #[derive(Debug, Error)]
 #[non_exhaustive]
@@ -144,6 +163,25 @@ pub enum EngineError {
     /// A stored response could not be decoded into the caller's type.
     #[error("stored response does not decode: {0}")]
     Decode(String),
+    /// The closure's value could not be encoded for storage; the claim was released.
+    #[error("value does not encode: {0}")]
+    Encode(String),
+}
+
+impl EngineError {
+    /// What became of the request. `interrupted` is what an interrupted handler leaves
+    /// behind under the run's policy ([`Policy::interrupted_release`]).
+    pub fn outcome(&self, interrupted: ReleaseKind) -> Outcome {
+        match self {
+            Self::Store(_) => Outcome::StoreUnavailable,
+            Self::LeaseLost => Outcome::Fenced,
+            Self::HandlerTimedOut(_) => Outcome::Executed(Kept::Interrupted(interrupted)),
+            Self::HandlerPanicked => Outcome::Executed(Kept::Interrupted(ReleaseKind::Retryable)),
+            // A stored value was found; only its decoding for this caller failed.
+            Self::Decode(_) => Outcome::Replayed,
+            Self::Encode(_) => Outcome::Executed(Kept::Released(ReleaseKind::Retryable)),
+        }
+    }
 }
 
 /// The function-level answer of [`Engine::call_json`].
@@ -167,6 +205,20 @@ pub enum Reply<T, E> {
     Unknown,
 }
 
+impl<T, E> Reply<T, E> {
+    /// What became of the call, for metrics, logs and audit.
+    pub fn outcome(&self) -> Outcome {
+        match self {
+            Self::Executed(_) => Outcome::Executed(Kept::Stored),
+            Self::Replayed(_) => Outcome::Replayed,
+            Self::Failed(_) => Outcome::Executed(Kept::Released(ReleaseKind::Retryable)),
+            Self::InFlight { .. } => Outcome::InFlight,
+            Self::Mismatch => Outcome::Mismatch,
+            Self::Unknown => Outcome::Unknown,
+        }
+    }
+}
+
 /// The idempotency engine over a store. Cheap to clone.
 #[derive(Debug)]
 pub struct Engine<S> {
@@ -184,16 +236,12 @@ impl<S> Clone for Engine<S> {
 }
 
 impl<S: Store> Engine<S> {
-    /// An engine over `store` with `policy`.
-    ///
-    /// # Errors
-    /// Never at present: policies are validated when built. Kept fallible so a store
-    /// can refuse a policy it cannot honour.
-    pub fn new(store: S, policy: Policy) -> Result<Self, ConfigError> {
-        Ok(Self {
+    /// An engine over `store` with `policy` (validated when it was built).
+    pub fn new(store: S, policy: Policy) -> Self {
+        Self {
             store: Arc::new(store),
             policy: Arc::new(policy),
-        })
+        }
     }
 
     /// The same store under another policy (per route or per operation).
@@ -226,7 +274,7 @@ impl<S: Store> Engine<S> {
         key: &ScopedKey,
         fingerprint: &Fingerprint,
         handler: F,
-    ) -> Result<Outcome<T>, EngineError>
+    ) -> Result<Answer<T>, EngineError>
     where
         F: FnOnce(Lease) -> Fut,
         Fut: Future<Output = Settlement<T>>,
@@ -253,7 +301,7 @@ impl<S: Store> Engine<S> {
         fingerprint: &Fingerprint,
         request_id: Option<&str>,
         handler: F,
-    ) -> Result<Outcome<T>, EngineError>
+    ) -> Result<Answer<T>, EngineError>
     where
         F: FnOnce(Lease) -> Fut,
         Fut: Future<Output = Settlement<T>>,
@@ -346,7 +394,7 @@ impl<S: Store> Engine<S> {
             }
             _ => {}
         }
-        Ok(Outcome::Executed {
+        Ok(Answer::Executed {
             output: settlement.output,
             lease,
             takeover,
@@ -385,23 +433,23 @@ impl<S: Store> Engine<S> {
             })
             .await?;
         Ok(match outcome {
-            Outcome::Executed {
+            Answer::Executed {
                 output: Ok(value), ..
             } => Reply::Executed(value),
-            Outcome::Executed {
+            Answer::Executed {
                 output: Err(Ok(e)), ..
             } => Reply::Failed(e),
-            Outcome::Executed {
+            Answer::Executed {
                 output: Err(Err(encode)),
                 ..
-            } => return Err(EngineError::Decode(encode)),
-            Outcome::Replayed(response) => Reply::Replayed(
+            } => return Err(EngineError::Encode(encode)),
+            Answer::Replayed(response) => Reply::Replayed(
                 serde_json::from_slice(&response.body)
                     .map_err(|e| EngineError::Decode(e.to_string()))?,
             ),
-            Outcome::InFlight { retry_after } => Reply::InFlight { retry_after },
-            Outcome::Mismatch => Reply::Mismatch,
-            Outcome::Unknown => Reply::Unknown,
+            Answer::InFlight { retry_after } => Reply::InFlight { retry_after },
+            Answer::Mismatch => Reply::Mismatch,
+            Answer::Unknown => Reply::Unknown,
         })
     }
 
@@ -418,9 +466,9 @@ impl<S: Store> Engine<S> {
                     takeover,
                     sent_at,
                 },
-                ClaimOutcome::Done { response } => Claimed::Not(Outcome::Replayed(response)),
-                ClaimOutcome::Unknown => Claimed::Not(Outcome::Unknown),
-                ClaimOutcome::Mismatch { .. } => Claimed::Not(Outcome::Mismatch),
+                ClaimOutcome::Done { response } => Claimed::Not(Answer::Replayed(response)),
+                ClaimOutcome::Unknown => Claimed::Not(Answer::Unknown),
+                ClaimOutcome::Mismatch { .. } => Claimed::Not(Answer::Mismatch),
                 ClaimOutcome::Busy { retry_after } => match give_up {
                     Some(deadline) if Instant::now() < deadline => {
                         let nap = poll
@@ -430,7 +478,7 @@ impl<S: Store> Engine<S> {
                         poll = (poll * 2).min(Duration::from_millis(250));
                         continue;
                     }
-                    _ => Claimed::Not(Outcome::InFlight { retry_after }),
+                    _ => Claimed::Not(Answer::InFlight { retry_after }),
                 },
             });
         }
@@ -470,7 +518,7 @@ enum Claimed<T> {
         takeover: bool,
         sent_at: Instant,
     },
-    Not(Outcome<T>),
+    Not(Answer<T>),
 }
 
 /// Bounds a store call by the policy's store timeout.

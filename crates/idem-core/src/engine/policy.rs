@@ -13,7 +13,7 @@ pub const LEASE_MARGIN: Duration = Duration::from_secs(15);
 /// An invalid policy, caught when the engine is built.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
 #[non_exhaustive]
-pub enum ConfigError {
+pub enum PolicyError {
     /// A duration that must be positive was zero.
     #[error("{0} must be greater than zero")]
     Zero(&'static str),
@@ -119,7 +119,7 @@ impl Policy {
         }
     }
 
-    fn validate(&self) -> Result<(), ConfigError> {
+    fn validate(&self) -> Result<(), PolicyError> {
         for (name, d) in [
             ("lease", self.lease),
             ("handler timeout", self.handler_timeout),
@@ -128,23 +128,23 @@ impl Policy {
             ("renew interval", self.renew_every),
         ] {
             if d.is_zero() {
-                return Err(ConfigError::Zero(name));
+                return Err(PolicyError::Zero(name));
             }
         }
         if self.lease < self.handler_timeout.saturating_add(LEASE_MARGIN) {
-            return Err(ConfigError::LeaseTooShort {
+            return Err(PolicyError::LeaseTooShort {
                 lease: self.lease,
                 handler_timeout: self.handler_timeout,
             });
         }
         if self.record_ttl < self.lease {
-            return Err(ConfigError::TtlShorterThanLease {
+            return Err(PolicyError::TtlShorterThanLease {
                 ttl: self.record_ttl,
                 lease: self.lease,
             });
         }
         if self.renew_every >= self.lease {
-            return Err(ConfigError::RenewTooSlow {
+            return Err(PolicyError::RenewTooSlow {
                 renew_every: self.renew_every,
                 lease: self.lease,
             });
@@ -208,8 +208,8 @@ impl PolicyBuilder {
     /// Checks and returns the policy.
     ///
     /// # Errors
-    /// [`ConfigError`] names the rule the policy breaks.
-    pub fn build(mut self) -> Result<Policy, ConfigError> {
+    /// [`PolicyError`] names the rule the policy breaks.
+    pub fn build(mut self) -> Result<Policy, PolicyError> {
         if !self.renew_set {
             self.policy.renew_every = self.policy.lease / 3;
         }
@@ -228,26 +228,26 @@ mod tests {
         assert!(Policy::builder().build().is_ok());
         assert_eq!(
             Policy::builder().record_ttl(Duration::ZERO).build(),
-            Err(ConfigError::Zero("record ttl"))
+            Err(PolicyError::Zero("record ttl"))
         );
         assert_eq!(
             Policy::builder().lease(Duration::ZERO).build(),
-            Err(ConfigError::Zero("lease"))
+            Err(PolicyError::Zero("lease"))
         );
         assert!(matches!(
             Policy::builder()
                 .handler_timeout(s(30))
                 .lease(s(44))
                 .build(),
-            Err(ConfigError::LeaseTooShort { .. })
+            Err(PolicyError::LeaseTooShort { .. })
         ));
         assert!(matches!(
             Policy::builder().lease(s(60)).record_ttl(s(59)).build(),
-            Err(ConfigError::TtlShorterThanLease { .. })
+            Err(PolicyError::TtlShorterThanLease { .. })
         ));
         assert!(matches!(
             Policy::builder().renew_every(s(45)).build(),
-            Err(ConfigError::RenewTooSlow { .. })
+            Err(PolicyError::RenewTooSlow { .. })
         ));
         let p = Policy::builder()
             .handler_timeout(s(5))

@@ -22,7 +22,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         Ok(v) => v.parse()?,
         Err(_) => 4_000_000,
     };
-    let engine = Engine::new(MemoryStore::new(capacity), Policy::default())?;
+    let engine = Engine::new(MemoryStore::new(capacity), Policy::default());
     let app = app::router(&engine)?;
     let listener = tokio::net::TcpListener::bind(addr).await?;
     eprintln!("bench server on {}", listener.local_addr()?);

@@ -20,52 +20,75 @@
 
 use std::time::Duration;
 
-use http::StatusCode;
-use idem_core::{EngineError, Key};
+use http::{Response, StatusCode};
+use idem_core::{EngineError, Key, Outcome, Refusal};
 
+use crate::body::ResponseBody;
 use crate::key::KeyRejection;
 use crate::problem::Problem;
 
+/// A problem answered before any claim, with the reason it carries as its [`Outcome`].
+#[derive(Debug)]
+pub(crate) struct Refused {
+    problem: Problem,
+    why: Refusal,
+}
+
+impl Refused {
+    fn new(problem: Problem, why: Refusal) -> Self {
+        Self { problem, why }
+    }
+
+    #[cold]
+    pub(crate) fn into_response<B>(self) -> Response<ResponseBody<B>> {
+        super::with_outcome(self.problem.into_response(), Outcome::Refused(self.why))
+    }
+}
+
 #[cold]
-pub(crate) fn key_rejection(r: &KeyRejection) -> Problem {
+pub(crate) fn key_rejection(r: &KeyRejection) -> Refused {
     let title = match r {
         KeyRejection::Missing => "Idempotency key missing",
         KeyRejection::Multiple | KeyRejection::List => "More than one idempotency key",
         _ => "Idempotency key malformed",
     };
-    Problem::new(StatusCode::BAD_REQUEST, r.slug(), title, r.to_string())
+    let problem = Problem::new(StatusCode::BAD_REQUEST, r.slug(), title, r.to_string());
+    Refused::new(problem, r.refusal())
 }
 
 #[cold]
-pub(crate) fn unauthenticated(detail: String) -> Problem {
-    Problem::new(
+pub(crate) fn unauthenticated(detail: String) -> Refused {
+    let problem = Problem::new(
         StatusCode::UNAUTHORIZED,
         "unauthenticated",
         "Principal required",
         detail,
-    )
+    );
+    Refused::new(problem, Refusal::Unauthenticated)
 }
 
 #[cold]
-pub(crate) fn body_too_large(key: &Key, limit: usize) -> Problem {
-    Problem::new(
+pub(crate) fn body_too_large(key: &Key, limit: usize) -> Refused {
+    let problem = Problem::new(
         StatusCode::PAYLOAD_TOO_LARGE,
         "body-too-large",
         "Request body too large",
         format!("the request body exceeds the {limit}-byte limit of this route"),
     )
-    .key(Some(key))
+    .key(Some(key));
+    Refused::new(problem, Refusal::BodyTooLarge)
 }
 
 #[cold]
-pub(crate) fn body_unreadable(key: &Key) -> Problem {
-    Problem::new(
+pub(crate) fn body_unreadable(key: &Key) -> Refused {
+    let problem = Problem::new(
         StatusCode::BAD_REQUEST,
         "body-unreadable",
         "Request body unreadable",
         "the request body could not be read",
     )
-    .key(Some(key))
+    .key(Some(key));
+    Refused::new(problem, Refusal::BodyUnreadable)
 }
 
 #[cold]
@@ -112,15 +135,16 @@ pub(crate) fn outcome_unknown(key: &Key) -> Problem {
 }
 
 #[cold]
-pub(crate) fn response_not_stored(key: &Key, status: u16) -> Problem {
-    Problem::new(
+pub(crate) fn response_not_stored(key: &Key, status: u16) -> Refused {
+    let problem = Problem::new(
         StatusCode::CONFLICT,
         "response-not-stored",
         "Response not replayable",
         format!("the request with this key completed with status {status}, but its response was too large to keep"),
     )
     .key(Some(key))
-    .state("completed")
+    .state("completed");
+    Refused::new(problem, Refusal::ResponseNotStored)
 }
 
 #[cold]

@@ -16,26 +16,23 @@ pub struct IdempotencyLayer<St> {
 
 impl<St: Store> IdempotencyLayer<St> {
     /// A layer over `engine`'s store (one store for many routes), under the route's own
-    /// engine policy ([`IdempotencyConfig::policy`]).
+    /// policy if [`IdempotencyConfig::policy`] set one, else under `engine`'s.
     pub fn new(engine: &Engine<St>, config: IdempotencyConfig) -> Self {
-        let engine = engine.with_policy(config.policy.clone());
+        let engine = match &config.policy {
+            Some(policy) => engine.with_policy(policy.clone()),
+            None => engine.clone(),
+        };
         Self {
             shared: Arc::new(Shared { engine, config }),
         }
     }
 
-    /// A layer over its own engine on `store`.
-    ///
-    /// # Errors
-    /// Whatever [`Engine::new`] refuses.
-    pub fn from_store(
-        store: St,
-        config: IdempotencyConfig,
-    ) -> Result<Self, idem_core::ConfigError> {
-        let engine = Engine::new(store, config.policy.clone())?;
-        Ok(Self {
+    /// A layer over its own engine on `store`, under the route's policy or the default one.
+    pub fn from_store(store: St, config: IdempotencyConfig) -> Self {
+        let engine = Engine::new(store, config.policy.clone().unwrap_or_default());
+        Self {
             shared: Arc::new(Shared { engine, config }),
-        })
+        }
     }
 
     /// The route configuration.

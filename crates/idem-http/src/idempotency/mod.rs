@@ -24,7 +24,7 @@
 //! use idem_http::{IdempotencyConfig, IdempotencyLayer};
 //!
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
-//! let engine = Engine::new(MemoryStore::new(100_000), Policy::default())?;
+//! let engine = Engine::new(MemoryStore::new(100_000), Policy::default());
 //! let charge = IdempotencyLayer::new(&engine, IdempotencyConfig::new("payments.charge")?);
 //! let app: Router = Router::new().route("/charge", post(|| async { "charged" }).layer(charge));
 //! # let _ = app; Ok(()) }
@@ -43,10 +43,12 @@ use bytes::{Bytes, BytesMut};
 use http::{HeaderMap, HeaderName, HeaderValue, Request, Response, StatusCode, header};
 use http_body::Body;
 use http_body_util::BodyExt;
-use idem_core::{Engine, Outcome, ReleaseKind, ScopedKey, Settlement, Store, StoredResponse};
+use idem_core::{
+    Answer, Engine, Outcome, ReleaseKind, ScopedKey, Settlement, Store, StoredResponse,
+};
 use tower::Service;
 
-pub(crate) use error::key_rejection as key_problem;
+pub(crate) use error::{Refused, key_rejection as key_problem};
 pub use future::ResponseFuture;
 pub use layer::IdempotencyLayer;
 
@@ -112,30 +114,51 @@ where
         let config = &shared.config;
 
         if config.passthrough.contains(req.method()) {
-            let fut = inner.call(req);
-            return ResponseFuture::new(async move { Ok(fut.await?.map(ResponseBody::inner)) });
+            return passthrough(inner.call(req));
         }
         let (parts, body) = req.into_parts();
         let found = match config.key.extract(&parts) {
             Ok(found) => found,
-            Err(r) => return ready(error::key_rejection(&r).into_response()),
+            Err(r) => return ready(error::key_rejection(&r)),
         };
         let Some(found) = found else {
             if config.key_required {
-                return ready(error::key_rejection(&crate::KeyRejection::Missing).into_response());
+                return ready(error::key_rejection(&crate::KeyRejection::Missing));
             }
-            let fut = inner.call(Request::from_parts(parts, body));
-            return ResponseFuture::new(async move { Ok(fut.await?.map(ResponseBody::inner)) });
+            return passthrough(inner.call(Request::from_parts(parts, body)));
         };
         ResponseFuture::detached_on_drop(protect(shared, inner, parts, body, found))
     }
 }
 
-fn ready<B, E: Send + 'static>(res: Response<ResponseBody<B>>) -> ResponseFuture<B, E>
+/// Calls the inner service without protection; the answer says so.
+fn passthrough<B, E>(
+    fut: impl Future<Output = Result<Response<B>, E>> + Send + 'static,
+) -> ResponseFuture<B, E>
+where
+    B: Send + 'static,
+    E: Send + 'static,
+{
+    ResponseFuture::new(async move {
+        Ok(with_outcome(
+            fut.await?.map(ResponseBody::inner),
+            Outcome::Passthrough,
+        ))
+    })
+}
+
+/// Attaches what became of the request to its response, for whoever sits outside the layer.
+pub(crate) fn with_outcome<B>(mut res: Response<B>, outcome: Outcome) -> Response<B> {
+    res.extensions_mut().insert(outcome);
+    res
+}
+
+/// A refusal answered before any claim.
+fn ready<B, E: Send + 'static>(refused: Refused) -> ResponseFuture<B, E>
 where
     B: Send + 'static,
 {
-    ResponseFuture::new(std::future::ready(Ok(res)))
+    ResponseFuture::new(std::future::ready(Ok(refused.into_response())))
 }
 
 enum BodyFailure {
@@ -236,7 +259,7 @@ where
             },
         )
         .await;
-    answer(&shared.config, &found, outcome)
+    answer(&shared, &found, outcome)
 }
 
 /// Decides what to keep of the handler's response, buffering it if it is to be stored.
@@ -378,28 +401,32 @@ fn replay_headers(config: &IdempotencyConfig, headers: &HeaderMap) -> Vec<(Strin
         .collect()
 }
 
-/// Turns the engine's outcome into the response for this caller.
-fn answer<B, E>(
-    config: &IdempotencyConfig,
+/// Turns the engine's answer into the response for this caller, with its [`Outcome`].
+fn answer<B, E, St: Store>(
+    shared: &Shared<St>,
     found: &FoundKey,
-    outcome: Result<Outcome<Handled<B, E>>, idem_core::EngineError>,
+    answer: Result<Answer<Handled<B, E>>, idem_core::EngineError>,
 ) -> Handled<B, E> {
     let key = &found.key;
-    let outcome = match outcome {
-        Ok(outcome) => outcome,
+    let answer = match answer {
+        Ok(answer) => answer,
         Err(e) => {
             tracing::warn!(key = %key, error = %e, "idempotent request failed");
-            return Ok(error::engine_error(key, &e, config.store_retry_after).into_response());
+            let outcome = e.outcome(shared.engine.policy().interrupted_release());
+            let res = error::engine_error(key, &e, shared.config.store_retry_after);
+            return Ok(with_outcome(res.into_response(), outcome));
         }
     };
-    match outcome {
-        Outcome::Executed { output, .. } => output,
-        Outcome::Replayed(stored) => Ok(replay(stored, found)),
-        Outcome::InFlight { retry_after } => Ok(error::in_flight(key, retry_after).into_response()),
-        Outcome::Mismatch => Ok(error::mismatch(key).into_response()),
-        Outcome::Unknown => Ok(error::outcome_unknown(key).into_response()),
-        _ => Ok(error::internal(key).into_response()),
-    }
+    let outcome = answer.outcome();
+    let res = match answer {
+        Answer::Executed { output, .. } => output?,
+        Answer::Replayed(stored) => return Ok(replay(stored, found)),
+        Answer::InFlight { retry_after } => error::in_flight(key, retry_after).into_response(),
+        Answer::Mismatch => error::mismatch(key).into_response(),
+        Answer::Unknown => error::outcome_unknown(key).into_response(),
+        _ => error::internal(key).into_response(),
+    };
+    Ok(with_outcome(res, outcome))
 }
 
 fn replay<B>(stored: StoredResponse, found: &FoundKey) -> Response<ResponseBody<B>> {
@@ -420,5 +447,5 @@ fn replay<B>(stored: StoredResponse, found: &FoundKey) -> Response<ResponseBody<
     }
     headers.insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
     headers.insert(found.header.clone(), found.raw.clone());
-    res
+    with_outcome(res, Outcome::Replayed)
 }
