@@ -140,12 +140,19 @@ impl Scope {
         })
     }
 
-    /// The same scope narrowed to one principal. Any string is accepted; carriers store a
-    /// hash of the credential rather than the credential itself.
+    /// The same scope narrowed to one principal. Any string is accepted; a credential should
+    /// go through [`Scope::with_credential`] instead, so it is never stored.
     #[must_use]
     pub fn with_principal(mut self, principal: impl Into<String>) -> Self {
         self.principal = Some(Arc::from(principal.into()));
         self
+    }
+
+    /// The same scope narrowed to the principal a credential stands for
+    /// ([`credential_principal`]).
+    #[must_use]
+    pub fn with_credential(self, credential: &[u8]) -> Self {
+        self.with_principal(credential_principal(credential))
     }
 
     /// The namespace.
@@ -157,6 +164,33 @@ impl Scope {
     pub fn principal(&self) -> Option<&str> {
         self.principal.as_deref()
     }
+}
+
+/// Derivation context of [`credential_principal`]. Changing it moves every credential-based
+/// principal to a new scope, so records stored under the old one would no longer replay.
+const CREDENTIAL_CONTEXT: &str = "idem gateway principal v1";
+
+/// The stored principal for a credential (an API key, a tenant token): `h:` and 32 lowercase
+/// hex digits of a blake3 key derivation. The one way every carrier turns a credential into
+/// a principal, so the same credential lands on the same records whichever carrier it came
+/// through; the credential itself is never stored.
+///
+/// A fixed derivation context, not an operator secret: instances sharing a store agree with
+/// no secret to distribute, so no configuration slip can split or merge key spaces. The
+/// context keeps the value from matching a plain hash of the credential kept elsewhere.
+///
+/// ```
+/// let p = idem_core::key::credential_principal(b"sk_live_123");
+/// assert!(p.starts_with("h:") && p.len() == 34 && !p.contains("sk_live"));
+/// ```
+pub fn credential_principal(credential: &[u8]) -> String {
+    let mut h = blake3::Hasher::new_derive_key(CREDENTIAL_CONTEXT);
+    h.update(credential);
+    let digest = h.finalize();
+    let mut out = String::with_capacity(34);
+    out.push_str("h:");
+    out.push_str(&hex(&digest.as_bytes()[..16]));
+    out
 }
 
 /// A key inside its scope: the unit the store keeps one record for.
@@ -250,6 +284,26 @@ mod tests {
         ));
         assert_eq!(Key::new(" a"), Err(KeyError::OuterSpace));
         assert!(Key::new("a b").is_ok());
+    }
+
+    #[test]
+    fn credentials_become_fixed_hashed_principals() {
+        // Pinned: a change here moves every stored credential-based record out of reach.
+        assert_eq!(
+            credential_principal(b"alice-secret"),
+            credential_principal(b"alice-secret")
+        );
+        assert_ne!(
+            credential_principal(b"alice-secret"),
+            credential_principal(b"bob-secret")
+        );
+        let scope = Scope::new("ns")
+            .expect("valid")
+            .with_credential(b"alice-secret");
+        assert_eq!(
+            scope.principal(),
+            Some(credential_principal(b"alice-secret").as_str())
+        );
     }
 
     #[test]

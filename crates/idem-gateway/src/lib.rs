@@ -7,6 +7,7 @@ pub mod admin;
 pub mod app;
 pub mod config;
 pub mod demo;
+pub mod matcher;
 pub mod metrics;
 pub mod principal;
 pub mod proxy;

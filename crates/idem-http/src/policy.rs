@@ -13,6 +13,7 @@ use std::marker::PhantomData;
 
 use http::request::Parts;
 use http::{HeaderName, HeaderValue, StatusCode};
+use idem_core::key::credential_principal;
 use idem_core::{Fingerprint, JsonFields, Key, ReleaseKind};
 
 use crate::key::{KeyRejection, parse_key};
@@ -140,8 +141,12 @@ impl ExtractPrincipal for NoPrincipal {
     }
 }
 
-/// The principal is a header's value (an API key, a bearer token, a tenant id), stored only
-/// as its blake3 hash.
+/// The principal is a header's value (an API key, a tenant token), stored only as
+/// [`credential_principal`], the same principal the gateway's `from = "header"` stores.
+///
+/// Use a credential that stays the same across a client's retries. A short-lived bearer token
+/// is a poor principal: refreshed between two attempts, the retry lands in another scope and
+/// runs again.
 #[derive(Clone, Debug)]
 pub struct HeaderPrincipal {
     name: HeaderName,
@@ -165,16 +170,11 @@ impl HeaderPrincipal {
     }
 }
 
-/// The hash under which a credential is kept: `b3:` and the blake3 hex digest.
-pub fn hash_principal(value: &[u8]) -> String {
-    format!("b3:{}", blake3::hash(value).to_hex())
-}
-
 impl ExtractPrincipal for HeaderPrincipal {
     fn principal(&self, parts: &Parts) -> Result<Option<String>, PrincipalRejection> {
         let mut values = parts.headers.get_all(&self.name).iter();
         match (values.next(), values.next()) {
-            (Some(v), None) => Ok(Some(hash_principal(v.as_bytes()))),
+            (Some(v), None) => Ok(Some(credential_principal(v.as_bytes()))),
             (Some(_), Some(_)) => Err(PrincipalRejection(format!(
                 "more than one {} header",
                 self.name
@@ -461,7 +461,7 @@ mod tests {
             .principal(&parts(&[("authorization", "Bearer secret")]))
             .expect("ok")
             .expect("some");
-        assert!(got.starts_with("b3:") && !got.contains("secret"));
+        assert_eq!(got, credential_principal(b"Bearer secret"));
         assert_eq!(p.principal(&parts(&[])), Ok(None));
         assert!(p.clone().required().principal(&parts(&[])).is_err());
         let e = ExtensionPrincipal::<Principal>::new();

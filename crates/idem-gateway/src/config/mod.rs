@@ -4,6 +4,10 @@
 //! [`Settings`] the server runs on, or an error that says which field is wrong and why.
 
 mod compile;
+mod display;
+mod settings;
+#[cfg(test)]
+mod tests;
 mod units;
 
 use std::path::{Path, PathBuf};
@@ -13,10 +17,10 @@ use figment::Figment;
 use figment::providers::{Env, Format as _, Serialized, Toml};
 use serde::{Deserialize, Serialize};
 
-pub use compile::{
-    AdminSettings, FingerprintBody, FingerprintSettings, JwtKey, JwtSettings, LogFormat, MethodSet,
-    PathPattern, PrincipalSource, Route, RoutePolicy, Settings, StatusSet, UpstreamFailure,
-    compile,
+pub use compile::compile;
+pub use settings::{
+    AdminSettings, FingerprintBody, FingerprintSettings, JwtKey, JwtSettings, LogFormat,
+    PrincipalSource, Route, RoutePolicy, Settings, StatusSet, UpstreamFailure,
 };
 pub use units::{ByteSize, Dur};
 

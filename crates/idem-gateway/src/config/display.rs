@@ -1,0 +1,148 @@
+//! What `idem check-config` prints: the checked settings, route by route.
+
+use std::fmt;
+
+use http::HeaderName;
+
+use super::Dur;
+use super::settings::{PrincipalSource, Settings};
+
+impl fmt::Display for Settings {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(f, "listen:    {}", self.listen)?;
+        match (&self.upstream, self.demo_upstream) {
+            (_, true) => writeln!(f, "upstream:  built-in demo upstream")?,
+            (Some(u), false) => writeln!(f, "upstream:  {u}")?,
+            (None, false) => writeln!(f, "upstream:  (per route)")?,
+        }
+        writeln!(
+            f,
+            "store:     {} (timeout {})",
+            self.store,
+            Dur(self.store_timeout)
+        )?;
+        if let Some((n, age)) = self.store_cache {
+            writeln!(
+                f,
+                "cache:     {n} completed responses, at most {} each",
+                Dur(age)
+            )?;
+        }
+        match &self.admin {
+            Some(a) => writeln!(f, "admin:     {} (bearer token required)", a.listen)?,
+            None => writeln!(f, "admin:     off")?,
+        }
+        writeln!(
+            f,
+            "shutdown:  drains in-flight requests for up to {}",
+            Dur(self.shutdown_grace)
+        )?;
+        writeln!(
+            f,
+            "logs:      {:?}, level {}",
+            self.log_format, self.log_level
+        )?;
+        if self.implicit_route {
+            writeln!(
+                f,
+                "routes:    none configured; one catch-all route from `defaults`:"
+            )?;
+        } else {
+            writeln!(
+                f,
+                "routes:    {} (first match wins; unmatched requests are proxied unprotected):",
+                self.routes.len()
+            )?;
+        }
+        for r in &self.routes {
+            let p = &r.policy;
+            writeln!(f, "  - {} {} [{}]", r.methods, r.pattern.as_str(), r.name)?;
+            if let Some(u) = &r.upstream {
+                writeln!(f, "      upstream:    {u}")?;
+            }
+            if !p.idempotency {
+                writeln!(f, "      idempotency: off (plain proxy)")?;
+                continue;
+            }
+            writeln!(
+                f,
+                "      key:         {} ({})",
+                p.key_header,
+                if p.key_required {
+                    "required on POST/PUT/PATCH/DELETE"
+                } else {
+                    "optional"
+                }
+            )?;
+            writeln!(f, "      namespace:   {}", p.namespace)?;
+            let principal = match &p.principal {
+                PrincipalSource::None => "none (keys shared by all callers)".to_owned(),
+                PrincipalSource::Header { name, required } => {
+                    format!(
+                        "header {name}, stored hashed{}",
+                        if *required { ", required" } else { "" }
+                    )
+                }
+                PrincipalSource::Jwt(j) => format!(
+                    "JWT ({:?}) in {}, claim `{}`{}",
+                    j.key,
+                    j.header,
+                    j.verifier.claim(),
+                    if j.required { ", required" } else { "" }
+                ),
+            };
+            writeln!(f, "      principal:   {principal}")?;
+            let fp = &p.fingerprint;
+            let headers: Vec<&str> = fp.headers.iter().map(HeaderName::as_str).collect();
+            writeln!(
+                f,
+                "      fingerprint: method + route + body ({:?}){}",
+                fp.body,
+                if headers.is_empty() {
+                    String::new()
+                } else {
+                    format!(" + headers {}", headers.join(", "))
+                }
+            )?;
+            let e = &p.engine;
+            writeln!(
+                f,
+                "      timing:      upstream timeout {}, lease {} (renewed every {}), ttl {}",
+                Dur(e
+                    .handler_timeout()
+                    .saturating_sub(crate::app::HANDLER_BACKSTOP)),
+                Dur(e.lease()),
+                Dur(e.renew_every()),
+                Dur(e.record_ttl())
+            )?;
+            writeln!(
+                f,
+                "      on failure:  expired lease -> {:?}; upstream timeout/reset -> {}",
+                e.takeover(),
+                p.upstream_failure.as_str()
+            )?;
+            writeln!(
+                f,
+                "      stored:      {} except {}",
+                p.store_statuses, p.release_statuses
+            )?;
+            match e.in_flight_wait() {
+                Some(w) => writeln!(
+                    f,
+                    "      in flight:   wait up to {} for the first result, then 409",
+                    Dur(w)
+                )?,
+                None => writeln!(f, "      in flight:   409 at once")?,
+            }
+            let replay: Vec<&str> = p.replay_headers.iter().map(HeaderName::as_str).collect();
+            writeln!(
+                f,
+                "      limits:      request body {} bytes, stored response {} bytes; replayed headers: {}",
+                p.max_request_body,
+                p.max_stored_response,
+                replay.join(", ")
+            )?;
+        }
+        Ok(())
+    }
+}

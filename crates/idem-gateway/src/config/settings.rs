@@ -1,0 +1,268 @@
+//! The checked configuration the gateway runs on, as [`compile`](super::compile) builds it.
+
+use std::fmt;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::bail;
+use http::{HeaderName, Uri};
+use idem_core::{JsonFields, Policy, ReleaseKind};
+
+use super::StatusPattern;
+use crate::matcher::{MethodSet, PathPattern};
+use crate::principal::JwtVerifier;
+use crate::store::{StoreOptions, StoreSpec};
+
+/// The checked configuration.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// Data listener.
+    pub listen: SocketAddr,
+    /// Default upstream, if any.
+    pub upstream: Option<Uri>,
+    /// Serve the built-in demo upstream (its address replaces a missing upstream).
+    pub demo_upstream: bool,
+    /// Which store.
+    pub store: StoreSpec,
+    /// Per-operation store timeout.
+    pub store_timeout: Duration,
+    /// Table, prefix and pool size.
+    pub store_options: StoreOptions,
+    /// Local cache of completed responses: entries and max age.
+    pub store_cache: Option<(usize, Duration)>,
+    /// Upstream connect timeout.
+    pub upstream_connect_timeout: Duration,
+    /// Idle pooled connections per upstream host.
+    pub upstream_pool_max_idle: usize,
+    /// How long SIGTERM waits for in-flight requests.
+    pub shutdown_grace: Duration,
+    /// The request id header.
+    pub request_id_header: HeaderName,
+    /// Log format.
+    pub log_format: LogFormat,
+    /// Log filter.
+    pub log_level: String,
+    /// Admin listener, if configured.
+    pub admin: Option<AdminSettings>,
+    /// Routes in match order.
+    pub routes: Vec<Route>,
+    /// True when no route was configured and one catch-all route was made from `defaults`.
+    pub implicit_route: bool,
+}
+
+/// Log output format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+/// The admin listener.
+#[derive(Clone)]
+pub struct AdminSettings {
+    /// Its address.
+    pub listen: SocketAddr,
+    /// The bearer token it requires.
+    pub token: String,
+}
+
+impl fmt::Debug for AdminSettings {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("AdminSettings")
+            .field("listen", &self.listen)
+            .field("token", &"<redacted>")
+            .finish()
+    }
+}
+
+/// One route.
+#[derive(Debug, Clone)]
+pub struct Route {
+    /// Its name.
+    pub name: String,
+    /// Methods it matches.
+    pub methods: MethodSet,
+    /// Path pattern it matches.
+    pub pattern: PathPattern,
+    /// Its upstream (`None`: the global one, or the demo upstream).
+    pub upstream: Option<Uri>,
+    /// Its policy.
+    pub policy: Arc<RoutePolicy>,
+}
+
+/// The policy of one route.
+#[derive(Debug, Clone)]
+pub struct RoutePolicy {
+    /// False: plain proxy.
+    pub idempotency: bool,
+    /// Key header.
+    pub key_header: HeaderName,
+    /// Key required on unsafe methods.
+    pub key_required: bool,
+    /// Namespace.
+    pub namespace: String,
+    /// Principal source.
+    pub principal: PrincipalSource,
+    /// Fingerprint settings.
+    pub fingerprint: FingerprintSettings,
+    /// Engine policy (lease, timeout, TTL, takeover, store timeout, in-flight wait).
+    pub engine: Policy,
+    /// Statuses stored.
+    pub store_statuses: StatusSet,
+    /// Statuses released even if `store_statuses` matches.
+    pub release_statuses: StatusSet,
+    /// What an ambiguous upstream failure becomes.
+    pub upstream_failure: UpstreamFailure,
+    /// Largest request body.
+    pub max_request_body: usize,
+    /// Largest response stored.
+    pub max_stored_response: usize,
+    /// Response headers replayed.
+    pub replay_headers: Vec<HeaderName>,
+}
+
+impl RoutePolicy {
+    /// Whether a final upstream status is stored for replay.
+    pub fn stores(&self, status: u16) -> bool {
+        self.store_statuses.contains(status) && !self.release_statuses.contains(status)
+    }
+}
+
+/// What an upstream timeout or reset after the request was sent becomes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UpstreamFailure {
+    /// The record becomes unknown; retries get 409 outcome-unknown.
+    Hold,
+    /// The claim is released; a retry runs again.
+    Retry,
+}
+
+impl UpstreamFailure {
+    /// The release kind.
+    pub fn release_kind(self) -> ReleaseKind {
+        match self {
+            Self::Hold => ReleaseKind::Unknown,
+            Self::Retry => ReleaseKind::Retryable,
+        }
+    }
+
+    pub(super) fn as_str(self) -> &'static str {
+        match self {
+            Self::Hold => "hold",
+            Self::Retry => "retry",
+        }
+    }
+}
+
+/// Where a route's principal comes from.
+#[derive(Debug, Clone)]
+pub enum PrincipalSource {
+    /// No principal: keys are shared by every caller of the route.
+    None,
+    /// A header's value, stored only as a hash.
+    Header {
+        /// The header.
+        name: HeaderName,
+        /// Missing header is 401.
+        required: bool,
+    },
+    /// The claim of a verified JWT.
+    Jwt(Arc<JwtSettings>),
+}
+
+/// A JWT principal source.
+#[derive(Debug)]
+pub struct JwtSettings {
+    /// Header carrying `Bearer <token>`.
+    pub header: HeaderName,
+    /// Missing token is 401.
+    pub required: bool,
+    /// Key kind, for `check-config`.
+    pub key: JwtKey,
+    /// The verifier.
+    pub verifier: JwtVerifier,
+}
+
+/// Which key verifies tokens.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum JwtKey {
+    /// HMAC-SHA256 shared secret.
+    Hs256,
+    /// RSA-SHA256 public key.
+    Rs256,
+}
+
+/// What the fingerprint covers.
+#[derive(Debug, Clone)]
+pub struct FingerprintSettings {
+    /// Body handling.
+    pub body: FingerprintBody,
+    /// JSON field selection.
+    pub fields: JsonFields,
+    /// Headers that take part.
+    pub headers: Vec<HeaderName>,
+}
+
+/// How the body takes part in the fingerprint.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FingerprintBody {
+    /// Canonical JSON (falls back to raw bytes for non-JSON bodies).
+    Json,
+    /// Exact bytes.
+    Raw,
+    /// Not at all.
+    Ignore,
+}
+
+/// A set of statuses: single codes and classes.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct StatusSet {
+    codes: Vec<u16>,
+    classes: Vec<u16>,
+}
+
+impl StatusSet {
+    /// Whether `status` is in the set.
+    pub fn contains(&self, status: u16) -> bool {
+        self.codes.contains(&status) || self.classes.contains(&(status / 100))
+    }
+
+    pub(super) fn parse(patterns: &[StatusPattern]) -> anyhow::Result<Self> {
+        let mut set = Self::default();
+        for p in patterns {
+            match p {
+                StatusPattern::Code(c) if (100..=599).contains(c) => set.codes.push(*c),
+                StatusPattern::Code(c) => bail!("{c} is not an HTTP status"),
+                StatusPattern::Text(t) => {
+                    let t = t.trim();
+                    if let Some(class) = t.strip_suffix("xx").or_else(|| t.strip_suffix("XX")) {
+                        match class.parse::<u16>() {
+                            Ok(c) if (1..=5).contains(&c) => set.classes.push(c),
+                            _ => bail!("`{t}` is not a status class (1xx to 5xx)"),
+                        }
+                    } else {
+                        match t.parse::<u16>() {
+                            Ok(c) if (100..=599).contains(&c) => set.codes.push(c),
+                            _ => bail!("`{t}` is not an HTTP status or class such as 404 or 4xx"),
+                        }
+                    }
+                }
+            }
+        }
+        Ok(set)
+    }
+}
+
+impl fmt::Display for StatusSet {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut parts: Vec<String> = self.classes.iter().map(|c| format!("{c}xx")).collect();
+        parts.extend(self.codes.iter().map(u16::to_string));
+        if parts.is_empty() {
+            return f.write_str("(none)");
+        }
+        f.write_str(&parts.join(", "))
+    }
+}

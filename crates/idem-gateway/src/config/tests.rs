@@ -1,0 +1,137 @@
+//! Compilation tests: inheritance from `[defaults]`, and garbage refused with the field named.
+
+use std::time::Duration;
+
+use http::Method;
+use idem_core::TakeoverPolicy;
+
+use super::{Settings, compile, from_toml};
+
+fn compiled(text: &str) -> anyhow::Result<Settings> {
+    compile(&from_toml(text)?)
+}
+
+#[test]
+fn routes_inherit_defaults_and_override_them() {
+    let s = compiled(
+        r#"
+        upstream = "http://127.0.0.1:9000"
+        [defaults]
+        ttl = "1h"
+        takeover = "hold"
+        [[routes]]
+        name = "charge"
+        method = "post"
+        path = "/charge"
+        ttl = "2h"
+        [[routes]]
+        method = ["PUT", "PATCH"]
+        path = "/orders/{id}"
+        idempotency = false
+        "#,
+    )
+    .expect("valid");
+    assert_eq!(s.routes.len(), 2);
+    let charge = &s.routes[0].policy;
+    assert_eq!(charge.engine.record_ttl(), Duration::from_secs(7200));
+    assert_eq!(charge.engine.takeover(), TakeoverPolicy::Hold);
+    assert_eq!(charge.namespace, "charge");
+    assert!(charge.stores(201) && charge.stores(404) && !charge.stores(429) && !charge.stores(500));
+    assert!(!s.routes[1].policy.idempotency);
+    assert_eq!(
+        s.routes[1].policy.engine.record_ttl(),
+        Duration::from_secs(3600)
+    );
+    assert!(s.routes[1].methods.contains(&Method::PATCH));
+    assert!(!s.routes[1].methods.contains(&Method::POST));
+}
+
+#[test]
+fn garbage_is_refused_with_the_field_named() {
+    let cases = [
+        ("listen = 5", "listen"),
+        ("lisen = \"x\"", "lisen"),
+        ("upstream = \"ftp://x\"", "http://"),
+        ("upstream = \"https://x\"", "https"),
+        ("upstream = \"http://x\"\nstore = \"mongo://x\"", "mongo"),
+        ("upstream = \"http://x\"\n[defaults]\nttl = 5", "unit"),
+        (
+            "upstream = \"http://x\"\n[defaults]\ntakeover = \"maybe\"",
+            "takeover",
+        ),
+        (
+            "upstream = \"http://x\"\n[defaults]\nlease = \"10s\"",
+            "lease",
+        ),
+        (
+            "upstream = \"http://x\"\n[[routes]]\npath = \"/a\"\nmethod = \"P O\"",
+            "method",
+        ),
+        (
+            "upstream = \"http://x\"\n[[routes]]\nmethod = \"POST\"",
+            "path",
+        ),
+        (
+            "upstream = \"http://x\"\n[[routes]]\npath = \"/a\"\nttl = \"1h\"\nbogus = 1",
+            "bogus",
+        ),
+        (
+            "upstream = \"http://x\"\n[[routes]]\npath = \"/a\"\nstore_statuses = [\"6xx\"]",
+            "6xx",
+        ),
+        (
+            "upstream = \"http://x\"\n[[routes]]\npath = \"/a\"\nnamespace = \"a b\"",
+            "namespace",
+        ),
+        (
+            "upstream = \"http://x\"\n[[routes]]\npath = \"/a\"\nprincipal = { from = \"jwt\" }",
+            "hs256_secret",
+        ),
+        (
+            "upstream = \"http://x\"\n[[routes]]\npath = \"/a\"\nprincipal = { from = \"jwt\", hs256_secret = \"short\" }",
+            "32",
+        ),
+        (
+            "upstream = \"http://x\"\n[[routes]]\npath = \"/a\"\nprincipal = { from = \"jwt\", rs256_public_key = \"nope\" }",
+            "RS256",
+        ),
+        (
+            "upstream = \"http://x\"\n[admin]\nlisten = \"127.0.0.1:9\"",
+            "token",
+        ),
+        (
+            "upstream = \"http://x\"\n[admin]\nlisten = \"127.0.0.1:8080\"\ntoken = \"0123456789abcdef\"",
+            "another port",
+        ),
+        ("[[routes]]\npath = \"/a\"", "no upstream"),
+        (
+            "upstream = \"http://x\"\n[defaults]\npath = \"/a\"",
+            "defaults",
+        ),
+        ("this is not toml", "invalid"),
+    ];
+    for (text, needle) in cases {
+        let err = match compiled(text) {
+            Ok(_) => panic!("accepted garbage: {text}"),
+            Err(e) => format!("{e:#}"),
+        };
+        assert!(
+            err.contains(needle),
+            "error for {text:?} should mention {needle:?}: {err}"
+        );
+    }
+}
+
+#[test]
+fn no_routes_means_one_catch_all_route() {
+    let s = compiled("upstream = \"http://127.0.0.1:1\"").expect("valid");
+    assert!(s.implicit_route);
+    assert!(s.routes[0].pattern.matches("/anything/at/all"));
+    assert_eq!(s.routes[0].policy.namespace, "default");
+    assert_eq!(s.listen, "127.0.0.1:8080".parse().expect("addr"));
+    let text = s.to_string();
+    assert!(
+        text.contains("catch-all") && text.contains("sqlite:./idem.db"),
+        "{text}"
+    );
+}

@@ -1,0 +1,195 @@
+//! Route matching: the methods and the path pattern of a route, checked on every request.
+
+use std::fmt;
+
+use anyhow::bail;
+use http::Method;
+
+/// The methods a route matches.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum MethodSet {
+    /// Any method.
+    Any,
+    /// These.
+    Only(Vec<Method>),
+}
+
+impl MethodSet {
+    /// Whether `m` is in the set.
+    pub fn contains(&self, m: &Method) -> bool {
+        match self {
+            Self::Any => true,
+            Self::Only(list) => list.contains(m),
+        }
+    }
+}
+
+impl fmt::Display for MethodSet {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Any => f.write_str("*"),
+            Self::Only(list) => {
+                let names: Vec<&str> = list.iter().map(Method::as_str).collect();
+                f.write_str(&names.join(","))
+            }
+        }
+    }
+}
+
+/// A path pattern: literal segments, `{name}` for any one segment, a trailing `*` for the rest.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PathPattern {
+    text: String,
+    segments: Vec<Segment>,
+    rest: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Segment {
+    Literal(String),
+    Param,
+}
+
+impl PathPattern {
+    /// Parses a pattern such as `/v1/orders/{id}/pay` or `/v1/*`.
+    ///
+    /// # Errors
+    /// A message naming the problem.
+    pub fn parse(text: &str) -> anyhow::Result<Self> {
+        let Some(body) = text.strip_prefix('/') else {
+            bail!("path `{text}` must start with /");
+        };
+        let mut segments = Vec::new();
+        let mut rest = false;
+        let parts: Vec<&str> = if body.is_empty() {
+            Vec::new()
+        } else {
+            body.split('/').collect()
+        };
+        for (i, part) in parts.iter().enumerate() {
+            if *part == "*" {
+                if i + 1 != parts.len() {
+                    bail!("path `{text}`: `*` may only be the last segment");
+                }
+                rest = true;
+            } else if part.starts_with('{') && part.ends_with('}') && part.len() > 2 {
+                segments.push(Segment::Param);
+            } else if part.contains(['{', '}', '*', '?', '#']) {
+                bail!("path `{text}`: segment `{part}` must be a literal, {{name}} or a final *");
+            } else {
+                segments.push(Segment::Literal((*part).to_owned()));
+            }
+        }
+        Ok(Self {
+            text: text.to_owned(),
+            segments,
+            rest,
+        })
+    }
+
+    /// Whether `path` (no query) matches. Runs on every request: walks the segments without
+    /// collecting them.
+    pub fn matches(&self, path: &str) -> bool {
+        let body = path.strip_prefix('/').unwrap_or(path);
+        let mut parts = (!body.is_empty())
+            .then(|| body.split('/'))
+            .into_iter()
+            .flatten();
+        for seg in &self.segments {
+            let Some(part) = parts.next() else {
+                return false;
+            };
+            let ok = match seg {
+                Segment::Literal(l) => l == part,
+                Segment::Param => !part.is_empty(),
+            };
+            if !ok {
+                return false;
+            }
+        }
+        self.rest || parts.next().is_none()
+    }
+
+    /// The pattern text.
+    pub fn as_str(&self) -> &str {
+        &self.text
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The matcher as first written (collects the segments); the allocation-free one must
+    /// agree with it everywhere.
+    fn collecting_match(p: &PathPattern, path: &str) -> bool {
+        let body = path.strip_prefix('/').unwrap_or(path);
+        let mut parts = if body.is_empty() {
+            Vec::new()
+        } else {
+            body.split('/').collect::<Vec<_>>()
+        };
+        if p.rest {
+            if parts.len() < p.segments.len() {
+                return false;
+            }
+            parts.truncate(p.segments.len());
+        } else if parts.len() != p.segments.len() {
+            return false;
+        }
+        p.segments.iter().zip(parts).all(|(seg, part)| match seg {
+            Segment::Literal(l) => l == part,
+            Segment::Param => !part.is_empty(),
+        })
+    }
+
+    #[test]
+    fn path_matching_agrees_with_the_collecting_matcher() {
+        let patterns = [
+            "/",
+            "/*",
+            "/a",
+            "/a/*",
+            "/a/b",
+            "/{x}",
+            "/{x}/*",
+            "/a/{x}/b",
+            "/a/{x}/b/*",
+        ];
+        let paths = [
+            "", "/", "//", "/a", "/a/", "/a/b", "/a/b/", "/a//b", "/a/x/b", "/a/x/b/c", "/b",
+            "/a/b/c/d", "a", "a/b", "/x/a",
+        ];
+        let mut checked = 0;
+        for pattern in patterns {
+            let p = PathPattern::parse(pattern).expect("valid");
+            for path in paths {
+                assert_eq!(
+                    p.matches(path),
+                    collecting_match(&p, path),
+                    "{pattern} against {path:?}"
+                );
+                checked += 1;
+            }
+        }
+        assert_eq!(checked, patterns.len() * paths.len());
+    }
+
+    #[test]
+    fn path_patterns_match_segments() {
+        let p = PathPattern::parse("/v1/orders/{id}/pay").expect("valid");
+        assert!(p.matches("/v1/orders/42/pay"));
+        assert!(!p.matches("/v1/orders//pay"));
+        assert!(!p.matches("/v1/orders/42/pay/x"));
+        let rest = PathPattern::parse("/v1/*").expect("valid");
+        assert!(rest.matches("/v1/a/b"));
+        assert!(rest.matches("/v1"));
+        assert!(!rest.matches("/v2/a"));
+        assert!(PathPattern::parse("/*").expect("valid").matches("/"));
+        assert!(PathPattern::parse("/").expect("valid").matches("/"));
+        assert!(!PathPattern::parse("/").expect("valid").matches("/a"));
+        assert!(PathPattern::parse("v1").is_err());
+        assert!(PathPattern::parse("/a/*/b").is_err());
+        assert!(PathPattern::parse("/a{b").is_err());
+    }
+}
