@@ -72,6 +72,7 @@ level = "warn"
 [defaults]
 idempotency = $idem
 namespace = "bench"
+principal = { from = "none" }
 EOF
   if ! start "gw-$name" "$BIN" serve --config "$WORK/$name.toml" --listen 127.0.0.1:0; then
     echo "SKIPPED: $label store unavailable" >&2

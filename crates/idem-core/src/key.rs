@@ -189,7 +189,7 @@ pub fn credential_principal(credential: &[u8]) -> String {
     let digest = h.finalize();
     let mut out = String::with_capacity(34);
     out.push_str("h:");
-    out.push_str(&hex(&digest.as_bytes()[..16]));
+    out.push_str(&hex::encode(&digest.as_bytes()[..16]));
     out
 }
 
@@ -235,7 +235,7 @@ impl ScopedKey {
 
     /// The digest as 64 lowercase hex characters.
     pub fn digest_hex(&self) -> String {
-        hex(&self.digest())
+        hex::encode(self.digest())
     }
 }
 
@@ -246,18 +246,6 @@ impl fmt::Display for ScopedKey {
             None => write!(f, "{}/-/{}", self.scope.namespace(), self.key),
         }
     }
-}
-
-pub(crate) fn hex(bytes: &[u8]) -> String {
-    // A table, not `write!("{b:02x}")`: the formatter made this a visible share of a
-    // Redis claim's client CPU.
-    const DIGITS: &[u8; 16] = b"0123456789abcdef";
-    let mut s = String::with_capacity(bytes.len() * 2);
-    for b in bytes {
-        s.push(char::from(DIGITS[usize::from(b >> 4)]));
-        s.push(char::from(DIGITS[usize::from(b & 15)]));
-    }
-    s
 }
 
 #[cfg(test)]

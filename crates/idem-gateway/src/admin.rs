@@ -12,29 +12,35 @@
 //! | `POST /admin/record/resolve?namespace=&principal=&key=` | settles an unknown (or expired processing) record |
 //! | `DELETE /admin/record?namespace=&principal=&key=` | deletes a record |
 //!
-//! `principal` is the stored principal (`h:…` for hashed headers, the claim for JWTs);
-//! `credential` instead hashes a header value the way the data plane does.
+//! `principal` is the stored principal (`h:…` for a header credential, the claim for JWTs);
+//! `credential` instead derives it from a credential with
+//! [`credential_principal`], exactly as the data plane does.
 
 use std::collections::HashMap;
-use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::Bytes;
-use http::{HeaderValue, Method, Request, Response, StatusCode, header};
-use http_body_util::{BodyExt, Limited};
-use hyper::body::Incoming;
+use axum::Router;
+use axum::body::{Body, Bytes};
+use axum::extract::{Query, Request, State};
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use idem_core::key::credential_principal;
 use idem_core::{
     Key, ListFilter, Record, RecordState, Resolution, ResolveOutcome, Scope, ScopedKey, StateKind,
     Store, StoredResponse,
 };
 use metrics_exporter_prometheus::PrometheusHandle;
 use serde_json::{Value, json};
+use subtle::ConstantTimeEq as _;
 
 use crate::app::GatewayStore;
 use crate::config::Dur;
-use crate::principal::hash_credential;
-use crate::proxy::{ResBody, full};
+
+/// Largest resolve body accepted.
+const MAX_RESOLVE_BODY: usize = 4 << 20;
 
 /// What the admin API works on.
 pub struct Admin {
@@ -51,7 +57,7 @@ impl std::fmt::Debug for Admin {
     }
 }
 
-type Answer = Response<ResBody>;
+type Params = Query<HashMap<String, String>>;
 
 impl Admin {
     /// An admin API over `store`, guarded by `token`.
@@ -74,59 +80,24 @@ impl Admin {
         }
     }
 
-    /// Handles one admin request.
-    pub async fn handle(&self, req: Request<Incoming>) -> Answer {
-        let path = req.uri().path().to_owned();
-        let method = req.method().clone();
-        match (&method, path.as_str()) {
-            (&Method::GET, "/healthz") => return text(StatusCode::OK, "ok\n"),
-            (&Method::GET, "/readyz") => return self.ready().await,
-            _ => {}
-        }
-        if !self.authorized(req.headers()) {
-            let mut res = error(
-                StatusCode::UNAUTHORIZED,
-                "a valid `Authorization: Bearer <token>` header is required",
-            );
-            res.headers_mut().insert(
-                header::WWW_AUTHENTICATE,
-                HeaderValue::from_static("Bearer realm=\"idem-admin\""),
-            );
-            return res;
-        }
-        let query = parse_query(req.uri().query().unwrap_or(""));
-        match (&method, path.as_str()) {
-            (&Method::GET, "/metrics") => match &self.metrics {
-                Some(h) => {
-                    let mut res = text(StatusCode::OK, &h.render());
-                    res.headers_mut().insert(
-                        header::CONTENT_TYPE,
-                        HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
-                    );
-                    res
-                }
-                None => error(StatusCode::NOT_FOUND, "metrics are not enabled"),
-            },
-            (&Method::GET, "/admin/records") => self.list(&query).await,
-            (&Method::GET, "/admin/record") => self.get(&query).await,
-            (&Method::DELETE, "/admin/record") => self.delete(&query).await,
-            (&Method::POST, "/admin/record/resolve") => {
-                let body = match Limited::new(req.into_body(), 4 << 20).collect().await {
-                    Ok(c) => c.to_bytes(),
-                    Err(_) => {
-                        return error(StatusCode::PAYLOAD_TOO_LARGE, "body larger than 4 MiB");
-                    }
-                };
-                self.resolve(&query, &body).await
-            }
-            _ => error(
-                StatusCode::NOT_FOUND,
-                "no such admin endpoint; see docs/gateway.md",
-            ),
-        }
+    /// The admin API as a router: health and readiness open, everything else behind the
+    /// bearer token (an unknown path without the token answers 401, not 404).
+    pub fn router(self: Arc<Self>) -> Router {
+        let guarded = Router::new()
+            .route("/metrics", get(metrics))
+            .route("/admin/records", get(list))
+            .route("/admin/record", get(get_record).delete(delete))
+            .route("/admin/record/resolve", post(resolve))
+            .fallback(not_found)
+            .layer(middleware::from_fn_with_state(Arc::clone(&self), authorize));
+        Router::new()
+            .route("/healthz", get(|| async { text(StatusCode::OK, "ok\n") }))
+            .route("/readyz", get(ready))
+            .merge(guarded)
+            .with_state(self)
     }
 
-    fn authorized(&self, headers: &http::HeaderMap) -> bool {
+    fn authorized(&self, headers: &axum::http::HeaderMap) -> bool {
         let Some(value) = headers
             .get(header::AUTHORIZATION)
             .and_then(|v| v.to_str().ok())
@@ -137,118 +108,13 @@ impl Admin {
             return false;
         };
         scheme.eq_ignore_ascii_case("bearer")
-            && constant_time_eq(token.trim().as_bytes(), self.token.as_bytes())
-    }
-
-    async fn ready(&self) -> Answer {
-        match tokio::time::timeout(self.store_timeout, self.store.get(&self.probe)).await {
-            Ok(Ok(_)) => text(StatusCode::OK, "ready\n"),
-            Ok(Err(e)) => text(
-                StatusCode::SERVICE_UNAVAILABLE,
-                &format!("store unavailable: {e}\n"),
-            ),
-            Err(_) => text(StatusCode::SERVICE_UNAVAILABLE, "store timed out\n"),
-        }
-    }
-
-    async fn list(&self, q: &HashMap<String, String>) -> Answer {
-        let state = match q.get("state").map(String::as_str) {
-            None | Some("") | Some("any") => None,
-            Some("processing") => Some(StateKind::Processing),
-            Some("completed") => Some(StateKind::Completed),
-            Some("unknown") => Some(StateKind::Unknown),
-            Some(other) => {
-                return error(
-                    StatusCode::BAD_REQUEST,
-                    &format!("state `{other}` is not processing, completed or unknown"),
-                );
-            }
-        };
-        let older_than = match q.get("older_than").map(|s| Dur::parse(s)) {
-            None => None,
-            Some(Ok(d)) => Some(d.0),
-            Some(Err(e)) => return error(StatusCode::BAD_REQUEST, &e),
-        };
-        let limit = match q.get("limit").map(|s| s.parse::<usize>()) {
-            None => 100,
-            Some(Ok(n)) => n,
-            Some(Err(_)) => return error(StatusCode::BAD_REQUEST, "limit must be a number"),
-        };
-        let principal = match principal_param(q) {
-            Ok(p) => p,
-            Err(e) => return error(StatusCode::BAD_REQUEST, &e),
-        };
-        let filter = ListFilter {
-            namespace: q.get("namespace").cloned(),
-            principal,
-            state,
-            older_than,
-            limit,
-        };
-        match self.timed(self.store.list(&filter)).await {
-            Ok(records) => {
-                let items: Vec<Value> = records.iter().map(record_json).collect();
-                json_answer(
-                    StatusCode::OK,
-                    &json!({"count": items.len(), "records": items}),
-                )
-            }
-            Err(res) => res,
-        }
-    }
-
-    async fn get(&self, q: &HashMap<String, String>) -> Answer {
-        let key = match scoped_key(q) {
-            Ok(k) => k,
-            Err(e) => return error(StatusCode::BAD_REQUEST, &e),
-        };
-        match self.timed(self.store.get(&key)).await {
-            Ok(Some(record)) => json_answer(StatusCode::OK, &record_json(&record)),
-            Ok(None) => error(StatusCode::NOT_FOUND, "no such record"),
-            Err(res) => res,
-        }
-    }
-
-    async fn delete(&self, q: &HashMap<String, String>) -> Answer {
-        let key = match scoped_key(q) {
-            Ok(k) => k,
-            Err(e) => return error(StatusCode::BAD_REQUEST, &e),
-        };
-        match self.timed(self.store.delete(&key)).await {
-            Ok(true) => json_answer(StatusCode::OK, &json!({"deleted": true})),
-            Ok(false) => error(StatusCode::NOT_FOUND, "no such record"),
-            Err(res) => res,
-        }
-    }
-
-    async fn resolve(&self, q: &HashMap<String, String>, body: &Bytes) -> Answer {
-        let key = match scoped_key(q) {
-            Ok(k) => k,
-            Err(e) => return error(StatusCode::BAD_REQUEST, &e),
-        };
-        let resolution = match resolution(body) {
-            Ok(r) => r,
-            Err(e) => return error(StatusCode::BAD_REQUEST, &e),
-        };
-        match self.timed(self.store.resolve(&key, &resolution)).await {
-            Ok(ResolveOutcome::Resolved) => json_answer(StatusCode::OK, &json!({"resolved": true})),
-            Ok(ResolveOutcome::NotFound) => error(StatusCode::NOT_FOUND, "no such record"),
-            Ok(ResolveOutcome::NotResolvable { state }) => error(
-                StatusCode::CONFLICT,
-                &format!(
-                    "the record is {} and cannot be resolved (only unknown records, or processing ones whose lease expired)",
-                    state.as_str()
-                ),
-            ),
-            Ok(_) => error(StatusCode::CONFLICT, "not resolvable"),
-            Err(res) => res,
-        }
+            && bool::from(token.trim().as_bytes().ct_eq(self.token.as_bytes()))
     }
 
     async fn timed<T>(
         &self,
         fut: impl Future<Output = Result<T, idem_core::StoreError>>,
-    ) -> Result<T, Answer> {
+    ) -> Result<T, Response> {
         match tokio::time::timeout(self.store_timeout * 5, fut).await {
             Ok(Ok(v)) => Ok(v),
             Ok(Err(e)) => Err(error(
@@ -260,12 +126,156 @@ impl Admin {
     }
 }
 
+async fn authorize(State(admin): State<Arc<Admin>>, req: Request, next: Next) -> Response {
+    if admin.authorized(req.headers()) {
+        return next.run(req).await;
+    }
+    let mut res = error(
+        StatusCode::UNAUTHORIZED,
+        "a valid `Authorization: Bearer <token>` header is required",
+    );
+    res.headers_mut().insert(
+        header::WWW_AUTHENTICATE,
+        HeaderValue::from_static("Bearer realm=\"idem-admin\""),
+    );
+    res
+}
+
+async fn not_found() -> Response {
+    error(
+        StatusCode::NOT_FOUND,
+        "no such admin endpoint; see docs/gateway.md",
+    )
+}
+
+async fn ready(State(admin): State<Arc<Admin>>) -> Response {
+    match tokio::time::timeout(admin.store_timeout, admin.store.get(&admin.probe)).await {
+        Ok(Ok(_)) => text(StatusCode::OK, "ready\n"),
+        Ok(Err(e)) => text(
+            StatusCode::SERVICE_UNAVAILABLE,
+            &format!("store unavailable: {e}\n"),
+        ),
+        Err(_) => text(StatusCode::SERVICE_UNAVAILABLE, "store timed out\n"),
+    }
+}
+
+async fn metrics(State(admin): State<Arc<Admin>>) -> Response {
+    match &admin.metrics {
+        Some(h) => {
+            let mut res = text(StatusCode::OK, &h.render());
+            res.headers_mut().insert(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
+            );
+            res
+        }
+        None => error(StatusCode::NOT_FOUND, "metrics are not enabled"),
+    }
+}
+
+async fn list(State(admin): State<Arc<Admin>>, Query(q): Params) -> Response {
+    let state = match q.get("state").map(String::as_str) {
+        None | Some("" | "any") => None,
+        Some("processing") => Some(StateKind::Processing),
+        Some("completed") => Some(StateKind::Completed),
+        Some("unknown") => Some(StateKind::Unknown),
+        Some(other) => {
+            return error(
+                StatusCode::BAD_REQUEST,
+                &format!("state `{other}` is not processing, completed or unknown"),
+            );
+        }
+    };
+    let older_than = match q.get("older_than").map(|s| Dur::parse(s)) {
+        None => None,
+        Some(Ok(d)) => Some(d.0),
+        Some(Err(e)) => return error(StatusCode::BAD_REQUEST, &e),
+    };
+    let limit = match q.get("limit").map(|s| s.parse::<usize>()) {
+        None => 100,
+        Some(Ok(n)) => n,
+        Some(Err(_)) => return error(StatusCode::BAD_REQUEST, "limit must be a number"),
+    };
+    let principal = match principal_param(&q) {
+        Ok(p) => p,
+        Err(e) => return error(StatusCode::BAD_REQUEST, &e),
+    };
+    let filter = ListFilter {
+        namespace: q.get("namespace").cloned(),
+        principal,
+        state,
+        older_than,
+        limit,
+    };
+    match admin.timed(admin.store.list(&filter)).await {
+        Ok(records) => {
+            let items: Vec<Value> = records.iter().map(record_json).collect();
+            json_answer(
+                StatusCode::OK,
+                &json!({"count": items.len(), "records": items}),
+            )
+        }
+        Err(res) => res,
+    }
+}
+
+async fn get_record(State(admin): State<Arc<Admin>>, Query(q): Params) -> Response {
+    let key = match scoped_key(&q) {
+        Ok(k) => k,
+        Err(e) => return error(StatusCode::BAD_REQUEST, &e),
+    };
+    match admin.timed(admin.store.get(&key)).await {
+        Ok(Some(record)) => json_answer(StatusCode::OK, &record_json(&record)),
+        Ok(None) => error(StatusCode::NOT_FOUND, "no such record"),
+        Err(res) => res,
+    }
+}
+
+async fn delete(State(admin): State<Arc<Admin>>, Query(q): Params) -> Response {
+    let key = match scoped_key(&q) {
+        Ok(k) => k,
+        Err(e) => return error(StatusCode::BAD_REQUEST, &e),
+    };
+    match admin.timed(admin.store.delete(&key)).await {
+        Ok(true) => json_answer(StatusCode::OK, &json!({"deleted": true})),
+        Ok(false) => error(StatusCode::NOT_FOUND, "no such record"),
+        Err(res) => res,
+    }
+}
+
+async fn resolve(State(admin): State<Arc<Admin>>, Query(q): Params, body: Body) -> Response {
+    let Ok(body) = axum::body::to_bytes(body, MAX_RESOLVE_BODY).await else {
+        return error(StatusCode::PAYLOAD_TOO_LARGE, "body larger than 4 MiB");
+    };
+    let key = match scoped_key(&q) {
+        Ok(k) => k,
+        Err(e) => return error(StatusCode::BAD_REQUEST, &e),
+    };
+    let resolution = match resolution(&body) {
+        Ok(r) => r,
+        Err(e) => return error(StatusCode::BAD_REQUEST, &e),
+    };
+    match admin.timed(admin.store.resolve(&key, &resolution)).await {
+        Ok(ResolveOutcome::Resolved) => json_answer(StatusCode::OK, &json!({"resolved": true})),
+        Ok(ResolveOutcome::NotFound) => error(StatusCode::NOT_FOUND, "no such record"),
+        Ok(ResolveOutcome::NotResolvable { state }) => error(
+            StatusCode::CONFLICT,
+            &format!(
+                "the record is {} and cannot be resolved (only unknown records, or processing ones whose lease expired)",
+                state.as_str()
+            ),
+        ),
+        Ok(_) => error(StatusCode::CONFLICT, "not resolvable"),
+        Err(res) => res,
+    }
+}
+
 fn principal_param(q: &HashMap<String, String>) -> Result<Option<String>, String> {
     match (q.get("principal"), q.get("credential")) {
         (Some(_), Some(_)) => Err("give `principal` or `credential`, not both".into()),
         (Some(p), None) if p.is_empty() || p == "-" => Ok(None),
         (Some(p), None) => Ok(Some(p.clone())),
-        (None, Some(c)) => Ok(Some(hash_credential(c.as_bytes()))),
+        (None, Some(c)) => Ok(Some(credential_principal(c.as_bytes()))),
         (None, None) => Ok(None),
     }
 }
@@ -360,14 +370,7 @@ fn record_json(r: &Record) -> Value {
             let mut resp = json!({"status": response.status, "headers": headers, "body_omitted": response.body_omitted});
             match std::str::from_utf8(&response.body) {
                 Ok(text) => resp["body"] = text.into(),
-                Err(_) => {
-                    resp["body_hex"] = response
-                        .body
-                        .iter()
-                        .map(|b| format!("{b:02x}"))
-                        .collect::<String>()
-                        .into()
-                }
+                Err(_) => resp["body_hex"] = hex::encode(&response.body).into(),
             }
             v["response"] = resp;
         }
@@ -380,53 +383,8 @@ fn record_json(r: &Record) -> Value {
     v
 }
 
-/// Decodes `a=b&c=d` with percent-escapes and `+` as space.
-fn parse_query(q: &str) -> HashMap<String, String> {
-    q.split('&')
-        .filter(|kv| !kv.is_empty())
-        .map(|kv| {
-            let (k, v) = kv.split_once('=').unwrap_or((kv, ""));
-            (percent_decode(k), percent_decode(v))
-        })
-        .collect()
-}
-
-fn percent_decode(s: &str) -> String {
-    let bytes = s.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        match bytes[i] {
-            b'+' => out.push(b' '),
-            b'%' if i + 2 < bytes.len() => {
-                let hex = std::str::from_utf8(&bytes[i + 1..i + 3])
-                    .ok()
-                    .and_then(|h| u8::from_str_radix(h, 16).ok());
-                match hex {
-                    Some(b) => {
-                        out.push(b);
-                        i += 2;
-                    }
-                    None => out.push(b'%'),
-                }
-            }
-            b => out.push(b),
-        }
-        i += 1;
-    }
-    String::from_utf8_lossy(&out).into_owned()
-}
-
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    if a.len() != b.len() {
-        return false;
-    }
-    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
-}
-
-fn text(status: StatusCode, body: &str) -> Answer {
-    let mut res = Response::new(full(body.to_owned()));
-    *res.status_mut() = status;
+fn text(status: StatusCode, body: &str) -> Response {
+    let mut res = (status, body.to_owned()).into_response();
     res.headers_mut().insert(
         header::CONTENT_TYPE,
         HeaderValue::from_static("text/plain; charset=utf-8"),
@@ -434,9 +392,8 @@ fn text(status: StatusCode, body: &str) -> Answer {
     res
 }
 
-fn json_answer(status: StatusCode, body: &Value) -> Answer {
-    let mut res = Response::new(full(body.to_string()));
-    *res.status_mut() = status;
+fn json_answer(status: StatusCode, body: &Value) -> Response {
+    let mut res = (status, Bytes::from(body.to_string())).into_response();
     res.headers_mut().insert(
         header::CONTENT_TYPE,
         HeaderValue::from_static("application/json"),
@@ -444,34 +401,13 @@ fn json_answer(status: StatusCode, body: &Value) -> Answer {
     res
 }
 
-fn error(status: StatusCode, detail: &str) -> Answer {
+fn error(status: StatusCode, detail: &str) -> Response {
     json_answer(status, &json!({"error": detail, "status": status.as_u16()}))
-}
-
-/// Answers every request with `admin`, for hyper.
-pub fn service(
-    admin: Arc<Admin>,
-) -> impl hyper::service::Service<Request<Incoming>, Response = Answer, Error = Infallible, Future: Send>
-+ Clone {
-    hyper::service::service_fn(move |req| {
-        let admin = Arc::clone(&admin);
-        async move { Ok::<_, Infallible>(admin.handle(req).await) }
-    })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn queries_decode() {
-        let q =
-            parse_query("namespace=pay.charge&key=order%2F42+x&principal=h%3Aab&bad=%zz&end=%4");
-        assert_eq!(q["key"], "order/42 x");
-        assert_eq!(q["principal"], "h:ab");
-        assert_eq!(q["bad"], "%zz");
-        assert_eq!(q["end"], "%4");
-    }
 
     #[test]
     fn resolutions_parse() {
@@ -489,12 +425,5 @@ mod tests {
         assert!(resolution(br#"{"outcome":"complete"}"#).is_err());
         assert!(resolution(br#"{"outcome":"maybe"}"#).is_err());
         assert!(resolution(b"garbage").is_err());
-    }
-
-    #[test]
-    fn tokens_compare_exactly() {
-        assert!(constant_time_eq(b"abc", b"abc"));
-        assert!(!constant_time_eq(b"abc", b"abd"));
-        assert!(!constant_time_eq(b"abc", b"abcd"));
     }
 }

@@ -5,11 +5,13 @@
 
 pub mod admin;
 pub mod app;
+pub mod claims;
 pub mod config;
 pub mod demo;
 pub mod matcher;
 pub mod metrics;
 pub mod principal;
+pub mod protect;
 pub mod proxy;
 pub mod server;
 pub mod store;

@@ -105,7 +105,18 @@ impl ServeArgs {
     }
 
     fn settings(&self, demo: bool) -> anyhow::Result<(Settings, config::Sources)> {
-        let (raw, sources) = config::load(self.config.as_deref(), &self.overrides(demo))?;
+        let (mut raw, sources) = config::load(self.config.as_deref(), &self.overrides(demo))?;
+        if demo {
+            // The demo upstream is one tenant's charge endpoint: keys are not scoped by caller
+            // unless the configuration says otherwise.
+            let defaults = raw.defaults.get_or_insert_with(Default::default);
+            defaults
+                .principal
+                .get_or_insert_with(|| config::RawPrincipal {
+                    from: Some("none".into()),
+                    ..Default::default()
+                });
+        }
         let settings = config::compile(&raw)?;
         store::available(&settings.store).context("`store`")?;
         Ok((settings, sources))

@@ -1,21 +1,17 @@
-//! Prometheus metrics, a store wrapper that measures every store call and tracks the claims
-//! this process holds (so shutdown can settle them), and the per-request outcome counters.
+//! Prometheus metrics: the recorder, a store wrapper that measures every store call, and the
+//! per-request counters fed by each answer's [`Outcome`].
 
-use std::collections::HashMap;
 use std::future::Future;
-use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use http::{HeaderMap, StatusCode};
 use idem_core::{
-    ClaimOutcome, ClaimRequest, ListFilter, OwnerId, Record, ReleaseKind, RenewOutcome, Resolution,
-    ResolveOutcome, ScopedKey, SettleOutcome, Store, StoreError, StoredResponse, TakeoverPolicy,
+    ClaimOutcome, ClaimRequest, ListFilter, Outcome, OwnerId, Record, Refusal, ReleaseKind,
+    RenewOutcome, Resolution, ResolveOutcome, ScopedKey, SettleOutcome, Store, StoreError,
+    StoredResponse,
 };
 use metrics::{Counter, Histogram};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
-use parking_lot::Mutex;
-use tokio::sync::Notify;
 
 /// Installs the global Prometheus recorder and returns the handle that renders it.
 ///
@@ -92,64 +88,17 @@ struct Handles {
     fenced: Counter,
 }
 
-/// A claim this process holds: enough to settle it at shutdown.
-#[derive(Clone, Debug)]
-struct Held {
-    key: ScopedKey,
-    takeover: TakeoverPolicy,
-}
-
-struct Claims {
-    held: Mutex<HashMap<(OwnerId, u64), Held, BuildHasherDefault<ClaimIdHasher>>>,
-    empty: Notify,
-}
-
-/// Hashes the gateway's own claim ids (random owner ids and fences, never client input),
-/// so the default SipHash, built to resist chosen keys, is not needed on every claim and
-/// settle: a multiply-rotate mix of the words.
-#[derive(Debug, Default, Clone, Copy)]
-struct ClaimIdHasher(u64);
-
-impl ClaimIdHasher {
-    const K: u64 = 0x517c_c1b7_2722_0a95;
-}
-
-impl Hasher for ClaimIdHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.write_u64(u64::from(b));
-        }
-    }
-
-    fn write_u64(&mut self, n: u64) {
-        self.0 = (self.0.rotate_left(5) ^ n).wrapping_mul(Self::K);
-    }
-
-    fn write_u128(&mut self, n: u128) {
-        // Truncations on purpose: the two halves.
-        self.write_u64(n as u64);
-        self.write_u64((n >> 64) as u64);
-    }
-}
-
-/// Wraps a store: measures latency and errors per operation, counts takeovers and fenced
-/// results, and remembers the claims this process holds.
+/// Wraps a store: measures latency and errors per operation, and counts takeovers and
+/// fenced results.
 #[derive(Clone)]
 pub struct MeteredStore<S> {
     inner: S,
     handles: Arc<Handles>,
-    claims: Arc<Claims>,
 }
 
 impl<S> std::fmt::Debug for MeteredStore<S> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("MeteredStore")
-            .field("held", &self.claims.held.lock().len())
-            .finish_non_exhaustive()
+        f.debug_struct("MeteredStore").finish_non_exhaustive()
     }
 }
 
@@ -171,72 +120,12 @@ impl<S: Store> MeteredStore<S> {
         Self {
             inner,
             handles: Arc::new(handles),
-            // Sized for the usual number in flight: a table this small (the default) filled
-            // up with tombstones and rehashed on nearly every claim.
-            claims: Arc::new(Claims {
-                held: Mutex::new(HashMap::with_capacity_and_hasher(
-                    256,
-                    BuildHasherDefault::default(),
-                )),
-                empty: Notify::new(),
-            }),
         }
     }
 
     /// The wrapped store.
     pub fn inner(&self) -> &S {
         &self.inner
-    }
-
-    /// Claims this process holds and has not settled yet.
-    pub fn held(&self) -> usize {
-        self.claims.held.lock().len()
-    }
-
-    /// Waits until every held claim is settled, or `deadline` passes; returns how many remain.
-    pub async fn wait_settled(&self, deadline: tokio::time::Instant) -> usize {
-        loop {
-            let notified = self.claims.empty.notified();
-            tokio::pin!(notified);
-            // Registered before the check, so a settle in between is not missed.
-            notified.as_mut().enable();
-            let held = self.held();
-            if held == 0 {
-                return 0;
-            }
-            if tokio::time::timeout_at(deadline, notified).await.is_err() {
-                return self.held();
-            }
-        }
-    }
-
-    /// Releases every claim still held, as an interrupted run would be released: unknown
-    /// under `hold`, retryable under `reexecute`. Returns how many were settled.
-    pub async fn release_all(&self, timeout: Duration) -> usize {
-        let held: Vec<((OwnerId, u64), Held)> = self.claims.held.lock().drain().collect();
-        let mut settled = 0;
-        for ((owner, fence), h) in held {
-            let kind = match h.takeover {
-                TakeoverPolicy::Hold => ReleaseKind::Unknown,
-                _ => ReleaseKind::Retryable,
-            };
-            match tokio::time::timeout(timeout, self.inner.release(&h.key, owner, fence, kind))
-                .await
-            {
-                Ok(Ok(_)) => {
-                    settled += 1;
-                    tracing::warn!(key = %h.key, fence, ?kind, "shutdown: released a claim still in flight");
-                }
-                Ok(Err(e)) => {
-                    tracing::error!(key = %h.key, error = %e, "shutdown: release failed; the lease will expire")
-                }
-                Err(_) => {
-                    tracing::error!(key = %h.key, "shutdown: release timed out; the lease will expire")
-                }
-            }
-        }
-        self.claims.empty.notify_waiters();
-        settled
     }
 
     async fn measure<T>(
@@ -254,17 +143,9 @@ impl<S: Store> MeteredStore<S> {
         result
     }
 
-    fn settled(&self, owner: OwnerId, fence: u64, outcome: &Result<SettleOutcome, StoreError>) {
-        match outcome {
-            Ok(SettleOutcome::Fenced) => self.handles.fenced.increment(1),
-            Ok(_) => {}
-            // Still held: the engine may retry, or the lease runs out.
-            Err(_) => return,
-        }
-        let mut held = self.claims.held.lock();
-        held.remove(&(owner, fence));
-        if held.is_empty() {
-            self.claims.empty.notify_waiters();
+    fn settled(&self, outcome: &Result<SettleOutcome, StoreError>) {
+        if matches!(outcome, Ok(SettleOutcome::Fenced)) {
+            self.handles.fenced.increment(1);
         }
     }
 }
@@ -272,17 +153,8 @@ impl<S: Store> MeteredStore<S> {
 impl<S: Store> Store for MeteredStore<S> {
     async fn claim(&self, req: &ClaimRequest) -> Result<ClaimOutcome, StoreError> {
         let outcome = self.measure(Op::Claim, self.inner.claim(req)).await?;
-        if let ClaimOutcome::Claimed { lease, takeover } = &outcome {
-            if *takeover {
-                self.handles.takeovers.increment(1);
-            }
-            self.claims.held.lock().insert(
-                (lease.owner, lease.fence),
-                Held {
-                    key: req.key.clone(),
-                    takeover: req.takeover,
-                },
-            );
+        if let ClaimOutcome::Claimed { takeover: true, .. } = &outcome {
+            self.handles.takeovers.increment(1);
         }
         Ok(outcome)
     }
@@ -312,7 +184,7 @@ impl<S: Store> Store for MeteredStore<S> {
                 self.inner.complete(key, owner, fence, response, ttl),
             )
             .await;
-        self.settled(owner, fence, &outcome);
+        self.settled(&outcome);
         outcome
     }
 
@@ -326,7 +198,7 @@ impl<S: Store> Store for MeteredStore<S> {
         let outcome = self
             .measure(Op::Release, self.inner.release(key, owner, fence, kind))
             .await;
-        self.settled(owner, fence, &outcome);
+        self.settled(&outcome);
         outcome
     }
 
@@ -352,84 +224,47 @@ impl<S: Store> Store for MeteredStore<S> {
     }
 }
 
-/// What became of one request, for `idem_requests_total{outcome}` and the logs.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum RequestOutcome {
-    /// Not protected (safe method, unmatched route, idempotency off, or no key where optional).
-    Passthrough,
-    /// Claimed and sent upstream.
-    Executed,
-    /// A stored response was replayed.
-    Replayed,
-    /// Refused: the same key is in flight (409).
-    InFlight,
-    /// Refused: the earlier outcome is unknown (409).
-    Unknown,
-    /// Refused: same key, different request (422).
-    Mismatch,
-    /// Refused: key missing, malformed or doubled (400).
-    KeyError,
-    /// Refused: principal missing or invalid (401).
-    Unauthenticated,
-    /// Refused: the store failed (503).
-    StoreUnavailable,
-    /// The upstream failed (502, 503, 504 made by the gateway).
-    UpstreamFailed,
-    /// Any other answer made by the gateway itself.
-    Refused,
+/// The label values of `idem_requests_total{outcome}`, in [`outcome_index`] order.
+const OUTCOMES: [&str; 9] = [
+    "executed",
+    "replayed",
+    "in_flight",
+    "unknown",
+    "mismatch",
+    "refused",
+    "store_unavailable",
+    "fenced",
+    "passthrough",
+];
+
+/// The label values of `idem_refusals_total{reason}`, in [`refusal_index`] order.
+const REFUSALS: [&str; 9] = [
+    "key_missing",
+    "key_malformed",
+    "key_multiple",
+    "unauthenticated",
+    "body_too_large",
+    "body_unreadable",
+    "response_not_stored",
+    "no_route",
+    "bad_target",
+];
+
+fn outcome_index(o: Outcome) -> Option<usize> {
+    OUTCOMES.iter().position(|l| *l == o.as_str())
 }
 
-impl RequestOutcome {
-    /// The label value.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Passthrough => "passthrough",
-            Self::Executed => "executed",
-            Self::Replayed => "replayed",
-            Self::InFlight => "in_flight",
-            Self::Unknown => "unknown",
-            Self::Mismatch => "mismatch",
-            Self::KeyError => "key_error",
-            Self::Unauthenticated => "unauthenticated",
-            Self::StoreUnavailable => "store_unavailable",
-            Self::UpstreamFailed => "upstream_failed",
-            Self::Refused => "refused",
-        }
-    }
-
-    /// Counts this outcome (looks the counters up in the recorder on every call; the data
-    /// plane uses [`OutcomeCounters`], which looks them up once).
-    pub fn record(self) {
-        metrics::counter!("idem_requests_total", "outcome" => self.as_str()).increment(1);
-        match self {
-            Self::Replayed => metrics::counter!("idem_replays_total").increment(1),
-            Self::InFlight => metrics::counter!("idem_conflicts_total").increment(1),
-            Self::Mismatch => metrics::counter!("idem_mismatches_total").increment(1),
-            _ => {}
-        }
-    }
-
-    const ALL: [Self; 11] = [
-        Self::Passthrough,
-        Self::Executed,
-        Self::Replayed,
-        Self::InFlight,
-        Self::Unknown,
-        Self::Mismatch,
-        Self::KeyError,
-        Self::Unauthenticated,
-        Self::StoreUnavailable,
-        Self::UpstreamFailed,
-        Self::Refused,
-    ];
+fn refusal_index(r: Refusal) -> Option<usize> {
+    REFUSALS.iter().position(|l| *l == r.as_str())
 }
 
-/// The per-outcome request counters, looked up in the recorder once. Registering a labelled
-/// counter on every request (key allocation, registry lookup) showed up in the gateway's
-/// profile; incrementing a held handle is one atomic add.
+/// The per-outcome request counters, looked up in the recorder once: incrementing a held
+/// handle is one atomic add, where registering a labelled counter per request would look
+/// it up in the registry every time.
 #[derive(Clone)]
 pub struct OutcomeCounters {
     requests: Vec<Counter>,
+    refusals: Vec<Counter>,
     replays: Counter,
     conflicts: Counter,
     mismatches: Counter,
@@ -451,9 +286,13 @@ impl OutcomeCounters {
     /// Handles from whichever recorder is installed now (none: they are dropped).
     pub fn new() -> Self {
         Self {
-            requests: RequestOutcome::ALL
+            requests: OUTCOMES
                 .iter()
-                .map(|o| metrics::counter!("idem_requests_total", "outcome" => o.as_str()))
+                .map(|o| metrics::counter!("idem_requests_total", "outcome" => *o))
+                .collect(),
+            refusals: REFUSALS
+                .iter()
+                .map(|r| metrics::counter!("idem_refusals_total", "reason" => *r))
                 .collect(),
             replays: metrics::counter!("idem_replays_total"),
             conflicts: metrics::counter!("idem_conflicts_total"),
@@ -461,186 +300,59 @@ impl OutcomeCounters {
         }
     }
 
-    /// Counts `outcome`, as [`RequestOutcome::record`] does.
-    pub fn record(&self, outcome: RequestOutcome) {
-        if let Some(c) = self.requests.get(outcome as usize) {
+    /// Counts one request's outcome.
+    pub fn record(&self, outcome: Outcome) {
+        if let Some(c) = outcome_index(outcome).and_then(|i| self.requests.get(i)) {
             c.increment(1);
         }
         match outcome {
-            RequestOutcome::Replayed => self.replays.increment(1),
-            RequestOutcome::InFlight => self.conflicts.increment(1),
-            RequestOutcome::Mismatch => self.mismatches.increment(1),
+            Outcome::Replayed => self.replays.increment(1),
+            Outcome::InFlight => self.conflicts.increment(1),
+            Outcome::Mismatch => self.mismatches.increment(1),
+            Outcome::Refused(why) => {
+                if let Some(c) = refusal_index(why).and_then(|i| self.refusals.get(i)) {
+                    c.increment(1);
+                }
+            }
             _ => {}
         }
     }
 }
 
-/// Header the gateway sets on its own problem answers, naming the problem (internal only;
-/// removed before the response leaves).
-pub const PROBLEM_SLUG: http::HeaderName = http::HeaderName::from_static("x-idem-problem");
-
-/// Classifies a protected route's answer from its status and headers. `slug` is the problem
-/// type's last segment when the answer is a problem made by the gateway or the layer.
-pub fn classify(status: StatusCode, headers: &HeaderMap, slug: Option<&str>) -> RequestOutcome {
-    if headers
-        .get("idempotent-replayed")
-        .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"true"))
-    {
-        return RequestOutcome::Replayed;
-    }
-    match slug {
-        None => RequestOutcome::Executed,
-        Some("in-flight") => RequestOutcome::InFlight,
-        Some("outcome-unknown") => RequestOutcome::Unknown,
-        Some("key-reused") => RequestOutcome::Mismatch,
-        Some(s) if s.starts_with("key-") => RequestOutcome::KeyError,
-        Some("unauthenticated") => RequestOutcome::Unauthenticated,
-        Some("store-unavailable") | Some("lease-lost") => RequestOutcome::StoreUnavailable,
-        Some(s) if s.starts_with("upstream-") => RequestOutcome::UpstreamFailed,
-        Some(_) if status.is_success() => RequestOutcome::Executed,
-        Some(_) => RequestOutcome::Refused,
-    }
-}
-
 #[cfg(test)]
 mod tests {
-    use idem_core::{Fingerprint, Key, MemoryStore, Scope};
+    use idem_core::{Kept, ReleaseKind};
 
     use super::*;
 
     #[test]
-    fn outcome_handles_line_up_with_the_outcomes() {
-        for (i, o) in RequestOutcome::ALL.iter().enumerate() {
-            assert_eq!(*o as usize, i, "{}", o.as_str());
+    fn every_outcome_and_refusal_has_its_counter() {
+        for o in [
+            Outcome::Executed(Kept::Stored),
+            Outcome::Executed(Kept::Released(ReleaseKind::Unknown)),
+            Outcome::Replayed,
+            Outcome::InFlight,
+            Outcome::Unknown,
+            Outcome::Mismatch,
+            Outcome::Refused(Refusal::KeyMissing),
+            Outcome::StoreUnavailable,
+            Outcome::Fenced,
+            Outcome::Passthrough,
+        ] {
+            assert!(outcome_index(o).is_some(), "{o}");
         }
-        // Every outcome has its own handle (no index falls off the end).
-        assert_eq!(
-            OutcomeCounters::new().requests.len(),
-            RequestOutcome::ALL.len()
-        );
-    }
-
-    fn req(key: &str, takeover: TakeoverPolicy) -> ClaimRequest {
-        ClaimRequest {
-            key: ScopedKey::new(Scope::new("ns").expect("ns"), Key::new(key).expect("key")),
-            fingerprint: Fingerprint::of_bytes(1, b"x"),
-            owner: OwnerId::random(),
-            lease: Duration::from_secs(30),
-            ttl: Duration::from_secs(60),
-            takeover,
-            request_id: None,
+        for r in [
+            Refusal::KeyMissing,
+            Refusal::KeyMalformed,
+            Refusal::KeyMultiple,
+            Refusal::Unauthenticated,
+            Refusal::BodyTooLarge,
+            Refusal::BodyUnreadable,
+            Refusal::ResponseNotStored,
+            Refusal::NoRoute,
+            Refusal::BadTarget,
+        ] {
+            assert!(refusal_index(r).is_some(), "{r:?}");
         }
-    }
-
-    #[tokio::test]
-    async fn held_claims_are_tracked_and_released_at_shutdown() {
-        let store = MeteredStore::new(MemoryStore::new(100));
-        let a = req("a", TakeoverPolicy::Hold);
-        let b = req("b", TakeoverPolicy::Reexecute);
-        let ClaimOutcome::Claimed { lease, .. } = store.claim(&a).await.expect("claim") else {
-            panic!("not claimed")
-        };
-        store.claim(&b).await.expect("claim");
-        assert_eq!(store.held(), 2);
-        store
-            .complete(
-                &a.key,
-                lease.owner,
-                lease.fence,
-                &StoredResponse::new(200, "ok"),
-                a.ttl,
-            )
-            .await
-            .expect("complete");
-        assert_eq!(store.held(), 1);
-        assert_eq!(store.release_all(Duration::from_secs(1)).await, 1);
-        assert_eq!(store.held(), 0);
-        // Released as retryable (reexecute): the key can be claimed again at once.
-        assert!(matches!(
-            store
-                .claim(&req("b", TakeoverPolicy::Reexecute))
-                .await
-                .expect("claim"),
-            ClaimOutcome::Claimed { .. }
-        ));
-        // A held-policy claim released at shutdown becomes unknown.
-        let c = req("c", TakeoverPolicy::Hold);
-        store.claim(&c).await.expect("claim");
-        store.release_all(Duration::from_secs(1)).await;
-        assert_eq!(
-            store
-                .claim(&req("c", TakeoverPolicy::Hold))
-                .await
-                .expect("claim"),
-            ClaimOutcome::Unknown
-        );
-        // Waiting ends when the last held claim settles.
-        let d = req("d", TakeoverPolicy::Reexecute);
-        let ClaimOutcome::Claimed { lease, .. } = store.claim(&d).await.expect("claim") else {
-            panic!("not claimed")
-        };
-        let deadline = tokio::time::Instant::now() + Duration::from_millis(10);
-        assert_eq!(store.wait_settled(deadline).await, 1, "d is still held");
-        let waiter = {
-            let store = store.clone();
-            tokio::spawn(async move {
-                store
-                    .wait_settled(tokio::time::Instant::now() + Duration::from_secs(10))
-                    .await
-            })
-        };
-        store
-            .complete(
-                &d.key,
-                lease.owner,
-                lease.fence,
-                &StoredResponse::new(200, "ok"),
-                d.ttl,
-            )
-            .await
-            .expect("complete");
-        assert_eq!(waiter.await.expect("join"), 0);
-    }
-
-    #[test]
-    fn outcomes_are_classified() {
-        let mut replayed = HeaderMap::new();
-        replayed.insert("idempotent-replayed", "true".parse().expect("value"));
-        assert_eq!(
-            classify(StatusCode::OK, &replayed, None),
-            RequestOutcome::Replayed
-        );
-        assert_eq!(
-            classify(StatusCode::OK, &HeaderMap::new(), None),
-            RequestOutcome::Executed
-        );
-        assert_eq!(
-            classify(StatusCode::CONFLICT, &HeaderMap::new(), Some("in-flight")),
-            RequestOutcome::InFlight
-        );
-        assert_eq!(
-            classify(
-                StatusCode::BAD_REQUEST,
-                &HeaderMap::new(),
-                Some("key-missing")
-            ),
-            RequestOutcome::KeyError
-        );
-        assert_eq!(
-            classify(
-                StatusCode::UNPROCESSABLE_ENTITY,
-                &HeaderMap::new(),
-                Some("key-reused")
-            ),
-            RequestOutcome::Mismatch
-        );
-        assert_eq!(
-            classify(
-                StatusCode::GATEWAY_TIMEOUT,
-                &HeaderMap::new(),
-                Some("upstream-timeout")
-            ),
-            RequestOutcome::UpstreamFailed
-        );
     }
 }

@@ -1,83 +1,54 @@
-//! The principal a key belongs to: a hashed header value or a verified JWT claim.
+//! The principal a key belongs to, per route: none, a header's credential (stored as
+//! [`idem_core::key::credential_principal`], through idem-http's
+//! [`HeaderPrincipal`](idem_http::HeaderPrincipal)), or a verified JWT claim.
 //!
 //! Two callers' keys never meet: the principal is part of the record's scope.
 
 use std::fmt;
 
 use anyhow::{Context as _, anyhow};
-use http::HeaderMap;
+use http::request::Parts;
+use idem_http::policy::{ExtractPrincipal, PrincipalRejection};
 use jsonwebtoken::{Algorithm, DecodingKey, Validation};
 use serde_json::Value;
 
 use crate::config::{PrincipalSource, RawPrincipal};
 
-/// Why a request has no usable principal. Answered with 401.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum PrincipalError {
-    /// The route requires a principal and the request carried none.
-    #[error("missing credentials in `{0}`")]
-    Missing(String),
-    /// The credential was present but not acceptable.
-    #[error("invalid credentials: {0}")]
-    Invalid(String),
-}
-
-/// Finds the principal of a request, per the route's source. `Ok(None)`: no principal.
-///
-/// # Errors
-/// [`PrincipalError`] when a required principal is missing or a token does not verify.
-pub fn extract(
-    source: &PrincipalSource,
-    headers: &HeaderMap,
-) -> Result<Option<String>, PrincipalError> {
-    match source {
-        PrincipalSource::None => Ok(None),
-        PrincipalSource::Header { name, required } => {
-            let mut values = headers.get_all(name).iter();
-            match (values.next(), values.next()) {
-                (Some(_), Some(_)) => Err(PrincipalError::Invalid(format!(
-                    "more than one `{name}` header"
-                ))),
-                (Some(v), None) if !v.as_bytes().is_empty() => {
-                    Ok(Some(hash_credential(v.as_bytes())))
-                }
-                _ if *required => Err(PrincipalError::Missing(name.to_string())),
-                _ => Ok(None),
+impl ExtractPrincipal for PrincipalSource {
+    fn principal(&self, parts: &Parts) -> Result<Option<String>, PrincipalRejection> {
+        match self {
+            Self::None => Ok(None),
+            Self::Header(header) => header.principal(parts),
+            Self::Jwt(jwt) => {
+                let Some(value) = parts.headers.get(&jwt.header) else {
+                    return if jwt.required {
+                        Err(rejection(format!(
+                            "missing credentials in `{}`",
+                            jwt.header
+                        )))
+                    } else {
+                        Ok(None)
+                    };
+                };
+                let text = value
+                    .to_str()
+                    .map_err(|_| rejection("invalid credentials: token is not ASCII"))?
+                    .trim();
+                let token = match text.split_once(' ') {
+                    Some((scheme, rest)) if scheme.eq_ignore_ascii_case("bearer") => rest.trim(),
+                    Some(_) => {
+                        return Err(rejection("invalid credentials: expected `Bearer <token>`"));
+                    }
+                    None => text,
+                };
+                jwt.verifier.verify(token).map(Some)
             }
         }
-        PrincipalSource::Jwt(jwt) => {
-            let Some(value) = headers.get(&jwt.header) else {
-                return if jwt.required {
-                    Err(PrincipalError::Missing(jwt.header.to_string()))
-                } else {
-                    Ok(None)
-                };
-            };
-            let text = value
-                .to_str()
-                .map_err(|_| PrincipalError::Invalid("token is not ASCII".into()))?
-                .trim();
-            let token = match text.split_once(' ') {
-                Some((scheme, rest)) if scheme.eq_ignore_ascii_case("bearer") => rest.trim(),
-                Some(_) => return Err(PrincipalError::Invalid("expected `Bearer <token>`".into())),
-                None => text,
-            };
-            jwt.verifier.verify(token).map(Some)
-        }
     }
 }
 
-/// A credential's stand-in: a keyed blake3 digest, so the store never holds the credential.
-pub fn hash_credential(value: &[u8]) -> String {
-    let mut h = blake3::Hasher::new_derive_key("idem gateway principal v1");
-    h.update(value);
-    let digest = h.finalize();
-    let mut out = String::with_capacity(34);
-    out.push_str("h:");
-    for b in &digest.as_bytes()[..16] {
-        out.push_str(&format!("{b:02x}"));
-    }
-    out
+fn rejection(detail: impl Into<String>) -> PrincipalRejection {
+    PrincipalRejection(detail.into())
 }
 
 /// Verifies JWTs with one key and reads the principal from one claim.
@@ -143,19 +114,19 @@ impl JwtVerifier {
     /// returns the principal claim.
     ///
     /// # Errors
-    /// [`PrincipalError::Invalid`] naming what failed.
-    pub fn verify(&self, token: &str) -> Result<String, PrincipalError> {
+    /// A rejection naming what failed.
+    pub fn verify(&self, token: &str) -> Result<String, PrincipalRejection> {
         let data = jsonwebtoken::decode::<serde_json::Map<String, Value>>(
             token,
             &self.key,
             &self.validation,
         )
-        .map_err(|e| PrincipalError::Invalid(format!("token rejected: {e}")))?;
+        .map_err(|e| rejection(format!("invalid credentials: token rejected: {e}")))?;
         match data.claims.get(&self.claim) {
             Some(Value::String(s)) if !s.is_empty() => Ok(s.clone()),
             Some(Value::Number(n)) => Ok(n.to_string()),
-            _ => Err(PrincipalError::Invalid(format!(
-                "token has no `{}` claim",
+            _ => Err(rejection(format!(
+                "invalid credentials: token has no `{}` claim",
                 self.claim
             ))),
         }
@@ -192,10 +163,24 @@ mod tests {
         .expect("encode")
     }
 
-    fn headers(name: &'static str, value: &str) -> HeaderMap {
-        let mut h = HeaderMap::new();
-        h.insert(name, HeaderValue::from_str(value).expect("value"));
-        h
+    fn headers(name: &'static str, value: &str) -> Parts {
+        let mut parts = http::Request::new(()).into_parts().0;
+        parts
+            .headers
+            .insert(name, HeaderValue::from_str(value).expect("value"));
+        parts
+    }
+
+    fn none() -> Parts {
+        http::Request::new(()).into_parts().0
+    }
+
+    fn extract(src: &PrincipalSource, parts: &Parts) -> Result<Option<String>, PrincipalRejection> {
+        src.principal(parts)
+    }
+
+    fn invalid(r: Result<Option<String>, PrincipalRejection>) -> bool {
+        matches!(r, Err(PrincipalRejection(m)) if m.starts_with("invalid credentials"))
     }
 
     fn exp() -> u64 {
@@ -208,10 +193,9 @@ mod tests {
 
     #[test]
     fn header_principals_are_hashed_and_distinct() {
-        let src = PrincipalSource::Header {
-            name: HeaderName::from_static("x-api-key"),
-            required: true,
-        };
+        let src = PrincipalSource::Header(
+            idem_http::HeaderPrincipal::new(HeaderName::from_static("x-api-key")).required(),
+        );
         let a = extract(&src, &headers("x-api-key", "alice-secret"))
             .expect("ok")
             .expect("some");
@@ -219,11 +203,10 @@ mod tests {
             .expect("ok")
             .expect("some");
         assert_ne!(a, b);
-        assert!(!a.contains("alice"));
-        assert_eq!(
-            extract(&src, &HeaderMap::new()),
-            Err(PrincipalError::Missing("x-api-key".into()))
-        );
+        // The one scheme the library, the gateway and the admin API share.
+        assert_eq!(a, idem_core::key::credential_principal(b"alice-secret"));
+        assert!(extract(&src, &none()).is_err());
+        assert!(extract(&src, &headers("x-api-key", "")).is_err(), "empty");
     }
 
     #[test]
@@ -244,21 +227,18 @@ mod tests {
             serde_json::json!({"sub": "alice", "exp": exp(), "aud": "idem"}),
             "another-secret-another-secret-xx",
         );
-        assert!(matches!(
-            extract(&src, &headers("authorization", &format!("Bearer {forged}"))),
-            Err(PrincipalError::Invalid(_))
-        ));
+        assert!(invalid(extract(
+            &src,
+            &headers("authorization", &format!("Bearer {forged}"))
+        )));
         let expired = token(
             serde_json::json!({"sub": "alice", "exp": 1000, "aud": "idem"}),
             SECRET,
         );
-        assert!(matches!(
-            extract(
-                &src,
-                &headers("authorization", &format!("Bearer {expired}"))
-            ),
-            Err(PrincipalError::Invalid(_))
-        ));
+        assert!(invalid(extract(
+            &src,
+            &headers("authorization", &format!("Bearer {expired}"))
+        )));
         let wrong_aud = token(
             serde_json::json!({"sub": "alice", "exp": exp(), "aud": "other"}),
             SECRET,
@@ -273,8 +253,8 @@ mod tests {
         let no_sub = token(serde_json::json!({"exp": exp(), "aud": "idem"}), SECRET);
         assert!(extract(&src, &headers("authorization", &format!("Bearer {no_sub}"))).is_err());
         assert!(matches!(
-            extract(&src, &HeaderMap::new()),
-            Err(PrincipalError::Missing(_))
+            extract(&src, &none()),
+            Err(PrincipalRejection(m)) if m.starts_with("missing credentials")
         ));
         assert!(extract(&src, &headers("authorization", "Basic abc")).is_err());
     }

@@ -20,107 +20,37 @@ use bytes::{Bytes, BytesMut};
 use http::header::{self, HeaderName, HeaderValue};
 use http::uri::{Authority, PathAndQuery, Scheme};
 use http::{Request, Response, StatusCode, Uri};
-use http_body::{Body, Frame, SizeHint};
+use http_body_util::BodyExt;
 use http_body_util::combinators::UnsyncBoxBody;
-use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
-
-use crate::metrics::PROBLEM_SLUG;
-
-/// A boxed error.
-pub type BoxError = Box<dyn StdError + Send + Sync>;
+use idem_http::{BoxError, Problem, RequestBody, ResponseBody};
 
 /// The body of every response the gateway sends.
 pub type ResBody = UnsyncBoxBody<Bytes, BoxError>;
 
-/// A request body: the client's stream, or bytes the idempotency layer already buffered.
-#[derive(Debug)]
-pub enum ReqBody {
-    /// Streamed from the client.
-    Incoming(Incoming),
-    /// Held in memory.
-    Full(Full<Bytes>),
+/// What the proxy answers: the upstream's body (possibly after a buffered prefix), or bytes
+/// the gateway holds (a buffered body, a problem).
+pub type Upstream = Response<ResponseBody<Incoming>>;
+
+/// A problem+json answer made by the gateway itself.
+pub fn problem(problem: Problem) -> Upstream {
+    problem.into_response()
 }
 
-impl From<Bytes> for ReqBody {
-    fn from(b: Bytes) -> Self {
-        Self::Full(Full::new(b))
-    }
-}
-
-impl Body for ReqBody {
-    type Data = Bytes;
-    type Error = BoxError;
-
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-        match self.get_mut() {
-            Self::Incoming(b) => Pin::new(b).poll_frame(cx).map_err(Into::into),
-            Self::Full(b) => Pin::new(b).poll_frame(cx).map_err(|never| match never {}),
-        }
-    }
-
-    fn is_end_stream(&self) -> bool {
-        match self {
-            Self::Incoming(b) => b.is_end_stream(),
-            Self::Full(b) => b.is_end_stream(),
-        }
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        match self {
-            Self::Incoming(b) => b.size_hint(),
-            Self::Full(b) => b.size_hint(),
-        }
-    }
-}
-
-/// A complete body from bytes.
-pub fn full(bytes: impl Into<Bytes>) -> ResBody {
-    Full::new(bytes.into())
-        .map_err(|never| match never {})
-        .boxed_unsync()
-}
-
-/// A problem+json answer made by the gateway itself, tagged with its slug for metrics.
-pub fn problem(
-    status: StatusCode,
-    slug: &'static str,
-    title: &str,
-    detail: &str,
-    retry_after: Option<u64>,
-) -> Response<ResBody> {
-    let mut body = serde_json::json!({
-        "type": format!("https://idem.dev/problems/{slug}"),
-        "title": title,
-        "status": status.as_u16(),
-        "detail": detail,
-    });
-    if let Some(s) = retry_after {
-        body["retry_after"] = s.into();
-    }
-    let mut res = Response::new(full(body.to_string()));
-    *res.status_mut() = status;
-    res.headers_mut().insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("application/problem+json"),
-    );
-    res.headers_mut()
-        .insert(PROBLEM_SLUG, HeaderValue::from_static(slug));
-    if let Some(s) = retry_after {
-        res.headers_mut()
-            .insert(header::RETRY_AFTER, HeaderValue::from(s));
-    }
-    res
+/// Boxes any answer into the one body type the listener serves.
+pub fn boxed<B>(res: Response<ResponseBody<B>>) -> Response<ResBody>
+where
+    B: http_body::Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<BoxError>,
+{
+    res.map(BodyExt::boxed_unsync)
 }
 
 /// The pooled upstream client, shared by every route.
-pub type HttpClient = Client<HttpConnector, ReqBody>;
+pub type HttpClient = Client<HttpConnector, RequestBody>;
 
 /// Builds the pooled client.
 pub fn client(connect_timeout: Duration, max_idle: usize) -> HttpClient {
@@ -194,17 +124,16 @@ impl Proxy {
     }
 
     /// Forwards one request; every failure becomes a problem answer, never an `Err`.
-    pub async fn forward(&self, req: Request<ReqBody>) -> Response<ResBody> {
+    pub async fn forward(&self, req: Request<RequestBody>) -> Upstream {
         let p = &*self.inner;
         let (mut parts, body) = req.into_parts();
         let Some(uri) = p.target(&parts.uri) else {
-            return problem(
+            return problem(Problem::new(
                 StatusCode::BAD_REQUEST,
                 "bad-request-target",
                 "Bad request target",
                 "unusable path",
-                None,
-            );
+            ));
         };
         strip_hop_by_hop(&mut parts.headers);
         if let Some(host) = parts.headers.remove(header::HOST).or_else(|| {
@@ -233,7 +162,7 @@ impl Proxy {
                 Some(cap) => buffer(body, cap)
                     .await
                     .map_err(|e| Failure::Reset(e.to_string()))?,
-                None => body.map_err(Into::into).boxed_unsync(),
+                None => ResponseBody::inner(body),
             };
             Ok::<_, Failure>(Response::from_parts(head, body))
         };
@@ -271,17 +200,16 @@ impl ProxyInner {
     }
 }
 
-impl tower::Service<Request<ReqBody>> for Proxy {
-    type Response = Response<ResBody>;
+impl tower::Service<Request<RequestBody>> for Proxy {
+    type Response = Upstream;
     type Error = Infallible;
-    type Future =
-        Pin<Box<dyn std::future::Future<Output = Result<Response<ResBody>, Infallible>> + Send>>;
+    type Future = Pin<Box<dyn std::future::Future<Output = Result<Upstream, Infallible>> + Send>>;
 
     fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
         Poll::Ready(Ok(()))
     }
 
-    fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
+    fn call(&mut self, req: Request<RequestBody>) -> Self::Future {
         let this = self.clone();
         Box::pin(async move { Ok(this.forward(req).await) })
     }
@@ -313,57 +241,29 @@ fn strip_hop_by_hop(headers: &mut http::HeaderMap) {
 /// Reads up to `cap` bytes of `body`. A body that ends within the cap comes back whole (exact
 /// size); a longer one comes back as the prefix followed by the rest of the stream.
 /// A body that arrives in one chunk (the usual case) is kept as that chunk, without a copy.
-async fn buffer(mut body: Incoming, cap: usize) -> Result<ResBody, hyper::Error> {
+async fn buffer(mut body: Incoming, cap: usize) -> Result<ResponseBody<Incoming>, hyper::Error> {
     let mut first: Option<Bytes> = None;
     let mut buf = BytesMut::new();
     loop {
-        match body.frame().await {
-            None => return Ok(full(first.unwrap_or_else(|| buf.freeze()))),
-            Some(frame) => {
-                let frame = frame?;
-                if let Ok(data) = frame.into_data() {
-                    if first.is_none() && buf.is_empty() {
-                        first = Some(data);
-                    } else {
-                        if let Some(f) = first.take() {
-                            buf.extend_from_slice(&f);
-                        }
-                        buf.extend_from_slice(&data);
-                    }
-                    let len = first.as_ref().map_or(buf.len(), Bytes::len);
-                    if len > cap {
-                        let prefix = first.take().unwrap_or_else(|| buf.freeze());
-                        let rest = body.map_err(BoxError::from);
-                        let chained = Prefixed {
-                            prefix: Some(prefix),
-                            rest,
-                        };
-                        return Ok(chained.boxed_unsync());
-                    }
-                }
+        let Some(frame) = body.frame().await else {
+            return Ok(ResponseBody::full(first.unwrap_or_else(|| buf.freeze())));
+        };
+        let Ok(data) = frame?.into_data() else {
+            continue;
+        };
+        if first.is_none() && buf.is_empty() {
+            first = Some(data);
+        } else {
+            if let Some(f) = first.take() {
+                buf.extend_from_slice(&f);
             }
+            buf.extend_from_slice(&data);
         }
-    }
-}
-
-/// A buffered prefix, then the rest of a stream.
-struct Prefixed<B> {
-    prefix: Option<Bytes>,
-    rest: B,
-}
-
-impl<B: Body<Data = Bytes, Error = BoxError> + Unpin> Body for Prefixed<B> {
-    type Data = Bytes;
-    type Error = BoxError;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-        if let Some(p) = self.prefix.take() {
-            return Poll::Ready(Some(Ok(Frame::data(p))));
+        let len = first.as_ref().map_or(buf.len(), Bytes::len);
+        if len > cap {
+            let prefix = first.take().unwrap_or_else(|| buf.freeze());
+            return Ok(ResponseBody::prefixed(prefix, body));
         }
-        Pin::new(&mut self.rest).poll_frame(cx)
     }
 }
 
@@ -401,29 +301,27 @@ impl Failure {
         }
     }
 
-    fn into_response(self, timeout: Duration) -> Response<ResBody> {
-        match self {
-            Self::Connect(_) => problem(
+    fn into_response(self, timeout: Duration) -> Upstream {
+        problem(match self {
+            Self::Connect(_) => Problem::new(
                 StatusCode::SERVICE_UNAVAILABLE,
                 "upstream-unavailable",
                 "Upstream unavailable",
                 "the upstream could not be reached; nothing was sent, so a retry is safe",
-                Some(1),
-            ),
-            Self::Timeout => problem(
+            )
+            .retry_after(Duration::from_secs(1)),
+            Self::Timeout => Problem::new(
                 StatusCode::GATEWAY_TIMEOUT,
                 "upstream-timeout",
                 "Upstream timed out",
-                &format!("the upstream did not answer within {timeout:?}; its outcome is unknown"),
-                None,
+                format!("the upstream did not answer within {timeout:?}; its outcome is unknown"),
             ),
-            Self::Reset(_) => problem(
+            Self::Reset(_) => Problem::new(
                 StatusCode::BAD_GATEWAY,
                 "upstream-failed",
                 "Upstream failed",
                 "the upstream connection failed after the request was sent; its outcome is unknown",
-                None,
             ),
-        }
+        })
     }
 }

@@ -17,8 +17,10 @@ use hyper_util::server::graceful::GracefulShutdown;
 use metrics_exporter_prometheus::PrometheusHandle;
 use tokio::net::TcpListener;
 
-use crate::admin::{self, Admin};
+use crate::admin::Admin;
+use crate::app::GatewayStore;
 use crate::app::{self, App};
+use crate::claims::TrackedStore;
 use crate::config::Settings;
 use crate::metrics::MeteredStore;
 use crate::{demo, proxy, store};
@@ -40,7 +42,7 @@ pub async fn run(settings: Settings, metrics: Option<PrometheusHandle>) -> anyho
     )
     .await
     .with_context(|| format!("cannot open store {}", settings.store))?;
-    let store = MeteredStore::new(backend);
+    let store = TrackedStore::new(MeteredStore::new(backend));
     if let Some(handle) = &metrics {
         // Histograms keep raw samples until upkeep folds them into buckets: without it,
         // memory grows with every request between scrapes.
@@ -122,11 +124,7 @@ pub async fn run(settings: Settings, metrics: Option<PrometheusHandle>) -> anyho
 }
 
 /// Waits for every claim to settle by `deadline`; releases the rest.
-async fn drain(
-    store: &MeteredStore<idem_core::BoxStore>,
-    deadline: tokio::time::Instant,
-    store_timeout: Duration,
-) {
+async fn drain(store: &GatewayStore, deadline: tokio::time::Instant, store_timeout: Duration) {
     let left = store.wait_settled(deadline).await;
     if left > 0 {
         let released = store.release_all(store_timeout).await;
@@ -176,22 +174,8 @@ async fn serve_data(
 }
 
 async fn serve_admin(listener: TcpListener, admin: Arc<Admin>) {
-    let builder = auto::Builder::new(TokioExecutor::new());
-    loop {
-        let (stream, _) = match listener.accept().await {
-            Ok(c) => c,
-            Err(e) => {
-                tracing::warn!(error = %e, "admin accept failed");
-                tokio::time::sleep(Duration::from_millis(20)).await;
-                continue;
-            }
-        };
-        let conn = builder
-            .serve_connection(TokioIo::new(stream), admin::service(Arc::clone(&admin)))
-            .into_owned();
-        tokio::spawn(async move {
-            let _ = conn.await;
-        });
+    if let Err(e) = axum::serve(listener, admin.router()).await {
+        tracing::error!(error = %e, "admin listener stopped");
     }
 }
 

@@ -135,30 +135,35 @@ impl StoreSpec {
     }
 }
 
+/// Checks that `url` names a host. A cluster's comma-separated seed list is not one URL, so
+/// only its first seed is checked here; the Redis client checks the rest.
 fn need_host(url: &str, rest: &str) -> anyhow::Result<()> {
-    match rest.strip_prefix("//") {
-        Some(r) if !r.is_empty() => Ok(()),
+    let first = url.split(',').next().unwrap_or(url);
+    let parsed = url::Url::parse(first).map_err(|e| anyhow::anyhow!("`{url}`: {e}"))?;
+    match parsed.host_str() {
+        Some(h) if !h.is_empty() && rest.starts_with("//") => Ok(()),
         _ => bail!("`{url}` has no host"),
     }
 }
 
-/// A URL with any password replaced by `***`.
-fn redact(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else {
-        return url.to_owned();
-    };
-    let (authority, tail) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
-    match authority.rsplit_once('@') {
-        Some((userinfo, host)) => {
-            let user = userinfo.split(':').next().unwrap_or("");
-            let masked = if userinfo.contains(':') {
-                format!("{user}:***")
-            } else {
-                user.to_owned()
-            };
-            format!("{scheme}://{masked}@{host}{tail}")
+/// A URL with any password replaced by `***`. What does not parse as one URL (a cluster's
+/// seed list) prints with its whole user part hidden, so a credential never shows.
+fn redact(text: &str) -> String {
+    match url::Url::parse(text) {
+        Ok(mut url) => {
+            if url.password().is_some() {
+                // Only fails for URLs that cannot have a password, which this one has.
+                let _ = url.set_password(Some("***"));
+            }
+            url.to_string()
         }
-        None => url.to_owned(),
+        Err(_) => match text.split_once("://") {
+            Some((scheme, rest)) => match rest.rsplit_once('@') {
+                Some((_, hosts)) => format!("{scheme}://***@{hosts}"),
+                None => text.to_owned(),
+            },
+            None => text.to_owned(),
+        },
     }
 }
 

@@ -63,7 +63,7 @@ idempotency = false
     for needle in [
         "POST /v1/charges [charge]",
         "namespace:   charge",
-        "header x-api-key, stored hashed",
+        "principal:   header x-api-key (a stable credential, stored hashed)",
         "ttl 1h",
         "expired lease -> Hold",
         "idempotency: off (plain proxy)",
@@ -141,10 +141,48 @@ fn garbage_configs_get_clear_errors_never_panics() {
     assert!(text(&missing).1.contains("does not exist"));
 }
 
+/// Without `principal`, every caller of a protected route would share one key space: the
+/// gateway refuses to start and says what to choose.
+#[test]
+fn a_config_without_a_principal_is_refused() {
+    let out = check(
+        Some("upstream = \"http://127.0.0.1:3000\"\n[[routes]]\npath = \"/charge\""),
+        &[],
+        &[],
+    );
+    let (stdout, stderr) = text(&out);
+    assert_eq!(out.status.code(), Some(2), "{stdout}\n{stderr}");
+    for needle in [
+        "must say whose keys they are",
+        "from = \"none\"",
+        "single-tenant",
+        "from = \"header\"",
+        "API key",
+        "from = \"jwt\"",
+        "bearer token is a poor principal",
+        "refreshed between two attempts",
+    ] {
+        assert!(stderr.contains(needle), "{needle:?} not in: {stderr}");
+    }
+    // The same configuration with the choice made explicit is accepted and shown.
+    let out = check(
+        Some(
+            "upstream = \"http://127.0.0.1:3000\"\n[[routes]]\npath = \"/charge\"\nprincipal = { from = \"none\" }",
+        ),
+        &[],
+        &[],
+    );
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(
+        stdout.contains("principal:   none (single tenant"),
+        "{stdout}"
+    );
+}
+
 #[test]
 fn flags_beat_environment_beats_file() {
-    let file =
-        "upstream = \"http://127.0.0.1:3000\"\nlisten = \"127.0.0.1:1111\"\nstore = \"memory:\"";
+    let file = "upstream = \"http://127.0.0.1:3000\"\nlisten = \"127.0.0.1:1111\"\nstore = \"memory:\"\n[defaults]\nprincipal = { from = \"none\" }";
     let only_file = text(&check(Some(file), &[], &[])).0;
     assert!(
         only_file.contains("listen:    127.0.0.1:1111"),

@@ -19,6 +19,7 @@ token = "{ADMIN_TOKEN}"
 
 [defaults]
 namespace = "test"
+principal = {{ from = "none" }}
 
 [[routes]]
 name = "held"

@@ -38,6 +38,7 @@ token = "{ADMIN_TOKEN}"
 
 [defaults]
 namespace = "shared"
+principal = {{ from = "none" }}
 
 [[routes]]
 name = "reexecute"

@@ -93,8 +93,9 @@ impl fmt::Debug for IdempotencyConfig {
 }
 
 impl IdempotencyConfig {
-    /// The defaults for `namespace`: key required in `Idempotency-Key`, no principal,
-    /// canonical-JSON fingerprint v1, [`StoreUnless5xx`], the engine's own [`Policy`],
+    /// The defaults for `namespace`: key required in `Idempotency-Key`, **no principal** (one
+    /// key space shared by every caller: set [`principal`](Self::principal) on any service
+    /// with more than one tenant), canonical-JSON fingerprint v1, [`StoreUnless5xx`], the engine's own [`Policy`],
     /// 1 MiB request and stored-response caps, `content-type` (and a few other
     /// representation headers) replayed, streaming responses released, `GET`/`HEAD`/`OPTIONS`
     /// passed through.
@@ -150,7 +151,18 @@ impl IdempotencyConfig {
         self
     }
 
-    /// Whose key it is (default: [`NoPrincipal`]).
+    /// Whose key it is: part of the scope, so two principals' keys never meet.
+    ///
+    /// The default, [`NoPrincipal`], gives every caller one shared key space: two customers
+    /// who both send `order-1` would see each other's answers. Choose:
+    /// - [`NoPrincipal`] for a single-tenant service;
+    /// - [`HeaderPrincipal`](crate::HeaderPrincipal) for a stable credential such as an API
+    ///   key (stored only as [`credential_principal`](idem_core::key::credential_principal));
+    /// - [`ExtensionPrincipal`](crate::ExtensionPrincipal) for the identity your own
+    ///   authentication layer verified (a JWT claim, a session's user id).
+    ///
+    /// A raw bearer token is a poor principal: refreshed between two attempts, the retry lands
+    /// in another scope and runs again.
     #[must_use]
     pub fn principal(mut self, extract: impl ExtractPrincipal) -> Self {
         self.principal = Arc::new(extract);

@@ -131,9 +131,17 @@ pub trait ExtractPrincipal: fmt::Debug + Send + Sync + 'static {
     fn principal(&self, parts: &Parts) -> Result<Option<String>, PrincipalRejection>;
 }
 
-/// No principal: every caller shares the namespace. Only for single-tenant services.
-#[derive(Clone, Copy, Debug, Default)]
+/// No principal: every caller shares the namespace's keys, so two callers who pick the same
+/// key see each other's answers. Only for single-tenant services; the default of
+/// [`IdempotencyConfig`](crate::IdempotencyConfig), whose `Debug` output says so.
+#[derive(Clone, Copy, Default)]
 pub struct NoPrincipal;
+
+impl fmt::Debug for NoPrincipal {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("NoPrincipal (one key space shared by every caller)")
+    }
+}
 
 impl ExtractPrincipal for NoPrincipal {
     fn principal(&self, _parts: &Parts) -> Result<Option<String>, PrincipalRejection> {
@@ -168,22 +176,33 @@ impl HeaderPrincipal {
         self.required = true;
         self
     }
+
+    /// The header read.
+    pub fn header(&self) -> &HeaderName {
+        &self.name
+    }
+
+    /// Whether a request without the header is refused.
+    pub fn is_required(&self) -> bool {
+        self.required
+    }
 }
 
 impl ExtractPrincipal for HeaderPrincipal {
     fn principal(&self, parts: &Parts) -> Result<Option<String>, PrincipalRejection> {
         let mut values = parts.headers.get_all(&self.name).iter();
         match (values.next(), values.next()) {
-            (Some(v), None) => Ok(Some(credential_principal(v.as_bytes()))),
             (Some(_), Some(_)) => Err(PrincipalRejection(format!(
                 "more than one {} header",
                 self.name
             ))),
-            (None, _) if self.required => Err(PrincipalRejection(format!(
+            // An empty value is no credential at all.
+            (Some(v), None) if !v.is_empty() => Ok(Some(credential_principal(v.as_bytes()))),
+            _ if self.required => Err(PrincipalRejection(format!(
                 "the {} header is required",
                 self.name
             ))),
-            (None, _) => Ok(None),
+            _ => Ok(None),
         }
     }
 }

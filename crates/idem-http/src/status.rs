@@ -206,23 +206,17 @@ fn store_unavailable(config: &IdempotencyConfig) -> StatusResponse {
     .into_response()
 }
 
-/// Decodes `%XX` escapes; `None` on a broken escape.
+/// Decodes `%XX` escapes; `None` on a broken escape (a `%` not followed by two hex digits),
+/// so a mangled key is refused rather than looked up as something else.
 fn percent_decode(s: &str) -> Option<Vec<u8>> {
     let bytes = s.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'%' {
-            let hex = bytes.get(i + 1..i + 3)?;
-            let hex = std::str::from_utf8(hex).ok()?;
-            out.push(u8::from_str_radix(hex, 16).ok()?);
-            i += 3;
-        } else {
-            out.push(bytes[i]);
-            i += 1;
-        }
-    }
-    Some(out)
+    let broken = bytes.iter().enumerate().any(|(i, &b)| {
+        b == b'%'
+            && !bytes
+                .get(i + 1..i + 3)
+                .is_some_and(|h| h.iter().all(u8::is_ascii_hexdigit))
+    });
+    (!broken).then(|| percent_encoding::percent_decode(bytes).collect())
 }
 
 #[cfg(test)]

@@ -37,30 +37,20 @@ const BAD: CodecError = CodecError("malformed redis record");
 /// Lower-case hex of `bytes`.
 #[cfg(test)]
 pub(crate) fn hex(bytes: &[u8]) -> String {
-    let mut out = Vec::with_capacity(bytes.len() * 2);
-    push_hex(&mut out, bytes);
-    // Hex digits are ASCII.
-    String::from_utf8(out).unwrap_or_default()
+    hex::encode(bytes)
 }
 
-/// Appends the lower-case hex of `bytes` to `out`.
+/// Appends the lower-case hex of `bytes` to `out`, without an intermediate string.
 pub(crate) fn push_hex(out: &mut Vec<u8>, bytes: &[u8]) {
-    const DIGITS: &[u8; 16] = b"0123456789abcdef";
-    out.reserve(bytes.len() * 2);
-    for b in bytes {
-        out.push(DIGITS[usize::from(b >> 4)]);
-        out.push(DIGITS[usize::from(b & 15)]);
-    }
+    let start = out.len();
+    out.resize(start + bytes.len() * 2, 0);
+    // The slice is exactly twice as long as `bytes`, the only length `encode_to_slice` needs.
+    let _ = hex::encode_to_slice(bytes, &mut out[start..]);
 }
 
 /// Appends the lower-case hex of `bytes` to `out`.
 pub(crate) fn push_hex_str(out: &mut String, bytes: &[u8]) {
-    const DIGITS: &[u8; 16] = b"0123456789abcdef";
-    out.reserve(bytes.len() * 2);
-    for b in bytes {
-        out.push(char::from(DIGITS[usize::from(b >> 4)]));
-        out.push(char::from(DIGITS[usize::from(b & 15)]));
-    }
+    out.push_str(&hex::encode(bytes));
 }
 
 /// Appends `n` in decimal, at least `width` digits (zero-padded).
@@ -80,18 +70,8 @@ pub(crate) fn push_decimal(out: &mut Vec<u8>, n: u64, width: usize) {
 
 /// Decodes exactly `N` bytes of lower-case hex, without allocating.
 fn unhex<const N: usize>(s: &[u8]) -> Result<[u8; N], CodecError> {
-    if s.len() != 2 * N {
-        return Err(BAD);
-    }
-    let nibble = |c: u8| match c {
-        b'0'..=b'9' => Ok(c - b'0'),
-        b'a'..=b'f' => Ok(c - b'a' + 10),
-        _ => Err(BAD),
-    };
     let mut out = [0u8; N];
-    for (o, p) in out.iter_mut().zip(s.chunks_exact(2)) {
-        *o = nibble(p[0])? << 4 | nibble(p[1])?;
-    }
+    hex::decode_to_slice(s, &mut out).map_err(|_| BAD)?;
     Ok(out)
 }
 

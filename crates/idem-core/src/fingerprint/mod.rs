@@ -11,8 +11,6 @@ use std::str::FromStr;
 use serde_json::Value;
 use thiserror::Error;
 
-use crate::key::hex;
-
 mod stream;
 
 /// A versioned request digest.
@@ -130,7 +128,7 @@ impl Fingerprint {
 
 impl fmt::Display for Fingerprint {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "v{}:{}", self.version, hex(&self.digest))
+        write!(f, "v{}:{}", self.version, hex::encode(self.digest))
     }
 }
 
@@ -146,14 +144,8 @@ impl FromStr for Fingerprint {
         let rest = s.strip_prefix('v').ok_or(FingerprintError::Malformed)?;
         let (version, digest_hex) = rest.split_once(':').ok_or(FingerprintError::Malformed)?;
         let version = version.parse().map_err(|_| FingerprintError::Malformed)?;
-        if digest_hex.len() != 64 || !digest_hex.is_ascii() {
-            return Err(FingerprintError::Malformed);
-        }
         let mut digest = [0u8; 32];
-        for (i, byte) in digest.iter_mut().enumerate() {
-            *byte = u8::from_str_radix(&digest_hex[i * 2..i * 2 + 2], 16)
-                .map_err(|_| FingerprintError::Malformed)?;
-        }
+        hex::decode_to_slice(digest_hex, &mut digest).map_err(|_| FingerprintError::Malformed)?;
         Ok(Self { version, digest })
     }
 }

@@ -285,7 +285,12 @@ fn compile_route(r: &RawRoute, d: &RawRoute, store_timeout: Duration) -> anyhow:
             tracing::warn!(header = %h, "replay_headers replays a credential-bearing header to every retry");
         }
     }
-    let principal = principal(pick!(principal).as_ref()).context("`principal`")?;
+    let idempotency = pick!(idempotency).unwrap_or(true);
+    // A plain-proxy route has no keys, so it needs no principal.
+    let principal = match pick!(principal) {
+        None if !idempotency => PrincipalSource::None,
+        raw => principal(raw.as_ref()).context("`principal`")?,
+    };
     let fingerprint = fingerprint(pick!(fingerprint).as_ref()).context("`fingerprint`")?;
     let max_request_body = size(
         pick!(max_request_body).map(|s| s.0),
@@ -299,7 +304,7 @@ fn compile_route(r: &RawRoute, d: &RawRoute, store_timeout: Duration) -> anyhow:
     )?;
 
     let policy = RoutePolicy {
-        idempotency: pick!(idempotency).unwrap_or(true),
+        idempotency,
         key_header: header_name(pick!(key_header).as_deref().unwrap_or("idempotency-key"))
             .context("`key_header`")?,
         key_required: pick!(key_required).unwrap_or(true),
@@ -323,14 +328,25 @@ fn compile_route(r: &RawRoute, d: &RawRoute, store_timeout: Duration) -> anyhow:
     })
 }
 
+/// Why a protected route must say whose keys they are, and the choices.
+pub(crate) const PRINCIPAL_REQUIRED: &str = "a protected route must say whose keys they are: \
+set `principal` in `[defaults]` or on the route. Without it every caller would share one key \
+space, and two customers who pick the same key would see each other's answers. Choose \
+`principal = { from = \"none\" }` for a single-tenant service, \
+`principal = { from = \"header\", header = \"x-api-key\" }` for a stable credential such as an \
+API key (stored hashed), or `principal = { from = \"jwt\", … }` for a verified claim. A raw \
+bearer token is a poor principal: when the token is refreshed between two attempts, the retry \
+lands in another scope and runs again";
+
 fn principal(raw: Option<&RawPrincipal>) -> anyhow::Result<PrincipalSource> {
     let Some(p) = raw else {
-        return Ok(PrincipalSource::None);
+        bail!("{PRINCIPAL_REQUIRED}");
     };
-    let from = p
-        .from
-        .as_deref()
-        .unwrap_or(if p.header.is_some() { "header" } else { "none" });
+    let from = match (p.from.as_deref(), &p.header) {
+        (Some(from), _) => from,
+        (None, Some(_)) => "header",
+        (None, None) => bail!("`from` is not set; {PRINCIPAL_REQUIRED}"),
+    };
     let jwt_fields = p.hs256_secret.is_some()
         || p.rs256_public_key.is_some()
         || p.rs256_public_key_file.is_some();
@@ -349,10 +365,12 @@ fn principal(raw: Option<&RawPrincipal>) -> anyhow::Result<PrincipalSource> {
                 .header
                 .as_deref()
                 .ok_or_else(|| anyhow!("`from = \"header\"` needs `header`"))?;
-            Ok(PrincipalSource::Header {
-                name: header_name(name)?,
-                required: p.required.unwrap_or(true),
-            })
+            let header = idem_http::HeaderPrincipal::new(header_name(name)?);
+            Ok(PrincipalSource::Header(if p.required.unwrap_or(true) {
+                header.required()
+            } else {
+                header
+            }))
         }
         "jwt" => {
             let pem = match (&p.rs256_public_key, &p.rs256_public_key_file) {
@@ -461,22 +479,24 @@ fn socket_addr(text: &str) -> anyhow::Result<SocketAddr> {
 }
 
 fn upstream_uri(text: &str) -> anyhow::Result<Uri> {
-    let uri: Uri = text
-        .trim()
-        .parse()
-        .map_err(|e| anyhow!("`{text}` is not a URL ({e})"))?;
-    match uri.scheme_str() {
-        Some("http") => {}
-        Some("https") => bail!(
+    let text = text.trim();
+    let url = url::Url::parse(text).map_err(|e| anyhow!("`{text}` is not a URL ({e})"))?;
+    match url.scheme() {
+        "http" => {}
+        "https" => bail!(
             "`{text}`: https upstreams are not supported by this build; terminate TLS in front of the upstream"
         ),
         _ => bail!("`{text}` must be an http:// URL such as http://127.0.0.1:3000"),
     }
-    if uri.authority().is_none() {
+    if url.host_str().is_none_or(str::is_empty) {
         bail!("`{text}` has no host");
     }
-    if uri.query().is_some() {
+    if url.query().is_some() {
         bail!("`{text}`: an upstream URL cannot have a query");
     }
-    Ok(uri)
+    if url.username() != "" || url.password().is_some() {
+        bail!("`{text}`: an upstream URL cannot carry credentials");
+    }
+    text.parse()
+        .map_err(|e| anyhow!("`{text}` is not a URL ({e})"))
 }

@@ -76,13 +76,14 @@ impl fmt::Display for Settings {
             )?;
             writeln!(f, "      namespace:   {}", p.namespace)?;
             let principal = match &p.principal {
-                PrincipalSource::None => "none (keys shared by all callers)".to_owned(),
-                PrincipalSource::Header { name, required } => {
-                    format!(
-                        "header {name}, stored hashed{}",
-                        if *required { ", required" } else { "" }
-                    )
+                PrincipalSource::None => {
+                    "none (single tenant: every caller shares one key space)".to_owned()
                 }
+                PrincipalSource::Header(h) => format!(
+                    "header {} (a stable credential, stored hashed){}",
+                    h.header(),
+                    if h.is_required() { ", required" } else { "" }
+                ),
                 PrincipalSource::Jwt(j) => format!(
                     "JWT ({:?}) in {}, claim `{}`{}",
                     j.key,

@@ -162,13 +162,8 @@ impl UpstreamFailure {
 pub enum PrincipalSource {
     /// No principal: keys are shared by every caller of the route.
     None,
-    /// A header's value, stored only as a hash.
-    Header {
-        /// The header.
-        name: HeaderName,
-        /// Missing header is 401.
-        required: bool,
-    },
+    /// A header's credential, stored only as its principal hash.
+    Header(idem_http::HeaderPrincipal),
     /// The claim of a verified JWT.
     Jwt(Arc<JwtSettings>),
 }

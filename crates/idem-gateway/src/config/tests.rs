@@ -19,6 +19,7 @@ fn routes_inherit_defaults_and_override_them() {
         [defaults]
         ttl = "1h"
         takeover = "hold"
+        principal = { from = "none" }
         [[routes]]
         name = "charge"
         method = "post"
@@ -103,7 +104,10 @@ fn garbage_is_refused_with_the_field_named() {
             "upstream = \"http://x\"\n[admin]\nlisten = \"127.0.0.1:8080\"\ntoken = \"0123456789abcdef\"",
             "another port",
         ),
-        ("[[routes]]\npath = \"/a\"", "no upstream"),
+        (
+            "[[routes]]\npath = \"/a\"\nprincipal = { from = \"none\" }",
+            "no upstream",
+        ),
         (
             "upstream = \"http://x\"\n[defaults]\npath = \"/a\"",
             "defaults",
@@ -124,7 +128,9 @@ fn garbage_is_refused_with_the_field_named() {
 
 #[test]
 fn no_routes_means_one_catch_all_route() {
-    let s = compiled("upstream = \"http://127.0.0.1:1\"").expect("valid");
+    let s =
+        compiled("upstream = \"http://127.0.0.1:1\"\n[defaults]\nprincipal = { from = \"none\" }")
+            .expect("valid");
     assert!(s.implicit_route);
     assert!(s.routes[0].pattern.matches("/anything/at/all"));
     assert_eq!(s.routes[0].policy.namespace, "default");
@@ -134,4 +140,35 @@ fn no_routes_means_one_catch_all_route() {
         text.contains("catch-all") && text.contains("sqlite:./idem.db"),
         "{text}"
     );
+}
+
+/// A protected route that does not say whose keys they are would give every caller one key
+/// space; it is refused, and the message names the choices and why a bearer token is a poor
+/// one.
+#[test]
+fn a_protected_route_must_name_its_principal() {
+    for text in [
+        "upstream = \"http://x\"",
+        "upstream = \"http://x\"\n[[routes]]\npath = \"/charge\"",
+        "upstream = \"http://x\"\n[[routes]]\npath = \"/charge\"\nprincipal = {}",
+    ] {
+        let err = match compiled(text) {
+            Ok(_) => panic!("accepted a shared key space: {text}"),
+            Err(e) => format!("{e:#}"),
+        };
+        for needle in [
+            "principal",
+            "from = \"none\"",
+            "from = \"header\"",
+            "from = \"jwt\"",
+            "single-tenant",
+            "refreshed",
+        ] {
+            assert!(err.contains(needle), "{needle:?} not in: {err}");
+        }
+    }
+    // Plain-proxy routes have no keys and need no principal.
+    let s = compiled("upstream = \"http://x\"\n[[routes]]\npath = \"/a\"\nidempotency = false")
+        .expect("valid");
+    assert!(!s.routes[0].policy.idempotency);
 }

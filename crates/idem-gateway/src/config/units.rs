@@ -1,4 +1,6 @@
-//! Durations (`500ms`, `45s`, `2m`, `24h`, `7d`) and byte sizes (`4096`, `64KiB`, `1MiB`).
+//! Durations (`500ms`, `45s`, `1m30s`, `1.5s`, `24h`, `7d`; parsed by `humantime`) and byte
+//! sizes (`4096`, `64KiB`, `1MiB`, `64kB`; parsed by `bytesize`, so `kB` is 1000 bytes and
+//! `KiB` 1024).
 
 use std::fmt;
 use std::time::Duration;
@@ -11,32 +13,17 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 pub struct Dur(pub Duration);
 
 impl Dur {
-    /// Parses `<integer><unit>` with unit `ms`, `s`, `m`, `h` or `d`.
+    /// Parses a duration with units, such as `500ms`, `45s`, `1m30s`, `1.5s` or `24h`. A bare
+    /// number has no unit and is refused, so `5` is never read as the wrong one.
     ///
     /// # Errors
     /// A message saying what was expected.
     pub fn parse(text: &str) -> Result<Self, String> {
-        let t = text.trim();
-        let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
-        let (digits, unit) = t.split_at(split);
-        let bad = || {
+        humantime::parse_duration(text.trim()).map(Self).map_err(|e| {
             format!(
-                "`{text}` is not a duration: write a whole number with a unit, e.g. 500ms, 45s, 2m, 24h, 7d"
+                "`{text}` is not a duration ({e}): write a number with a unit, e.g. 500ms, 45s, 1m30s, 24h"
             )
-        };
-        let n: u64 = digits.parse().map_err(|_| bad())?;
-        let ms_per = match unit.trim() {
-            "ms" => 1,
-            "s" => 1_000,
-            "m" | "min" => 60_000,
-            "h" => 3_600_000,
-            "d" => 86_400_000,
-            _ => return Err(bad()),
-        };
-        let ms = n
-            .checked_mul(ms_per)
-            .ok_or_else(|| format!("`{text}` is too long a duration"))?;
-        Ok(Self(Duration::from_millis(ms)))
+        })
     }
 }
 
@@ -94,30 +81,20 @@ impl<'de> Deserialize<'de> for Dur {
 pub struct ByteSize(pub u64);
 
 impl ByteSize {
-    /// Parses a size.
+    /// Parses a size: bytes, or a number with a unit (`KiB`, `MiB`, `GiB` are powers of
+    /// 1024; `kB`, `MB`, `GB` powers of 1000).
     ///
     /// # Errors
     /// A message saying what was expected.
     pub fn parse(text: &str) -> Result<Self, String> {
-        let t = text.trim();
-        let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
-        let (digits, unit) = t.split_at(split);
-        let bad =
-            || format!("`{text}` is not a size: write bytes, or a number with KiB, MiB or GiB");
-        let n: u64 = digits.parse().map_err(|_| bad())?;
-        let per: u64 = match unit.trim() {
-            "" | "B" => 1,
-            "KiB" | "K" | "k" => 1 << 10,
-            "MiB" | "M" => 1 << 20,
-            "GiB" | "G" => 1 << 30,
-            "KB" | "kB" => 1_000,
-            "MB" => 1_000_000,
-            "GB" => 1_000_000_000,
-            _ => return Err(bad()),
-        };
-        n.checked_mul(per)
-            .map(Self)
-            .ok_or_else(|| format!("`{text}` is too large"))
+        text.trim()
+            .parse::<bytesize::ByteSize>()
+            .map(|b| Self(b.as_u64()))
+            .map_err(|e| {
+                format!(
+                    "`{text}` is not a size ({e}): write bytes, or a number with KiB, MiB or GiB"
+                )
+            })
     }
 }
 
@@ -176,6 +153,8 @@ mod tests {
         assert!(Dur::parse("s").is_err());
         assert!(Dur::parse("-1s").is_err());
         assert!(Dur::parse("99999999999999999999d").is_err());
+        assert_eq!(Dur::parse("1m30s"), Ok(Dur(Duration::from_secs(90))));
+        assert_eq!(Dur::parse("1.5s"), Ok(Dur(Duration::from_millis(1500))));
         assert_eq!(Dur(Duration::from_secs(90)).to_string(), "90s");
         assert_eq!(Dur(Duration::from_millis(1500)).to_string(), "1500ms");
     }
@@ -185,6 +164,8 @@ mod tests {
         assert_eq!(ByteSize::parse("1MiB"), Ok(ByteSize(1 << 20)));
         assert_eq!(ByteSize::parse("4096"), Ok(ByteSize(4096)));
         assert_eq!(ByteSize::parse("64KB"), Ok(ByteSize(64_000)));
+        assert_eq!(ByteSize::parse("64kB"), Ok(ByteSize(64_000)));
+        assert_eq!(ByteSize::parse("64KiB"), Ok(ByteSize(64 << 10)));
         assert!(ByteSize::parse("1 parsec").is_err());
         assert_eq!(ByteSize(1 << 20).to_string(), "1MiB");
     }

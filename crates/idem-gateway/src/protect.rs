@@ -1,0 +1,195 @@
+//! How a protected route configures idem-http's layer: the route's principal source, its
+//! fingerprint settings and its status policy, as the layer's plug-in traits.
+
+use std::time::Duration;
+
+use http::StatusCode;
+use http::request::Parts;
+use idem_core::Fingerprint;
+use idem_core::fingerprint::canonical_json_filtered;
+use idem_http::policy::{FingerprintRequest, HeaderKey, StoreDecision, StorePolicy};
+use idem_http::{IdempotencyConfig, RouteConfigError, StreamingResponses};
+
+use crate::config::{FingerprintBody, FingerprintSettings, RoutePolicy, UpstreamFailure};
+
+/// The layer configuration of one protected route.
+///
+/// # Errors
+/// An invalid namespace (already refused when the configuration was compiled).
+pub fn layer_config(p: &RoutePolicy) -> Result<IdempotencyConfig, RouteConfigError> {
+    Ok(IdempotencyConfig::new(p.namespace.clone())?
+        .key_required(p.key_required)
+        .key(HeaderKey::names([p.key_header.clone()]))
+        .principal(p.principal.clone())
+        .fingerprint(GatewayFingerprint(p.fingerprint.clone()))
+        .store_policy(GatewayStorePolicy {
+            policy: StatusPolicy::from(p),
+        })
+        .policy(p.engine.clone())
+        .max_request_body(p.max_request_body)
+        .max_stored_response(p.max_stored_response)
+        .replay_headers(p.replay_headers.iter().cloned())
+        .streaming(StreamingResponses::Buffer)
+        .store_retry_after(Duration::from_secs(1)))
+}
+
+/// Method + path and query + selected headers + the body (canonical JSON, raw or ignored).
+#[derive(Debug)]
+struct GatewayFingerprint(FingerprintSettings);
+
+impl FingerprintRequest for GatewayFingerprint {
+    fn fingerprint(&self, parts: &Parts, body: &[u8]) -> Fingerprint {
+        let route = parts.uri.path_and_query().map_or("/", |pq| pq.as_str());
+        let mut fp = Fingerprint::builder(1)
+            .part("method", parts.method.as_str().as_bytes())
+            .part("route", route.as_bytes());
+        for name in &self.0.headers {
+            fp = fp.part("header", name.as_str().as_bytes());
+            for value in parts.headers.get_all(name) {
+                fp = fp.part("value", value.as_bytes());
+            }
+        }
+        match self.0.body {
+            FingerprintBody::Ignore => fp,
+            FingerprintBody::Raw => fp.part("body", body),
+            FingerprintBody::Json => match canonical_json_filtered(body, &self.0.fields) {
+                Ok(canonical) if !body.is_empty() => fp.part("json", &canonical),
+                _ => fp.part("body", body),
+            },
+        }
+        .finish()
+    }
+}
+
+#[derive(Debug, Clone)]
+struct StatusPolicy {
+    store: crate::config::StatusSet,
+    release: crate::config::StatusSet,
+    upstream_failure: UpstreamFailure,
+}
+
+impl From<&RoutePolicy> for StatusPolicy {
+    fn from(p: &RoutePolicy) -> Self {
+        Self {
+            store: p.store_statuses.clone(),
+            release: p.release_statuses.clone(),
+            upstream_failure: p.upstream_failure,
+        }
+    }
+}
+
+/// Stores the configured statuses; 502 and 504 (the upstream may have acted) follow
+/// `upstream_failure`; everything else is released so a retry runs again.
+#[derive(Debug)]
+struct GatewayStorePolicy {
+    policy: StatusPolicy,
+}
+
+impl StorePolicy for GatewayStorePolicy {
+    fn decide(&self, status: StatusCode) -> StoreDecision {
+        let p = &self.policy;
+        match status.as_u16() {
+            502 | 504 => StoreDecision::Release(p.upstream_failure.release_kind()),
+            s if s < 200 => StoreDecision::Release(idem_core::ReleaseKind::Retryable),
+            s if p.store.contains(s) && !p.release.contains(s) => StoreDecision::Store,
+            _ => StoreDecision::Release(idem_core::ReleaseKind::Retryable),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use http::{HeaderName, Request};
+
+    use super::*;
+
+    fn parts(method: &str, uri: &str, headers: &[(&str, &str)]) -> Parts {
+        let mut b = Request::builder().method(method).uri(uri);
+        for (n, v) in headers {
+            b = b.header(*n, *v);
+        }
+        b.body(()).expect("request").into_parts().0
+    }
+
+    #[test]
+    fn fingerprints_follow_the_settings() {
+        let json = GatewayFingerprint(FingerprintSettings {
+            body: FingerprintBody::Json,
+            fields: idem_core::JsonFields::all().exclude(["client_time"]),
+            headers: vec![HeaderName::from_static("x-tenant")],
+        });
+        let p = parts("POST", "/charge", &[("x-tenant", "a")]);
+        let a = json.fingerprint(&p, br#"{"amount":1,"client_time":5}"#);
+        assert_eq!(
+            a,
+            json.fingerprint(&p, br#"{ "client_time": 6, "amount": 1 }"#)
+        );
+        assert_ne!(a, json.fingerprint(&p, br#"{"amount":2}"#));
+        assert_ne!(
+            a,
+            json.fingerprint(
+                &parts("POST", "/charge", &[("x-tenant", "b")]),
+                br#"{"amount":1}"#
+            )
+        );
+        assert_ne!(
+            a,
+            json.fingerprint(
+                &parts("PUT", "/charge", &[("x-tenant", "a")]),
+                br#"{"amount":1}"#
+            )
+        );
+        let ignore = GatewayFingerprint(FingerprintSettings {
+            body: FingerprintBody::Ignore,
+            fields: idem_core::JsonFields::all(),
+            headers: vec![],
+        });
+        assert_eq!(
+            ignore.fingerprint(&p, b"one"),
+            ignore.fingerprint(&p, b"two")
+        );
+    }
+
+    #[test]
+    fn statuses_decide_what_is_kept() {
+        let s = crate::config::compile(
+            &crate::config::from_toml(
+                "upstream = \"http://x\"\n[defaults]\nprincipal = { from = \"none\" }",
+            )
+            .expect("toml"),
+        )
+        .expect("valid");
+        let hold = GatewayStorePolicy {
+            policy: StatusPolicy::from(&*s.routes[0].policy),
+        };
+        let kind = |code: u16| hold.decide(StatusCode::from_u16(code).expect("status"));
+        assert_eq!(kind(201), StoreDecision::Store);
+        assert_eq!(kind(422), StoreDecision::Store);
+        assert_eq!(
+            kind(429),
+            StoreDecision::Release(idem_core::ReleaseKind::Retryable)
+        );
+        assert_eq!(
+            kind(500),
+            StoreDecision::Release(idem_core::ReleaseKind::Retryable)
+        );
+        assert_eq!(
+            kind(503),
+            StoreDecision::Release(idem_core::ReleaseKind::Retryable)
+        );
+        assert_eq!(
+            kind(504),
+            StoreDecision::Release(idem_core::ReleaseKind::Unknown)
+        );
+        let retry = GatewayStorePolicy {
+            policy: StatusPolicy {
+                upstream_failure: UpstreamFailure::Retry,
+                ..StatusPolicy::from(&*s.routes[0].policy)
+            },
+        };
+        assert_eq!(
+            retry.decide(StatusCode::BAD_GATEWAY),
+            StoreDecision::Release(idem_core::ReleaseKind::Retryable)
+        );
+    }
+}
