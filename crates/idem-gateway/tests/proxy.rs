@@ -243,7 +243,11 @@ async fn principals_are_isolated() {
     let alice_again = send("alice-key").await;
     assert!(alice_again.replayed());
     assert_eq!(alice_again.body, alice.body);
+    let bob_again = send("bob-key").await;
+    assert!(bob_again.replayed());
+    assert_eq!(bob_again.body, bob.body);
     assert_ne!(alice.body, bob.body);
+    assert_eq!(up.seen.count("/tenant/pay"), 2, "each ran once");
     // No credential on a route that scopes by one: 401, nothing runs.
     let anon = http.post(&gw.url("/tenant/pay"), Some(&k), "{}").await;
     assert_eq!(anon.status, StatusCode::UNAUTHORIZED);
@@ -502,6 +506,43 @@ async fn the_admin_api_needs_its_token_and_its_own_listener() {
         "after delete the key is free again"
     );
     assert_eq!(up.seen.count("/m"), 2);
+}
+
+/// The gateway counts what its layer decided, never what an answer's body says: an upstream
+/// whose own 409 carries idem's in-flight problem type is an execution, not a conflict.
+/// (Guards against classifying outcomes by re-parsing problem bodies.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upstream_answer_in_idems_problem_format_counts_as_an_execution() {
+    let (up, gw, http) = setup().await;
+    let r = http
+        .post(&gw.url("/x/idem-problem"), Some(&key()), "{}")
+        .await;
+    assert_eq!(r.status, StatusCode::CONFLICT);
+    assert_eq!(
+        r.problem_type(),
+        "in-flight",
+        "the upstream's body passes through"
+    );
+    assert_eq!(up.seen.count("/x/idem-problem"), 1);
+    let auth = format!("Bearer {ADMIN_TOKEN}");
+    let metrics = http
+        .send(
+            Method::GET,
+            &gw.admin_url("/metrics"),
+            &[("authorization", &auth)],
+            "",
+        )
+        .await;
+    let text = String::from_utf8_lossy(&metrics.body).into_owned();
+    let count = |outcome: &str| {
+        let prefix = format!("idem_requests_total{{outcome=\"{outcome}\"}} ");
+        text.lines()
+            .find_map(|l| l.strip_prefix(prefix.as_str()))
+            .and_then(|n| n.trim().parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    assert_eq!(count("executed"), 1, "{text}");
+    assert_eq!(count("in_flight"), 0, "{text}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -25,6 +25,8 @@
 //! # Ok(()) }
 //! ```
 
+mod answer;
+mod lease;
 mod policy;
 
 use std::future::Future;
@@ -35,189 +37,17 @@ use std::time::Duration;
 use futures::FutureExt;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
-use thiserror::Error;
 use tokio::time::Instant;
 
+pub use answer::{Action, Answer, EngineError, Reply, Settled, Settlement};
 pub use policy::{LEASE_MARGIN, Policy, PolicyBuilder, PolicyError};
+
+use lease::{ClaimGuard, timed_op, watchdog};
 
 use crate::fingerprint::Fingerprint;
 use crate::key::ScopedKey;
-use crate::outcome::{Kept, Outcome};
 use crate::record::{Lease, OwnerId, ReleaseKind, StoredResponse};
-use crate::store::{ClaimOutcome, ClaimRequest, RenewOutcome, SettleOutcome, Store, StoreError};
-
-/// What the handler asks the engine to do with its result.
-#[derive(Clone, Debug, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum Action {
-    /// Keep this response and replay it to every retry.
-    Complete(StoredResponse),
-    /// Keep nothing; release the claim as this kind.
-    Release(ReleaseKind),
-}
-
-/// A handler's result: the value for this caller, and what to record.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Settlement<T> {
-    /// Returned to the caller of [`Engine::run`].
-    pub output: T,
-    /// What the engine records.
-    pub action: Action,
-}
-
-impl<T> Settlement<T> {
-    /// Return `output` and store `response` for replay.
-    pub fn complete(output: T, response: StoredResponse) -> Self {
-        Self {
-            output,
-            action: Action::Complete(response),
-        }
-    }
-
-    /// Return `output` and release the claim.
-    pub fn release(output: T, kind: ReleaseKind) -> Self {
-        Self {
-            output,
-            action: Action::Release(kind),
-        }
-    }
-}
-
-/// What became of the handler's result after it ran.
-#[derive(Debug)]
-#[non_exhaustive]
-pub enum Settled {
-    /// The response is stored for replay.
-    Stored,
-    /// The claim was released as asked.
-    Released(ReleaseKind),
-    /// Another holder took the key over meanwhile; the result was discarded.
-    Fenced,
-    /// The store failed while settling. The record stays processing until its lease runs
-    /// out, then follows the takeover policy.
-    Failed(StoreError),
-}
-
-/// The answer to one [`Engine::run`]; [`Answer::outcome`] names it for metrics and logs.
-#[derive(Debug)]
-#[non_exhaustive]
-pub enum Answer<T> {
-    /// This call claimed the key and ran the handler.
-    Executed {
-        /// The handler's output.
-        output: T,
-        /// The lease it ran under (its fence is the write token downstream).
-        lease: Lease,
-        /// True if an expired lease was taken over.
-        takeover: bool,
-        /// What was recorded.
-        settled: Settled,
-    },
-    /// The key had completed; this is the stored response.
-    Replayed(StoredResponse),
-    /// Another holder is running the handler.
-    InFlight {
-        /// When to try again.
-        retry_after: Duration,
-    },
-    /// The key was used with a different fingerprint; nothing ran.
-    Mismatch,
-    /// An earlier attempt's outcome is unknown; nothing ran.
-    Unknown,
-}
-
-impl<T> Answer<T> {
-    /// What became of the request, for metrics, logs and audit.
-    pub fn outcome(&self) -> Outcome {
-        match self {
-            Self::Executed { settled, .. } => match settled {
-                Settled::Stored => Outcome::Executed(Kept::Stored),
-                Settled::Released(kind) => Outcome::Executed(Kept::Released(*kind)),
-                Settled::Fenced => Outcome::Fenced,
-                Settled::Failed(_) => Outcome::Executed(Kept::Unsettled),
-            },
-            Self::Replayed(_) => Outcome::Replayed,
-            Self::InFlight { .. } => Outcome::InFlight,
-            Self::Mismatch => Outcome::Mismatch,
-            Self::Unknown => Outcome::Unknown,
-        }
-    }
-}
-
-/// The engine could not give a definite answer.
-#[derive(Debug, Error)]
-#[non_exhaustive]
-pub enum EngineError {
-    /// The store failed before the handler ran; nothing ran.
-    #[error("store failed")]
-    Store(#[from] StoreError),
-    /// The lease was lost while the handler ran; the handler was cancelled.
-    #[error("lease lost; handler cancelled")]
-    LeaseLost,
-    /// The handler ran past its timeout and was cancelled; the claim was released per policy.
-    #[error("handler timed out after {0:?}")]
-    HandlerTimedOut(Duration),
-    /// The handler panicked; the claim was released so a retry can run.
-    #[error("handler panicked")]
-    HandlerPanicked,
-    /// A stored response could not be decoded into the caller's type.
-    #[error("stored response does not decode: {0}")]
-    Decode(String),
-    /// The closure's value could not be encoded for storage; the claim was released.
-    #[error("value does not encode: {0}")]
-    Encode(String),
-}
-
-impl EngineError {
-    /// What became of the request. `interrupted` is what an interrupted handler leaves
-    /// behind under the run's policy ([`Policy::interrupted_release`]).
-    pub fn outcome(&self, interrupted: ReleaseKind) -> Outcome {
-        match self {
-            Self::Store(_) => Outcome::StoreUnavailable,
-            Self::LeaseLost => Outcome::Fenced,
-            Self::HandlerTimedOut(_) => Outcome::Executed(Kept::Interrupted(interrupted)),
-            Self::HandlerPanicked => Outcome::Executed(Kept::Interrupted(ReleaseKind::Retryable)),
-            // A stored value was found; only its decoding for this caller failed.
-            Self::Decode(_) => Outcome::Replayed,
-            Self::Encode(_) => Outcome::Executed(Kept::Released(ReleaseKind::Retryable)),
-        }
-    }
-}
-
-/// The function-level answer of [`Engine::call_json`].
-#[derive(Debug, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum Reply<T, E> {
-    /// The closure ran now and succeeded; its value is stored.
-    Executed(T),
-    /// A stored value from an earlier run.
-    Replayed(T),
-    /// The closure ran now and failed; the claim was released so a retry runs again.
-    Failed(E),
-    /// Another holder is running it.
-    InFlight {
-        /// When to try again.
-        retry_after: Duration,
-    },
-    /// The key was used with different arguments.
-    Mismatch,
-    /// An earlier attempt's outcome is unknown.
-    Unknown,
-}
-
-impl<T, E> Reply<T, E> {
-    /// What became of the call, for metrics, logs and audit.
-    pub fn outcome(&self) -> Outcome {
-        match self {
-            Self::Executed(_) => Outcome::Executed(Kept::Stored),
-            Self::Replayed(_) => Outcome::Replayed,
-            Self::Failed(_) => Outcome::Executed(Kept::Released(ReleaseKind::Retryable)),
-            Self::InFlight { .. } => Outcome::InFlight,
-            Self::Mismatch => Outcome::Mismatch,
-            Self::Unknown => Outcome::Unknown,
-        }
-    }
-}
+use crate::store::{ClaimOutcome, ClaimRequest, SettleOutcome, Store, StoreError};
 
 /// The idempotency engine over a store. Cheap to clone.
 #[derive(Debug)]
@@ -519,115 +349,4 @@ enum Claimed<T> {
         sent_at: Instant,
     },
     Not(Answer<T>),
-}
-
-/// Bounds a store call by the policy's store timeout.
-async fn timed_op<T>(
-    limit: Duration,
-    op: impl Future<Output = Result<T, StoreError>>,
-) -> Result<T, StoreError> {
-    let mut op = std::pin::pin!(op);
-    // A store that answers at once (memory, a cache hit) needs no timer.
-    if let std::task::Poll::Ready(result) = futures::poll!(op.as_mut()) {
-        return result;
-    }
-    match tokio::time::timeout(limit, op).await {
-        Ok(result) => result,
-        Err(_) => Err(StoreError::Timeout(limit)),
-    }
-}
-
-/// Why the watchdog gave up the lease.
-#[derive(Debug)]
-enum LeaseLoss {
-    /// The store said another holder has the key.
-    Taken,
-    /// Renewals failed until the lease would have run out on our own clock.
-    Expired,
-}
-
-/// Renews the lease every `renew_every`; resolves only when the lease is lost.
-///
-/// The local deadline is measured from when the last successful request was *sent*, on a
-/// monotonic clock, so it is never later than the store's own deadline.
-async fn watchdog<S: Store>(
-    store: &S,
-    key: &ScopedKey,
-    lease: Lease,
-    policy: &Policy,
-    sent_at: Instant,
-) -> LeaseLoss {
-    let mut deadline = sent_at + policy.lease;
-    loop {
-        let wake = (Instant::now() + policy.renew_every).min(deadline);
-        tokio::time::sleep_until(wake).await;
-        if Instant::now() >= deadline {
-            return LeaseLoss::Expired;
-        }
-        let sent = Instant::now();
-        // A renewal still pending at the deadline must not keep the handler running past it.
-        let limit = policy
-            .store_timeout
-            .min(deadline.saturating_duration_since(sent));
-        match timed_op(
-            limit,
-            store.renew(key, lease.owner, lease.fence, policy.lease),
-        )
-        .await
-        {
-            Ok(RenewOutcome::Renewed { .. }) => deadline = sent + policy.lease,
-            Ok(_) => return LeaseLoss::Taken,
-            Err(e) => {
-                tracing::warn!(key = %key, fence = lease.fence, error = %e, "lease renewal failed")
-            }
-        }
-    }
-}
-
-/// Releases a claim if the run is abandoned before it settles. Borrows the run's store and
-/// key; only a drop that must release in the background clones them.
-struct ClaimGuard<'a, S: Store> {
-    store: &'a Arc<S>,
-    key: &'a ScopedKey,
-    lease: Lease,
-    kind: ReleaseKind,
-    store_timeout: Duration,
-    armed: bool,
-}
-
-impl<S: Store> ClaimGuard<'_, S> {
-    async fn settle_now(&mut self, kind: ReleaseKind) {
-        self.armed = false;
-        let op = self
-            .store
-            .release(self.key, self.lease.owner, self.lease.fence, kind);
-        if let Err(e) = timed_op(self.store_timeout, op).await {
-            tracing::error!(key = %self.key, fence = self.lease.fence, error = %e, "release failed; lease will expire");
-        }
-    }
-}
-
-impl<S: Store> Drop for ClaimGuard<'_, S> {
-    fn drop(&mut self) {
-        if !self.armed {
-            return;
-        }
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            tracing::error!(key = %self.key, "run dropped outside a runtime; lease will expire");
-            return;
-        };
-        let (store, key, lease, kind, limit) = (
-            Arc::clone(self.store),
-            self.key.clone(),
-            self.lease,
-            self.kind,
-            self.store_timeout,
-        );
-        tracing::warn!(key = %key, fence = lease.fence, ?kind, "run dropped mid-handler; releasing");
-        runtime.spawn(async move {
-            if let Err(e) = timed_op(limit, store.release(&key, lease.owner, lease.fence, kind)).await {
-                tracing::error!(key = %key, error = %e, "release after drop failed; lease will expire");
-            }
-        });
-    }
 }

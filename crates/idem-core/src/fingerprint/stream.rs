@@ -8,7 +8,8 @@
 
 use std::borrow::Cow;
 
-use super::{FingerprintError, write_number, write_string};
+use super::FingerprintError;
+use super::json::{write_number, write_string};
 
 /// serde_json's nesting limit: the 128th nested array or object is refused.
 const MAX_DEPTH: usize = 127;

@@ -345,6 +345,18 @@ async fn handle(
     if path.ends_with("/reset") {
         return Err(Reset);
     }
+    if path.ends_with("/idem-problem") {
+        // The upstream's own answer that looks like one of idem's problems.
+        let mut res = http::Response::new(Full::new(Bytes::from_static(
+            br#"{"type":"https://idem.dev/problems/in-flight","title":"Request in flight","status":409}"#,
+        )));
+        *res.status_mut() = StatusCode::CONFLICT;
+        res.headers_mut().insert(
+            "content-type",
+            "application/problem+json".parse().expect("value"),
+        );
+        return Ok(res);
+    }
     let status = path
         .split("/status/")
         .nth(1)
