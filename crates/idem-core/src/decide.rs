@@ -2,7 +2,7 @@
 //!
 //! No I/O and no clock: stores that can run Rust (memory) apply these directly under a lock;
 //! remote stores (Lua, SQL) implement the same table, and the conformance suite holds them to
-//! it. See `DESIGN.md` §2.
+//! it. `docs/design.md` describes the state machine.
 //!
 //! | previous (live)                     | same fingerprint               | other fingerprint |
 //! |-------------------------------------|--------------------------------|-------------------|

@@ -1,7 +1,8 @@
 //! idem's core: the types, the state machine, the store contract and the engine.
 //!
 //! `(scope, key, fingerprint, request)` → at most one execution; the stored final response
-//! for every retry; never an execution without a durable claim. See `DESIGN.md`.
+//! for every retry; never an execution without a durable claim. `docs/design.md` describes
+//! the semantics.
 //!
 //! This crate does no network I/O. Backends (`idem-redis`, `idem-sql`) implement [`Store`];
 //! carriers (`idem-http`, …) drive [`Engine`].

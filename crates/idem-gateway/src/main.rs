@@ -20,8 +20,8 @@ use idem_gateway::config::{self, LogFormat, OverrideAdmin, OverrideLog, Override
 use idem_gateway::{demo, metrics, server, store};
 
 /// mimalloc keeps freed blocks on per-thread lists: a proxy frees on one worker thread much of
-/// what the other allocated (buffers, futures, records), which with glibc's allocator meant
-/// contended arena locks and futex calls on the protected path (see docs/BENCHMARKS.md).
+/// what another allocated (buffers, futures, records), where glibc's allocator contends on
+/// its arena locks.
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 

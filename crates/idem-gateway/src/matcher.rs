@@ -120,7 +120,7 @@ impl PathPattern {
 mod tests {
     use super::*;
 
-    /// The matcher as first written (collects the segments); the allocation-free one must
+    /// A straightforward matcher that collects the segments; the allocation-free one must
     /// agree with it everywhere.
     fn collecting_match(p: &PathPattern, path: &str) -> bool {
         let body = path.strip_prefix('/').unwrap_or(path);

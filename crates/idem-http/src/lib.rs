@@ -1,5 +1,5 @@
 //! idem's HTTP carrier: a tower layer that gives any `http` service (axum, hyper) the
-//! idempotency-key semantics of `DESIGN.md` §5, on top of [`idem_core::Engine`], plus a
+//! idempotency-key semantics of `docs/design.md` ("HTTP behaviour"), on top of [`idem_core::Engine`], plus a
 //! status endpoint.
 //!
 //! ```

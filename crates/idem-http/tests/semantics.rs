@@ -1,4 +1,4 @@
-//! DESIGN.md §5 through an axum app: replays, conflicts, mismatches, keys, principals,
+//! The HTTP behaviour of `docs/design.md` through an axum app: replays, conflicts, mismatches, keys, principals,
 //! store policy, panics, caps, streaming, status endpoint.
 
 mod common;

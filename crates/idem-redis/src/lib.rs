@@ -71,8 +71,8 @@
 //! # TLS
 //!
 //! The `tls` feature enables `rediss://` through redis-rs's rustls support without choosing a
-//! crypto provider: the binary installs the process-wide rustls provider it already uses, so
-//! no second one is pulled in.
+//! crypto provider: the program using it must install a process-wide rustls provider. The
+//! `idem` gateway does not enable this feature yet, so `rediss://` does not work there.
 
 mod batch;
 mod codec;

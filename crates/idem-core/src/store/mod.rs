@@ -190,7 +190,7 @@ impl StoreError {
     }
 }
 
-/// The store contract. See the module docs and `DESIGN.md` §3.
+/// The store contract. See the module docs and `docs/design.md` ("The store contract").
 ///
 /// Every method is one atomic step judged on the store's clock.
 pub trait Store: Send + Sync + 'static {

@@ -1,5 +1,6 @@
-//! The [`Idempotency`] middleware: `DESIGN.md` §5 for any `http` service (axum, hyper, tonic
-//! over HTTP), driving [`idem_core::Engine`].
+//! The [`Idempotency`] middleware: idempotency-key semantics for any `http` service (axum,
+//! hyper), driving [`idem_core::Engine`]. Every response carries the request's
+//! [`Outcome`](idem_core::Outcome) as an extension.
 //!
 //! A protected request (any method but `GET`/`HEAD`/`OPTIONS`, with a key) is handled as:
 //!
