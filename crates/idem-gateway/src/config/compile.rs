@@ -67,7 +67,7 @@ pub fn compile(raw: &RawConfig) -> anyhow::Result<Settings> {
                 .map_or(Duration::from_secs(60), |d| d.0),
         )),
     };
-    let request_id_header = header_name(raw.request_id_header.as_deref().unwrap_or("x-request-id"))
+    let request_id_header = header_name(raw.request_id_header.as_deref().unwrap_or(idem_http::X_REQUEST_ID.as_str()))
         .context("`request_id_header`")?;
     let log = raw.log.clone().unwrap_or_default();
     let log_format = match log.format.as_deref().unwrap_or("text") {
@@ -305,7 +305,7 @@ fn compile_route(r: &RawRoute, d: &RawRoute, store_timeout: Duration) -> anyhow:
 
     let policy = RoutePolicy {
         idempotency,
-        key_header: header_name(pick!(key_header).as_deref().unwrap_or("idempotency-key"))
+        key_header: header_name(pick!(key_header).as_deref().unwrap_or(idem_http::IDEMPOTENCY_KEY.as_str()))
             .context("`key_header`")?,
         key_required: pick!(key_required).unwrap_or(true),
         namespace,
