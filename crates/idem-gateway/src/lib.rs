@@ -10,6 +10,7 @@ pub mod config;
 pub mod demo;
 pub mod matcher;
 pub mod metrics;
+pub mod path;
 pub mod principal;
 pub mod protect;
 pub mod proxy;
