@@ -2,6 +2,7 @@
 //! idem-http's layer in front of the proxy. Metrics and the access log read the
 //! [`Outcome`] the layer attaches to every answer.
 
+use std::borrow::Cow;
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -9,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use http::header::{HeaderName, HeaderValue};
 use http::request::Parts;
+use http::uri::PathAndQuery;
 use http::{Request, Response, StatusCode, Uri};
 use hyper::body::Incoming;
 use idem_core::{BoxStore, Engine, Kept, Outcome, Policy, Refusal};
@@ -16,7 +18,8 @@ use idem_http::{Idempotency, IdempotencyLayer, Problem, RequestBody, X_REQUEST_I
 use tower::{Layer as _, Service as _};
 
 use crate::claims::TrackedStore;
-use crate::config::{Route, Settings};
+use crate::config::{Route, Settings, Unmatched};
+use crate::path::{self, PathRejection, TrailingSlash};
 use crate::metrics::{MeteredStore, OutcomeCounters};
 use crate::protect::layer_config;
 use crate::proxy::{self, HttpClient, Proxy, ResBody};
@@ -40,7 +43,9 @@ struct Entry {
 /// The data-plane application. Cheap to share behind an `Arc`.
 pub struct App {
     entries: Vec<Entry>,
+    /// Where unmatched requests go when `unmatched = "proxy"`.
     fallback: Option<Proxy>,
+    trailing_slash: TrailingSlash,
     request_id: HeaderName,
     outcomes: OutcomeCounters,
 }
@@ -90,12 +95,16 @@ impl App {
                 handler,
             });
         }
-        let fallback = upstream
-            .map(|u| Proxy::new(client.clone(), u, Duration::from_secs(30), None))
-            .transpose()?;
+        let fallback = match settings.unmatched {
+            Unmatched::Proxy => upstream
+                .map(|u| Proxy::new(client.clone(), u, Duration::from_secs(30), None))
+                .transpose()?,
+            Unmatched::Reject | Unmatched::Protect => None,
+        };
         Ok(Self {
             entries,
             fallback,
+            trailing_slash: settings.trailing_slash,
             request_id: settings.request_id_header.clone(),
             outcomes: OutcomeCounters::new(),
         })
@@ -117,33 +126,10 @@ impl App {
         append_forwarded_for(&mut parts, peer);
         let method = log.then(|| parts.method.clone());
         let path = log.then(|| parts.uri.path().to_owned());
-        let entry = self.entries.iter().find(|e| {
-            e.route.methods.contains(&parts.method) && e.route.pattern.matches(parts.uri.path())
-        });
-        let req = Request::from_parts(parts, RequestBody::new(body));
-
-        let (mut res, route) = match entry {
-            None => match &self.fallback {
-                Some(proxy) => (proxy::boxed(passthrough(proxy.forward(req).await)), "-"),
-                None => (proxy::boxed(no_route()), "-"),
-            },
-            Some(Entry {
-                route,
-                handler: Handler::Plain(proxy),
-            }) => (
-                proxy::boxed(passthrough(proxy.forward(req).await)),
-                route.name.as_str(),
-            ),
-            Some(Entry {
-                route,
-                handler: Handler::Protected(svc),
-            }) => {
-                let res = match svc.clone().call(req).await {
-                    Ok(res) => res,
-                    Err(never) => match never {},
-                };
-                (proxy::boxed(res), route.name.as_str())
-            }
+        // Routes match the normalised path, and the upstream receives that same path.
+        let (mut res, route) = match normalize_uri(&mut parts.uri, self.trailing_slash) {
+            Ok(()) => self.route(parts, body).await,
+            Err(rejection) => (proxy::boxed(path_rejected(rejection)), "-"),
         };
         // The layer and the branches above attach one to every answer; a missing one would
         // be a bug, counted as an execution rather than hidden.
@@ -172,6 +158,40 @@ impl App {
     }
 }
 
+impl App {
+    /// Finds the request's route and answers through it: the layer, a plain proxy, the
+    /// unmatched proxy, or 404.
+    async fn route(&self, parts: Parts, body: Incoming) -> (Response<ResBody>, &str) {
+        let entry = self.entries.iter().find(|e| {
+            e.route.methods.contains(&parts.method) && e.route.pattern.matches(parts.uri.path())
+        });
+        let req = Request::from_parts(parts, RequestBody::new(body));
+        match entry {
+            None => match &self.fallback {
+                Some(proxy) => (proxy::boxed(passthrough(proxy.forward(req).await)), "-"),
+                None => (proxy::boxed(no_route()), "-"),
+            },
+            Some(Entry {
+                route,
+                handler: Handler::Plain(proxy),
+            }) => (
+                proxy::boxed(passthrough(proxy.forward(req).await)),
+                route.name.as_str(),
+            ),
+            Some(Entry {
+                route,
+                handler: Handler::Protected(svc),
+            }) => {
+                let res = match svc.clone().call(req).await {
+                    Ok(res) => res,
+                    Err(never) => match never {},
+                };
+                (proxy::boxed(res), route.name.as_str())
+            }
+        }
+    }
+}
+
 /// The part of an outcome the access log adds to its name: what was kept of an execution,
 /// or why a request was refused.
 fn detail(outcome: Outcome) -> &'static str {
@@ -180,6 +200,37 @@ fn detail(outcome: Outcome) -> &'static str {
         Outcome::Refused(why) => why.as_str(),
         _ => "-",
     }
+}
+
+/// Rewrites the request target's path to its canonical spelling, keeping the query.
+fn normalize_uri(uri: &mut Uri, trailing: TrailingSlash) -> Result<(), PathRejection> {
+    let normal = match path::normalize(uri.path(), trailing)? {
+        Cow::Borrowed(_) => return Ok(()),
+        Cow::Owned(normal) => normal,
+    };
+    let target = match uri.query() {
+        Some(q) => format!("{normal}?{q}"),
+        None => normal,
+    };
+    let mut parts = uri.clone().into_parts();
+    parts.path_and_query = Some(
+        PathAndQuery::try_from(target).map_err(|_| PathRejection::NotAbsolute)?,
+    );
+    *uri = Uri::from_parts(parts).map_err(|_| PathRejection::NotAbsolute)?;
+    Ok(())
+}
+
+#[cold]
+fn path_rejected(rejection: PathRejection) -> proxy::Upstream {
+    let mut res = proxy::problem(Problem::new(
+        StatusCode::BAD_REQUEST,
+        "path-rejected",
+        "Request path rejected",
+        rejection.to_string(),
+    ));
+    res.extensions_mut()
+        .insert(Outcome::Refused(Refusal::BadTarget));
+    res
 }
 
 fn passthrough<B>(mut res: Response<B>) -> Response<B> {

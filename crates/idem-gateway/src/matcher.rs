@@ -37,11 +37,16 @@ impl fmt::Display for MethodSet {
 }
 
 /// A path pattern: literal segments, `{name}` for any one segment, a trailing `*` for the rest.
+///
+/// Patterns are matched against normalised paths ([`crate::path`]); literal segments compare
+/// without regard to ASCII case unless the pattern was built case-sensitive, because many
+/// servers route `/CHARGE` to the `/charge` handler.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PathPattern {
     text: String,
     segments: Vec<Segment>,
     rest: bool,
+    ignore_case: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -84,6 +89,7 @@ impl PathPattern {
             text: text.to_owned(),
             segments,
             rest,
+            ignore_case: true,
         })
     }
 
@@ -100,6 +106,7 @@ impl PathPattern {
                 return false;
             };
             let ok = match seg {
+                Segment::Literal(l) if self.ignore_case => l.eq_ignore_ascii_case(part),
                 Segment::Literal(l) => l == part,
                 Segment::Param => !part.is_empty(),
             };
@@ -108,6 +115,18 @@ impl PathPattern {
             }
         }
         self.rest || parts.next().is_none()
+    }
+
+    /// The same pattern with literal segments compared exactly (`path_case = "sensitive"`).
+    #[must_use]
+    pub fn case_sensitive(mut self) -> Self {
+        self.ignore_case = false;
+        self
+    }
+
+    /// Whether literal segments compare without regard to case.
+    pub fn ignores_case(&self) -> bool {
+        self.ignore_case
     }
 
     /// The pattern text.
@@ -138,6 +157,7 @@ mod tests {
             return false;
         }
         p.segments.iter().zip(parts).all(|(seg, part)| match seg {
+            Segment::Literal(l) if p.ignore_case => l.eq_ignore_ascii_case(part),
             Segment::Literal(l) => l == part,
             Segment::Param => !part.is_empty(),
         })
@@ -157,28 +177,34 @@ mod tests {
             "/a/{x}/b/*",
         ];
         let paths = [
-            "", "/", "//", "/a", "/a/", "/a/b", "/a/b/", "/a//b", "/a/x/b", "/a/x/b/c", "/b",
+            "", "/", "//", "/A", "/A/x/B", "/a", "/a/", "/a/b", "/a/b/", "/a//b", "/a/x/b", "/a/x/b/c", "/b",
             "/a/b/c/d", "a", "a/b", "/x/a",
         ];
         let mut checked = 0;
         for pattern in patterns {
-            let p = PathPattern::parse(pattern).expect("valid");
-            for path in paths {
-                assert_eq!(
-                    p.matches(path),
-                    collecting_match(&p, path),
-                    "{pattern} against {path:?}"
-                );
-                checked += 1;
+            for p in [
+                PathPattern::parse(pattern).expect("valid"),
+                PathPattern::parse(pattern).expect("valid").case_sensitive(),
+            ] {
+                for path in paths {
+                    assert_eq!(
+                        p.matches(path),
+                        collecting_match(&p, path),
+                        "{pattern} against {path:?}"
+                    );
+                    checked += 1;
+                }
             }
         }
-        assert_eq!(checked, patterns.len() * paths.len());
+        assert_eq!(checked, 2 * patterns.len() * paths.len());
     }
 
     #[test]
     fn path_patterns_match_segments() {
         let p = PathPattern::parse("/v1/orders/{id}/pay").expect("valid");
         assert!(p.matches("/v1/orders/42/pay"));
+        assert!(p.matches("/V1/Orders/42/PAY"), "literals ignore case");
+        assert!(!p.clone().case_sensitive().matches("/V1/orders/42/pay"));
         assert!(!p.matches("/v1/orders//pay"));
         assert!(!p.matches("/v1/orders/42/pay/x"));
         let rest = PathPattern::parse("/v1/*").expect("valid");

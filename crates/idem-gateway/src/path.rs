@@ -18,6 +18,7 @@
 //! Letter case is left as sent; route literals compare without regard to case unless the
 //! configuration asks otherwise (see [`crate::matcher`]).
 
+use std::borrow::Cow;
 use std::fmt;
 
 /// What happens to a trailing slash.
@@ -69,11 +70,42 @@ impl fmt::Display for PathRejection {
 
 impl std::error::Error for PathRejection {}
 
-/// The canonical spelling of `path` (no query), per the module rules.
+/// The canonical spelling of `path` (no query), per the module rules; borrowed when `path`
+/// already is canonical, as almost every request's path is.
 ///
 /// # Errors
 /// [`PathRejection`] for a spelling servers disagree on.
-pub fn normalize(path: &str, trailing: TrailingSlash) -> Result<String, PathRejection> {
+pub fn normalize(path: &str, trailing: TrailingSlash) -> Result<Cow<'_, str>, PathRejection> {
+    if is_canonical(path, trailing) {
+        return Ok(Cow::Borrowed(path));
+    }
+    rewrite(path, trailing).map(Cow::Owned)
+}
+
+/// Whether `path` needs no rewriting: absolute, no escape, backslash or `;`, no empty, `.` or
+/// `..` segment, and no trailing slash unless trailing slashes are strict.
+fn is_canonical(path: &str, trailing: TrailingSlash) -> bool {
+    let bytes = path.as_bytes();
+    if bytes.first() != Some(&b'/') || bytes.iter().any(|b| matches!(b, b'%' | b'\\' | b';')) {
+        return false;
+    }
+    if path == "/" {
+        return true;
+    }
+    let body = &path[1..];
+    let mut segments = body.split('/').peekable();
+    while let Some(segment) = segments.next() {
+        let last = segments.peek().is_none();
+        match segment {
+            "." | ".." => return false,
+            "" if !(last && trailing == TrailingSlash::Strict) => return false,
+            _ => {}
+        }
+    }
+    true
+}
+
+fn rewrite(path: &str, trailing: TrailingSlash) -> Result<String, PathRejection> {
     let bytes = path.as_bytes();
     if bytes.first() != Some(&b'/') {
         return Err(PathRejection::NotAbsolute);
@@ -164,7 +196,7 @@ mod tests {
     use super::*;
 
     fn n(path: &str) -> Result<String, PathRejection> {
-        normalize(path, TrailingSlash::Ignore)
+        normalize(path, TrailingSlash::Ignore).map(Cow::into_owned)
     }
 
     #[test]
@@ -217,11 +249,29 @@ mod tests {
     }
 
     #[test]
+    fn the_borrowed_fast_path_agrees_with_the_rewrite() {
+        for p in [
+            "/", "/a", "/a/", "/a/b", "//", "/a//b", "/.", "/a/.", "/..", "/a/..", "/a.b",
+            "/..a", "/a/.b/", "/%41", "/a;b", "/a\\b", "/é/ü", "/a/b/c/",
+        ] {
+            for t in [TrailingSlash::Ignore, TrailingSlash::Strict] {
+                assert_eq!(
+                    normalize(p, t).map(|c| c.into_owned()),
+                    rewrite(p, t),
+                    "{p} {t:?}"
+                );
+            }
+        }
+    }
+
+    #[test]
     fn normalising_twice_changes_nothing() {
         for p in ["/a/./b/../c/", "/%41%7e%2d", "/x%2a%2A", "//a//b//", "/a/b/%2E%2E/"] {
             let once = n(p).expect("valid");
             assert_eq!(n(&once).as_deref(), Ok(once.as_str()), "{p}");
-            let strict = normalize(p, TrailingSlash::Strict).expect("valid");
+            let strict = normalize(p, TrailingSlash::Strict)
+                .expect("valid")
+                .into_owned();
             assert_eq!(
                 normalize(&strict, TrailingSlash::Strict).as_deref(),
                 Ok(strict.as_str()),

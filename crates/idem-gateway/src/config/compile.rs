@@ -10,13 +10,14 @@ use idem_core::{JsonFields, Policy, Scope, TakeoverPolicy};
 
 use super::settings::{
     AdminSettings, FingerprintBody, FingerprintSettings, JwtKey, JwtSettings, LogFormat,
-    PrincipalSource, Route, RoutePolicy, Settings, StatusSet, UpstreamFailure,
+    PrincipalSource, Route, RoutePolicy, Settings, StatusSet, Unmatched, UpstreamFailure,
 };
 use super::{
     DEFAULT_LISTEN, DEFAULT_STORE, Methods, RawConfig, RawFingerprint, RawPrincipal, RawRoute,
     StatusPattern,
 };
 use crate::matcher::{MethodSet, PathPattern};
+use crate::path::TrailingSlash;
 use crate::principal::JwtVerifier;
 use crate::store::{StoreOptions, StoreSpec};
 
@@ -132,20 +133,38 @@ pub fn compile(raw: &RawConfig) -> anyhow::Result<Settings> {
         }
     }
     let demo_upstream = raw.demo_upstream.unwrap_or(false);
-    let (raw_routes, implicit_route) = match &raw.routes {
-        Some(routes) if !routes.is_empty() => (routes.clone(), false),
-        _ => (
-            vec![RawRoute {
-                name: Some("default".into()),
-                path: Some("/*".into()),
-                ..RawRoute::default()
-            }],
-            true,
-        ),
+    let unmatched = match raw.unmatched.as_deref().unwrap_or("reject") {
+        "reject" => Unmatched::Reject,
+        "protect" => Unmatched::Protect,
+        "proxy" => Unmatched::Proxy,
+        other => bail!("`unmatched`: `{other}` is not one of reject, protect, proxy"),
     };
+    let trailing_slash = match raw.trailing_slash.as_deref().unwrap_or("ignore") {
+        "ignore" => TrailingSlash::Ignore,
+        "strict" => TrailingSlash::Strict,
+        other => bail!("`trailing_slash`: `{other}` is neither `ignore` nor `strict`"),
+    };
+    let ignore_case = match raw.path_case.as_deref().unwrap_or("insensitive") {
+        "insensitive" => true,
+        "sensitive" => false,
+        other => bail!("`path_case`: `{other}` is neither `insensitive` nor `sensitive`"),
+    };
+    let catch_all = |name: &str| RawRoute {
+        name: Some(name.into()),
+        path: Some("/*".into()),
+        ..RawRoute::default()
+    };
+    let (mut raw_routes, implicit_route) = match &raw.routes {
+        Some(routes) if !routes.is_empty() => (routes.clone(), false),
+        _ => (vec![catch_all("default")], true),
+    };
+    if unmatched == Unmatched::Protect && !implicit_route {
+        raw_routes.push(catch_all("unmatched"));
+    }
     let mut routes = Vec::with_capacity(raw_routes.len());
     for (i, r) in raw_routes.iter().enumerate() {
-        let route = compile_route(r, &defaults, store_timeout).with_context(|| {
+        let route = compile_route(r, &defaults, store_timeout, trailing_slash, ignore_case)
+            .with_context(|| {
             let name = r
                 .name
                 .clone()
@@ -182,15 +201,31 @@ pub fn compile(raw: &RawConfig) -> anyhow::Result<Settings> {
         admin,
         routes,
         implicit_route,
+        unmatched,
+        trailing_slash,
     })
 }
 
-fn compile_route(r: &RawRoute, d: &RawRoute, store_timeout: Duration) -> anyhow::Result<Route> {
+fn compile_route(
+    r: &RawRoute,
+    d: &RawRoute,
+    store_timeout: Duration,
+    trailing: TrailingSlash,
+    ignore_case: bool,
+) -> anyhow::Result<Route> {
     let path = r
         .path
         .as_deref()
         .ok_or_else(|| anyhow!("`path` is required"))?;
-    let pattern = PathPattern::parse(path).context("`path`")?;
+    // Patterns are spelled the way request paths are normalised, so they can match them.
+    let normal = crate::path::normalize(path, trailing)
+        .map_err(|e| anyhow!("`path` `{path}`: {e}"))?;
+    let pattern = PathPattern::parse(&normal).context("`path`")?;
+    let pattern = if ignore_case {
+        pattern
+    } else {
+        pattern.case_sensitive()
+    };
     let methods = match r.method.clone().unwrap_or(Methods::One("*".into())) {
         Methods::One(m) if m.trim() == "*" => MethodSet::Any,
         Methods::One(m) => MethodSet::Only(vec![method(&m)?]),

@@ -5,7 +5,8 @@ use std::fmt;
 use http::HeaderName;
 
 use super::Dur;
-use super::settings::{PrincipalSource, Settings};
+use super::settings::{PrincipalSource, Settings, Unmatched};
+use crate::path::TrailingSlash;
 
 impl fmt::Display for Settings {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -42,15 +43,41 @@ impl fmt::Display for Settings {
             "logs:      {:?}, level {}",
             self.log_format, self.log_level
         )?;
+        writeln!(
+            f,
+            "paths:     normalised before matching and forwarding; trailing slash {}; route literals {}",
+            match self.trailing_slash {
+                TrailingSlash::Ignore => "ignored",
+                TrailingSlash::Strict => "significant",
+            },
+            match self.routes.first() {
+                Some(r) if !r.pattern.ignores_case() => "case-sensitive",
+                _ => "case-insensitive",
+            }
+        )?;
+        writeln!(
+            f,
+            "unmatched: {}",
+            match self.unmatched {
+                Unmatched::Reject => "reject",
+                Unmatched::Protect => "protect",
+                Unmatched::Proxy => "proxy",
+            }
+        )?;
         if self.implicit_route {
             writeln!(
                 f,
                 "routes:    none configured; one catch-all route from `defaults`:"
             )?;
         } else {
+            let unmatched = match self.unmatched {
+                Unmatched::Reject => "unmatched requests get 404 and are not forwarded",
+                Unmatched::Protect => "unmatched requests are caught by the last route, `unmatched`",
+                Unmatched::Proxy => "unmatched requests are PROXIED UNPROTECTED",
+            };
             writeln!(
                 f,
-                "routes:    {} (first match wins; unmatched requests are proxied unprotected):",
+                "routes:    {} (first match wins; {unmatched}):",
                 self.routes.len()
             )?;
         }

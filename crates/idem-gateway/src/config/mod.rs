@@ -20,7 +20,7 @@ use serde::{Deserialize, Serialize};
 pub use compile::compile;
 pub use settings::{
     AdminSettings, FingerprintBody, FingerprintSettings, JwtKey, JwtSettings, LogFormat,
-    PrincipalSource, Route, RoutePolicy, Settings, StatusSet, UpstreamFailure,
+    PrincipalSource, Route, RoutePolicy, Settings, StatusSet, Unmatched, UpstreamFailure,
 };
 pub use units::{ByteSize, Dur};
 
@@ -69,6 +69,13 @@ pub struct RawConfig {
     pub routes: Option<Vec<RawRoute>>,
     /// Serve the built-in demo upstream and proxy to it.
     pub demo_upstream: Option<bool>,
+    /// What happens to a request no route matches: `reject` (default, 404), `protect` (a
+    /// last catch-all route from `defaults`) or `proxy` (forwarded unprotected).
+    pub unmatched: Option<String>,
+    /// `ignore` (default: `/charge/` is `/charge`) or `strict`.
+    pub trailing_slash: Option<String>,
+    /// `insensitive` (default: route literals match `/CHARGE` too) or `sensitive`.
+    pub path_case: Option<String>,
 }
 
 /// Logging settings.

@@ -11,6 +11,7 @@ use idem_core::{JsonFields, Policy, ReleaseKind};
 
 use super::StatusPattern;
 use crate::matcher::{MethodSet, PathPattern};
+use crate::path::TrailingSlash;
 use crate::principal::JwtVerifier;
 use crate::store::{StoreOptions, StoreSpec};
 
@@ -49,6 +50,21 @@ pub struct Settings {
     pub routes: Vec<Route>,
     /// True when no route was configured and one catch-all route was made from `defaults`.
     pub implicit_route: bool,
+    /// What happens to a request no route matches.
+    pub unmatched: Unmatched,
+    /// How paths are normalised before matching and forwarding.
+    pub trailing_slash: TrailingSlash,
+}
+
+/// What happens to a request that no route matches.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Unmatched {
+    /// Refused with 404 `no-route`; nothing is forwarded.
+    Reject,
+    /// Caught by a last catch-all route (named `unmatched`) with the `defaults` policy.
+    Protect,
+    /// Forwarded to the global upstream without protection.
+    Proxy,
 }
 
 /// Log output format.
