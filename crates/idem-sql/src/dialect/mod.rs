@@ -1,0 +1,125 @@
+//! What differs between the databases: the text of the statements and how the database reports
+//! what they did. Everything else is written once, in [`crate::SqlStore`].
+//!
+//! Statements are templates compiled once per table (see [`crate::statements`]): `{t}` is the
+//! table, `{cols}` the record columns (all but `id`), `{now}` / `{now_us}` the database clock
+//! in milliseconds / microseconds, `{greatest}` the dialect's `GREATEST`, `{holder}`,
+//! `{resolvable}`, `{on_conflict}` and `{create_table}` fragments several dialects share (the
+//! last with `{blob}`, `{bigint}` and `{smallint}` column types), and `:name` a parameter,
+//! which each dialect spells its own way ([`Placeholders`]).
+//!
+//! Statements no dialect spells differently are in [`crate::statements`]; the defaults of
+//! [`Sql`] are the portable spelling of those some dialects spell their own way.
+
+use sqlx::{Decode, Type};
+
+use crate::driver::Driver;
+
+#[cfg(feature = "mysql")]
+pub mod mysql;
+#[cfg(feature = "postgres")]
+pub mod postgres;
+#[cfg(feature = "sqlite")]
+pub mod sqlite;
+
+/// A database a [`crate::SqlStore`] keeps its records in: sqlx's `Postgres`, `MySql` (MariaDB)
+/// or `Sqlite`, each behind its feature. Sealed: the statements are written for these three.
+pub trait Dialect: Sql {}
+
+impl<D: Sql> Dialect for D {}
+
+/// How a dialect writes statement parameters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Placeholders {
+    /// Numbered after a prefix (`$1`, `?1`): a parameter used twice is bound once.
+    Numbered(&'static str),
+    /// Anonymous `?` in textual order: a parameter used twice is bound twice.
+    Positional,
+}
+
+/// How a dialect's renew statement hands back the new lease deadline.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Renewal<S> {
+    /// `UPDATE … RETURNING lease_until`: one row when renewed, none when the lease was lost.
+    Returning(S),
+    /// `UPDATE … SET lease_until = LAST_INSERT_ID(…)`: renewed when it matched one row, and the
+    /// deadline is the statement's last insert id (MariaDB has no `UPDATE … RETURNING`).
+    LastInsertId(S),
+}
+
+impl<S> Renewal<S> {
+    /// The same renewal with its statement mapped.
+    pub(crate) fn map<T>(self, f: impl FnOnce(S) -> T) -> Renewal<T> {
+        match self {
+            Self::Returning(s) => Renewal::Returning(f(s)),
+            Self::LastInsertId(s) => Renewal::LastInsertId(f(s)),
+        }
+    }
+}
+
+/// What a statement that returns no rows reports.
+pub trait Written {
+    /// How many rows it matched.
+    fn rows(&self) -> u64;
+    /// The value it set through `LAST_INSERT_ID(expr)`, where the database has that.
+    fn last_insert_id(&self) -> Option<u64> {
+        None
+    }
+}
+
+/// A dialect's SQL and error codes (the items behind [`Dialect`]).
+pub trait Sql: Driver + sqlx::Database<QueryResult: Written> {
+    /// The store's type name, for `Debug`.
+    const STORE: &'static str;
+    /// How statement parameters are written.
+    const PLACEHOLDERS: Placeholders;
+    /// How text columns are decoded.
+    type Text: for<'r> Decode<'r, Self> + Type<Self> + Into<String>;
+    /// The database clock in milliseconds, fixed for the statement.
+    const NOW_MS: &'static str;
+    /// The database clock in microseconds, fixed for the statement (may use `{now}`).
+    const NOW_US: &'static str;
+    /// The function giving the largest of its arguments.
+    const GREATEST: &'static str = "GREATEST";
+    /// The column type of bytes in `{create_table}`.
+    const BLOB: &'static str = "BLOB";
+    /// The column type of 64-bit integers in `{create_table}`.
+    const BIGINT: &'static str = "BIGINT";
+    /// The column type of 16-bit integers in `{create_table}`.
+    const SMALLINT: &'static str = "SMALLINT";
+
+    /// Creates the table and its indexes if missing, in one transaction (no parameters).
+    const MIGRATE: &'static str = "{create_table}";
+    /// A read that answers a claim without writing when it can (replay, busy, unknown,
+    /// mismatch), run before [`Sql::CLAIM`]; returns `false, now_ms, {cols}`.
+    const CLAIM_READ: Option<&'static str> = None;
+    /// The claim: returns `wrote, now_ms, {cols}` (the written row, or the row it read), or
+    /// no row when a concurrent claim won in between.
+    const CLAIM: &'static str;
+    /// Extends the holder's lease.
+    const RENEW: Renewal<&'static str> = Renewal::Returning(
+        "UPDATE {t} SET lease_until = {now} + :lease, \
+         expires_at = {greatest}(expires_at, {now} + :lease) WHERE {holder} RETURNING lease_until",
+    );
+    /// Lists live records, oldest first.
+    const LIST: &'static str = "SELECT {cols} FROM {t} WHERE expires_at > {now} \
+        AND (:namespace IS NULL OR namespace = :namespace) \
+        AND (:principal IS NULL OR principal = :principal) \
+        AND (:state IS NULL OR state = :state) \
+        AND (:age IS NULL OR created_at <= {now} - :age) \
+        ORDER BY created_at, id LIMIT :limit";
+    /// Deletes at most `:limit` expired rows.
+    const REAP: &'static str;
+
+    /// Run on every connection of a pool the store opens itself.
+    const SESSION: &'static [&'static str] = &[];
+    /// Begins the store's own transactions (`None`: the driver's `BEGIN`).
+    const BEGIN: Option<&'static str> = None;
+    /// Error codes (`DatabaseError::code`) after which a claim on the store's own pool runs
+    /// again: the database rolled the statement back whole.
+    const CLAIM_RETRY_CODES: &'static [&'static str] = &[];
+}
+
+/// A dialect whose store reads and writes through one pool (PostgreSQL, MariaDB), built with
+/// `new` / `with_table` / `connect`.
+pub trait OnePool: Dialect {}

@@ -1,0 +1,146 @@
+//! [`MySqlStore`]: records in a MariaDB 10.5+ table.
+//!
+//! Every operation is one statement judged on the server clock (`UTC_TIMESTAMP(6)`, fixed
+//! for the statement and independent of the session time zone):
+//!
+//! - **claim** is one `INSERT … ON DUPLICATE KEY UPDATE … RETURNING` (MariaDB returns the row
+//!   as it stands after the statement, written or not). The first assignment computes a
+//!   `verdict` from the existing row — keep (0), fresh claim of an absent or expired record (1),
+//!   takeover (2), or hold → unknown (3) — and every later assignment reads that freshly
+//!   assigned `verdict`, which relies on MySQL's left-to-right evaluation of assignments. The
+//!   store's own pool strips MariaDB's `SIMULTANEOUS_ASSIGNMENT` mode, which would break that;
+//!   callers of `claim_in` on their own connections must not enable it. A replay therefore
+//!   takes the row lock briefly, unlike PostgreSQL and SQLite. `RETURNING` on `INSERT` is
+//!   MariaDB syntax (10.5+); MySQL 8 is not supported by this statement.
+//! - **renew** is one guarded `UPDATE` that hands the new deadline back through
+//!   `LAST_INSERT_ID(expr)` (no `UPDATE … RETURNING` before MariaDB 11);
+//!   **complete / release / delete** are one guarded `UPDATE` each; **resolve** is a guarded
+//!   `UPDATE`, then a read to say why it did not apply.
+//!
+//! The pool's sessions run at `READ COMMITTED`, so the reaper's batched deletes take no gap
+//! locks. A claim on the store's pool that loses an InnoDB deadlock (SQLSTATE 40001) is run
+//! again.
+
+use sqlx::error::BoxDynError;
+use sqlx::mysql::{MySqlQueryResult, MySqlTypeInfo, MySqlValueRef};
+use sqlx::{Decode, MySql, Type};
+
+use super::{OnePool, Placeholders, Renewal, Sql, Written};
+
+/// Records in a MariaDB table. Cheap to clone (the pool is shared). The pool's sessions must
+/// not use the `SIMULTANEOUS_ASSIGNMENT` SQL mode (`MySqlStore::connect` makes sure).
+pub type MySqlStore = crate::SqlStore<MySql>;
+
+impl OnePool for MySql {}
+
+impl Sql for MySql {
+    const STORE: &'static str = "MySqlStore";
+    const PLACEHOLDERS: Placeholders = Placeholders::Positional;
+    type Text = Utf8;
+    const NOW_MS: &'static str =
+        "(TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) DIV 1000)";
+    const NOW_US: &'static str =
+        "TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6))";
+
+    /// Binary collation: keys compare byte for byte.
+    const MIGRATE: &'static str = r"
+CREATE TABLE IF NOT EXISTS {t} (
+    id          BINARY(32)    NOT NULL PRIMARY KEY,
+    namespace   VARCHAR(255)  NOT NULL,
+    principal   TEXT          NULL,
+    idem_key    VARCHAR(255)  NOT NULL,
+    fingerprint VARBINARY(34) NOT NULL,
+    fence       BIGINT        NOT NULL,
+    state       SMALLINT      NOT NULL,
+    owner       BINARY(16)    NULL,
+    lease_until BIGINT        NOT NULL,
+    response    LONGBLOB      NULL,
+    state_at    BIGINT        NOT NULL,
+    request_id  TEXT          NULL,
+    created_at  BIGINT        NOT NULL,
+    expires_at  BIGINT        NOT NULL,
+    verdict     SMALLINT      NOT NULL,
+    KEY {t}_expires_idx (expires_at),
+    KEY {t}_created_idx (created_at)
+) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4 COLLATE = utf8mb4_bin
+";
+
+    /// Every assignment after the first reads the `verdict` it set (left to right).
+    const CLAIM: &'static str = r"
+INSERT INTO {t} (id, {cols})
+VALUES (:id, :namespace, :principal, :key, :fingerprint, {now_us}, 0, :owner, {now} + :lease, NULL, {now},
+        :request_id, {now}, {now} + GREATEST(:lease, :ttl), 1)
+ON DUPLICATE KEY UPDATE
+    verdict = CASE WHEN expires_at <= {now} THEN 1
+                   WHEN fingerprint <> VALUES(fingerprint) OR state <> 0 OR lease_until > {now} THEN 0
+                   WHEN :hold THEN 3 ELSE 2 END,
+    fence = IF(verdict IN (1, 2), GREATEST(fence + 1, VALUES(fence)), fence),
+    state = CASE verdict WHEN 0 THEN state WHEN 3 THEN 2 ELSE 0 END,
+    owner = CASE verdict WHEN 0 THEN owner WHEN 3 THEN NULL ELSE VALUES(owner) END,
+    lease_until = CASE verdict WHEN 0 THEN lease_until WHEN 3 THEN 0 ELSE VALUES(lease_until) END,
+    response = IF(verdict = 0, response, NULL),
+    state_at = IF(verdict = 0, state_at, VALUES(state_at)),
+    request_id = IF(verdict IN (1, 2), VALUES(request_id), request_id),
+    created_at = IF(verdict = 1, VALUES(created_at), created_at),
+    expires_at = IF(verdict IN (1, 2), VALUES(expires_at), expires_at),
+    namespace = IF(verdict = 1, VALUES(namespace), namespace),
+    principal = IF(verdict = 1, VALUES(principal), principal),
+    idem_key = IF(verdict = 1, VALUES(idem_key), idem_key),
+    fingerprint = IF(verdict = 1, VALUES(fingerprint), fingerprint)
+RETURNING verdict <> 0 AS wrote, {now} AS now_ms, {cols}
+";
+
+    const RENEW: Renewal<&'static str> = Renewal::LastInsertId(
+        "UPDATE {t} SET lease_until = LAST_INSERT_ID({now} + :lease), \
+         expires_at = GREATEST(expires_at, {now} + :lease) WHERE {holder}",
+    );
+
+    const REAP: &'static str =
+        "DELETE FROM {t} WHERE expires_at <= {now} ORDER BY expires_at LIMIT :limit";
+
+    const SESSION: &'static [&'static str] = &[
+        "SET SESSION sql_mode = REPLACE(@@SESSION.sql_mode, 'SIMULTANEOUS_ASSIGNMENT', '')",
+        "SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED",
+    ];
+
+    /// InnoDB deadlock: the statement was rolled back.
+    const CLAIM_RETRY_CODES: &'static [&'static str] = &["40001"];
+}
+
+impl Written for MySqlQueryResult {
+    fn rows(&self) -> u64 {
+        self.rows_affected()
+    }
+
+    fn last_insert_id(&self) -> Option<u64> {
+        Some(MySqlQueryResult::last_insert_id(self))
+    }
+}
+
+/// Text from a binary-collated column, which MariaDB flags as binary: sqlx refuses to decode
+/// it as `String`, so it is read as bytes and checked to be UTF-8.
+#[derive(Debug)]
+pub struct Utf8(String);
+
+impl From<Utf8> for String {
+    fn from(text: Utf8) -> Self {
+        text.0
+    }
+}
+
+impl Type<MySql> for Utf8 {
+    fn type_info() -> MySqlTypeInfo {
+        <Vec<u8> as Type<MySql>>::type_info()
+    }
+
+    fn compatible(ty: &MySqlTypeInfo) -> bool {
+        <Vec<u8> as Type<MySql>>::compatible(ty)
+    }
+}
+
+impl<'r> Decode<'r, MySql> for Utf8 {
+    fn decode(value: MySqlValueRef<'r>) -> Result<Self, BoxDynError> {
+        let bytes = <Vec<u8> as Decode<'r, MySql>>::decode(value)?;
+        Ok(Self(String::from_utf8(bytes)?))
+    }
+}

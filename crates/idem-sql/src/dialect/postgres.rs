@@ -1,0 +1,80 @@
+//! [`PgStore`]: records in a PostgreSQL table.
+//!
+//! Every operation is one statement judged on `statement_timestamp()`:
+//!
+//! - **claim** is one `WITH … INSERT … ON CONFLICT (id) DO UPDATE … WHERE … RETURNING`. Its
+//!   first CTE reads the row; when the read already decides the answer without a write
+//!   (replay, busy, unknown, mismatch) the insert gets no input row, so a replay takes no row
+//!   lock. Otherwise the upsert's `WHERE` re-checks the *latest* row version (fresh claim on an
+//!   absent or expired record, takeover, or hold → unknown), and the statement returns either
+//!   the written row or the row it read. In the rare case where the read saw a claimable record
+//!   but a concurrent claim won the upsert, the statement is run again (bounded).
+//! - **renew / complete / release / delete** are one guarded `UPDATE` each.
+//! - **resolve** is a guarded `UPDATE`, then a read to say why it did not apply.
+//!
+//! Use `READ COMMITTED` (PostgreSQL's default) for same-database mode: under `REPEATABLE
+//! READ` a concurrent claim of the same key makes the upsert fail with a serialization error.
+
+use sqlx::Postgres;
+use sqlx::postgres::PgQueryResult;
+
+use super::{OnePool, Placeholders, Sql, Written};
+
+/// Records in a PostgreSQL table. Cheap to clone (the pool is shared).
+pub type PgStore = crate::SqlStore<Postgres>;
+
+impl OnePool for Postgres {}
+
+impl Sql for Postgres {
+    const STORE: &'static str = "PgStore";
+    const PLACEHOLDERS: Placeholders = Placeholders::Numbered("$");
+    type Text = String;
+    const NOW_MS: &'static str = "((extract(epoch FROM statement_timestamp()) * 1000)::bigint)";
+    const NOW_US: &'static str = "((extract(epoch FROM statement_timestamp()) * 1000000)::bigint)";
+    const BLOB: &'static str = "bytea";
+
+    /// The advisory lock serialises concurrent migrations of the same table.
+    const MIGRATE: &'static str =
+        "SELECT pg_advisory_xact_lock(hashtext('idem-sql:{t}')); {create_table}";
+
+    /// `cur` reads the row; `ins` gets an input row only when that read does not already
+    /// decide a read-only answer, and its upsert re-checks the latest row version.
+    const CLAIM: &'static str = r"
+WITH clk AS (
+    SELECT us, us / 1000 AS ms FROM (SELECT {now_us} AS us) c
+), cur AS (
+    SELECT {cols} FROM {t} WHERE id = :id
+), ins AS (
+    INSERT INTO {t} AS r (id, {cols})
+    SELECT :id, :namespace, :principal, :key, :fingerprint, clk.us, 0, :owner, clk.ms + :lease, NULL, clk.ms,
+           :request_id, clk.ms, clk.ms + GREATEST(:lease, :ttl), 1
+    FROM clk
+    WHERE NOT EXISTS (
+        SELECT 1 FROM cur WHERE cur.expires_at > clk.ms
+           AND (cur.fingerprint <> :fingerprint OR cur.state <> 0 OR cur.lease_until > clk.ms))
+    {on_conflict}
+    RETURNING {cols}
+)
+SELECT true AS wrote, clk.ms AS now_ms, ins.* FROM ins, clk
+UNION ALL
+SELECT false, clk.ms, cur.* FROM cur, clk WHERE NOT EXISTS (SELECT 1 FROM ins)
+";
+
+    /// Typed `NULL` tests: PostgreSQL cannot infer an untyped parameter's type from `IS NULL`.
+    const LIST: &'static str = "SELECT {cols} FROM {t} WHERE expires_at > {now} \
+        AND (:namespace::text IS NULL OR namespace = :namespace) \
+        AND (:principal::text IS NULL OR principal = :principal) \
+        AND (:state::smallint IS NULL OR state = :state) \
+        AND (:age::bigint IS NULL OR created_at <= {now} - :age) \
+        ORDER BY created_at, id LIMIT :limit";
+
+    /// `SKIP LOCKED`: rows another statement holds wait for the next pass.
+    const REAP: &'static str = "DELETE FROM {t} WHERE id IN (SELECT id FROM {t} WHERE expires_at <= {now} \
+         ORDER BY expires_at LIMIT :limit FOR UPDATE SKIP LOCKED) AND expires_at <= {now}";
+}
+
+impl Written for PgQueryResult {
+    fn rows(&self) -> u64 {
+        self.rows_affected()
+    }
+}

@@ -1,0 +1,388 @@
+//! The statements of one store, compiled once per table from its dialect's templates (see
+//! [`crate::dialect`] for the template syntax), and the statements every dialect shares.
+
+use crate::dialect::{Placeholders, Renewal, Sql};
+use crate::record::COLUMNS;
+use crate::table::TableName;
+
+/// A statement parameter, written `:name` in the templates.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Param {
+    /// The row id: the scoped key's digest.
+    Id,
+    /// The key's namespace.
+    Namespace,
+    /// The key's principal, if any.
+    Principal,
+    /// The key itself.
+    Key,
+    /// The request fingerprint.
+    Fingerprint,
+    /// The claim's owner id.
+    Owner,
+    /// The holder's fence.
+    Fence,
+    /// The lease, in milliseconds.
+    Lease,
+    /// How long the record lives, in milliseconds.
+    Ttl,
+    /// Whether an expired lease is held (marked unknown) rather than taken over.
+    Hold,
+    /// The request id, if any.
+    RequestId,
+    /// An encoded response.
+    Response,
+    /// A list filter: the state code.
+    State,
+    /// A list filter: minimum age in milliseconds.
+    Age,
+    /// How many rows at most.
+    Limit,
+}
+
+impl Param {
+    fn named(name: &str) -> Option<Self> {
+        Some(match name {
+            "id" => Self::Id,
+            "namespace" => Self::Namespace,
+            "principal" => Self::Principal,
+            "key" => Self::Key,
+            "fingerprint" => Self::Fingerprint,
+            "owner" => Self::Owner,
+            "fence" => Self::Fence,
+            "lease" => Self::Lease,
+            "ttl" => Self::Ttl,
+            "hold" => Self::Hold,
+            "request_id" => Self::RequestId,
+            "response" => Self::Response,
+            "state" => Self::State,
+            "age" => Self::Age,
+            "limit" => Self::Limit,
+            _ => return None,
+        })
+    }
+}
+
+/// The guard of every settling statement: the row is live and held by this owner and fence.
+const HOLDER: &str =
+    "id = :id AND owner = :owner AND fence = :fence AND state = 0 AND expires_at > {now}";
+
+/// A live record that is unknown, or processing under a lease that ran out.
+const RESOLVABLE: &str =
+    "id = :id AND expires_at > {now} AND (state = 2 OR (state = 0 AND lease_until <= {now}))";
+
+/// The table and its indexes, for the dialects whose columns differ only in type names.
+const CREATE_TABLE: &str = "CREATE TABLE IF NOT EXISTS {t} (
+    id          {blob}     PRIMARY KEY,
+    namespace   TEXT       NOT NULL,
+    principal   TEXT,
+    idem_key    TEXT       NOT NULL,
+    fingerprint {blob}     NOT NULL,
+    fence       {bigint}   NOT NULL,
+    state       {smallint} NOT NULL,
+    owner       {blob},
+    lease_until {bigint}   NOT NULL,
+    response    {blob},
+    state_at    {bigint}   NOT NULL,
+    request_id  TEXT,
+    created_at  {bigint}   NOT NULL,
+    expires_at  {bigint}   NOT NULL,
+    verdict     {smallint} NOT NULL
+);
+CREATE INDEX IF NOT EXISTS {t}_expires_idx ON {t} (expires_at);
+CREATE INDEX IF NOT EXISTS {t}_created_idx ON {t} (created_at);
+";
+
+/// The claim's upsert for the dialects with `INSERT … ON CONFLICT` (PostgreSQL, SQLite): `r`
+/// is the existing row and `excluded.state_at` is "now". The `WHERE` re-checks the latest row
+/// version (absent or expired: fresh claim; same fingerprint with an expired lease: takeover,
+/// or hold → unknown) and leaves any other row alone.
+const ON_CONFLICT: &str = "ON CONFLICT (id) DO UPDATE SET
+    verdict = CASE WHEN r.expires_at <= excluded.state_at THEN 1 WHEN :hold THEN 3 ELSE 2 END,
+    namespace = excluded.namespace,
+    principal = excluded.principal,
+    idem_key = excluded.idem_key,
+    fingerprint = excluded.fingerprint,
+    fence = CASE WHEN r.expires_at > excluded.state_at AND :hold THEN r.fence
+                 ELSE {greatest}(r.fence + 1, excluded.fence) END,
+    state = CASE WHEN r.expires_at > excluded.state_at AND :hold THEN 2 ELSE 0 END,
+    owner = CASE WHEN r.expires_at > excluded.state_at AND :hold THEN NULL ELSE excluded.owner END,
+    lease_until = CASE WHEN r.expires_at > excluded.state_at AND :hold THEN 0 ELSE excluded.lease_until END,
+    response = NULL,
+    state_at = excluded.state_at,
+    request_id = CASE WHEN r.expires_at > excluded.state_at AND :hold THEN r.request_id ELSE excluded.request_id END,
+    created_at = CASE WHEN r.expires_at > excluded.state_at THEN r.created_at ELSE excluded.created_at END,
+    expires_at = CASE WHEN r.expires_at > excluded.state_at AND :hold THEN r.expires_at ELSE excluded.expires_at END
+WHERE r.expires_at <= excluded.state_at
+   OR (r.fingerprint = excluded.fingerprint AND r.state = 0 AND r.lease_until <= excluded.state_at)";
+
+const COMPLETE: &str = "UPDATE {t} SET state = 1, response = :response, owner = NULL, lease_until = 0, \
+     state_at = {now}, expires_at = {now} + :ttl, verdict = 0 WHERE {holder}";
+const RELEASE_RETRYABLE: &str =
+    "UPDATE {t} SET expires_at = {now}, owner = NULL, response = NULL, verdict = 0 WHERE {holder}";
+const RELEASE_UNKNOWN: &str = "UPDATE {t} SET state = 2, owner = NULL, lease_until = 0, state_at = {now}, \
+     verdict = 0 WHERE {holder}";
+const GET: &str = "SELECT {cols} FROM {t} WHERE id = :id AND expires_at > {now}";
+const RESOLVE_COMPLETE: &str = "UPDATE {t} SET state = 1, response = :response, owner = NULL, lease_until = 0, \
+     state_at = {now}, expires_at = {now} + :ttl, verdict = 0 WHERE {resolvable}";
+const RESOLVE_RELEASE: &str = "UPDATE {t} SET expires_at = {now}, owner = NULL, response = NULL, verdict = 0 \
+     WHERE {resolvable}";
+/// Returns `state, lease_until, expires_at, now_ms`.
+const RESOLVE_PROBE: &str =
+    "SELECT state, lease_until, expires_at, {now} AS now_ms FROM {t} WHERE id = :id";
+const DELETE: &str = "UPDATE {t} SET expires_at = {now}, owner = NULL, response = NULL, verdict = 0 \
+     WHERE id = :id AND expires_at > {now}";
+const DROP: &str = "DROP TABLE IF EXISTS {t}";
+
+/// One statement in its dialect's spelling, and the parameters it binds, in order.
+#[derive(Debug)]
+pub struct Stmt {
+    sql: String,
+    binds: Vec<Param>,
+}
+
+impl Stmt {
+    /// The statement's text.
+    pub(crate) fn sql(&self) -> &str {
+        &self.sql
+    }
+
+    /// The parameters to bind, in order.
+    pub(crate) fn binds(&self) -> &[Param] {
+        &self.binds
+    }
+}
+
+/// Every statement of a store, for its dialect and table.
+#[derive(Debug)]
+pub(crate) struct Statements {
+    pub(crate) claim_read: Option<Stmt>,
+    pub(crate) claim: Stmt,
+    pub(crate) renew: Renewal<Stmt>,
+    pub(crate) complete: Stmt,
+    pub(crate) release_retryable: Stmt,
+    pub(crate) release_unknown: Stmt,
+    pub(crate) get: Stmt,
+    pub(crate) list: Stmt,
+    pub(crate) resolve_complete: Stmt,
+    pub(crate) resolve_release: Stmt,
+    pub(crate) resolve_probe: Stmt,
+    pub(crate) delete: Stmt,
+    pub(crate) reap: Stmt,
+    /// Parameterless: run as is.
+    pub(crate) migrate: String,
+    /// Parameterless: run as is.
+    pub(crate) drop: String,
+}
+
+impl Statements {
+    /// `D`'s statements on `table`.
+    pub(crate) fn new<D: Sql>(table: &TableName) -> Self {
+        let stmt = |template: &str| compile(&expand::<D>(template, table), D::PLACEHOLDERS);
+        Self {
+            claim_read: D::CLAIM_READ.map(stmt),
+            claim: stmt(D::CLAIM),
+            renew: D::RENEW.map(stmt),
+            complete: stmt(COMPLETE),
+            release_retryable: stmt(RELEASE_RETRYABLE),
+            release_unknown: stmt(RELEASE_UNKNOWN),
+            get: stmt(GET),
+            list: stmt(D::LIST),
+            resolve_complete: stmt(RESOLVE_COMPLETE),
+            resolve_release: stmt(RESOLVE_RELEASE),
+            resolve_probe: stmt(RESOLVE_PROBE),
+            delete: stmt(DELETE),
+            reap: stmt(D::REAP),
+            migrate: expand::<D>(D::MIGRATE, table),
+            drop: expand::<D>(DROP, table),
+        }
+    }
+}
+
+/// Fills in a template's fragments, clocks, columns and table.
+fn expand<D: Sql>(template: &str, table: &TableName) -> String {
+    template
+        .replace("{create_table}", CREATE_TABLE)
+        .replace("{blob}", D::BLOB)
+        .replace("{bigint}", D::BIGINT)
+        .replace("{smallint}", D::SMALLINT)
+        .replace("{on_conflict}", ON_CONFLICT)
+        .replace("{holder}", HOLDER)
+        .replace("{resolvable}", RESOLVABLE)
+        .replace("{greatest}", D::GREATEST)
+        .replace("{now_us}", D::NOW_US)
+        .replace("{now}", D::NOW_MS)
+        .replace("{cols}", COLUMNS)
+        .replace("{t}", table.as_str())
+}
+
+/// Rewrites each `:name` parameter as a placeholder of `style`, and lists what to bind in
+/// order. Text in single quotes and `::` casts are copied as they are.
+fn compile(sql: &str, style: Placeholders) -> Stmt {
+    let mut out = String::with_capacity(sql.len());
+    let mut binds: Vec<Param> = Vec::new();
+    let mut rest = sql;
+    while let Some(at) = rest.find([':', '\'']) {
+        out.push_str(&rest[..at]);
+        let tail = &rest[at..];
+        if let Some(quoted) = tail.strip_prefix('\'') {
+            let end = quoted.find('\'').map_or(quoted.len(), |e| e + 1);
+            out.push_str(&tail[..=end]);
+            rest = &quoted[end..];
+            continue;
+        }
+        let name_len = tail[1..]
+            .find(|c: char| !(c.is_ascii_lowercase() || c == '_'))
+            .unwrap_or(tail.len() - 1);
+        let param = (!tail.starts_with("::"))
+            .then(|| Param::named(&tail[1..=name_len]))
+            .flatten();
+        let Some(param) = param else {
+            // A cast (`::`) or a colon that names no parameter: copied as is.
+            let skip = if tail.starts_with("::") { 2 } else { 1 };
+            out.push_str(&tail[..skip]);
+            rest = &tail[skip..];
+            continue;
+        };
+        match style {
+            Placeholders::Numbered(prefix) => {
+                let n = match binds.iter().position(|p| *p == param) {
+                    Some(i) => i + 1,
+                    None => {
+                        binds.push(param);
+                        binds.len()
+                    }
+                };
+                out.push_str(prefix);
+                out.push_str(&n.to_string());
+            }
+            Placeholders::Positional => {
+                binds.push(param);
+                out.push('?');
+            }
+        }
+        rest = &tail[1 + name_len..];
+    }
+    out.push_str(rest);
+    Stmt { sql: out, binds }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn numbered_parameters_are_bound_once_each() {
+        let s = compile(
+            "a = :id AND b = :fence AND c = :id AND d::text = 'x:y'",
+            Placeholders::Numbered("$"),
+        );
+        assert_eq!(s.sql, "a = $1 AND b = $2 AND c = $1 AND d::text = 'x:y'");
+        assert_eq!(s.binds, [Param::Id, Param::Fence]);
+    }
+
+    #[test]
+    fn positional_parameters_are_bound_at_each_use() {
+        let s = compile(
+            "a = :id AND b = :fence AND c = :id AND t = '00:00'",
+            Placeholders::Positional,
+        );
+        assert_eq!(s.sql, "a = ? AND b = ? AND c = ? AND t = '00:00'");
+        assert_eq!(s.binds, [Param::Id, Param::Fence, Param::Id]);
+    }
+
+    #[test]
+    fn unknown_names_and_casts_are_left_alone() {
+        let s = compile(":id::text :nope", Placeholders::Numbered("?"));
+        assert_eq!(s.sql, "?1::text :nope");
+    }
+
+    /// Every dialect's statements name only known parameters, and only those their operation
+    /// supplies (see `SqlStore`).
+    fn check<D: Sql>() {
+        let all = Statements::new::<D>(&TableName::default());
+        let renew = match &all.renew {
+            Renewal::Returning(s) | Renewal::LastInsertId(s) => s,
+        };
+        let claim = [
+            Param::Id,
+            Param::Namespace,
+            Param::Principal,
+            Param::Key,
+            Param::Fingerprint,
+            Param::Owner,
+            Param::Lease,
+            Param::Ttl,
+            Param::Hold,
+            Param::RequestId,
+        ];
+        let settle = [Param::Id, Param::Owner, Param::Fence];
+        let uses: [(&Stmt, &[Param]); 13] = [
+            (all.claim_read.as_ref().unwrap_or(&all.claim), &claim),
+            (&all.claim, &claim),
+            (
+                renew,
+                &[Param::Id, Param::Owner, Param::Fence, Param::Lease],
+            ),
+            (
+                &all.complete,
+                &[
+                    Param::Id,
+                    Param::Owner,
+                    Param::Fence,
+                    Param::Response,
+                    Param::Ttl,
+                ],
+            ),
+            (&all.release_retryable, &settle),
+            (&all.release_unknown, &settle),
+            (&all.get, &[Param::Id]),
+            (
+                &all.list,
+                &[
+                    Param::Namespace,
+                    Param::Principal,
+                    Param::State,
+                    Param::Age,
+                    Param::Limit,
+                ],
+            ),
+            (
+                &all.resolve_complete,
+                &[Param::Id, Param::Response, Param::Ttl],
+            ),
+            (&all.resolve_release, &[Param::Id]),
+            (&all.resolve_probe, &[Param::Id]),
+            (&all.delete, &[Param::Id]),
+            (&all.reap, &[Param::Limit]),
+        ];
+        for (stmt, supplied) in uses {
+            assert!(!stmt.binds.is_empty(), "{}", stmt.sql);
+            for p in &stmt.binds {
+                assert!(supplied.contains(p), "{p:?} not supplied to {}", stmt.sql);
+            }
+            for leftover in ["{", ":id", ":lease", ":limit"] {
+                assert!(!stmt.sql.contains(leftover), "{leftover} in {}", stmt.sql);
+            }
+        }
+        assert!(!all.migrate.contains('{') && !all.drop.contains('{'));
+    }
+
+    #[cfg(feature = "postgres")]
+    #[test]
+    fn postgres_statements_compile() {
+        check::<sqlx::Postgres>();
+    }
+
+    #[cfg(feature = "mysql")]
+    #[test]
+    fn mysql_statements_compile() {
+        check::<sqlx::MySql>();
+    }
+
+    #[cfg(feature = "sqlite")]
+    #[test]
+    fn sqlite_statements_compile() {
+        check::<sqlx::Sqlite>();
+    }
+}

@@ -1,0 +1,434 @@
+//! [`SqlStore`]: the one store, generic over its [`Dialect`], and its [`Store`] impl.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use idem_core::{
+    ClaimOutcome, ClaimRequest, ListFilter, OwnerId, Record, ReleaseKind, RenewOutcome, Resolution,
+    ResolveOutcome, ScopedKey, SettleOutcome, Store, StoreError, StoredResponse,
+};
+use sqlx::Pool;
+use sqlx::pool::PoolOptions;
+
+use crate::dialect::{Dialect, OnePool, Renewal, Written};
+use crate::driver::{On, Value};
+use crate::record::{
+    ClaimRow, MAX_RACES, RawRecord, fence_param, ms, settled, state_code, too_many_races, ts,
+    unresolved,
+};
+use crate::statements::{Param, Statements, Stmt};
+use crate::table::{TableName, TableNameError};
+
+/// Records in one table of a SQL database: [`crate::PgStore`], [`crate::MySqlStore`] or
+/// [`crate::SqliteStore`]. Cheap to clone (the pools are shared).
+///
+/// Every operation is one atomic statement judged on the database clock, compiled once per
+/// table from the dialect's SQL (`docs/sql-stores.md` lists them).
+pub struct SqlStore<D: Dialect> {
+    /// Runs the writes (and, for all but SQLite, the reads too).
+    pub(crate) writer: Pool<D>,
+    /// Runs the reads.
+    pub(crate) reader: Pool<D>,
+    pub(crate) table: TableName,
+    pub(crate) sql: Arc<Statements>,
+}
+
+impl<D: Dialect> Clone for SqlStore<D> {
+    fn clone(&self) -> Self {
+        Self {
+            writer: self.writer.clone(),
+            reader: self.reader.clone(),
+            table: self.table.clone(),
+            sql: self.sql.clone(),
+        }
+    }
+}
+
+impl<D: Dialect> fmt::Debug for SqlStore<D> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct(D::STORE)
+            .field("table", &self.table)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The parameters of a claim.
+struct ClaimArgs {
+    id: [u8; 32],
+    fingerprint: [u8; idem_core::fingerprint::FINGERPRINT_LEN],
+    owner: [u8; 16],
+}
+
+impl<D: Dialect> SqlStore<D> {
+    /// A store reading through `reader` and writing through `writer`, on `table`.
+    pub(crate) fn with_pools(writer: Pool<D>, reader: Pool<D>, table: TableName) -> Self {
+        let sql = Arc::new(Statements::new::<D>(&table));
+        Self {
+            writer,
+            reader,
+            table,
+            sql,
+        }
+    }
+
+    /// The table.
+    pub fn table(&self) -> &TableName {
+        &self.table
+    }
+
+    /// Creates the table and its indexes if they do not exist (idempotent; on PostgreSQL,
+    /// concurrent callers are serialised by an advisory lock).
+    ///
+    /// # Errors
+    /// [`StoreError::Unavailable`] when the database refused.
+    pub async fn migrate(&self) -> Result<(), StoreError> {
+        let mut tx = self.begin().await.map_err(StoreError::unavailable)?;
+        D::execute_raw(On::Conn(&mut *tx), &self.sql.migrate)
+            .await
+            .map_err(StoreError::unavailable)?;
+        tx.commit().await.map_err(StoreError::unavailable)
+    }
+
+    /// Drops the table. For tests and teardown.
+    ///
+    /// # Errors
+    /// [`StoreError::Unavailable`] when the database refused.
+    pub async fn drop_table(&self) -> Result<(), StoreError> {
+        D::execute_raw(On::Pool(&self.writer), &self.sql.drop)
+            .await
+            .map_err(StoreError::unavailable)
+    }
+
+    /// Begins a transaction of the store's own on the writer.
+    pub(crate) async fn begin(&self) -> Result<sqlx::Transaction<'static, D>, sqlx::Error> {
+        match D::BEGIN {
+            Some(statement) => self.writer.begin_with(statement).await,
+            None => self.writer.begin().await,
+        }
+    }
+
+    /// Claims `req` on `conn` (same-database mode), or on the store's pools when `None`.
+    ///
+    /// Runs the dialect's read first when it has one, then the claim statement, again after a
+    /// lost race (bounded); on its own pools a claim rolled back by the database
+    /// ([`crate::dialect::Sql::CLAIM_RETRY_CODES`]) runs again too.
+    pub(crate) async fn claim_on(
+        &self,
+        mut conn: Option<&mut D::Connection>,
+        req: &ClaimRequest,
+    ) -> Result<ClaimOutcome, StoreError> {
+        let claim = ClaimArgs {
+            id: req.key.digest(),
+            fingerprint: req.fingerprint.to_bytes(),
+            owner: req.owner.to_bytes(),
+        };
+        let args = claim.values(req);
+        let autocommit = conn.is_none();
+        for _ in 0..MAX_RACES {
+            if let Some(read) = &self.sql.claim_read {
+                let on = match conn.as_deref_mut() {
+                    Some(c) => On::Conn(c),
+                    None => On::Pool(&self.reader),
+                };
+                let row = D::fetch_optional(on, read, &args)
+                    .await
+                    .map_err(StoreError::unavailable)?;
+                if let Some(row) = row
+                    && let Some(outcome) = ClaimRow::decode::<D>(&row)?.outcome(req)?
+                {
+                    return Ok(outcome);
+                }
+            }
+            let on = match conn.as_deref_mut() {
+                Some(c) => On::Conn(c),
+                None => On::Pool(&self.writer),
+            };
+            match D::fetch_optional(on, &self.sql.claim, &args).await {
+                Ok(Some(row)) => {
+                    if let Some(outcome) = ClaimRow::decode::<D>(&row)?.outcome(req)? {
+                        return Ok(outcome);
+                    }
+                }
+                // No row: a concurrent claim holds the key's insert; run again to see it.
+                Ok(None) => {}
+                Err(e) if autocommit && rolled_back::<D>(&e) => {}
+                Err(e) => return Err(StoreError::unavailable(e)),
+            }
+        }
+        Err(too_many_races())
+    }
+
+    /// Completes the claim (`owner`, `fence`) of `key` on `on`.
+    pub(crate) async fn complete_on(
+        &self,
+        on: On<'_, D>,
+        key: &ScopedKey,
+        owner: OwnerId,
+        fence: u64,
+        response: &StoredResponse,
+        ttl: Duration,
+    ) -> Result<SettleOutcome, StoreError> {
+        let (id, owner, response) = (key.digest(), owner.to_bytes(), response.encode());
+        let args = [
+            (Param::Id, Value::Bytes(&id)),
+            (Param::Owner, Value::Bytes(&owner)),
+            (Param::Fence, Value::Int(fence_param(fence))),
+            (Param::Response, Value::Bytes(&response)),
+            (Param::Ttl, Value::Int(ms(ttl))),
+        ];
+        self.settle(on, &self.sql.complete, &args).await
+    }
+
+    /// Runs a settling statement: settled when it changed the row, fenced otherwise.
+    async fn settle(
+        &self,
+        on: On<'_, D>,
+        stmt: &Stmt,
+        args: &[(Param, Value<'_>)],
+    ) -> Result<SettleOutcome, StoreError> {
+        let done = D::execute(on, stmt, args)
+            .await
+            .map_err(StoreError::unavailable)?;
+        Ok(settled(done.rows()))
+    }
+}
+
+impl ClaimArgs {
+    fn values<'a>(&'a self, req: &'a ClaimRequest) -> [(Param, Value<'a>); 10] {
+        [
+            (Param::Id, Value::Bytes(&self.id)),
+            (Param::Namespace, Value::Text(req.key.scope.namespace())),
+            (Param::Principal, Value::OptText(req.key.scope.principal())),
+            (Param::Key, Value::Text(req.key.key.as_str())),
+            (Param::Fingerprint, Value::Bytes(&self.fingerprint)),
+            (Param::Owner, Value::Bytes(&self.owner)),
+            (Param::Lease, Value::Int(ms(req.lease))),
+            (Param::Ttl, Value::Int(ms(req.ttl))),
+            (
+                Param::Hold,
+                Value::Bool(matches!(req.takeover, idem_core::TakeoverPolicy::Hold)),
+            ),
+            (Param::RequestId, Value::OptText(req.request_id.as_deref())),
+        ]
+    }
+}
+
+/// The database rolled the statement back whole, so on the store's own pool it can run again.
+fn rolled_back<D: Dialect>(e: &sqlx::Error) -> bool {
+    matches!(e, sqlx::Error::Database(db)
+        if db.code().is_some_and(|code| D::CLAIM_RETRY_CODES.contains(&code.as_ref())))
+}
+
+impl<D: OnePool> SqlStore<D> {
+    /// A store on `pool`, using the table [`crate::DEFAULT_TABLE`]. The pool's sessions must
+    /// be set up as [`SqlStore::connect`] sets them up (MariaDB: no `SIMULTANEOUS_ASSIGNMENT`).
+    pub fn new(pool: Pool<D>) -> Self {
+        Self::with_table_name(pool, TableName::default())
+    }
+
+    /// A store on `pool` using `table`.
+    pub fn with_table_name(pool: Pool<D>, table: TableName) -> Self {
+        Self::with_pools(pool.clone(), pool, table)
+    }
+
+    /// A store on `pool` using the table named `table`.
+    ///
+    /// # Errors
+    /// [`TableNameError`] when the name is not a plain identifier.
+    pub fn with_table(pool: Pool<D>, table: &str) -> Result<Self, TableNameError> {
+        Ok(Self::with_table_name(pool, TableName::new(table)?))
+    }
+
+    /// Connects a pool of up to `max_connections` to `url` (`postgres://…`, `mysql://…`).
+    /// MariaDB sessions get `READ COMMITTED` and left-to-right assignments.
+    ///
+    /// # Errors
+    /// [`StoreError::Unavailable`] when the URL is malformed or the server is unreachable.
+    pub async fn connect(url: &str, max_connections: u32) -> Result<Self, StoreError> {
+        let options: <D::Connection as sqlx::Connection>::Options =
+            url.parse().map_err(StoreError::unavailable)?;
+        let pool = PoolOptions::<D>::new()
+            .max_connections(max_connections.max(1))
+            .after_connect(|conn, _meta| {
+                Box::pin(async move {
+                    for statement in D::SESSION {
+                        D::execute_raw(On::Conn(conn), statement).await?;
+                    }
+                    Ok(())
+                })
+            })
+            .connect_with(options)
+            .await
+            .map_err(StoreError::unavailable)?;
+        Ok(Self::new(pool))
+    }
+
+    /// The pool.
+    pub fn pool(&self) -> &Pool<D> {
+        &self.writer
+    }
+}
+
+impl<D: Dialect> Store for SqlStore<D> {
+    async fn claim(&self, req: &ClaimRequest) -> Result<ClaimOutcome, StoreError> {
+        self.claim_on(None, req).await
+    }
+
+    async fn renew(
+        &self,
+        key: &ScopedKey,
+        owner: OwnerId,
+        fence: u64,
+        lease: Duration,
+    ) -> Result<RenewOutcome, StoreError> {
+        let (id, owner) = (key.digest(), owner.to_bytes());
+        let args = [
+            (Param::Id, Value::Bytes(&id)),
+            (Param::Owner, Value::Bytes(&owner)),
+            (Param::Fence, Value::Int(fence_param(fence))),
+            (Param::Lease, Value::Int(ms(lease))),
+        ];
+        let on = On::Pool(&self.writer);
+        let deadline = match &self.sql.renew {
+            Renewal::Returning(stmt) => {
+                let row = D::fetch_optional(on, stmt, &args)
+                    .await
+                    .map_err(StoreError::unavailable)?;
+                row.map(|row| D::int(&row, 0))
+                    .transpose()
+                    .map_err(StoreError::unavailable)?
+            }
+            Renewal::LastInsertId(stmt) => {
+                let done = D::execute(on, stmt, &args)
+                    .await
+                    .map_err(StoreError::unavailable)?;
+                // The pool reports matched rows, so a renewal within the same millisecond
+                // still counts.
+                if done.rows() == 1 {
+                    let id = done.last_insert_id().ok_or_else(|| {
+                        StoreError::unavailable("the renewal reported no LAST_INSERT_ID")
+                    })?;
+                    Some(i64::try_from(id).unwrap_or(i64::MAX))
+                } else {
+                    None
+                }
+            }
+        };
+        Ok(match deadline {
+            Some(deadline) => RenewOutcome::Renewed {
+                deadline: ts(deadline),
+            },
+            None => RenewOutcome::Lost,
+        })
+    }
+
+    async fn complete(
+        &self,
+        key: &ScopedKey,
+        owner: OwnerId,
+        fence: u64,
+        response: &StoredResponse,
+        ttl: Duration,
+    ) -> Result<SettleOutcome, StoreError> {
+        let on = On::Pool(&self.writer);
+        self.complete_on(on, key, owner, fence, response, ttl).await
+    }
+
+    async fn release(
+        &self,
+        key: &ScopedKey,
+        owner: OwnerId,
+        fence: u64,
+        kind: ReleaseKind,
+    ) -> Result<SettleOutcome, StoreError> {
+        let stmt = match kind {
+            ReleaseKind::Retryable => &self.sql.release_retryable,
+            _ => &self.sql.release_unknown,
+        };
+        let (id, owner) = (key.digest(), owner.to_bytes());
+        let args = [
+            (Param::Id, Value::Bytes(&id)),
+            (Param::Owner, Value::Bytes(&owner)),
+            (Param::Fence, Value::Int(fence_param(fence))),
+        ];
+        self.settle(On::Pool(&self.writer), stmt, &args).await
+    }
+
+    async fn get(&self, key: &ScopedKey) -> Result<Option<Record>, StoreError> {
+        let id = key.digest();
+        let args = [(Param::Id, Value::Bytes(&id))];
+        let row = D::fetch_optional(On::Pool(&self.reader), &self.sql.get, &args)
+            .await
+            .map_err(StoreError::unavailable)?;
+        row.map(|row| RawRecord::decode::<D>(&row, 0)?.into_record())
+            .transpose()
+    }
+
+    async fn list(&self, filter: &ListFilter) -> Result<Vec<Record>, StoreError> {
+        let limit = i64::try_from(filter.effective_limit()).unwrap_or(100);
+        let args = [
+            (
+                Param::Namespace,
+                Value::OptText(filter.namespace.as_deref()),
+            ),
+            (
+                Param::Principal,
+                Value::OptText(filter.principal.as_deref()),
+            ),
+            (Param::State, Value::OptSmall(filter.state.map(state_code))),
+            (Param::Age, Value::OptInt(filter.older_than.map(ms))),
+            (Param::Limit, Value::Int(limit)),
+        ];
+        let rows = D::fetch_all(On::Pool(&self.reader), &self.sql.list, &args)
+            .await
+            .map_err(StoreError::unavailable)?;
+        rows.iter()
+            .map(|row| RawRecord::decode::<D>(row, 0)?.into_record())
+            .collect()
+    }
+
+    async fn resolve(
+        &self,
+        key: &ScopedKey,
+        resolution: &Resolution,
+    ) -> Result<ResolveOutcome, StoreError> {
+        let id = key.digest();
+        let body;
+        let mut args = vec![(Param::Id, Value::Bytes(&id))];
+        let stmt = match resolution {
+            Resolution::Complete { response, ttl } => {
+                body = response.encode();
+                args.push((Param::Response, Value::Bytes(&body)));
+                args.push((Param::Ttl, Value::Int(ms(*ttl))));
+                &self.sql.resolve_complete
+            }
+            _ => &self.sql.resolve_release,
+        };
+        for _ in 0..MAX_RACES {
+            let done = D::execute(On::Pool(&self.writer), stmt, &args)
+                .await
+                .map_err(StoreError::unavailable)?;
+            if done.rows() == 1 {
+                return Ok(ResolveOutcome::Resolved);
+            }
+            // The probe binds only the id.
+            let probe = D::fetch_optional(On::Pool(&self.reader), &self.sql.resolve_probe, &args)
+                .await
+                .map_err(StoreError::unavailable)?;
+            if let Some(outcome) = unresolved::<D>(probe.as_ref())? {
+                return Ok(outcome);
+            }
+        }
+        Err(too_many_races())
+    }
+
+    async fn delete(&self, key: &ScopedKey) -> Result<bool, StoreError> {
+        let id = key.digest();
+        let args = [(Param::Id, Value::Bytes(&id))];
+        let done = D::execute(On::Pool(&self.writer), &self.sql.delete, &args)
+            .await
+            .map_err(StoreError::unavailable)?;
+        Ok(done.rows() == 1)
+    }
+}
