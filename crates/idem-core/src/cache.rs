@@ -17,10 +17,9 @@ use quick_cache::sync::Cache;
 use crate::clock::{Clock, SystemClock};
 use crate::fingerprint::Fingerprint;
 use crate::key::ScopedKey;
-use crate::record::{OwnerId, Record, RecordState, ReleaseKind, StoredResponse, Timestamp};
+use crate::record::{OwnerId, RecordState, ReleaseKind, StoredResponse, Timestamp};
 use crate::store::{
-    ClaimOutcome, ClaimRequest, ListFilter, RenewOutcome, Resolution, ResolveOutcome,
-    SettleOutcome, Store, StoreError,
+    ClaimOutcome, ClaimRequest, Resolution, ResolveOutcome, SettleOutcome, Store, StoreError,
 };
 
 #[derive(Clone)]
@@ -139,16 +138,6 @@ impl<S: Store> Store for CachedStore<S> {
         Ok(outcome)
     }
 
-    fn renew(
-        &self,
-        key: &ScopedKey,
-        owner: OwnerId,
-        fence: u64,
-        lease: Duration,
-    ) -> impl Future<Output = Result<RenewOutcome, StoreError>> + Send {
-        self.inner.renew(key, owner, fence, lease)
-    }
-
     async fn complete(
         &self,
         key: &ScopedKey,
@@ -179,20 +168,6 @@ impl<S: Store> Store for CachedStore<S> {
         self.inner.release(key, owner, fence, kind)
     }
 
-    fn get(
-        &self,
-        key: &ScopedKey,
-    ) -> impl Future<Output = Result<Option<Record>, StoreError>> + Send {
-        self.inner.get(key)
-    }
-
-    fn list(
-        &self,
-        filter: &ListFilter,
-    ) -> impl Future<Output = Result<Vec<Record>, StoreError>> + Send {
-        self.inner.list(filter)
-    }
-
     fn resolve(
         &self,
         key: &ScopedKey,
@@ -206,4 +181,6 @@ impl<S: Store> Store for CachedStore<S> {
         self.done.remove(key);
         self.inner.delete(key)
     }
+
+    crate::forward_store!(|c| &c.inner; renew, get, list);
 }

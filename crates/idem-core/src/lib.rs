@@ -34,5 +34,5 @@ pub use record::{
 };
 pub use store::{
     BoxStore, ClaimOutcome, ClaimRequest, ListFilter, RenewOutcome, Resolution, ResolveOutcome,
-    SettleOutcome, Store, StoreError,
+    SettleOutcome, Store, StoreError, StoreOp,
 };

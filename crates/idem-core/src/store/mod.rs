@@ -9,6 +9,7 @@
 //! reclaimed when its lease runs out, like any crashed holder's.
 
 mod boxed;
+mod forward;
 
 use std::error::Error as StdError;
 use std::future::Future;
@@ -18,6 +19,7 @@ use std::time::Duration;
 use thiserror::Error;
 
 pub use boxed::{BoxStore, DynStore};
+pub use forward::{Around, StoreOp};
 
 use crate::fingerprint::Fingerprint;
 use crate::key::ScopedKey;
@@ -281,60 +283,5 @@ pub trait Store: Send + Sync + 'static {
 }
 
 impl<S: Store> Store for Arc<S> {
-    fn claim(
-        &self,
-        req: &ClaimRequest,
-    ) -> impl Future<Output = Result<ClaimOutcome, StoreError>> + Send {
-        (**self).claim(req)
-    }
-    fn renew(
-        &self,
-        key: &ScopedKey,
-        owner: OwnerId,
-        fence: u64,
-        lease: Duration,
-    ) -> impl Future<Output = Result<RenewOutcome, StoreError>> + Send {
-        (**self).renew(key, owner, fence, lease)
-    }
-    fn complete(
-        &self,
-        key: &ScopedKey,
-        owner: OwnerId,
-        fence: u64,
-        response: &StoredResponse,
-        ttl: Duration,
-    ) -> impl Future<Output = Result<SettleOutcome, StoreError>> + Send {
-        (**self).complete(key, owner, fence, response, ttl)
-    }
-    fn release(
-        &self,
-        key: &ScopedKey,
-        owner: OwnerId,
-        fence: u64,
-        kind: ReleaseKind,
-    ) -> impl Future<Output = Result<SettleOutcome, StoreError>> + Send {
-        (**self).release(key, owner, fence, kind)
-    }
-    fn get(
-        &self,
-        key: &ScopedKey,
-    ) -> impl Future<Output = Result<Option<Record>, StoreError>> + Send {
-        (**self).get(key)
-    }
-    fn list(
-        &self,
-        filter: &ListFilter,
-    ) -> impl Future<Output = Result<Vec<Record>, StoreError>> + Send {
-        (**self).list(filter)
-    }
-    fn resolve(
-        &self,
-        key: &ScopedKey,
-        resolution: &Resolution,
-    ) -> impl Future<Output = Result<ResolveOutcome, StoreError>> + Send {
-        (**self).resolve(key, resolution)
-    }
-    fn delete(&self, key: &ScopedKey) -> impl Future<Output = Result<bool, StoreError>> + Send {
-        (**self).delete(key)
-    }
+    crate::forward_store!(|s| &**s; all);
 }
