@@ -24,11 +24,10 @@ use std::time::Duration;
 use idem_core::{
     Answer, CachedStore, ClaimOutcome, ClaimRequest, Clock, Engine, EngineError, Fingerprint, Key,
     KeyError, ListFilter, ManualClock, MemoryStore, OwnerId, Policy, PolicyError, Record,
-    RecordState, ReleaseKind, RenewOutcome, Reply, Resolution, ResolveOutcome, Scope, ScopedKey,
-    SettleOutcome, Settled, Settlement, StateKind, Store, StoreError, StoredResponse,
-    TakeoverPolicy, Timestamp,
+    RecordState, ReleaseKind, Reply, Scope, ScopedKey, SettleOutcome, Settled, Settlement,
+    StateKind, Store, StoreError, StoreOp, StoredResponse, TakeoverPolicy, Timestamp,
 };
-use tokio::sync::watch;
+use idem_testkit::{Calls, CountingStore, Fault, FaultyStore};
 use tokio::time::Instant;
 
 fn secs(n: u64) -> Duration {
@@ -130,191 +129,18 @@ fn ok(body: &'static str) -> Settlement<&'static str> {
 }
 
 // ---------------------------------------------------------------------------------------
-// A store wrapper that counts calls and injects faults
+// The rig: a memory store behind a fault injector, behind a call counter
 // ---------------------------------------------------------------------------------------
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Mode {
-    /// Forward to the inner store.
-    Pass,
-    /// Answer with an infrastructure error.
-    Fail,
-    /// Never answer.
-    Hang,
-    /// Renew only: answer `Lost`.
-    Lost,
-    /// Renew only: answer `Renewed` without telling the inner store (an unguarded renewal).
-    Pretend,
-    /// Apply the operation, then take this long to answer.
-    SlowAnswer(Duration),
-}
-
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-struct Calls {
-    claim: usize,
-    renew: usize,
-    complete: usize,
-    release: usize,
-    other: usize,
-}
-
-#[derive(Debug)]
-struct Faults {
-    claim: Mutex<Mode>,
-    renew: Mutex<Mode>,
-    calls: watch::Sender<Calls>,
-}
-
-#[derive(Clone, Debug)]
-struct Faulty<S> {
-    inner: S,
-    faults: Arc<Faults>,
-}
-
-impl<S: Store> Faulty<S> {
-    fn new(inner: S) -> Self {
-        Self {
-            inner,
-            faults: Arc::new(Faults {
-                claim: Mutex::new(Mode::Pass),
-                renew: Mutex::new(Mode::Pass),
-                calls: watch::channel(Calls::default()).0,
-            }),
-        }
-    }
-
-    fn claims(&self, mode: Mode) {
-        *self.faults.claim.lock().expect("lock") = mode;
-    }
-
-    fn renewals(&self, mode: Mode) {
-        *self.faults.renew.lock().expect("lock") = mode;
-    }
-
-    fn calls(&self) -> Calls {
-        *self.faults.calls.borrow()
-    }
-
-    /// Waits (on events, not time) until `enough` holds for the call counts.
-    async fn wait_calls(&self, enough: impl FnMut(&Calls) -> bool) {
-        let mut rx = self.faults.calls.subscribe();
-        // Bounded, so a missing call fails the test (paused time jumps to the bound) instead
-        // of hanging it.
-        let seen = tokio::time::timeout(secs(3600), rx.wait_for(enough)).await;
-        seen.expect("the expected store calls never came")
-            .expect("sender lives in self");
-    }
-
-    fn count(&self, bump: impl FnOnce(&mut Calls)) {
-        self.faults.calls.send_modify(bump);
-    }
-}
-
-/// Applies `mode` to an operation; `Fail` and `Hang` never reach the inner store.
-async fn faulted<T, F>(mode: Mode, op: impl FnOnce() -> F) -> Result<T, StoreError>
-where
-    F: Future<Output = Result<T, StoreError>>,
-{
-    match mode {
-        Mode::Fail => Err(StoreError::unavailable("injected failure")),
-        Mode::Hang => pending().await,
-        Mode::SlowAnswer(d) => {
-            let answer = op().await;
-            tokio::time::sleep(d).await;
-            answer
-        }
-        Mode::Pass | Mode::Lost | Mode::Pretend => op().await,
-    }
-}
-
-impl<S: Store> Store for Faulty<S> {
-    fn claim(
-        &self,
-        req: &ClaimRequest,
-    ) -> impl Future<Output = Result<ClaimOutcome, StoreError>> + Send {
-        self.count(|c| c.claim += 1);
-        let mode = *self.faults.claim.lock().expect("lock");
-        faulted(mode, || self.inner.claim(req))
-    }
-
-    fn renew(
-        &self,
-        key: &ScopedKey,
-        owner: OwnerId,
-        fence: u64,
-        lease: Duration,
-    ) -> impl Future<Output = Result<RenewOutcome, StoreError>> + Send {
-        self.count(|c| c.renew += 1);
-        let mode = *self.faults.renew.lock().expect("lock");
-        async move {
-            match mode {
-                Mode::Lost => Ok(RenewOutcome::Lost),
-                Mode::Pretend => Ok(RenewOutcome::Renewed {
-                    deadline: Timestamp(u64::MAX),
-                }),
-                _ => faulted(mode, || self.inner.renew(key, owner, fence, lease)).await,
-            }
-        }
-    }
-
-    fn complete(
-        &self,
-        key: &ScopedKey,
-        owner: OwnerId,
-        fence: u64,
-        response: &StoredResponse,
-        ttl: Duration,
-    ) -> impl Future<Output = Result<SettleOutcome, StoreError>> + Send {
-        self.count(|c| c.complete += 1);
-        self.inner.complete(key, owner, fence, response, ttl)
-    }
-
-    fn release(
-        &self,
-        key: &ScopedKey,
-        owner: OwnerId,
-        fence: u64,
-        kind: ReleaseKind,
-    ) -> impl Future<Output = Result<SettleOutcome, StoreError>> + Send {
-        self.count(|c| c.release += 1);
-        self.inner.release(key, owner, fence, kind)
-    }
-
-    fn get(
-        &self,
-        key: &ScopedKey,
-    ) -> impl Future<Output = Result<Option<Record>, StoreError>> + Send {
-        self.count(|c| c.other += 1);
-        self.inner.get(key)
-    }
-
-    fn list(
-        &self,
-        filter: &ListFilter,
-    ) -> impl Future<Output = Result<Vec<Record>, StoreError>> + Send {
-        self.count(|c| c.other += 1);
-        self.inner.list(filter)
-    }
-
-    fn resolve(
-        &self,
-        key: &ScopedKey,
-        resolution: &Resolution,
-    ) -> impl Future<Output = Result<ResolveOutcome, StoreError>> + Send {
-        self.count(|c| c.other += 1);
-        self.inner.resolve(key, resolution)
-    }
-
-    fn delete(&self, key: &ScopedKey) -> impl Future<Output = Result<bool, StoreError>> + Send {
-        self.count(|c| c.other += 1);
-        self.inner.delete(key)
-    }
-}
+/// What the engine talks to: every call counted, then faulted as the test says.
+type Tested = CountingStore<FaultyStore<MemoryStore>>;
 
 struct Rig {
     clock: TestClock,
     memory: MemoryStore,
-    store: Faulty<MemoryStore>,
+    /// The faults' switches (shared with the store's).
+    faults: FaultyStore<MemoryStore>,
+    store: Tested,
 }
 
 impl Rig {
@@ -322,15 +148,26 @@ impl Rig {
     fn new() -> Self {
         let clock = TestClock::new();
         let memory = MemoryStore::with_clock(1_000, clock.clone());
+        let faults = FaultyStore::new(memory.clone());
         Self {
-            store: Faulty::new(memory.clone()),
+            store: CountingStore::new(faults.clone()),
+            faults,
             memory,
             clock,
         }
     }
 
-    fn engine(&self, policy: Policy) -> Engine<Faulty<MemoryStore>> {
+    fn engine(&self, policy: Policy) -> Engine<Tested> {
         Engine::new(self.store.clone(), policy)
+    }
+
+    /// Waits (on events, not time) until `enough` holds for the call counts.
+    async fn wait_calls(&self, enough: impl FnMut(&Calls) -> bool) {
+        // Bounded, so a missing call fails the test (paused time jumps to the bound) instead
+        // of hanging it.
+        tokio::time::timeout(secs(3600), self.store.wait_for(enough))
+            .await
+            .expect("the expected store calls never came");
     }
 
     async fn record(&self, k: &ScopedKey) -> Option<Record> {
@@ -425,7 +262,7 @@ async fn renewal_keeps_the_lease_across_intervals() {
         );
     }
     assert!(
-        rig.store.calls().renew >= 5,
+        rig.store.calls()[StoreOp::Renew] >= 5,
         "renewed every interval: {:?}",
         rig.store.calls()
     );
@@ -447,7 +284,7 @@ async fn renewal_check_bites_when_renewals_never_reach_the_store() {
     // over, and the stale holder's result is fenced off instead of overwriting the new
     // holder's record.
     let rig = Rig::new();
-    rig.store.renewals(Mode::Pretend);
+    rig.faults.set(StoreOp::Renew, Fault::RenewPretend);
     let (outcome, first_deadline, checks) = run_across_renewals(&rig).await;
     assert_eq!(
         checks[0].our_lease_until,
@@ -477,7 +314,7 @@ async fn renewal_check_bites_when_renewals_never_reach_the_store() {
 async fn renew_answered_lost_cancels_the_handler() {
     // Guards: a watchdog that ignores `Lost` and lets the handler finish (two holders run).
     let rig = Rig::new();
-    rig.store.renewals(Mode::Lost);
+    rig.faults.set(StoreOp::Renew, Fault::RenewLost);
     let engine = rig.engine(policy(secs(30), secs(10)));
     let (dropped, finished) = (
         Arc::new(AtomicBool::new(false)),
@@ -508,9 +345,9 @@ async fn renew_answered_lost_cancels_the_handler() {
         !finished.load(Ordering::SeqCst),
         "the handler must not run to its end"
     );
-    assert_eq!(rig.store.calls().complete, 0);
+    assert_eq!(rig.store.calls()[StoreOp::Complete], 0);
     assert_eq!(
-        rig.store.calls().release,
+        rig.store.calls()[StoreOp::Release],
         0,
         "a lost lease is not ours to release"
     );
@@ -578,7 +415,7 @@ async fn takeover_by_a_competitor_cancels_the_old_holder() {
         "the new holder keeps the key"
     );
     assert_eq!(
-        rig.store.calls().release,
+        rig.store.calls()[StoreOp::Release],
         0,
         "the old holder releases nothing"
     );
@@ -603,8 +440,8 @@ async fn failing_renewals_cancel_at_the_local_deadline() {
     // until t=45) but answers at t=16; renewals then fail. The engine must give up by t=45,
     // before the handler timeout (t=46), and a competitor may take over at that instant.
     let rig = Rig::new();
-    rig.store.claims(Mode::SlowAnswer(secs(16)));
-    rig.store.renewals(Mode::Fail);
+    rig.faults.set(StoreOp::Claim, Fault::SlowAnswer(secs(16)));
+    rig.faults.set(StoreOp::Renew, Fault::Error);
     let engine = rig.engine(slow_store_policy());
     let dropped = Arc::new(AtomicBool::new(false));
     let start = Instant::now();
@@ -624,7 +461,10 @@ async fn failing_renewals_cancel_at_the_local_deadline() {
     );
     assert_eq!(start.elapsed(), secs(45));
     assert!(dropped.load(Ordering::SeqCst));
-    assert!(rig.store.calls().renew >= 1, "renewal was attempted");
+    assert!(
+        rig.store.calls()[StoreOp::Renew] >= 1,
+        "renewal was attempted"
+    );
     let competitor = rig
         .memory
         .claim(&claim_request(
@@ -648,8 +488,8 @@ async fn a_hanging_renewal_does_not_outlive_the_local_deadline() {
     // while the store's lease ended at t=45 and a retry could already run: two holders at
     // once. The renewal must be cut at the local deadline.
     let rig = Rig::new();
-    rig.store.claims(Mode::SlowAnswer(secs(16)));
-    rig.store.renewals(Mode::Hang);
+    rig.faults.set(StoreOp::Claim, Fault::SlowAnswer(secs(16)));
+    rig.faults.set(StoreOp::Renew, Fault::Hang);
     let engine = rig.engine(slow_store_policy());
     let start = Instant::now();
     let result =
@@ -1343,7 +1183,7 @@ async fn drop_mid_handler(takeover: TakeoverPolicy) -> Rig {
         dropped.load(Ordering::SeqCst),
         "dropping run drops the handler"
     );
-    rig.store.wait_calls(|c| c.release >= 1).await;
+    rig.wait_calls(|c| c[StoreOp::Release] >= 1).await;
     rig
 }
 
@@ -1392,7 +1232,7 @@ async fn a_failing_store_fails_closed_before_the_claim() {
     // Guards: failing open (running the handler without a durable claim) when the store is
     // down.
     let rig = Rig::new();
-    rig.store.claims(Mode::Fail);
+    rig.faults.set(StoreOp::Claim, Fault::Error);
     let engine = rig.engine(Policy::default());
     let ran = AtomicBool::new(false);
     let result = engine
@@ -1412,7 +1252,7 @@ async fn a_failing_store_fails_closed_before_the_claim() {
 async fn a_hanging_store_times_out_before_the_claim() {
     // Guards: a request hanging forever on an unresponsive store instead of a prompt 503.
     let rig = Rig::new();
-    rig.store.claims(Mode::Hang);
+    rig.faults.set(StoreOp::Claim, Fault::Hang);
     let engine = rig.engine(
         Policy::builder()
             .store_timeout(Duration::from_millis(250))
@@ -1439,7 +1279,7 @@ async fn a_hanging_store_times_out_before_the_claim() {
 // Cache tier
 // ---------------------------------------------------------------------------------------
 
-fn cached_rig() -> (Rig, Engine<CachedStore<Faulty<MemoryStore>>>) {
+fn cached_rig() -> (Rig, Engine<CachedStore<Tested>>) {
     let rig = Rig::new();
     let cached = CachedStore::with_clock(rig.store.clone(), 100, secs(600), rig.clock.clone());
     let engine = Engine::new(cached, Policy::default());
@@ -1463,7 +1303,7 @@ async fn cached_replays_make_no_store_calls() {
         }
     ));
     let before = rig.store.calls();
-    assert_eq!((before.claim, before.complete), (1, 1));
+    assert_eq!((before[StoreOp::Claim], before[StoreOp::Complete]), (1, 1));
     for _ in 0..3 {
         let replay = engine
             .run(&k, &fp(b"x"), |_| async { ok("must not run") })
@@ -1502,7 +1342,7 @@ async fn processing_records_are_never_cached() {
             .expect("run");
         assert!(matches!(dup, Answer::InFlight { .. }), "{dup:?}");
         assert_eq!(
-            rig.store.calls().claim,
+            rig.store.calls()[StoreOp::Claim],
             1 + n,
             "each duplicate asked the store"
         );
@@ -1521,7 +1361,7 @@ async fn processing_records_are_never_cached() {
         .await
         .expect("complete");
     assert_eq!(engine.store().cached(), 1);
-    let claims = rig.store.calls().claim;
+    let claims = rig.store.calls()[StoreOp::Claim];
     let replay = engine
         .run(&k, &fp(b"x"), |_| async { ok("must not run") })
         .await
@@ -1530,7 +1370,7 @@ async fn processing_records_are_never_cached() {
         matches!(&replay, Answer::Replayed(r) if r.body == "done"),
         "{replay:?}"
     );
-    assert_eq!(rig.store.calls().claim, claims);
+    assert_eq!(rig.store.calls()[StoreOp::Claim], claims);
 }
 
 #[tokio::test(start_paused = true)]
@@ -1554,7 +1394,7 @@ async fn a_replay_from_the_store_fills_the_cache_and_mismatch_is_still_caught() 
         "{replay:?}"
     );
     let calls = rig.store.calls();
-    assert_eq!(calls.claim, 1);
+    assert_eq!(calls[StoreOp::Claim], 1);
     let mismatch = engine
         .run(&k, &fp(b"y"), |_| async { ok("must not run") })
         .await

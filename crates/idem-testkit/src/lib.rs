@@ -44,15 +44,19 @@
 //! saved next to the invoking test file as `<file>.proptest-regressions`: commit them.
 //!
 //! [`broken::BrokenStore`] is a deliberately faulty store; this crate's `tests/bites.rs` shows
-//! that each of its bugs makes the suite fail. The guide is `docs/testkit.md`.
+//! that each of its bugs makes the suite fail. [`doubles`] holds wrappers for fault, count and
+//! latency tests of code above a store ([`FaultyStore`], [`CountingStore`], [`SlowStore`]).
+//! The guide is `docs/testkit.md`.
 
 pub mod broken;
 mod ctx;
+pub mod doubles;
 mod harness;
 pub mod model;
 pub mod rules;
 
 pub use ctx::{fp, rich_response, unique_namespace};
+pub use doubles::{Calls, CountingStore, Fault, FaultyStore, SlowStore};
 pub use harness::{Harness, MemoryHarness, ServerHarness, sleep_for};
 
 /// Expands to the whole conformance suite for a harness: one `#[test]` per rule, the race

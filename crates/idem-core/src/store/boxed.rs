@@ -9,11 +9,11 @@ use super::Store;
 /// `_dyn` suffix so they never clash with `Store`'s where both traits are in scope.
 #[allow(missing_docs)]
 pub trait DynStore: Send + Sync + 'static {
-    crate::__store_op!(__store_dyn_decl {} all);
+    crate::__store_op!(__store_dyn_method { decl } all);
 }
 
 impl<S: Store> DynStore for S {
-    crate::__store_op!(__store_dyn_impl {} all);
+    crate::__store_op!(__store_dyn_method { impl } all);
 }
 
 /// A store chosen at run time: a cheap-to-clone handle to any [`Store`].
@@ -34,5 +34,5 @@ impl fmt::Debug for BoxStore {
 }
 
 impl Store for BoxStore {
-    crate::__store_op!(__store_forward_dyn { b, &*b.0 } all);
+    crate::__store_op!(__store_method { dyn b, &*b.0 } all);
 }

@@ -10,7 +10,7 @@
 //! use std::future::Future;
 //! use std::sync::atomic::{AtomicUsize, Ordering};
 //!
-//! use idem_core::store::{Around, StoreOp};
+//! use idem_core::store::{Around, StoreFuture, StoreOp};
 //! use idem_core::{ClaimOutcome, ClaimRequest, MemoryStore, Store, StoreError};
 //!
 //! /// Counts every store call, and the claims that were granted.
@@ -21,15 +21,11 @@
 //! }
 //!
 //! impl<S: Store> Around for Tally<S> {
-//!     fn around<T, F>(
+//!     fn around<F: StoreFuture>(
 //!         &self,
 //!         _op: StoreOp,
 //!         call: impl FnOnce() -> F + Send,
-//!     ) -> impl Future<Output = Result<T, StoreError>> + Send
-//!     where
-//!         T: Send,
-//!         F: Future<Output = Result<T, StoreError>> + Send,
-//!     {
+//!     ) -> impl Future<Output = F::Output> + Send {
 //!         self.calls.fetch_add(1, Ordering::Relaxed);
 //!         call()
 //!     }
@@ -133,6 +129,17 @@ impl fmt::Display for StoreOp {
     }
 }
 
+/// The future of one store operation: `Send`, answering `Result<Self::Ok, StoreError>`.
+/// Implemented for every such future; it keeps [`Around::around`]'s signature short.
+pub trait StoreFuture: Future<Output = Result<Self::Ok, StoreError>> + Send {
+    /// What the operation answers when it succeeds.
+    type Ok: Send;
+}
+
+impl<T: Send, F: Future<Output = Result<T, StoreError>> + Send> StoreFuture for F {
+    type Ok = T;
+}
+
 /// What a wrapper runs around each operation it forwards with
 /// [`forward_store!`](crate::forward_store)'s `around = …`, and may call from the operations
 /// it writes itself.
@@ -146,14 +153,11 @@ pub trait Around: Send + Sync {
     ///
     /// # Errors
     /// The wrapped store's error, or one the hook makes up.
-    fn around<T, F>(
+    fn around<F: StoreFuture>(
         &self,
         op: StoreOp,
         call: impl FnOnce() -> F + Send,
-    ) -> impl Future<Output = Result<T, StoreError>> + Send
-    where
-        T: Send,
-        F: Future<Output = Result<T, StoreError>> + Send;
+    ) -> impl Future<Output = F::Output> + Send;
 }
 
 /// Writes [`Store`](crate::Store) methods that forward to another store, for a wrapper that
@@ -183,10 +187,10 @@ pub trait Around: Send + Sync {
 #[macro_export]
 macro_rules! forward_store {
     (|$s:ident| $target:expr, around = $hook:expr; $($op:ident),+ $(,)?) => {
-        $( $crate::__store_op!(__store_forward_around { $s, $target, $hook } $op); )+
+        $( $crate::__store_op!(__store_method { around $s, $target, $hook } $op); )+
     };
     (|$s:ident| $target:expr; $($op:ident),+ $(,)?) => {
-        $( $crate::__store_op!(__store_forward { $s, $target } $op); )+
+        $( $crate::__store_op!(__store_method { forward $s, $target } $op); )+
     };
 }
 
@@ -258,12 +262,13 @@ macro_rules! __store_op {
     };
 }
 
-/// A `Store` method that calls the same method on `target`.
+/// A `Store` method whose body, by mode, calls the same method on `target` (`forward`),
+/// does so through `hook`'s `around` (`around`), or calls the `DynStore` method (`dyn`).
 #[doc(hidden)]
 #[macro_export]
-macro_rules! __store_forward {
+macro_rules! __store_method {
     (
-        { $s:ident, $target:expr }
+        { $($how:tt)* }
         $op:ident $dyn_op:ident $variant:ident
         ($($arg:ident : [$($amp:tt)?] $ty:ty),*) -> $out:ty
     ) => {
@@ -273,99 +278,60 @@ macro_rules! __store_forward {
         ) -> impl ::core::future::Future<
             Output = ::core::result::Result<$out, $crate::store::StoreError>,
         > + ::core::marker::Send {
-            let $s = self;
-            ($target).$op($($arg),*)
+            $crate::__store_method!(@body { $($how)* } self $op $dyn_op $variant ($($arg),*))
         }
     };
+    (@body { forward $s:ident, $target:expr } $this:tt $op:ident $dyn_op:ident $variant:ident
+        ($($arg:ident),*)) => {{
+        let $s = $this;
+        ($target).$op($($arg),*)
+    }};
+    (@body { around $s:ident, $target:expr, $hook:expr } $this:tt $op:ident $dyn_op:ident
+        $variant:ident ($($arg:ident),*)) => {{
+        use $crate::store::Around as _;
+        let $s = $this;
+        ($hook).around($crate::store::StoreOp::$variant, move || ($target).$op($($arg),*))
+    }};
+    (@body { dyn $s:ident, $target:expr } $this:tt $op:ident $dyn_op:ident $variant:ident
+        ($($arg:ident),*)) => {{
+        let $s = $this;
+        // An async block: the boxed future's one lifetime is shorter than each borrow, which
+        // a plain return could not name.
+        async move { ($target).$dyn_op($($arg),*).await }
+    }};
 }
 
-/// A `Store` method that calls the same method on `target` through `hook`'s `around`.
+/// A [`DynStore`](crate::store::DynStore) method: its declaration (`decl`), or the blanket
+/// impl's, which boxes the `Store` method (`impl`).
 #[doc(hidden)]
 #[macro_export]
-macro_rules! __store_forward_around {
-    (
-        { $s:ident, $target:expr, $hook:expr }
-        $op:ident $dyn_op:ident $variant:ident
-        ($($arg:ident : [$($amp:tt)?] $ty:ty),*) -> $out:ty
-    ) => {
-        fn $op(
-            &self,
-            $($arg: $($amp)? $ty),*
-        ) -> impl ::core::future::Future<
-            Output = ::core::result::Result<$out, $crate::store::StoreError>,
-        > + ::core::marker::Send {
-            use $crate::store::Around as _;
-            let $s = self;
-            ($hook).around($crate::store::StoreOp::$variant, move || {
-                ($target).$op($($arg),*)
-            })
-        }
+macro_rules! __store_dyn_method {
+    ({ decl } $op:ident $dyn_op:ident $variant:ident ($($params:tt)*) -> $out:ty) => {
+        $crate::__store_dyn_method!(@fn self $dyn_op ($($params)*) -> $out; ;);
     };
-}
-
-/// A [`DynStore`](crate::store::DynStore) method's declaration.
-#[doc(hidden)]
-#[macro_export]
-macro_rules! __store_dyn_decl {
     (
-        {}
+        { impl }
         $op:ident $dyn_op:ident $variant:ident
         ($($arg:ident : [$($amp:tt)?] $ty:ty),*) -> $out:ty
     ) => {
-        fn $dyn_op<'a>(
-            &'a self,
-            $($arg: $($amp 'a)? $ty),*
-        ) -> ::core::pin::Pin<::std::boxed::Box<
-            dyn ::core::future::Future<
-                Output = ::core::result::Result<$out, $crate::store::StoreError>,
-            > + ::core::marker::Send + 'a,
-        >>;
-    };
-}
-
-/// A [`DynStore`](crate::store::DynStore) method of the blanket impl: the `Store` method,
-/// boxed.
-#[doc(hidden)]
-#[macro_export]
-macro_rules! __store_dyn_impl {
-    (
-        {}
-        $op:ident $dyn_op:ident $variant:ident
-        ($($arg:ident : [$($amp:tt)?] $ty:ty),*) -> $out:ty
-    ) => {
-        fn $dyn_op<'a>(
-            &'a self,
-            $($arg: $($amp 'a)? $ty),*
-        ) -> ::core::pin::Pin<::std::boxed::Box<
-            dyn ::core::future::Future<
-                Output = ::core::result::Result<$out, $crate::store::StoreError>,
-            > + ::core::marker::Send + 'a,
-        >> {
+        // `self` is written here for both the parameter and the body: macro hygiene keeps a
+        // `self` from one expansion out of another's method.
+        $crate::__store_dyn_method!(@fn self $dyn_op ($($arg: [$($amp)?] $ty),*) -> $out; {
             ::std::boxed::Box::pin(self.$op($($arg),*))
-        }
+        });
     };
-}
-
-/// A `Store` method that calls the [`DynStore`](crate::store::DynStore) method on `target`.
-#[doc(hidden)]
-#[macro_export]
-macro_rules! __store_forward_dyn {
     (
-        { $s:ident, $target:expr }
-        $op:ident $dyn_op:ident $variant:ident
-        ($($arg:ident : [$($amp:tt)?] $ty:ty),*) -> $out:ty
+        @fn $this:tt $dyn_op:ident
+        ($($arg:ident : [$($amp:tt)?] $ty:ty),*) -> $out:ty; $($tail:tt)*
     ) => {
-        fn $op(
-            &self,
-            $($arg: $($amp)? $ty),*
-        ) -> impl ::core::future::Future<
-            Output = ::core::result::Result<$out, $crate::store::StoreError>,
-        > + ::core::marker::Send {
-            let $s = self;
-            // An async block: the boxed future's one lifetime is shorter than each borrow,
-            // which a plain return could not name.
-            async move { ($target).$dyn_op($($arg),*).await }
-        }
+        fn $dyn_op<'a>(
+            &'a $this,
+            $($arg: $($amp 'a)? $ty),*
+        ) -> ::core::pin::Pin<::std::boxed::Box<
+            dyn ::core::future::Future<
+                Output = ::core::result::Result<$out, $crate::store::StoreError>,
+            > + ::core::marker::Send + 'a,
+        >> $($tail)*
     };
 }
 

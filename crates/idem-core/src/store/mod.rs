@@ -19,7 +19,7 @@ use std::time::Duration;
 use thiserror::Error;
 
 pub use boxed::{BoxStore, DynStore};
-pub use forward::{Around, StoreOp};
+pub use forward::{Around, StoreFuture, StoreOp};
 
 use crate::fingerprint::Fingerprint;
 use crate::key::ScopedKey;
