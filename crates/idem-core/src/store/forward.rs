@@ -7,27 +7,31 @@
 //! written from it.
 //!
 //! ```
-//! use std::future::Future;
 //! use std::sync::atomic::{AtomicUsize, Ordering};
 //!
 //! use idem_core::store::{Around, StoreFuture, StoreOp};
 //! use idem_core::{ClaimOutcome, ClaimRequest, MemoryStore, Store, StoreError};
 //!
-//! /// Counts every store call, and the claims that were granted.
+//! /// Counts every store call, the calls that failed, and the claims that were granted.
 //! struct Tally<S> {
 //!     inner: S,
 //!     calls: AtomicUsize,
+//!     errors: AtomicUsize,
 //!     granted: AtomicUsize,
 //! }
 //!
 //! impl<S: Store> Around for Tally<S> {
-//!     fn around<F: StoreFuture>(
+//!     async fn around<F: StoreFuture>(
 //!         &self,
 //!         _op: StoreOp,
 //!         call: impl FnOnce() -> F + Send,
-//!     ) -> impl Future<Output = F::Output> + Send {
+//!     ) -> F::Output {
 //!         self.calls.fetch_add(1, Ordering::Relaxed);
-//!         call()
+//!         let result = call().await;
+//!         if result.is_err() {
+//!             self.errors.fetch_add(1, Ordering::Relaxed);
+//!         }
+//!         result
 //!     }
 //! }
 //!
@@ -49,6 +53,7 @@
 //! let tally = Tally {
 //!     inner: MemoryStore::new(100),
 //!     calls: AtomicUsize::new(0),
+//!     errors: AtomicUsize::new(0),
 //!     granted: AtomicUsize::new(0),
 //! };
 //! let key = idem_core::ScopedKey::new(
@@ -153,6 +158,11 @@ pub trait Around: Send + Sync {
     ///
     /// # Errors
     /// The wrapped store's error, or one the hook makes up.
+    ///
+    /// # Cancel safety
+    /// Dropping the returned future drops the operation's, with the wrapped store's cancel
+    /// safety (see [`Store`](super::Store)); a hook should keep no state a drop would leave
+    /// half-updated.
     fn around<F: StoreFuture>(
         &self,
         op: StoreOp,

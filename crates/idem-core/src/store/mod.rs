@@ -1,5 +1,7 @@
 //! The store contract: a small set of atomic, single-round-trip operations every backend
-//! implements, and a boxed form so a binary can pick its store at run time.
+//! implements, and a boxed form so a binary can pick its store at run time. The in-process
+//! stores live here too: [`memory`] (the memory store) and [`cache`] (the local cache tier
+//! in front of any store).
 //!
 //! A "no" is an outcome value; `Err` means the infrastructure failed (timeout, I/O, codec).
 //!
@@ -9,7 +11,9 @@
 //! reclaimed when its lease runs out, like any crashed holder's.
 
 mod boxed;
+pub mod cache;
 mod forward;
+pub mod memory;
 
 use std::error::Error as StdError;
 use std::future::Future;
@@ -19,7 +23,9 @@ use std::time::Duration;
 use thiserror::Error;
 
 pub use boxed::{BoxStore, DynStore};
+pub use cache::CachedStore;
 pub use forward::{Around, StoreFuture, StoreOp};
+pub use memory::MemoryStore;
 
 use crate::fingerprint::Fingerprint;
 use crate::key::ScopedKey;

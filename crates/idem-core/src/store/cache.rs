@@ -184,3 +184,77 @@ impl<S: Store> Store for CachedStore<S> {
 
     crate::forward_store!(|c| &c.inner; renew, get, list);
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::clock::ManualClock;
+    use crate::key::{Key, Scope};
+    use crate::record::TakeoverPolicy;
+    use crate::store::MemoryStore;
+
+    // Bug guarded: CachedStore filled its cache from a store's `Done` for the *claimant's* ttl,
+    // so it kept replaying a record after the record expired in the store (a new claim must
+    // run). Found by idem-testkit's `cached::model_matches_store`.
+    #[tokio::test]
+    async fn cached_replay_never_outlives_its_record() {
+        let clock = ManualClock::new(Timestamp(1_767_225_600_000));
+        let inner = MemoryStore::with_clock(100_000, clock.clone());
+        let cached = CachedStore::with_clock(
+            inner.clone(),
+            100,
+            Duration::from_secs(3_600),
+            clock.clone(),
+        );
+        let key = ScopedKey::new(
+            Scope::new("cache-expiry").expect("ns"),
+            Key::new("k").expect("key"),
+        );
+        let req = |ttl| ClaimRequest {
+            key: key.clone(),
+            fingerprint: Fingerprint::of_bytes(1, &[1]),
+            owner: OwnerId::random(),
+            lease: Duration::from_secs(10),
+            ttl,
+            takeover: TakeoverPolicy::Reexecute,
+            request_id: None,
+        };
+        // Completed by another process (straight on the shared store), kept for one minute.
+        let first = req(Duration::from_secs(60));
+        let ClaimOutcome::Claimed { lease, .. } = inner.claim(&first).await.expect("claim") else {
+            panic!("not claimed")
+        };
+        let response = StoredResponse::new(200, "once");
+        inner
+            .complete(
+                &key,
+                lease.owner,
+                lease.fence,
+                &response,
+                Duration::from_secs(60),
+            )
+            .await
+            .expect("complete");
+        // This process replays it, claiming with a day-long ttl.
+        let replay = cached
+            .claim(&req(Duration::from_secs(86_400)))
+            .await
+            .expect("claim");
+        assert_eq!(replay, ClaimOutcome::Done { response });
+        clock.advance(Duration::from_secs(61));
+        let after = cached
+            .claim(&req(Duration::from_secs(86_400)))
+            .await
+            .expect("claim");
+        assert!(
+            matches!(
+                after,
+                ClaimOutcome::Claimed {
+                    takeover: false,
+                    ..
+                }
+            ),
+            "replayed an expired record: {after:?}"
+        );
+    }
+}
