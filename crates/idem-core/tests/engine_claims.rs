@@ -26,15 +26,8 @@ async fn crashed_holder_is_taken_over_with_a_higher_fence() {
     let rig = Rig::new();
     let k = key("crashed");
     let crashed = rig
-        .memory
-        .claim(&claim_request(
-            &k,
-            b"x",
-            secs(45),
-            TakeoverPolicy::Reexecute,
-        ))
-        .await
-        .expect("claim");
+        .claim_elsewhere(&k, secs(45), TakeoverPolicy::Reexecute)
+        .await;
     let ClaimOutcome::Claimed { lease: old, .. } = crashed else {
         panic!("got {crashed:?}")
     };
@@ -91,10 +84,8 @@ async fn hold_policy_turns_an_expired_lease_into_unknown() {
     // Guards: `hold` silently re-running a handler whose first run may have had its effect.
     let rig = Rig::new();
     let k = key("held");
-    rig.memory
-        .claim(&claim_request(&k, b"x", secs(45), TakeoverPolicy::Hold))
-        .await
-        .expect("claim");
+    rig.claim_elsewhere(&k, secs(45), TakeoverPolicy::Hold)
+        .await;
     rig.clock.jump(secs(46));
     let engine = rig.engine(
         Policy::builder()
@@ -189,15 +180,8 @@ async fn a_live_holder_makes_duplicates_in_flight() {
     let rig = Rig::new();
     let engine = rig.engine(Policy::default());
     let k = key("busy");
-    rig.memory
-        .claim(&claim_request(
-            &k,
-            b"x",
-            secs(45),
-            TakeoverPolicy::Reexecute,
-        ))
-        .await
-        .expect("claim");
+    rig.claim_elsewhere(&k, secs(45), TakeoverPolicy::Reexecute)
+        .await;
     tokio::time::advance(secs(5)).await;
     let outcome = engine
         .run(&k, &fp(b"x"), |_| async { ok("dup") })
@@ -243,8 +227,9 @@ async fn in_flight_wait_replays_the_first_result() {
     // first result arrived within its wait.
     let rig = Rig::new();
     let k = key("waited");
-    let holder = claim_request(&k, b"x", secs(45), TakeoverPolicy::Reexecute);
-    let ClaimOutcome::Claimed { lease, .. } = rig.memory.claim(&holder).await.expect("claim")
+    let ClaimOutcome::Claimed { lease, .. } = rig
+        .claim_elsewhere(&k, secs(45), TakeoverPolicy::Reexecute)
+        .await
     else {
         panic!("claim")
     };
@@ -288,15 +273,8 @@ async fn in_flight_wait_gives_up_after_its_budget() {
     // Guards: a waiting duplicate that waits past its budget (or forever) on a stuck holder.
     let rig = Rig::new();
     let k = key("waited-out");
-    rig.memory
-        .claim(&claim_request(
-            &k,
-            b"x",
-            secs(45),
-            TakeoverPolicy::Reexecute,
-        ))
-        .await
-        .expect("claim");
+    rig.claim_elsewhere(&k, secs(45), TakeoverPolicy::Reexecute)
+        .await;
     let engine = rig.engine(
         Policy::builder()
             .in_flight_wait(Some(secs(2)))
@@ -318,8 +296,9 @@ async fn in_flight_wait_runs_when_the_first_releases() {
     // Guards: a waiter that keeps answering "in flight" after the holder released the key.
     let rig = Rig::new();
     let k = key("waited-release");
-    let holder = claim_request(&k, b"x", secs(45), TakeoverPolicy::Reexecute);
-    let ClaimOutcome::Claimed { lease, .. } = rig.memory.claim(&holder).await.expect("claim")
+    let ClaimOutcome::Claimed { lease, .. } = rig
+        .claim_elsewhere(&k, secs(45), TakeoverPolicy::Reexecute)
+        .await
     else {
         panic!("claim")
     };

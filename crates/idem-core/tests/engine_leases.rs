@@ -311,15 +311,8 @@ async fn failing_renewals_cancel_at_the_local_deadline() {
         "renewal was attempted"
     );
     let competitor = rig
-        .memory
-        .claim(&claim_request(
-            &k,
-            b"x",
-            secs(45),
-            TakeoverPolicy::Reexecute,
-        ))
-        .await
-        .expect("claim");
+        .claim_elsewhere(&k, secs(45), TakeoverPolicy::Reexecute)
+        .await;
     assert!(
         matches!(competitor, ClaimOutcome::Claimed { takeover: true, .. }),
         "got {competitor:?}"

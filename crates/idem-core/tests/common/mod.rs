@@ -12,8 +12,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use idem_core::{
-    ClaimRequest, Clock, Engine, Fingerprint, Key, ManualClock, MemoryStore, OwnerId, Policy,
-    Record, Scope, ScopedKey, Settlement, Store, StoredResponse, TakeoverPolicy, Timestamp,
+    ClaimOutcome, ClaimRequest, Clock, Engine, Fingerprint, Key, ManualClock, MemoryStore, OwnerId,
+    Policy, Record, Scope, ScopedKey, Settlement, Store, StoredResponse, TakeoverPolicy, Timestamp,
 };
 use idem_testkit::{Calls, CountingStore, FaultyStore};
 use tokio::time::Instant;
@@ -159,6 +159,19 @@ impl Rig {
         tokio::time::timeout(secs(3600), self.store.wait_for(enough))
             .await
             .expect("the expected store calls never came");
+    }
+
+    /// Claims `k` (the request `b"x"`) straight on the memory store, as another process would.
+    pub async fn claim_elsewhere(
+        &self,
+        k: &ScopedKey,
+        lease: Duration,
+        takeover: TakeoverPolicy,
+    ) -> ClaimOutcome {
+        self.memory
+            .claim(&claim_request(k, b"x", lease, takeover))
+            .await
+            .expect("claim")
     }
 
     pub async fn record(&self, k: &ScopedKey) -> Option<Record> {
