@@ -311,4 +311,35 @@ mod tests {
         assert!(Scope::new("").is_err());
         assert!(Scope::new("a b").is_err());
     }
+
+    #[test]
+    fn invalid_keys_are_refused_with_the_rule_they_break() {
+        // Guards: malformed keys accepted (or "ignored") instead of refused with a precise reason.
+        assert_eq!(Key::new(""), Err(KeyError::Empty));
+        assert_eq!(
+            Key::new("k".repeat(256)),
+            Err(KeyError::TooLong { len: 256 })
+        );
+        assert_eq!(
+            Key::new("a\nb"),
+            Err(KeyError::NotPrintable { byte: b'\n', at: 1 })
+        );
+        assert_eq!(
+            Key::from_bytes(b"ok\xff"),
+            Err(KeyError::NotPrintable { byte: 0xff, at: 2 })
+        );
+        assert_eq!(Key::new("trailing "), Err(KeyError::OuterSpace));
+        assert_eq!(Key::new(" leading"), Err(KeyError::OuterSpace));
+        assert_eq!(Scope::new("has space"), Err(KeyError::BadNamespace));
+        assert_eq!(Scope::new(""), Err(KeyError::BadNamespace));
+        assert_eq!(Scope::new("n".repeat(256)), Err(KeyError::BadNamespace));
+        // Edges that are valid.
+        assert!(Key::new("k".repeat(255)).is_ok());
+        assert!(Key::new("~ !").is_ok());
+        let e = Key::new("a\tb").expect_err("tab");
+        assert!(
+            e.to_string().contains("0x09"),
+            "the message names the byte: {e}"
+        );
+    }
 }

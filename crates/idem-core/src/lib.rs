@@ -7,19 +7,16 @@
 //! This crate does no network I/O. Backends (`idem-redis`, `idem-sql`) implement [`Store`];
 //! carriers (`idem-http`, …) drive [`Engine`].
 
-pub mod cache;
 pub mod clock;
 pub mod decide;
 pub mod engine;
 pub mod fingerprint;
 pub mod key;
-pub mod memory;
 pub mod outcome;
 pub mod record;
 pub mod store;
 mod sync;
 
-pub use cache::CachedStore;
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use engine::{
     Action, Answer, Engine, EngineError, Policy, PolicyBuilder, PolicyError, Reply, Settled,
@@ -27,13 +24,14 @@ pub use engine::{
 };
 pub use fingerprint::{Fingerprint, FingerprintError, JsonFields, canonical_json};
 pub use key::{Key, KeyError, Scope, ScopedKey};
-pub use memory::MemoryStore;
 pub use outcome::{Kept, Outcome, Refusal};
 pub use record::{
     Lease, OwnerId, Record, RecordState, ReleaseKind, StateKind, StoredResponse, TakeoverPolicy,
     Timestamp,
 };
+// `idem_core::memory` and `idem_core::cache` are short paths to the in-process stores.
 pub use store::{
-    BoxStore, ClaimOutcome, ClaimRequest, ListFilter, RenewOutcome, Resolution, ResolveOutcome,
-    SettleOutcome, Store, StoreError,
+    BoxStore, CachedStore, ClaimOutcome, ClaimRequest, ListFilter, MemoryStore, RenewOutcome,
+    Resolution, ResolveOutcome, SettleOutcome, Store, StoreError, StoreOp,
 };
+pub use store::{cache, memory};

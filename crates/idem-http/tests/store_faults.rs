@@ -3,90 +3,18 @@
 
 mod common;
 
-use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use axum::http::StatusCode;
 use common::{Hits, app_with, post_req, send};
-use idem_core::store::{
-    ClaimOutcome, ClaimRequest, ListFilter, RenewOutcome, Resolution, ResolveOutcome,
-    SettleOutcome, Store, StoreError,
-};
-use idem_core::{
-    BoxStore, Engine, OwnerId, Policy, Record, ReleaseKind, ScopedKey, StoredResponse,
-};
+use idem_core::{BoxStore, Engine, MemoryStore, Policy};
+use idem_testkit::{Fault, FaultyStore};
 
-/// Every operation fails (a store that is down), or never answers (one that hangs).
-#[derive(Clone, Copy, Debug)]
-enum Broken {
-    Errors,
-    Hangs,
-}
-
-impl Broken {
-    async fn op<T: Send>(self) -> Result<T, StoreError> {
-        match self {
-            Broken::Errors => Err(StoreError::unavailable("connection refused (test double)")),
-            Broken::Hangs => std::future::pending().await,
-        }
-    }
-}
-
-impl Store for Broken {
-    fn claim(
-        &self,
-        _req: &ClaimRequest,
-    ) -> impl Future<Output = Result<ClaimOutcome, StoreError>> + Send {
-        self.op()
-    }
-    fn renew(
-        &self,
-        _: &ScopedKey,
-        _: OwnerId,
-        _: u64,
-        _: Duration,
-    ) -> impl Future<Output = Result<RenewOutcome, StoreError>> + Send {
-        self.op()
-    }
-    fn complete(
-        &self,
-        _: &ScopedKey,
-        _: OwnerId,
-        _: u64,
-        _: &StoredResponse,
-        _: Duration,
-    ) -> impl Future<Output = Result<SettleOutcome, StoreError>> + Send {
-        self.op()
-    }
-    fn release(
-        &self,
-        _: &ScopedKey,
-        _: OwnerId,
-        _: u64,
-        _: ReleaseKind,
-    ) -> impl Future<Output = Result<SettleOutcome, StoreError>> + Send {
-        self.op()
-    }
-    fn get(
-        &self,
-        _: &ScopedKey,
-    ) -> impl Future<Output = Result<Option<Record>, StoreError>> + Send {
-        self.op()
-    }
-    fn list(&self, _: &ListFilter) -> impl Future<Output = Result<Vec<Record>, StoreError>> + Send {
-        self.op()
-    }
-    fn resolve(
-        &self,
-        _: &ScopedKey,
-        _: &Resolution,
-    ) -> impl Future<Output = Result<ResolveOutcome, StoreError>> + Send {
-        self.op()
-    }
-    fn delete(&self, _: &ScopedKey) -> impl Future<Output = Result<bool, StoreError>> + Send {
-        self.op()
-    }
+/// A store whose every operation suffers `fault`: `Error` is a store that is down, `Hang` one
+/// that never answers.
+fn broken(fault: Fault) -> BoxStore {
+    BoxStore::new(FaultyStore::new(MemoryStore::new(16)).with_all(fault))
 }
 
 const STORE_TIMEOUT: Duration = Duration::from_millis(200);
@@ -137,19 +65,19 @@ async fn assert_fails_closed(store: BoxStore) {
 
 #[tokio::test]
 async fn an_erroring_store_is_503_and_nothing_runs() {
-    assert_fails_closed(BoxStore::new(Broken::Errors)).await;
+    assert_fails_closed(broken(Fault::Error)).await;
 }
 
 #[tokio::test]
 async fn a_hanging_store_is_503_within_its_timeout_and_nothing_runs() {
-    assert_fails_closed(BoxStore::new(Broken::Hangs)).await;
+    assert_fails_closed(broken(Fault::Hang)).await;
 }
 
 /// The guard is the store timeout: with it pushed out to a minute, the same hanging store
 /// holds the request far past the bound the test above checks (the unguarded variant).
 #[tokio::test]
 async fn without_the_store_timeout_a_hanging_store_holds_the_request() {
-    let engine = Engine::new(BoxStore::new(Broken::Hangs), Policy::default());
+    let engine = Engine::new(broken(Fault::Hang), Policy::default());
     let hits = Arc::new(Hits::default());
     let router = app_with(&engine, Arc::clone(&hits), |c| {
         c.policy(policy(Duration::from_secs(60)))

@@ -3,19 +3,17 @@
 
 mod common;
 
-use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use common::{Server, redis_server_available, store_at};
-use idem_core::store::{
-    ClaimOutcome, ClaimRequest, ListFilter, RenewOutcome, Resolution, ResolveOutcome, SettleOutcome,
-};
+use idem_core::store::{ClaimOutcome, ClaimRequest, RenewOutcome, SettleOutcome};
 use idem_core::{
-    Engine, EngineError, Fingerprint, Key, OwnerId, Policy, Record, ReleaseKind, Scope, ScopedKey,
+    Engine, EngineError, Fingerprint, Key, OwnerId, Policy, ReleaseKind, Scope, ScopedKey,
     Settlement, Store, StoreError, StoredResponse, TakeoverPolicy,
 };
+use idem_testkit::CountingStore;
 
 const OP_TIMEOUT: Duration = Duration::from_millis(250);
 /// Scheduling allowance on a loaded two-core machine on top of the op timeout.
@@ -40,70 +38,6 @@ fn request(key: &ScopedKey, lease: Duration) -> ClaimRequest {
     }
 }
 
-/// Counts the claims the store granted, so handler runs can be checked against them.
-#[derive(Clone)]
-struct Counting<S> {
-    inner: S,
-    claims: Arc<AtomicU32>,
-}
-
-impl<S: Store> Store for Counting<S> {
-    async fn claim(&self, req: &ClaimRequest) -> Result<ClaimOutcome, StoreError> {
-        let outcome = self.inner.claim(req).await?;
-        if matches!(outcome, ClaimOutcome::Claimed { .. }) {
-            self.claims.fetch_add(1, Ordering::SeqCst);
-        }
-        Ok(outcome)
-    }
-    fn renew(
-        &self,
-        k: &ScopedKey,
-        o: OwnerId,
-        f: u64,
-        l: Duration,
-    ) -> impl Future<Output = Result<RenewOutcome, StoreError>> + Send {
-        self.inner.renew(k, o, f, l)
-    }
-    fn complete(
-        &self,
-        k: &ScopedKey,
-        o: OwnerId,
-        f: u64,
-        r: &StoredResponse,
-        t: Duration,
-    ) -> impl Future<Output = Result<SettleOutcome, StoreError>> + Send {
-        self.inner.complete(k, o, f, r, t)
-    }
-    fn release(
-        &self,
-        k: &ScopedKey,
-        o: OwnerId,
-        f: u64,
-        kind: ReleaseKind,
-    ) -> impl Future<Output = Result<SettleOutcome, StoreError>> + Send {
-        self.inner.release(k, o, f, kind)
-    }
-    fn get(
-        &self,
-        k: &ScopedKey,
-    ) -> impl Future<Output = Result<Option<Record>, StoreError>> + Send {
-        self.inner.get(k)
-    }
-    fn list(&self, f: &ListFilter) -> impl Future<Output = Result<Vec<Record>, StoreError>> + Send {
-        self.inner.list(f)
-    }
-    fn resolve(
-        &self,
-        k: &ScopedKey,
-        r: &Resolution,
-    ) -> impl Future<Output = Result<ResolveOutcome, StoreError>> + Send {
-        self.inner.resolve(k, r)
-    }
-    fn delete(&self, k: &ScopedKey) -> impl Future<Output = Result<bool, StoreError>> + Send {
-        self.inner.delete(k)
-    }
-}
-
 /// The server dies in the middle of a load: every request made during the outage fails
 /// within the op timeout, and no handler runs without a claim the store granted.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -112,12 +46,9 @@ async fn killed_under_load_fails_fast_and_never_runs_unclaimed() {
         return;
     }
     let server = Server::start(&[]);
-    let claims = Arc::new(AtomicU32::new(0));
-    let store = Counting {
-        inner: store_at(&server.url(), OP_TIMEOUT).await,
-        claims: Arc::clone(&claims),
-    };
-    let engine = Engine::new(store, Policy::default());
+    // Counts the claims the store granted, so handler runs can be checked against them.
+    let store = CountingStore::new(store_at(&server.url(), OP_TIMEOUT).await);
+    let engine = Engine::new(store.clone(), Policy::default());
     let runs = Arc::new(AtomicU32::new(0));
     let down = Arc::new(AtomicBool::new(false));
     let stop = Arc::new(AtomicBool::new(false));
@@ -177,7 +108,7 @@ async fn killed_under_load_fails_fast_and_never_runs_unclaimed() {
     assert!(outage_errors >= 4, "every worker met the outage");
     assert_eq!(
         runs.load(Ordering::SeqCst),
-        claims.load(Ordering::SeqCst),
+        u32::try_from(store.granted()).expect("granted claims fit u32"),
         "a handler ran without a granted claim"
     );
 }

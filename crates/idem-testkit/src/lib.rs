@@ -10,7 +10,7 @@
 //! # fn main() {}
 //! ```
 //!
-//! That expands to one `#[test]` per rule in [`rules`] (the two race tests included) and
+//! That expands to one `#[test]` per rule in [`rules`] (the race tests included) and
 //! `model_matches_store`, each on its own two-worker tokio runtime, so the store crate needs
 //! no tokio macros of its own. The harness expression is evaluated inside that runtime: it
 //! may `.await` (connect to a server) and may `return` to skip when a server is missing. A
@@ -44,15 +44,19 @@
 //! saved next to the invoking test file as `<file>.proptest-regressions`: commit them.
 //!
 //! [`broken::BrokenStore`] is a deliberately faulty store; this crate's `tests/bites.rs` shows
-//! that each of its bugs makes the suite fail. The guide is `docs/testkit.md`.
+//! that each of its bugs makes the suite fail. [`doubles`] holds wrappers for fault, count and
+//! latency tests of code above a store ([`FaultyStore`], [`CountingStore`], [`SlowStore`]).
+//! The guide is `docs/testkit.md`.
 
 pub mod broken;
 mod ctx;
+pub mod doubles;
 mod harness;
 pub mod model;
 pub mod rules;
 
 pub use ctx::{fp, rich_response, unique_namespace};
+pub use doubles::{Calls, CountingStore, Fault, FaultyStore, SlowStore};
 pub use harness::{Harness, MemoryHarness, ServerHarness, sleep_for};
 
 /// Expands to the whole conformance suite for a harness: one `#[test]` per rule, the race
@@ -67,63 +71,20 @@ macro_rules! conformance_tests {
         $crate::conformance_tests!($harness, cases = $crate::model::DEFAULT_CASES);
     };
     ($harness:expr, cases = $cases:expr $(,)?) => {
-        $crate::__rules!(
-            $harness;
-            claim_absent_key_claims,
-            busy_while_lease_live,
-            done_replays_exact_response,
-            mismatch_changes_nothing_in_any_state,
-            fence_increases_across_takeovers,
-            fence_increases_across_expiry,
-            fence_increases_across_release_and_delete,
-            stale_owner_is_fenced,
-            late_holder_settles_until_taken_over,
-            record_expires_after_ttl,
-            renew_extends_lease,
-            release_retryable_frees_key,
-            release_unknown_holds_key,
-            takeover_reexecute_claims_again,
-            takeover_hold_marks_unknown,
-            resolve_unknown_with_response_replays,
-            resolve_unknown_with_release_frees_key,
-            resolve_refuses_completed_and_live_processing,
-            resolve_missing_is_not_found,
-            resolve_expired_lease_processing,
-            get_reports_every_state,
-            delete_removes_record,
-            list_filters_by_namespace_and_principal,
-            list_filters_by_state,
-            list_oldest_first_with_limit_and_age,
-            list_orders_reclaimed_key_by_new_age,
-            request_id_kept_on_record,
-            race_one_claim_wins,
-            race_one_takeover_wins,
-            race_mixed_fingerprints_one_wins,
-        );
+        $crate::__rules!(__rule_tests { $harness });
 
         #[test]
         fn model_matches_store() {
             $crate::__private::run(async {
                 let harness = $harness;
-                $crate::model::check(&harness, $crate::model::cases($cases), ::core::option::Option::Some(file!())).await;
+                $crate::model::check(
+                    &harness,
+                    $crate::model::cases($cases),
+                    ::core::option::Option::Some(file!()),
+                )
+                .await;
             });
         }
-    };
-}
-
-#[doc(hidden)]
-#[macro_export]
-macro_rules! __rules {
-    ($harness:expr; $($rule:ident),* $(,)?) => {
-        $(
-            #[test]
-            fn $rule() {
-                $crate::__private::run(async {
-                    let harness = $harness;
-                    $crate::rules::$rule(&harness).await;
-                });
-            }
-        )*
     };
 }
 
@@ -139,23 +100,5 @@ pub mod __private {
             .build()
             .expect("build the test runtime")
             .block_on(body);
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    /// The macro's rule list and [`crate::rules::ALL`] are written twice; keep them equal.
-    #[test]
-    fn macro_runs_every_rule() {
-        let source = include_str!("lib.rs");
-        let start = source.find("$crate::__rules!(").expect("rule list");
-        let end = start + source[start..].find(");").expect("end of rule list");
-        let listed: Vec<&str> = source[start..end]
-            .lines()
-            .skip(2)
-            .map(|l| l.trim().trim_end_matches(','))
-            .filter(|l| !l.is_empty())
-            .collect();
-        assert_eq!(listed, crate::rules::ALL);
     }
 }

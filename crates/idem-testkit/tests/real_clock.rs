@@ -3,79 +3,9 @@
 
 use std::time::Duration;
 
-use idem_core::{
-    ClaimOutcome, ClaimRequest, ListFilter, MemoryStore, OwnerId, Record, ReleaseKind,
-    RenewOutcome, Resolution, ResolveOutcome, ScopedKey, SettleOutcome, Store, StoreError,
-    StoredResponse,
-};
-use idem_testkit::ServerHarness;
+use idem_core::{ClaimOutcome, ClaimRequest, MemoryStore, Store, StoreError};
 use idem_testkit::model::{Op, run_case};
-
-/// A memory store on the system clock whose every operation first waits `delay`, like a
-/// server on a badly loaded machine.
-#[derive(Clone, Debug)]
-struct Slow {
-    inner: MemoryStore,
-    delay: Duration,
-}
-
-impl Store for Slow {
-    async fn claim(&self, req: &ClaimRequest) -> Result<ClaimOutcome, StoreError> {
-        tokio::time::sleep(self.delay).await;
-        self.inner.claim(req).await
-    }
-    async fn renew(
-        &self,
-        key: &ScopedKey,
-        owner: OwnerId,
-        fence: u64,
-        lease: Duration,
-    ) -> Result<RenewOutcome, StoreError> {
-        tokio::time::sleep(self.delay).await;
-        self.inner.renew(key, owner, fence, lease).await
-    }
-    async fn complete(
-        &self,
-        key: &ScopedKey,
-        owner: OwnerId,
-        fence: u64,
-        response: &StoredResponse,
-        ttl: Duration,
-    ) -> Result<SettleOutcome, StoreError> {
-        tokio::time::sleep(self.delay).await;
-        self.inner.complete(key, owner, fence, response, ttl).await
-    }
-    async fn release(
-        &self,
-        key: &ScopedKey,
-        owner: OwnerId,
-        fence: u64,
-        kind: ReleaseKind,
-    ) -> Result<SettleOutcome, StoreError> {
-        tokio::time::sleep(self.delay).await;
-        self.inner.release(key, owner, fence, kind).await
-    }
-    async fn get(&self, key: &ScopedKey) -> Result<Option<Record>, StoreError> {
-        tokio::time::sleep(self.delay).await;
-        self.inner.get(key).await
-    }
-    async fn list(&self, filter: &ListFilter) -> Result<Vec<Record>, StoreError> {
-        tokio::time::sleep(self.delay).await;
-        self.inner.list(filter).await
-    }
-    async fn resolve(
-        &self,
-        key: &ScopedKey,
-        resolution: &Resolution,
-    ) -> Result<ResolveOutcome, StoreError> {
-        tokio::time::sleep(self.delay).await;
-        self.inner.resolve(key, resolution).await
-    }
-    async fn delete(&self, key: &ScopedKey) -> Result<bool, StoreError> {
-        tokio::time::sleep(self.delay).await;
-        self.inner.delete(key).await
-    }
-}
+use idem_testkit::{ServerHarness, SlowStore};
 
 fn claim(lease: u8) -> Op {
     Op::Claim {
@@ -93,11 +23,10 @@ async fn slow_case_is_inconclusive_not_failed() {
     // Lease 300 ms: model step 75 ms, slack 37 ms. Each operation takes 120 ms, so the second
     // claim finds the one-step lease already over although the model (rightly, on its own
     // time) expects Busy.
+    // A memory store on the system clock whose every operation first waits 120 ms, like a
+    // server on a badly loaded machine.
     let slow = ServerHarness::new(
-        Slow {
-            inner: MemoryStore::new(1_000),
-            delay: Duration::from_millis(120),
-        },
+        SlowStore::new(MemoryStore::new(1_000), Duration::from_millis(120)),
         Duration::from_millis(300),
     );
     let ops = [claim(1), claim(1)];
@@ -133,48 +62,6 @@ impl Store for Forgetful {
         self.0.delete(&req.key).await?;
         Ok(out)
     }
-    async fn renew(
-        &self,
-        key: &ScopedKey,
-        owner: OwnerId,
-        fence: u64,
-        lease: Duration,
-    ) -> Result<RenewOutcome, StoreError> {
-        self.0.renew(key, owner, fence, lease).await
-    }
-    async fn complete(
-        &self,
-        key: &ScopedKey,
-        owner: OwnerId,
-        fence: u64,
-        response: &StoredResponse,
-        ttl: Duration,
-    ) -> Result<SettleOutcome, StoreError> {
-        self.0.complete(key, owner, fence, response, ttl).await
-    }
-    async fn release(
-        &self,
-        key: &ScopedKey,
-        owner: OwnerId,
-        fence: u64,
-        kind: ReleaseKind,
-    ) -> Result<SettleOutcome, StoreError> {
-        self.0.release(key, owner, fence, kind).await
-    }
-    async fn get(&self, key: &ScopedKey) -> Result<Option<Record>, StoreError> {
-        self.0.get(key).await
-    }
-    async fn list(&self, filter: &ListFilter) -> Result<Vec<Record>, StoreError> {
-        self.0.list(filter).await
-    }
-    async fn resolve(
-        &self,
-        key: &ScopedKey,
-        resolution: &Resolution,
-    ) -> Result<ResolveOutcome, StoreError> {
-        self.0.resolve(key, resolution).await
-    }
-    async fn delete(&self, key: &ScopedKey) -> Result<bool, StoreError> {
-        self.0.delete(key).await
-    }
+
+    idem_core::forward_store!(|f| &f.0; renew, complete, release, get, list, resolve, delete);
 }

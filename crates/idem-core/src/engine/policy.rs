@@ -256,4 +256,104 @@ mod tests {
             .expect("valid");
         assert_eq!(p.renew_every(), Duration::from_secs(20) / 3);
     }
+
+    fn secs(n: u64) -> Duration {
+        Duration::from_secs(n)
+    }
+
+    #[test]
+    fn bad_policies_fail_at_build_time_with_a_clear_error() {
+        // Guards: a lease shorter than the handler can run (a slow handler loses its claim to a
+        // retry), a record that expires before its lease, and zero durations reaching run time.
+        let zero = Duration::ZERO;
+        let cases: Vec<(&str, Result<Policy, PolicyError>, PolicyError)> = vec![
+            (
+                "zero record ttl",
+                Policy::builder().record_ttl(zero).build(),
+                PolicyError::Zero("record ttl"),
+            ),
+            (
+                "zero lease",
+                Policy::builder().lease(zero).build(),
+                PolicyError::Zero("lease"),
+            ),
+            (
+                "zero handler timeout",
+                Policy::builder().handler_timeout(zero).build(),
+                PolicyError::Zero("handler timeout"),
+            ),
+            (
+                "zero store timeout",
+                Policy::builder().store_timeout(zero).build(),
+                PolicyError::Zero("store timeout"),
+            ),
+            (
+                "zero renew interval",
+                Policy::builder().renew_every(zero).build(),
+                PolicyError::Zero("renew interval"),
+            ),
+            (
+                "lease longer than the ttl",
+                Policy::builder()
+                    .lease(secs(120))
+                    .record_ttl(secs(60))
+                    .build(),
+                PolicyError::TtlShorterThanLease {
+                    ttl: secs(60),
+                    lease: secs(120),
+                },
+            ),
+            (
+                "lease under handler timeout + 15 s",
+                Policy::builder()
+                    .handler_timeout(secs(30))
+                    .lease(secs(44))
+                    .build(),
+                PolicyError::LeaseTooShort {
+                    lease: secs(44),
+                    handler_timeout: secs(30),
+                },
+            ),
+            (
+                "lease exactly the handler timeout",
+                Policy::builder()
+                    .handler_timeout(secs(30))
+                    .lease(secs(30))
+                    .build(),
+                PolicyError::LeaseTooShort {
+                    lease: secs(30),
+                    handler_timeout: secs(30),
+                },
+            ),
+            (
+                "renewal no sooner than the lease",
+                Policy::builder().renew_every(secs(45)).build(),
+                PolicyError::RenewTooSlow {
+                    renew_every: secs(45),
+                    lease: secs(45),
+                },
+            ),
+        ];
+        for (what, got, want) in cases {
+            assert_eq!(got, Err(want), "{what}");
+        }
+        let msg = Policy::builder()
+            .handler_timeout(secs(30))
+            .lease(secs(44))
+            .build()
+            .expect_err("short")
+            .to_string();
+        assert!(
+            msg.contains("44s") && msg.contains("30s") && msg.contains("15s"),
+            "names the numbers: {msg}"
+        );
+        assert!(
+            Policy::builder()
+                .handler_timeout(secs(30))
+                .lease(secs(45))
+                .build()
+                .is_ok(),
+            "exactly the margin is enough"
+        );
+    }
 }

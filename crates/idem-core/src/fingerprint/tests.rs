@@ -1,3 +1,5 @@
+//! Unit tests of fingerprints and canonical JSON.
+
 use super::*;
 
 fn canon(s: &str) -> String {

@@ -1,5 +1,7 @@
 //! The store contract: a small set of atomic, single-round-trip operations every backend
-//! implements, and a boxed form so a binary can pick its store at run time.
+//! implements, and a boxed form so a binary can pick its store at run time. The in-process
+//! stores live here too: [`memory`] (the memory store) and [`cache`] (the local cache tier
+//! in front of any store).
 //!
 //! A "no" is an outcome value; `Err` means the infrastructure failed (timeout, I/O, codec).
 //!
@@ -9,6 +11,9 @@
 //! reclaimed when its lease runs out, like any crashed holder's.
 
 mod boxed;
+pub mod cache;
+mod forward;
+pub mod memory;
 
 use std::error::Error as StdError;
 use std::future::Future;
@@ -18,6 +23,9 @@ use std::time::Duration;
 use thiserror::Error;
 
 pub use boxed::{BoxStore, DynStore};
+pub use cache::CachedStore;
+pub use forward::{Around, StoreFuture, StoreOp};
+pub use memory::MemoryStore;
 
 use crate::fingerprint::Fingerprint;
 use crate::key::ScopedKey;
@@ -281,60 +289,5 @@ pub trait Store: Send + Sync + 'static {
 }
 
 impl<S: Store> Store for Arc<S> {
-    fn claim(
-        &self,
-        req: &ClaimRequest,
-    ) -> impl Future<Output = Result<ClaimOutcome, StoreError>> + Send {
-        (**self).claim(req)
-    }
-    fn renew(
-        &self,
-        key: &ScopedKey,
-        owner: OwnerId,
-        fence: u64,
-        lease: Duration,
-    ) -> impl Future<Output = Result<RenewOutcome, StoreError>> + Send {
-        (**self).renew(key, owner, fence, lease)
-    }
-    fn complete(
-        &self,
-        key: &ScopedKey,
-        owner: OwnerId,
-        fence: u64,
-        response: &StoredResponse,
-        ttl: Duration,
-    ) -> impl Future<Output = Result<SettleOutcome, StoreError>> + Send {
-        (**self).complete(key, owner, fence, response, ttl)
-    }
-    fn release(
-        &self,
-        key: &ScopedKey,
-        owner: OwnerId,
-        fence: u64,
-        kind: ReleaseKind,
-    ) -> impl Future<Output = Result<SettleOutcome, StoreError>> + Send {
-        (**self).release(key, owner, fence, kind)
-    }
-    fn get(
-        &self,
-        key: &ScopedKey,
-    ) -> impl Future<Output = Result<Option<Record>, StoreError>> + Send {
-        (**self).get(key)
-    }
-    fn list(
-        &self,
-        filter: &ListFilter,
-    ) -> impl Future<Output = Result<Vec<Record>, StoreError>> + Send {
-        (**self).list(filter)
-    }
-    fn resolve(
-        &self,
-        key: &ScopedKey,
-        resolution: &Resolution,
-    ) -> impl Future<Output = Result<ResolveOutcome, StoreError>> + Send {
-        (**self).resolve(key, resolution)
-    }
-    fn delete(&self, key: &ScopedKey) -> impl Future<Output = Result<bool, StoreError>> + Send {
-        (**self).delete(key)
-    }
+    crate::forward_store!(|s| &**s; all);
 }

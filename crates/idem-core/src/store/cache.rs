@@ -17,10 +17,9 @@ use quick_cache::sync::Cache;
 use crate::clock::{Clock, SystemClock};
 use crate::fingerprint::Fingerprint;
 use crate::key::ScopedKey;
-use crate::record::{OwnerId, Record, RecordState, ReleaseKind, StoredResponse, Timestamp};
+use crate::record::{OwnerId, RecordState, ReleaseKind, StoredResponse, Timestamp};
 use crate::store::{
-    ClaimOutcome, ClaimRequest, ListFilter, RenewOutcome, Resolution, ResolveOutcome,
-    SettleOutcome, Store, StoreError,
+    ClaimOutcome, ClaimRequest, Resolution, ResolveOutcome, SettleOutcome, Store, StoreError,
 };
 
 #[derive(Clone)]
@@ -139,16 +138,6 @@ impl<S: Store> Store for CachedStore<S> {
         Ok(outcome)
     }
 
-    fn renew(
-        &self,
-        key: &ScopedKey,
-        owner: OwnerId,
-        fence: u64,
-        lease: Duration,
-    ) -> impl Future<Output = Result<RenewOutcome, StoreError>> + Send {
-        self.inner.renew(key, owner, fence, lease)
-    }
-
     async fn complete(
         &self,
         key: &ScopedKey,
@@ -179,20 +168,6 @@ impl<S: Store> Store for CachedStore<S> {
         self.inner.release(key, owner, fence, kind)
     }
 
-    fn get(
-        &self,
-        key: &ScopedKey,
-    ) -> impl Future<Output = Result<Option<Record>, StoreError>> + Send {
-        self.inner.get(key)
-    }
-
-    fn list(
-        &self,
-        filter: &ListFilter,
-    ) -> impl Future<Output = Result<Vec<Record>, StoreError>> + Send {
-        self.inner.list(filter)
-    }
-
     fn resolve(
         &self,
         key: &ScopedKey,
@@ -205,5 +180,81 @@ impl<S: Store> Store for CachedStore<S> {
     fn delete(&self, key: &ScopedKey) -> impl Future<Output = Result<bool, StoreError>> + Send {
         self.done.remove(key);
         self.inner.delete(key)
+    }
+
+    crate::forward_store!(|c| &c.inner; renew, get, list);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::clock::ManualClock;
+    use crate::key::{Key, Scope};
+    use crate::record::TakeoverPolicy;
+    use crate::store::MemoryStore;
+
+    // Bug guarded: CachedStore filled its cache from a store's `Done` for the *claimant's* ttl,
+    // so it kept replaying a record after the record expired in the store (a new claim must
+    // run). Found by idem-testkit's `cached::model_matches_store`.
+    #[tokio::test]
+    async fn cached_replay_never_outlives_its_record() {
+        let clock = ManualClock::new(Timestamp(1_767_225_600_000));
+        let inner = MemoryStore::with_clock(100_000, clock.clone());
+        let cached = CachedStore::with_clock(
+            inner.clone(),
+            100,
+            Duration::from_secs(3_600),
+            clock.clone(),
+        );
+        let key = ScopedKey::new(
+            Scope::new("cache-expiry").expect("ns"),
+            Key::new("k").expect("key"),
+        );
+        let req = |ttl| ClaimRequest {
+            key: key.clone(),
+            fingerprint: Fingerprint::of_bytes(1, &[1]),
+            owner: OwnerId::random(),
+            lease: Duration::from_secs(10),
+            ttl,
+            takeover: TakeoverPolicy::Reexecute,
+            request_id: None,
+        };
+        // Completed by another process (straight on the shared store), kept for one minute.
+        let first = req(Duration::from_secs(60));
+        let ClaimOutcome::Claimed { lease, .. } = inner.claim(&first).await.expect("claim") else {
+            panic!("not claimed")
+        };
+        let response = StoredResponse::new(200, "once");
+        inner
+            .complete(
+                &key,
+                lease.owner,
+                lease.fence,
+                &response,
+                Duration::from_secs(60),
+            )
+            .await
+            .expect("complete");
+        // This process replays it, claiming with a day-long ttl.
+        let replay = cached
+            .claim(&req(Duration::from_secs(86_400)))
+            .await
+            .expect("claim");
+        assert_eq!(replay, ClaimOutcome::Done { response });
+        clock.advance(Duration::from_secs(61));
+        let after = cached
+            .claim(&req(Duration::from_secs(86_400)))
+            .await
+            .expect("claim");
+        assert!(
+            matches!(
+                after,
+                ClaimOutcome::Claimed {
+                    takeover: false,
+                    ..
+                }
+            ),
+            "replayed an expired record: {after:?}"
+        );
     }
 }
