@@ -19,8 +19,8 @@ use tower::{Layer as _, Service as _};
 
 use crate::claims::TrackedStore;
 use crate::config::{Route, Settings, Unmatched};
-use crate::path::{self, PathRejection, TrailingSlash};
 use crate::metrics::{MeteredStore, OutcomeCounters};
+use crate::path::{self, PathRejection, TrailingSlash};
 use crate::protect::layer_config;
 use crate::proxy::{self, HttpClient, Proxy, ResBody};
 
@@ -213,9 +213,8 @@ fn normalize_uri(uri: &mut Uri, trailing: TrailingSlash) -> Result<(), PathRejec
         None => normal,
     };
     let mut parts = uri.clone().into_parts();
-    parts.path_and_query = Some(
-        PathAndQuery::try_from(target).map_err(|_| PathRejection::NotAbsolute)?,
-    );
+    parts.path_and_query =
+        Some(PathAndQuery::try_from(target).map_err(|_| PathRejection::NotAbsolute)?);
     *uri = Uri::from_parts(parts).map_err(|_| PathRejection::NotAbsolute)?;
     Ok(())
 }

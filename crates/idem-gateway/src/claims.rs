@@ -7,8 +7,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use idem_core::{
-    ClaimOutcome, ClaimRequest, ListFilter, OwnerId, Record, ReleaseKind, RenewOutcome, Resolution,
-    ResolveOutcome, ScopedKey, SettleOutcome, Store, StoreError, StoredResponse, TakeoverPolicy,
+    ClaimOutcome, ClaimRequest, OwnerId, ReleaseKind, ScopedKey, SettleOutcome, Store, StoreError,
+    StoredResponse, TakeoverPolicy,
 };
 use parking_lot::Mutex;
 use tokio::sync::Notify;
@@ -173,16 +173,6 @@ impl<S: Store> Store for TrackedStore<S> {
         Ok(outcome)
     }
 
-    async fn renew(
-        &self,
-        key: &ScopedKey,
-        owner: OwnerId,
-        fence: u64,
-        lease: Duration,
-    ) -> Result<RenewOutcome, StoreError> {
-        self.inner.renew(key, owner, fence, lease).await
-    }
-
     async fn complete(
         &self,
         key: &ScopedKey,
@@ -208,25 +198,7 @@ impl<S: Store> Store for TrackedStore<S> {
         outcome
     }
 
-    async fn get(&self, key: &ScopedKey) -> Result<Option<Record>, StoreError> {
-        self.inner.get(key).await
-    }
-
-    async fn list(&self, filter: &ListFilter) -> Result<Vec<Record>, StoreError> {
-        self.inner.list(filter).await
-    }
-
-    async fn resolve(
-        &self,
-        key: &ScopedKey,
-        resolution: &Resolution,
-    ) -> Result<ResolveOutcome, StoreError> {
-        self.inner.resolve(key, resolution).await
-    }
-
-    async fn delete(&self, key: &ScopedKey) -> Result<bool, StoreError> {
-        self.inner.delete(key).await
-    }
+    idem_core::forward_store!(|t| &t.inner; renew, get, list, resolve, delete);
 }
 
 #[cfg(test)]

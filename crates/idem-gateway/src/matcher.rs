@@ -177,8 +177,8 @@ mod tests {
             "/a/{x}/b/*",
         ];
         let paths = [
-            "", "/", "//", "/A", "/A/x/B", "/a", "/a/", "/a/b", "/a/b/", "/a//b", "/a/x/b", "/a/x/b/c", "/b",
-            "/a/b/c/d", "a", "a/b", "/x/a",
+            "", "/", "//", "/A", "/A/x/B", "/a", "/a/", "/a/b", "/a/b/", "/a//b", "/a/x/b",
+            "/a/x/b/c", "/b", "/a/b/c/d", "a", "a/b", "/x/a",
         ];
         let mut checked = 0;
         for pattern in patterns {

@@ -1,14 +1,13 @@
 //! Prometheus metrics: the recorder, a store wrapper that measures every store call, and the
 //! per-request counters fed by each answer's [`Outcome`].
 
-use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use idem_core::store::{Around, StoreFuture, StoreOp};
 use idem_core::{
-    ClaimOutcome, ClaimRequest, ListFilter, Outcome, OwnerId, Record, Refusal, ReleaseKind,
-    RenewOutcome, Resolution, ResolveOutcome, ScopedKey, SettleOutcome, Store, StoreError,
-    StoredResponse,
+    ClaimOutcome, ClaimRequest, Outcome, OwnerId, Refusal, ReleaseKind, ScopedKey, SettleOutcome,
+    Store, StoreError, StoredResponse,
 };
 use metrics::{Counter, Histogram};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
@@ -61,22 +60,6 @@ pub fn install() -> anyhow::Result<PrometheusHandle> {
     Ok(handle)
 }
 
-#[derive(Clone, Copy)]
-enum Op {
-    Claim,
-    Renew,
-    Complete,
-    Release,
-    Get,
-    List,
-    Resolve,
-    Delete,
-}
-
-const OPS: [&str; 8] = [
-    "claim", "renew", "complete", "release", "get", "list", "resolve", "delete",
-];
-
 struct OpMetrics {
     latency: Histogram,
     errors: Counter,
@@ -105,11 +88,11 @@ impl<S> std::fmt::Debug for MeteredStore<S> {
 impl<S: Store> MeteredStore<S> {
     /// Wraps `inner`. Metrics go to whichever recorder is installed (none: they are dropped).
     pub fn new(inner: S) -> Self {
-        let ops = OPS
+        let ops = StoreOp::ALL
             .iter()
             .map(|op| OpMetrics {
-                latency: metrics::histogram!("idem_store_op_seconds", "op" => *op),
-                errors: metrics::counter!("idem_store_errors_total", "op" => *op),
+                latency: metrics::histogram!("idem_store_op_seconds", "op" => op.as_str()),
+                errors: metrics::counter!("idem_store_errors_total", "op" => op.as_str()),
             })
             .collect();
         let handles = Handles {
@@ -128,21 +111,6 @@ impl<S: Store> MeteredStore<S> {
         &self.inner
     }
 
-    async fn measure<T>(
-        &self,
-        op: Op,
-        fut: impl Future<Output = Result<T, StoreError>>,
-    ) -> Result<T, StoreError> {
-        let m = &self.handles.ops[op as usize];
-        let started = Instant::now();
-        let result = fut.await;
-        m.latency.record(started.elapsed().as_secs_f64());
-        if result.is_err() {
-            m.errors.increment(1);
-        }
-        result
-    }
-
     fn settled(&self, outcome: &Result<SettleOutcome, StoreError>) {
         if matches!(outcome, Ok(SettleOutcome::Fenced)) {
             self.handles.fenced.increment(1);
@@ -150,24 +118,33 @@ impl<S: Store> MeteredStore<S> {
     }
 }
 
+impl<S: Store> Around for MeteredStore<S> {
+    async fn around<F: StoreFuture>(
+        &self,
+        op: StoreOp,
+        call: impl FnOnce() -> F + Send,
+    ) -> F::Output {
+        let started = Instant::now();
+        let result = call().await;
+        if let Some(m) = self.handles.ops.get(op.index()) {
+            m.latency.record(started.elapsed().as_secs_f64());
+            if result.is_err() {
+                m.errors.increment(1);
+            }
+        }
+        result
+    }
+}
+
 impl<S: Store> Store for MeteredStore<S> {
     async fn claim(&self, req: &ClaimRequest) -> Result<ClaimOutcome, StoreError> {
-        let outcome = self.measure(Op::Claim, self.inner.claim(req)).await?;
+        let outcome = self
+            .around(StoreOp::Claim, || self.inner.claim(req))
+            .await?;
         if let ClaimOutcome::Claimed { takeover: true, .. } = &outcome {
             self.handles.takeovers.increment(1);
         }
         Ok(outcome)
-    }
-
-    async fn renew(
-        &self,
-        key: &ScopedKey,
-        owner: OwnerId,
-        fence: u64,
-        lease: Duration,
-    ) -> Result<RenewOutcome, StoreError> {
-        self.measure(Op::Renew, self.inner.renew(key, owner, fence, lease))
-            .await
     }
 
     async fn complete(
@@ -179,10 +156,9 @@ impl<S: Store> Store for MeteredStore<S> {
         ttl: Duration,
     ) -> Result<SettleOutcome, StoreError> {
         let outcome = self
-            .measure(
-                Op::Complete,
-                self.inner.complete(key, owner, fence, response, ttl),
-            )
+            .around(StoreOp::Complete, || {
+                self.inner.complete(key, owner, fence, response, ttl)
+            })
             .await;
         self.settled(&outcome);
         outcome
@@ -196,32 +172,15 @@ impl<S: Store> Store for MeteredStore<S> {
         kind: ReleaseKind,
     ) -> Result<SettleOutcome, StoreError> {
         let outcome = self
-            .measure(Op::Release, self.inner.release(key, owner, fence, kind))
+            .around(StoreOp::Release, || {
+                self.inner.release(key, owner, fence, kind)
+            })
             .await;
         self.settled(&outcome);
         outcome
     }
 
-    async fn get(&self, key: &ScopedKey) -> Result<Option<Record>, StoreError> {
-        self.measure(Op::Get, self.inner.get(key)).await
-    }
-
-    async fn list(&self, filter: &ListFilter) -> Result<Vec<Record>, StoreError> {
-        self.measure(Op::List, self.inner.list(filter)).await
-    }
-
-    async fn resolve(
-        &self,
-        key: &ScopedKey,
-        resolution: &Resolution,
-    ) -> Result<ResolveOutcome, StoreError> {
-        self.measure(Op::Resolve, self.inner.resolve(key, resolution))
-            .await
-    }
-
-    async fn delete(&self, key: &ScopedKey) -> Result<bool, StoreError> {
-        self.measure(Op::Delete, self.inner.delete(key)).await
-    }
+    idem_core::forward_store!(|m| &m.inner, around = m; renew, get, list, resolve, delete);
 }
 
 /// The label values of `idem_requests_total{outcome}`, in [`outcome_index`] order.

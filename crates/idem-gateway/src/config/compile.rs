@@ -68,8 +68,12 @@ pub fn compile(raw: &RawConfig) -> anyhow::Result<Settings> {
                 .map_or(Duration::from_secs(60), |d| d.0),
         )),
     };
-    let request_id_header = header_name(raw.request_id_header.as_deref().unwrap_or(idem_http::X_REQUEST_ID.as_str()))
-        .context("`request_id_header`")?;
+    let request_id_header = header_name(
+        raw.request_id_header
+            .as_deref()
+            .unwrap_or(idem_http::X_REQUEST_ID.as_str()),
+    )
+    .context("`request_id_header`")?;
     let log = raw.log.clone().unwrap_or_default();
     let log_format = match log.format.as_deref().unwrap_or("text") {
         "text" => LogFormat::Text,
@@ -165,13 +169,13 @@ pub fn compile(raw: &RawConfig) -> anyhow::Result<Settings> {
     for (i, r) in raw_routes.iter().enumerate() {
         let route = compile_route(r, &defaults, store_timeout, trailing_slash, ignore_case)
             .with_context(|| {
-            let name = r
-                .name
-                .clone()
-                .or_else(|| r.path.clone())
-                .unwrap_or_else(|| "?".into());
-            format!("route #{} ({name})", i + 1)
-        })?;
+                let name = r
+                    .name
+                    .clone()
+                    .or_else(|| r.path.clone())
+                    .unwrap_or_else(|| "?".into());
+                format!("route #{} ({name})", i + 1)
+            })?;
         if route.upstream.is_none() && upstream.is_none() && !demo_upstream {
             bail!(
                 "route `{}` has no upstream: set `upstream` (globally or on the route), or run with --demo-upstream",
@@ -218,8 +222,8 @@ fn compile_route(
         .as_deref()
         .ok_or_else(|| anyhow!("`path` is required"))?;
     // Patterns are spelled the way request paths are normalised, so they can match them.
-    let normal = crate::path::normalize(path, trailing)
-        .map_err(|e| anyhow!("`path` `{path}`: {e}"))?;
+    let normal =
+        crate::path::normalize(path, trailing).map_err(|e| anyhow!("`path` `{path}`: {e}"))?;
     let pattern = PathPattern::parse(&normal).context("`path`")?;
     let pattern = if ignore_case {
         pattern
@@ -340,8 +344,12 @@ fn compile_route(
 
     let policy = RoutePolicy {
         idempotency,
-        key_header: header_name(pick!(key_header).as_deref().unwrap_or(idem_http::IDEMPOTENCY_KEY.as_str()))
-            .context("`key_header`")?,
+        key_header: header_name(
+            pick!(key_header)
+                .as_deref()
+                .unwrap_or(idem_http::IDEMPOTENCY_KEY.as_str()),
+        )
+        .context("`key_header`")?,
         key_required: pick!(key_required).unwrap_or(true),
         namespace,
         principal,

@@ -72,7 +72,9 @@ impl fmt::Display for Settings {
         } else {
             let unmatched = match self.unmatched {
                 Unmatched::Reject => "unmatched requests get 404 and are not forwarded",
-                Unmatched::Protect => "unmatched requests are caught by the last route, `unmatched`",
+                Unmatched::Protect => {
+                    "unmatched requests are caught by the last route, `unmatched`"
+                }
                 Unmatched::Proxy => "unmatched requests are PROXIED UNPROTECTED",
             };
             writeln!(
