@@ -345,13 +345,7 @@ pub fn service(
 mod tests {
     use super::*;
 
-    fn parts(method: &str, uri: &str, headers: &[(&str, &str)]) -> Parts {
-        let mut b = Request::builder().method(method).uri(uri);
-        for (n, v) in headers {
-            b = b.header(*n, *v);
-        }
-        b.body(()).expect("request").into_parts().0
-    }
+    use crate::test_support::parts;
 
     #[test]
     fn request_ids_are_kept_or_made() {

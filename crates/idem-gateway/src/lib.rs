@@ -16,3 +16,5 @@ pub mod protect;
 pub mod proxy;
 pub mod server;
 pub mod store;
+#[cfg(test)]
+mod test_support;

@@ -176,15 +176,8 @@ fn serve(args: &ServeArgs, demo: bool) -> ExitCode {
             None
         }
     };
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("error: cannot start the runtime: {e}");
-            return ExitCode::FAILURE;
-        }
+    let Some(runtime) = runtime() else {
+        return ExitCode::FAILURE;
     };
     let result = runtime.block_on(server::run(settings, metrics));
     runtime.shutdown_timeout(std::time::Duration::from_secs(1));
@@ -200,15 +193,8 @@ fn serve(args: &ServeArgs, demo: bool) -> ExitCode {
 
 fn sample_upstream(listen: SocketAddr) -> ExitCode {
     let _ = init_logging(LogFormat::Text, "warn");
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("error: cannot start the runtime: {e}");
-            return ExitCode::FAILURE;
-        }
+    let Some(runtime) = runtime() else {
+        return ExitCode::FAILURE;
     };
     runtime.block_on(async move {
         let listener = match tokio::net::TcpListener::bind(listen).await {
@@ -231,6 +217,20 @@ fn sample_upstream(listen: SocketAddr) -> ExitCode {
         }
         ExitCode::SUCCESS
     })
+}
+
+/// The multi-threaded runtime, or `None` after saying why it could not start.
+fn runtime() -> Option<tokio::runtime::Runtime> {
+    match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => Some(rt),
+        Err(e) => {
+            eprintln!("error: cannot start the runtime: {e}");
+            None
+        }
+    }
 }
 
 fn init_logging(format: LogFormat, level: &str) -> anyhow::Result<()> {

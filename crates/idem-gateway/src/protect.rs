@@ -99,17 +99,11 @@ impl StorePolicy for GatewayStorePolicy {
 
 #[cfg(test)]
 mod tests {
-    use http::{HeaderName, Request};
+    use http::HeaderName;
 
     use super::*;
 
-    fn parts(method: &str, uri: &str, headers: &[(&str, &str)]) -> Parts {
-        let mut b = Request::builder().method(method).uri(uri);
-        for (n, v) in headers {
-            b = b.header(*n, *v);
-        }
-        b.body(()).expect("request").into_parts().0
-    }
+    use crate::test_support::parts;
 
     #[test]
     fn fingerprints_follow_the_settings() {
