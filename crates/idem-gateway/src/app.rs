@@ -161,10 +161,14 @@ impl App {
 impl App {
     /// Finds the request's route and answers through it: the layer, a plain proxy, the
     /// unmatched proxy, or 404.
-    async fn route(&self, parts: Parts, body: Incoming) -> (Response<ResBody>, &str) {
+    async fn route(&self, mut parts: Parts, body: Incoming) -> (Response<ResBody>, &str) {
         let entry = self.entries.iter().find(|e| {
             e.route.methods.contains(&parts.method) && e.route.pattern.matches(parts.uri.path())
         });
+        if let Some(spelled) = entry.and_then(|e| e.route.pattern.respell(parts.uri.path())) {
+            // The same path, and a valid one: only letters changed case.
+            let _ = set_path(&mut parts.uri, spelled);
+        }
         let req = Request::from_parts(parts, RequestBody::new(body));
         match entry {
             None => match &self.fallback {
@@ -204,13 +208,17 @@ fn detail(outcome: Outcome) -> &'static str {
 
 /// Rewrites the request target's path to its canonical spelling, keeping the query.
 fn normalize_uri(uri: &mut Uri, trailing: TrailingSlash) -> Result<(), PathRejection> {
-    let normal = match path::normalize(uri.path(), trailing)? {
-        Cow::Borrowed(_) => return Ok(()),
-        Cow::Owned(normal) => normal,
-    };
+    match path::normalize(uri.path(), trailing)? {
+        Cow::Borrowed(_) => Ok(()),
+        Cow::Owned(normal) => set_path(uri, normal),
+    }
+}
+
+/// Replaces the path of `uri`, keeping its query.
+fn set_path(uri: &mut Uri, path: String) -> Result<(), PathRejection> {
     let target = match uri.query() {
-        Some(q) => format!("{normal}?{q}"),
-        None => normal,
+        Some(q) => format!("{path}?{q}"),
+        None => path,
     };
     let mut parts = uri.clone().into_parts();
     parts.path_and_query =

@@ -117,6 +117,28 @@ impl PathPattern {
         self.rest || parts.next().is_none()
     }
 
+    /// `path` with each literal segment spelled as in the pattern, when `path` matches it
+    /// only with another letter case; `None` when it is already spelled so. The upstream then
+    /// receives exactly the path the route names, and `/CHARGE` and `/charge` are one request.
+    pub fn respell(&self, path: &str) -> Option<String> {
+        if !self.ignore_case {
+            return None;
+        }
+        let body = path.strip_prefix('/')?;
+        let mut parts: Vec<&str> = body.split('/').collect();
+        let mut changed = false;
+        for (seg, part) in self.segments.iter().zip(parts.iter_mut()) {
+            if let Segment::Literal(l) = seg
+                && l != part
+                && l.eq_ignore_ascii_case(part)
+            {
+                *part = l;
+                changed = true;
+            }
+        }
+        changed.then(|| format!("/{}", parts.join("/")))
+    }
+
     /// The same pattern with literal segments compared exactly (`path_case = "sensitive"`).
     #[must_use]
     pub fn case_sensitive(mut self) -> Self {
@@ -204,6 +226,12 @@ mod tests {
         let p = PathPattern::parse("/v1/orders/{id}/pay").expect("valid");
         assert!(p.matches("/v1/orders/42/pay"));
         assert!(p.matches("/V1/Orders/42/PAY"), "literals ignore case");
+        assert_eq!(
+            p.respell("/V1/Orders/AbC/PAY").as_deref(),
+            Some("/v1/orders/AbC/pay"),
+            "literals take the pattern's spelling; parameters keep theirs"
+        );
+        assert_eq!(p.respell("/v1/orders/AbC/pay"), None);
         assert!(!p.clone().case_sensitive().matches("/V1/orders/42/pay"));
         assert!(!p.matches("/v1/orders//pay"));
         assert!(!p.matches("/v1/orders/42/pay/x"));

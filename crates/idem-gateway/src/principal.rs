@@ -71,7 +71,7 @@ impl JwtVerifier {
     /// A verifier for HS256 tokens signed with `secret`.
     ///
     /// # Errors
-    /// Never for a secret; kept fallible like [`JwtVerifier::rs256`].
+    /// The JWT library refuses the secret.
     pub fn hs256(secret: &[u8], p: &RawPrincipal) -> anyhow::Result<Self> {
         let key = DecodingKey::from_secret(secret).map_err(|e| anyhow!("{e}"))?;
         Ok(Self::with(key, Algorithm::HS256, p))
