@@ -124,6 +124,14 @@ impl ServeArgs {
 }
 
 fn main() -> ExitCode {
+    // One crypto provider for every TLS connection the process makes or accepts.
+    if rustls::crypto::ring::default_provider()
+        .install_default()
+        .is_err()
+    {
+        eprintln!("error: a TLS crypto provider was already installed");
+        return ExitCode::FAILURE;
+    }
     let cli = Cli::parse();
     match cli.command {
         Command::CheckConfig(args) => check_config(&args),

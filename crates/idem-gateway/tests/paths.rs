@@ -100,7 +100,11 @@ async fn every_spelling_of_a_protected_path_is_protected() {
     let order = http
         .post(&gw.url("/V1/orders/AbC/./pay/"), Some(&key()), "{}")
         .await;
-    assert_eq!(order.json()["path"], "/v1/orders/AbC/pay", "parameters keep their case");
+    assert_eq!(
+        order.json()["path"],
+        "/v1/orders/AbC/pay",
+        "parameters keep their case"
+    );
 
     // A GET passes through the layer; an unmatched path is proxied as configured.
     let other = http
@@ -117,19 +121,29 @@ async fn unmatched_requests_follow_the_setting() {
 
     let reject = Gateway::start(&config(&up.url(), "reject"), &[]);
     let r = http.post(&reject.url("/elsewhere"), None, "{}").await;
-    assert_eq!((r.status, r.problem_type().as_str()), (StatusCode::NOT_FOUND, "no-route"));
-    let r = http.send(Method::GET, &reject.url("/elsewhere"), &[], "").await;
+    assert_eq!(
+        (r.status, r.problem_type().as_str()),
+        (StatusCode::NOT_FOUND, "no-route")
+    );
+    let r = http
+        .send(Method::GET, &reject.url("/elsewhere"), &[], "")
+        .await;
     assert_eq!(r.status, StatusCode::NOT_FOUND);
 
     let protect = Gateway::start(&config(&up.url(), "protect"), &[]);
     let r = http.post(&protect.url("/elsewhere"), None, "{}").await;
-    assert_eq!((r.status, r.problem_type().as_str()), (StatusCode::BAD_REQUEST, "key-missing"));
+    assert_eq!(
+        (r.status, r.problem_type().as_str()),
+        (StatusCode::BAD_REQUEST, "key-missing")
+    );
     let k = key();
     let r = http.post(&protect.url("/elsewhere"), Some(&k), "{}").await;
     assert_eq!(r.status, StatusCode::CREATED);
     let r = http.post(&protect.url("/elsewhere"), Some(&k), "{}").await;
     assert!(r.replayed());
-    let r = http.send(Method::GET, &protect.url("/elsewhere"), &[], "").await;
+    let r = http
+        .send(Method::GET, &protect.url("/elsewhere"), &[], "")
+        .await;
     assert_eq!(r.status, StatusCode::CREATED, "safe methods pass through");
     assert_eq!(up.seen.count("/elsewhere"), 2, "one POST, one GET");
 }
