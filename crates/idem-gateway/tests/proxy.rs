@@ -545,6 +545,35 @@ async fn an_upstream_answer_in_idems_problem_format_counts_as_an_execution() {
     assert_eq!(count("in_flight"), 0, "{text}");
 }
 
+/// A compressed answer replays byte for byte, with the headers that say how to read it.
+/// (Guards against a replay allow-list without `content-encoding`: the replay carried the gzip
+/// bytes without the header, and clients printed binary garbage.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn compressed_answers_replay_byte_for_byte() {
+    let (up, gw, http) = setup().await;
+    for (path, encoding, body) in [
+        ("/c/gzip", "gzip", common::GZIP_BODY),
+        ("/c/br", "br", common::BROTLI_BODY),
+    ] {
+        let k = key();
+        let first = http.post(&gw.url(path), Some(&k), "{}").await;
+        let again = http.post(&gw.url(path), Some(&k), "{}").await;
+        assert!(again.replayed(), "{path}");
+        for r in [&first, &again] {
+            assert_eq!(r.status, StatusCode::CREATED, "{path}");
+            assert_eq!(
+                &r.body[..],
+                body,
+                "{path}: the bytes as the upstream sent them"
+            );
+            assert_eq!(r.header("content-encoding"), Some(encoding), "{path}");
+            assert_eq!(r.header("vary"), Some("accept-encoding"), "{path}");
+            assert_eq!(r.header("content-type"), Some("application/json"), "{path}");
+        }
+        assert_eq!(up.seen.count(path), 1, "{path}");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_drains_in_flight_requests() {
     let (up, mut gw, http) = setup().await;

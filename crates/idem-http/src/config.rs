@@ -17,6 +17,23 @@ pub const DEFAULT_MAX_REQUEST_BODY: usize = 1 << 20;
 /// Default cap on a stored response (headers and body): 1 MiB.
 pub const DEFAULT_MAX_STORED_RESPONSE: usize = 1 << 20;
 
+/// Response headers stored and replayed by default: the representation's own headers, so a
+/// replay is byte-for-byte the first answer (a gzip body keeps its `content-encoding`, a
+/// negotiated one its `vary`). Credentials (`set-cookie`, `www-authenticate`) are not among
+/// them.
+pub const DEFAULT_REPLAY_HEADERS: [HeaderName; 10] = [
+    header::CONTENT_TYPE,
+    header::CONTENT_ENCODING,
+    header::CONTENT_LANGUAGE,
+    header::CONTENT_LOCATION,
+    header::VARY,
+    header::LOCATION,
+    header::CACHE_CONTROL,
+    header::ETAG,
+    header::LAST_MODIFIED,
+    header::LINK,
+];
+
 /// Headers never replayed, whatever the allow-list says: hop-by-hop headers and framing,
 /// which belong to one connection, not to the response.
 pub const NEVER_REPLAYED: [HeaderName; 9] = [
@@ -96,9 +113,8 @@ impl IdempotencyConfig {
     /// The defaults for `namespace`: key required in `Idempotency-Key`, **no principal** (one
     /// key space shared by every caller: set [`principal`](Self::principal) on any service
     /// with more than one tenant), canonical-JSON fingerprint v1, [`StoreUnless5xx`], the engine's own [`Policy`],
-    /// 1 MiB request and stored-response caps, `content-type` (and a few other
-    /// representation headers) replayed, streaming responses released, `GET`/`HEAD`/`OPTIONS`
-    /// passed through.
+    /// 1 MiB request and stored-response caps, [`DEFAULT_REPLAY_HEADERS`] replayed, streaming
+    /// responses released, `GET`/`HEAD`/`OPTIONS` passed through.
     ///
     /// # Errors
     /// [`RouteConfigError::Namespace`] for an invalid namespace.
@@ -116,15 +132,7 @@ impl IdempotencyConfig {
             policy: None,
             max_request_body: DEFAULT_MAX_REQUEST_BODY,
             max_stored_response: DEFAULT_MAX_STORED_RESPONSE,
-            replay_headers: vec![
-                header::CONTENT_TYPE,
-                header::CONTENT_LANGUAGE,
-                header::CONTENT_ENCODING,
-                header::LOCATION,
-                header::ETAG,
-                header::LAST_MODIFIED,
-                header::LINK,
-            ],
+            replay_headers: DEFAULT_REPLAY_HEADERS.to_vec(),
             streaming: StreamingResponses::Release,
             store_retry_after: Duration::from_secs(1),
             passthrough: vec![Method::GET, Method::HEAD, Method::OPTIONS],

@@ -29,8 +29,8 @@ mod status;
 
 pub use body::{BoxError, RequestBody, ResponseBody};
 pub use config::{
-    DEFAULT_MAX_REQUEST_BODY, DEFAULT_MAX_STORED_RESPONSE, IdempotencyConfig, NEVER_REPLAYED,
-    RouteConfigError, StreamingResponses,
+    DEFAULT_MAX_REQUEST_BODY, DEFAULT_MAX_STORED_RESPONSE, DEFAULT_REPLAY_HEADERS,
+    IdempotencyConfig, NEVER_REPLAYED, RouteConfigError, StreamingResponses,
 };
 pub use idempotency::{Idempotency, IdempotencyLayer, ResponseFuture};
 pub use key::{KeyRejection, parse_key};

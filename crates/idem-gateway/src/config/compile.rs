@@ -21,16 +21,6 @@ use crate::path::TrailingSlash;
 use crate::principal::JwtVerifier;
 use crate::store::{StoreOptions, StoreSpec};
 
-const DEFAULT_REPLAY_HEADERS: &[&str] = &[
-    "content-type",
-    "content-language",
-    "content-location",
-    "location",
-    "cache-control",
-    "etag",
-    "last-modified",
-];
-
 /// Checks `raw` and builds [`Settings`].
 ///
 /// # Errors
@@ -311,10 +301,7 @@ fn compile_route(
             .map(|h| header_name(h))
             .collect::<anyhow::Result<Vec<_>>>()
             .context("`replay_headers`")?,
-        None => DEFAULT_REPLAY_HEADERS
-            .iter()
-            .map(|h| HeaderName::from_static(h))
-            .collect(),
+        None => idem_http::DEFAULT_REPLAY_HEADERS.to_vec(),
     };
     for h in &replay_headers {
         if matches!(

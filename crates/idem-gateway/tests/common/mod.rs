@@ -345,6 +345,16 @@ async fn handle(
     if path.ends_with("/reset") {
         return Err(Reset);
     }
+    if let Some((encoding, body)) = encoded(&path) {
+        // A compressed answer, as a server that negotiated `accept-encoding` sends it.
+        let mut res = http::Response::new(Full::new(Bytes::from_static(body)));
+        *res.status_mut() = StatusCode::CREATED;
+        let h = res.headers_mut();
+        h.insert("content-type", "application/json".parse().expect("value"));
+        h.insert("content-encoding", encoding.parse().expect("value"));
+        h.insert("vary", "accept-encoding".parse().expect("value"));
+        return Ok(res);
+    }
     if path.ends_with("/idem-problem") {
         // The upstream's own answer that looks like one of idem's problems.
         let mut res = http::Response::new(Full::new(Bytes::from_static(
@@ -376,6 +386,30 @@ async fn handle(
     res.headers_mut()
         .insert("set-cookie", "session=secret".parse().expect("value"));
     Ok(res)
+}
+
+/// `{"charged":true,"amount":100}` gzip-compressed (mtime 0).
+pub const GZIP_BODY: &[u8] = &[
+    31, 139, 8, 0, 0, 0, 0, 0, 2, 3, 171, 86, 74, 206, 72, 44, 74, 79, 77, 81, 178, 42, 41, 42, 77,
+    213, 81, 74, 204, 205, 47, 205, 43, 81, 178, 50, 52, 48, 168, 5, 0, 182, 44, 183, 32, 29, 0, 0,
+    0,
+];
+
+/// `{"charged":true,"amount":100}` brotli-compressed.
+pub const BROTLI_BODY: &[u8] = &[
+    11, 14, 128, 123, 34, 99, 104, 97, 114, 103, 101, 100, 34, 58, 116, 114, 117, 101, 44, 34, 97,
+    109, 111, 117, 110, 116, 34, 58, 49, 48, 48, 125, 3,
+];
+
+/// Paths ending in `/gzip` or `/br` answer with a compressed body.
+fn encoded(path: &str) -> Option<(&'static str, &'static [u8])> {
+    if path.ends_with("/gzip") {
+        Some(("gzip", GZIP_BODY))
+    } else if path.ends_with("/br") {
+        Some(("br", BROTLI_BODY))
+    } else {
+        None
+    }
 }
 
 /// A response, read whole.
