@@ -96,6 +96,8 @@ pub enum Refusal {
     NoRoute,
     /// The request target cannot be forwarded.
     BadTarget,
+    /// The server is at its limit of requests in progress.
+    Overloaded,
 }
 
 impl Outcome {
@@ -125,7 +127,7 @@ impl Outcome {
 impl Refusal {
     /// A short, stable, lower-case name: `key_missing`, `key_malformed`, `key_multiple`,
     /// `unauthenticated`, `body_too_large`, `body_unreadable`, `response_not_stored`,
-    /// `no_route`, `bad_target`.
+    /// `no_route`, `bad_target`, `overloaded`.
     pub fn as_str(self) -> &'static str {
         match self {
             Self::KeyMissing => "key_missing",
@@ -137,6 +139,7 @@ impl Refusal {
             Self::ResponseNotStored => "response_not_stored",
             Self::NoRoute => "no_route",
             Self::BadTarget => "bad_target",
+            Self::Overloaded => "overloaded",
         }
     }
 }

@@ -11,6 +11,7 @@
 //! | `GET /admin/record?namespace=&principal=&key=` | one record |
 //! | `POST /admin/record/resolve?namespace=&principal=&key=` | settles an unknown (or expired processing) record |
 //! | `DELETE /admin/record?namespace=&principal=&key=` | deletes a record |
+//! | `POST /admin/reload` | reloads routes, policies and certificates (as SIGHUP does) |
 //!
 //! `principal` is the stored principal (`h:…` for a header credential, the claim for JWTs);
 //! `credential` instead derives it from a credential with
@@ -38,6 +39,7 @@ use subtle::ConstantTimeEq as _;
 
 use crate::app::GatewayStore;
 use crate::config::Dur;
+use crate::reload::Live;
 
 /// Largest resolve body accepted.
 const MAX_RESOLVE_BODY: usize = 4 << 20;
@@ -49,6 +51,7 @@ pub struct Admin {
     metrics: Option<PrometheusHandle>,
     store_timeout: Duration,
     probe: ScopedKey,
+    live: Option<Arc<Live>>,
 }
 
 impl std::fmt::Debug for Admin {
@@ -60,12 +63,13 @@ impl std::fmt::Debug for Admin {
 type Params = Query<HashMap<String, String>>;
 
 impl Admin {
-    /// An admin API over `store`, guarded by `token`.
+    /// An admin API over `store`, guarded by `token`; `live` enables `POST /admin/reload`.
     pub fn new(
         store: GatewayStore,
         token: String,
         metrics: Option<PrometheusHandle>,
         store_timeout: Duration,
+        live: Option<Arc<Live>>,
     ) -> Self {
         let probe = ScopedKey::new(
             Scope::new("idem.readyz").expect("a constant, valid namespace"),
@@ -77,6 +81,7 @@ impl Admin {
             metrics,
             store_timeout,
             probe,
+            live,
         }
     }
 
@@ -88,6 +93,7 @@ impl Admin {
             .route("/admin/records", get(list))
             .route("/admin/record", get(get_record).delete(delete))
             .route("/admin/record/resolve", post(resolve))
+            .route("/admin/reload", post(reload))
             .fallback(not_found)
             .layer(middleware::from_fn_with_state(Arc::clone(&self), authorize));
         Router::new()
@@ -146,6 +152,26 @@ async fn not_found() -> Response {
         StatusCode::NOT_FOUND,
         "no such admin endpoint; see docs/gateway.md",
     )
+}
+
+async fn reload(State(admin): State<Arc<Admin>>) -> Response {
+    let Some(live) = &admin.live else {
+        return error(StatusCode::NOT_FOUND, "reload is not available here");
+    };
+    match live.reload().await {
+        Ok(summary) => {
+            tracing::info!(%summary, "admin: configuration reloaded");
+            json_answer(
+                StatusCode::OK,
+                &json!({"reloaded": true, "summary": summary}),
+            )
+        }
+        Err(e) => {
+            let reason = format!("{e:#}");
+            tracing::error!(error = %reason, "admin: reload refused; the running configuration is kept");
+            error(StatusCode::UNPROCESSABLE_ENTITY, &reason)
+        }
+    }
 }
 
 async fn ready(State(admin): State<Arc<Admin>>) -> Response {

@@ -196,6 +196,26 @@ impl App {
     }
 }
 
+impl App {
+    /// The answer when the gateway is at its limit of requests in progress: 503 with
+    /// `Retry-After`, counted, and nothing forwarded.
+    pub fn overloaded(&self) -> Response<ResBody> {
+        let mut res = proxy::problem(
+            Problem::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "overloaded",
+                "Too many requests in progress",
+                "the gateway is at its limit of requests in progress; retry shortly",
+            )
+            .retry_after(Duration::from_secs(1)),
+        );
+        let outcome = Outcome::Refused(Refusal::Overloaded);
+        res.extensions_mut().insert(outcome);
+        self.outcomes.record(outcome);
+        proxy::boxed(res)
+    }
+}
+
 /// The part of an outcome the access log adds to its name: what was kept of an execution,
 /// or why a request was refused.
 fn detail(outcome: Outcome) -> &'static str {

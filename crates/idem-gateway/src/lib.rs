@@ -8,12 +8,14 @@ pub mod app;
 pub mod claims;
 pub mod config;
 pub mod demo;
+pub mod listener;
 pub mod matcher;
 pub mod metrics;
 pub mod path;
 pub mod principal;
 pub mod protect;
 pub mod proxy;
+pub mod reload;
 pub mod server;
 pub mod store;
 #[cfg(test)]

@@ -52,7 +52,7 @@ enum Command {
     },
 }
 
-#[derive(Debug, Args)]
+#[derive(Debug, Clone, Args)]
 struct ServeArgs {
     /// TOML configuration file.
     #[arg(long, short, env = "IDEM_CONFIG")]
@@ -187,7 +187,9 @@ fn serve(args: &ServeArgs, demo: bool) -> ExitCode {
     let Some(runtime) = runtime() else {
         return ExitCode::FAILURE;
     };
-    let result = runtime.block_on(server::run(settings, metrics));
+    let again = args.clone();
+    let load = Box::new(move || again.settings(demo).map(|(settings, _)| settings));
+    let result = runtime.block_on(server::run(settings, metrics, load));
     runtime.shutdown_timeout(std::time::Duration::from_secs(1));
     match result {
         Ok(()) => ExitCode::SUCCESS,

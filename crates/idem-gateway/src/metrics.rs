@@ -197,7 +197,7 @@ const OUTCOMES: [&str; 9] = [
 ];
 
 /// The label values of `idem_refusals_total{reason}`, in [`refusal_index`] order.
-const REFUSALS: [&str; 9] = [
+const REFUSALS: [&str; 10] = [
     "key_missing",
     "key_malformed",
     "key_multiple",
@@ -207,6 +207,7 @@ const REFUSALS: [&str; 9] = [
     "response_not_stored",
     "no_route",
     "bad_target",
+    "overloaded",
 ];
 
 fn outcome_index(o: Outcome) -> Option<usize> {
@@ -310,6 +311,7 @@ mod tests {
             Refusal::ResponseNotStored,
             Refusal::NoRoute,
             Refusal::BadTarget,
+            Refusal::Overloaded,
         ] {
             assert!(refusal_index(r).is_some(), "{r:?}");
         }

@@ -1,39 +1,49 @@
-//! Listeners, the accept loops and graceful shutdown.
+//! The gateway process: the store, the listeners, reload on SIGHUP and graceful shutdown.
 //!
-//! On SIGTERM (or Ctrl-C) the data listener stops accepting, in-flight requests get up to
+//! On SIGTERM (or Ctrl-C) the listeners stop accepting, in-flight requests get up to
 //! `shutdown_grace` to finish, and claims still held after that are released as an
 //! interrupted run's would be (unknown under `hold`, retryable under `reexecute`), so no
 //! lease is left to expire.
 
+use std::convert::Infallible;
 use std::future::Future;
 use std::net::SocketAddr;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context as _;
-use hyper_util::rt::{TokioExecutor, TokioIo};
-use hyper_util::server::conn::auto;
-use hyper_util::server::graceful::GracefulShutdown;
+use http::{Request, Response};
+use http_body_util::BodyExt as _;
+use hyper::body::Incoming;
+use idem_http::BoxError;
 use metrics_exporter_prometheus::PrometheusHandle;
 use tokio::net::TcpListener;
+use tokio::sync::{Semaphore, watch};
 
 use crate::admin::Admin;
-use crate::app::GatewayStore;
-use crate::app::{self, App};
+use crate::app::{GatewayStore, Peer};
 use crate::claims::TrackedStore;
 use crate::config::Settings;
 use crate::metrics::MeteredStore;
-use crate::{demo, proxy, store};
+use crate::proxy::ResBody;
+use crate::reload::{Live, LoadSettings};
+use crate::{demo, listener, store};
 
-/// Runs the gateway until SIGTERM or Ctrl-C, then drains.
+/// Runs the gateway until SIGTERM or Ctrl-C, then drains. SIGHUP reloads the configuration
+/// through `load` (see [`crate::reload`]).
 ///
 /// Prints one line per listener on stdout once it is bound (`idem listening on http://…`,
-/// `admin listening on http://…`, `demo upstream on http://…`), so scripts and tests can
+/// `admin listening on https://…`, `demo upstream on http://…`), so scripts and tests can
 /// use port 0.
 ///
 /// # Errors
-/// The store cannot be opened or a listener cannot be bound.
-pub async fn run(settings: Settings, metrics: Option<PrometheusHandle>) -> anyhow::Result<()> {
+/// The store cannot be opened, a listener cannot be bound, or a certificate cannot be read.
+pub async fn run(
+    settings: Settings,
+    metrics: Option<PrometheusHandle>,
+    load: LoadSettings,
+) -> anyhow::Result<()> {
     let backend = store::open(
         &settings.store,
         &settings.store_options,
@@ -56,26 +66,24 @@ pub async fn run(settings: Settings, metrics: Option<PrometheusHandle>) -> anyho
         });
     }
 
-    let mut upstream = settings.upstream.clone();
+    let mut demo_upstream = None;
     if settings.demo_upstream {
         let (addr, _) = demo::spawn(SocketAddr::from(([127, 0, 0, 1], 0))).await?;
         println!("demo upstream on http://{addr}");
-        upstream = Some(
+        demo_upstream = Some(
             format!("http://{addr}")
                 .parse()
                 .context("demo upstream address")?,
         );
     }
-    let client = proxy::client(
-        settings.upstream_connect_timeout,
-        settings.upstream_pool_max_idle,
-    );
-    let app = Arc::new(App::new(
-        &settings,
+    let live = Arc::new(Live::new(
+        settings.clone(),
         store.clone(),
-        upstream.as_ref(),
-        &client,
+        demo_upstream,
+        load,
     )?);
+    let (stop_tx, stop) = watch::channel(false);
+    let grace = settings.shutdown_grace;
 
     let listener = TcpListener::bind(settings.listen)
         .await
@@ -95,32 +103,149 @@ pub async fn run(settings: Settings, metrics: Option<PrometheusHandle>) -> anyho
                 a.token.clone(),
                 metrics,
                 settings.store_timeout,
+                Some(Arc::clone(&live)),
             ));
-            println!("admin listening on http://{addr}");
+            let tls = live.admin_tls();
+            println!("admin listening on {}://{addr}", tls.scheme());
             tracing::info!(%addr, "admin listener up");
-            Some(tokio::spawn(serve_admin(l, admin)))
+            let make = AdminPlane(admin.router());
+            // The admin listener has no request cap of its own beyond the connection limit.
+            let limits = settings.limits;
+            Some(tokio::spawn(listener::serve(
+                l,
+                tls,
+                limits,
+                make,
+                stop.clone(),
+                move || grace,
+            )))
         }
         None => None,
     };
-    println!("idem listening on http://{data_addr}");
+    let tls = live.data_tls();
+    println!("idem listening on {}://{data_addr}", tls.scheme());
     tracing::info!(addr = %data_addr, store = %settings.store, routes = settings.routes.len(), "gateway up");
 
-    let graceful = serve_data(listener, app, shutdown_signal()).await;
+    tokio::spawn(reload_on_sighup(Arc::clone(&live)));
+    tokio::spawn(async move {
+        shutdown_signal().await;
+        let _ = stop_tx.send(true);
+    });
+    let data = DataPlane {
+        live: Arc::clone(&live),
+        requests: Arc::new(Semaphore::new(settings.limits.max_concurrent_requests)),
+    };
+    listener::serve(listener, tls, settings.limits, data, stop, move || grace).await;
 
-    tracing::info!(grace = ?settings.shutdown_grace, "shutting down: no new connections; draining in-flight requests");
-    let deadline = tokio::time::Instant::now() + settings.shutdown_grace;
-    if tokio::time::timeout_at(deadline, graceful.shutdown())
-        .await
-        .is_err()
-    {
-        tracing::warn!("drain deadline passed with requests still in flight");
-    }
-    drain(&store, deadline, settings.store_timeout).await;
+    // Connections are closed (or the grace ran out): claims still held now are released.
+    drain(&store, tokio::time::Instant::now(), settings.store_timeout).await;
     if let Some(t) = admin_task {
         t.abort();
     }
     tracing::info!("shutdown complete");
     Ok(())
+}
+
+/// Reloads the configuration on every SIGHUP, logging what happened.
+async fn reload_on_sighup(live: Arc<Live>) {
+    #[cfg(unix)]
+    {
+        let Ok(mut hup) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
+        else {
+            tracing::warn!("cannot listen for SIGHUP; reload through the admin API only");
+            return;
+        };
+        while hup.recv().await.is_some() {
+            match live.reload().await {
+                Ok(summary) => tracing::info!(%summary, "SIGHUP: configuration reloaded"),
+                Err(e) => tracing::error!(
+                    error = format!("{e:#}"),
+                    "SIGHUP: reload refused; the running configuration is kept"
+                ),
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = live;
+}
+
+/// The data listener's connections: every request through the data plane in force, at most
+/// `max_concurrent_requests` at once.
+struct DataPlane {
+    live: Arc<Live>,
+    requests: Arc<Semaphore>,
+}
+
+impl listener::MakeService for DataPlane {
+    type Body = ResBody;
+    type Service = DataService;
+
+    fn make(&self, remote: SocketAddr) -> DataService {
+        DataService {
+            live: Arc::clone(&self.live),
+            requests: Arc::clone(&self.requests),
+            peer: Arc::new(Peer::new(remote)),
+        }
+    }
+}
+
+/// One connection's service on the data listener.
+#[derive(Clone)]
+struct DataService {
+    live: Arc<Live>,
+    requests: Arc<Semaphore>,
+    peer: Arc<Peer>,
+}
+
+impl hyper::service::Service<Request<Incoming>> for DataService {
+    type Response = Response<ResBody>;
+    type Error = Infallible;
+    type Future = Pin<Box<dyn Future<Output = Result<Response<ResBody>, Infallible>> + Send>>;
+
+    fn call(&self, req: Request<Incoming>) -> Self::Future {
+        let this = self.clone();
+        Box::pin(async move {
+            let app = this.live.app();
+            let Ok(_permit) = this.requests.try_acquire() else {
+                return Ok(app.overloaded());
+            };
+            Ok(app.handle_from(req, &this.peer).await)
+        })
+    }
+}
+
+/// The admin listener's connections: the admin router.
+struct AdminPlane(axum::Router);
+
+impl listener::MakeService for AdminPlane {
+    type Body = ResBody;
+    type Service = AdminService;
+
+    fn make(&self, _remote: SocketAddr) -> AdminService {
+        AdminService(self.0.clone())
+    }
+}
+
+/// One connection's service on the admin listener.
+#[derive(Clone)]
+struct AdminService(axum::Router);
+
+impl hyper::service::Service<Request<Incoming>> for AdminService {
+    type Response = Response<ResBody>;
+    type Error = Infallible;
+    type Future = Pin<Box<dyn Future<Output = Result<Response<ResBody>, Infallible>> + Send>>;
+
+    fn call(&self, req: Request<Incoming>) -> Self::Future {
+        let router = self.0.clone();
+        Box::pin(async move {
+            let res = match tower::ServiceExt::oneshot(router, req.map(axum::body::Body::new)).await
+            {
+                Ok(res) => res,
+                Err(never) => match never {},
+            };
+            Ok(res.map(|b| b.map_err(BoxError::from).boxed_unsync()))
+        })
+    }
 }
 
 /// Waits for every claim to settle by `deadline`; releases the rest.
@@ -133,49 +258,6 @@ async fn drain(store: &GatewayStore, deadline: tokio::time::Instant, store_timeo
             released,
             "drain deadline passed: released claims still in flight"
         );
-    }
-}
-
-/// Accepts until `shutdown` resolves; returns the watcher of the open connections.
-async fn serve_data(
-    listener: TcpListener,
-    app: Arc<App>,
-    shutdown: impl Future<Output = ()>,
-) -> GracefulShutdown {
-    let graceful = GracefulShutdown::new();
-    let builder = auto::Builder::new(TokioExecutor::new());
-    tokio::pin!(shutdown);
-    loop {
-        tokio::select! {
-            accepted = listener.accept() => {
-                let (stream, remote) = match accepted {
-                    Ok(c) => c,
-                    Err(e) => {
-                        // Out of file descriptors and the like: back off instead of spinning.
-                        tracing::warn!(error = %e, "accept failed");
-                        tokio::time::sleep(Duration::from_millis(20)).await;
-                        continue;
-                    }
-                };
-                let _ = stream.set_nodelay(true);
-                let conn = builder.serve_connection(TokioIo::new(stream), app::service(Arc::clone(&app), remote)).into_owned();
-                let conn = graceful.watch(conn);
-                tokio::spawn(async move {
-                    if let Err(e) = conn.await {
-                        tracing::debug!(error = %e, "connection ended with an error");
-                    }
-                });
-            }
-            () = &mut shutdown => break,
-        }
-    }
-    drop(listener);
-    graceful
-}
-
-async fn serve_admin(listener: TcpListener, admin: Arc<Admin>) {
-    if let Err(e) = axum::serve(listener, admin.router()).await {
-        tracing::error!(error = %e, "admin listener stopped");
     }
 }
 

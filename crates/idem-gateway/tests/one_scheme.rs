@@ -87,6 +87,7 @@ principal = {{ from = "header", header = "x-api-key" }}
         ADMIN_TOKEN.into(),
         None,
         Duration::from_secs(1),
+        None,
     ));
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let addr = listener.local_addr().expect("addr");

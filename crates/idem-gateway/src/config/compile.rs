@@ -14,7 +14,7 @@ use super::settings::{
 };
 use super::{
     DEFAULT_LISTEN, DEFAULT_STORE, Methods, RawConfig, RawFingerprint, RawPrincipal, RawRoute,
-    StatusPattern,
+    StatusPattern, listener,
 };
 use crate::matcher::{MethodSet, PathPattern};
 use crate::path::TrailingSlash;
@@ -108,6 +108,7 @@ pub fn compile(raw: &RawConfig) -> anyhow::Result<Settings> {
                     Some(AdminSettings {
                         listen: admin_listen,
                         token,
+                        tls: listener::tls(a.tls.as_ref(), "admin.tls")?,
                     })
                 }
             }
@@ -197,6 +198,8 @@ pub fn compile(raw: &RawConfig) -> anyhow::Result<Settings> {
         implicit_route,
         unmatched,
         trailing_slash,
+        tls: listener::tls(raw.tls.as_ref(), "tls")?,
+        limits: listener::limits(raw.limits.as_ref())?,
     })
 }
 

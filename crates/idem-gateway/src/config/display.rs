@@ -29,8 +29,31 @@ impl fmt::Display for Settings {
                 Dur(age)
             )?;
         }
+        match &self.tls {
+            Some(t) => writeln!(
+                f,
+                "tls:       on ({}, key {}; reloaded on SIGHUP)",
+                t.cert.display(),
+                t.key.display()
+            )?,
+            None => writeln!(f, "tls:       off (plain HTTP)")?,
+        }
+        let l = &self.limits;
+        writeln!(
+            f,
+            "limits:    {} connections, {} requests in progress, headers within {}, idle {}",
+            l.max_connections,
+            l.max_concurrent_requests,
+            Dur(l.header_read_timeout),
+            Dur(l.idle_timeout)
+        )?;
         match &self.admin {
-            Some(a) => writeln!(f, "admin:     {} (bearer token required)", a.listen)?,
+            Some(a) => writeln!(
+                f,
+                "admin:     {}{} (bearer token required)",
+                a.listen,
+                if a.tls.is_some() { ", TLS" } else { "" }
+            )?,
             None => writeln!(f, "admin:     off")?,
         }
         writeln!(

@@ -5,6 +5,7 @@
 
 mod compile;
 mod display;
+mod listener;
 mod settings;
 #[cfg(test)]
 mod tests;
@@ -18,6 +19,7 @@ use figment::providers::{Env, Format as _, Serialized, Toml};
 use serde::{Deserialize, Serialize};
 
 pub use compile::compile;
+pub use listener::{Limits, RawLimits, RawTls, TlsFiles};
 pub use settings::{
     AdminSettings, FingerprintBody, FingerprintSettings, JwtKey, JwtSettings, LogFormat,
     PrincipalSource, Route, RoutePolicy, Settings, StatusSet, Unmatched, UpstreamFailure,
@@ -63,6 +65,10 @@ pub struct RawConfig {
     pub log: Option<RawLog>,
     /// The admin listener (off unless `listen` and a token are set).
     pub admin: Option<RawAdmin>,
+    /// TLS on the data listener: `{ cert_file, key_file }`.
+    pub tls: Option<RawTls>,
+    /// Resource limits of the data listener.
+    pub limits: Option<RawLimits>,
     /// Policy fields every route starts from (no `name`, `method` or `path` here).
     pub defaults: Option<RawRoute>,
     /// Routes, matched in order; the first match wins.
@@ -98,6 +104,8 @@ pub struct RawAdmin {
     pub token: Option<String>,
     /// A file holding the bearer token (first line).
     pub token_file: Option<PathBuf>,
+    /// TLS on the admin listener: `{ cert_file, key_file }`.
+    pub tls: Option<RawTls>,
 }
 
 /// One route: a method and path pattern, and the policy fields that differ from `defaults`.

@@ -12,6 +12,8 @@ use idem_core::{JsonFields, Policy, ReleaseKind};
 use super::StatusPattern;
 use crate::matcher::{MethodSet, PathPattern};
 use crate::path::TrailingSlash;
+
+use super::listener::{Limits, TlsFiles};
 use crate::principal::JwtVerifier;
 use crate::store::{StoreOptions, StoreSpec};
 
@@ -52,6 +54,10 @@ pub struct Settings {
     pub implicit_route: bool,
     /// What happens to a request no route matches.
     pub unmatched: Unmatched,
+    /// TLS on the data listener.
+    pub tls: Option<TlsFiles>,
+    /// Resource limits of the data listener.
+    pub limits: Limits,
     /// How paths are normalised before matching and forwarding.
     pub trailing_slash: TrailingSlash,
 }
@@ -83,6 +89,8 @@ pub struct AdminSettings {
     pub listen: SocketAddr,
     /// The bearer token it requires.
     pub token: String,
+    /// TLS on the admin listener.
+    pub tls: Option<TlsFiles>,
 }
 
 impl fmt::Debug for AdminSettings {
@@ -90,6 +98,7 @@ impl fmt::Debug for AdminSettings {
         f.debug_struct("AdminSettings")
             .field("listen", &self.listen)
             .field("token", &"<redacted>")
+            .field("tls", &self.tls)
             .finish()
     }
 }

@@ -1,0 +1,432 @@
+//! Accepting connections: optional TLS (with certificates that can be swapped while the
+//! listener runs), a cap on open connections, a header read timeout, an idle timeout, and a
+//! graceful stop that lets every open connection finish its requests.
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use anyhow::Context as _;
+use arc_swap::ArcSwapOption;
+use bytes::Bytes;
+use http::{Request, Response};
+use hyper::body::Incoming;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::server::conn::auto;
+use idem_http::BoxError;
+use rustls::pki_types::pem::PemObject as _;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{Semaphore, watch};
+use tokio::time::Instant;
+use tokio_rustls::TlsAcceptor;
+
+use crate::config::{Limits, TlsFiles};
+
+/// Reads a certificate chain and key into a server configuration offering HTTP/2 and
+/// HTTP/1.1.
+///
+/// # Errors
+/// A file that cannot be read, holds no certificate or key, or a key that does not fit.
+pub fn server_config(files: &TlsFiles) -> anyhow::Result<rustls::ServerConfig> {
+    let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(&files.cert)
+        .with_context(|| format!("cannot read certificates from {}", files.cert.display()))?
+        .collect::<Result<_, _>>()
+        .with_context(|| format!("{} is not a PEM certificate chain", files.cert.display()))?;
+    if certs.is_empty() {
+        anyhow::bail!("{} holds no certificate", files.cert.display());
+    }
+    let key = PrivateKeyDer::from_pem_file(&files.key)
+        .with_context(|| format!("cannot read a private key from {}", files.key.display()))?;
+    let mut config = rustls::ServerConfig::builder()
+        .with_no_client_auth()
+        .with_single_cert(certs, key)
+        .with_context(|| {
+            format!(
+                "the key in {} does not fit the certificate in {}",
+                files.key.display(),
+                files.cert.display()
+            )
+        })?;
+    config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    Ok(config)
+}
+
+/// [`server_config`] for `Some` files, `None` for plain TCP.
+///
+/// # Errors
+/// See [`server_config`].
+pub fn server_config_opt(files: Option<&TlsFiles>) -> anyhow::Result<Option<rustls::ServerConfig>> {
+    files.map(server_config).transpose()
+}
+
+/// A listener's TLS acceptor, swappable while it accepts (certificate reload). Empty means
+/// plain TCP.
+#[derive(Default)]
+pub struct Tls(ArcSwapOption<TlsAcceptor>);
+
+impl std::fmt::Debug for Tls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("Tls").field(&self.scheme()).finish()
+    }
+}
+
+impl Tls {
+    /// An acceptor for `files`, or plain TCP for `None`.
+    ///
+    /// # Errors
+    /// See [`server_config`].
+    pub fn new(files: Option<&TlsFiles>) -> anyhow::Result<Self> {
+        let tls = Self::default();
+        tls.load(files)?;
+        Ok(tls)
+    }
+
+    /// Reads `files` again and uses them for new connections; open ones keep theirs.
+    ///
+    /// # Errors
+    /// See [`server_config`]; the acceptor in use is kept.
+    pub fn load(&self, files: Option<&TlsFiles>) -> anyhow::Result<()> {
+        self.set(server_config_opt(files)?);
+        Ok(())
+    }
+
+    /// Uses `config` for new connections (`None`: plain TCP); open ones keep theirs.
+    pub fn set(&self, config: Option<rustls::ServerConfig>) {
+        self.0
+            .store(config.map(|c| Arc::new(TlsAcceptor::from(Arc::new(c)))));
+    }
+
+    /// The URL scheme clients use.
+    pub fn scheme(&self) -> &'static str {
+        if self.0.load().is_some() {
+            "https"
+        } else {
+            "http"
+        }
+    }
+}
+
+/// What a connection's service is made from: the peer's address.
+pub trait MakeService: Send + Sync + 'static {
+    /// The body of the answers.
+    type Body: http_body::Body<Data = Bytes, Error = BoxError> + Send + 'static;
+    /// The service for one connection.
+    type Service: hyper::service::Service<
+            Request<Incoming>,
+            Response = Response<Self::Body>,
+            Error = Infallible,
+            Future: Send + 'static,
+        > + Clone
+        + Send
+        + 'static;
+
+    /// The service for a connection from `remote`.
+    fn make(&self, remote: SocketAddr) -> Self::Service;
+}
+
+/// Accepts on `listener` until `stop` turns true, then asks every open connection to finish
+/// its requests and close. Resolves when the last one closed, or `grace` after `stop`.
+pub async fn serve<M: MakeService>(
+    listener: TcpListener,
+    tls: Arc<Tls>,
+    limits: Limits,
+    make: M,
+    mut stop: watch::Receiver<bool>,
+    grace: impl Fn() -> Duration,
+) {
+    let make = Arc::new(make);
+    let slots = Arc::new(Semaphore::new(limits.max_connections));
+    let mut builder = auto::Builder::new(TokioExecutor::new());
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(limits.header_read_timeout);
+    builder.http2().timer(TokioTimer::new());
+    let builder = Arc::new(builder);
+    loop {
+        // At the cap, stop accepting: the kernel's backlog holds the rest.
+        let permit = tokio::select! {
+            permit = Arc::clone(&slots).acquire_owned() => match permit {
+                Ok(p) => p,
+                Err(_) => break,
+            },
+            () = stopped(&mut stop) => break,
+        };
+        let (stream, remote) = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok(c) => c,
+                Err(e) => {
+                    // Out of file descriptors and the like: back off instead of spinning.
+                    tracing::warn!(error = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                    continue;
+                }
+            },
+            () = stopped(&mut stop) => break,
+        };
+        let _ = stream.set_nodelay(true);
+        let conn = Connection {
+            remote,
+            builder: Arc::clone(&builder),
+            make: Arc::clone(&make),
+            limits,
+            stop: stop.clone(),
+        };
+        let acceptor = tls.0.load_full();
+        tokio::spawn(async move {
+            conn.run(stream, acceptor).await;
+            drop(permit);
+        });
+    }
+    drop(listener);
+    // Every permit back means every connection closed.
+    let all = u32::try_from(limits.max_connections).unwrap_or(u32::MAX);
+    if tokio::time::timeout(grace(), slots.acquire_many(all))
+        .await
+        .is_err()
+    {
+        tracing::warn!("drain deadline passed with connections still open");
+    }
+}
+
+struct Connection<M> {
+    remote: SocketAddr,
+    builder: Arc<auto::Builder<TokioExecutor>>,
+    make: Arc<M>,
+    limits: Limits,
+    stop: watch::Receiver<bool>,
+}
+
+impl<M: MakeService> Connection<M> {
+    async fn run(self, stream: TcpStream, acceptor: Option<Arc<TlsAcceptor>>) {
+        let activity = Arc::new(Activity::new());
+        match acceptor {
+            None => {
+                let io = Tracked::new(stream, Arc::clone(&activity));
+                self.serve(io, activity).await;
+            }
+            Some(acceptor) => {
+                // A handshake is bounded like a request head: a client that stalls in it
+                // holds a connection slot.
+                let handshake =
+                    tokio::time::timeout(self.limits.header_read_timeout, acceptor.accept(stream));
+                let io = match handshake.await {
+                    Ok(Ok(io)) => io,
+                    Ok(Err(e)) => {
+                        tracing::debug!(remote = %self.remote, error = %e, "TLS handshake failed");
+                        return;
+                    }
+                    Err(_) => {
+                        tracing::debug!(remote = %self.remote, "TLS handshake timed out");
+                        return;
+                    }
+                };
+                let io = Tracked::new(io, Arc::clone(&activity));
+                self.serve(io, activity).await;
+            }
+        }
+    }
+
+    async fn serve<I>(self, io: Tracked<I>, activity: Arc<Activity>)
+    where
+        I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    {
+        let service = Counted {
+            inner: self.make.make(self.remote),
+            activity: Arc::clone(&activity),
+        };
+        let conn = self
+            .builder
+            .serve_connection(TokioIo::new(io), service)
+            .into_owned();
+        tokio::pin!(conn);
+        let mut stop = self.stop;
+        let idle = self.limits.idle_timeout;
+        tokio::select! {
+            result = conn.as_mut() => {
+                if let Err(e) = result {
+                    tracing::debug!(error = %e, "connection ended with an error");
+                }
+                return;
+            }
+            () = stopped(&mut stop) => {}
+            () = activity.idle_for(idle) => {
+                tracing::debug!(remote = %self.remote, ?idle, "closing an idle connection");
+            }
+        }
+        // Finish what is in progress, then close.
+        conn.as_mut().graceful_shutdown();
+        if let Err(e) = conn.await {
+            tracing::debug!(error = %e, "connection ended with an error");
+        }
+    }
+}
+
+/// Resolves once the stop flag is raised (or its sender is gone).
+async fn stopped(stop: &mut watch::Receiver<bool>) {
+    let _ = stop.wait_for(|s| *s).await;
+}
+
+/// When a connection last moved bytes, and how many requests it has in progress.
+#[derive(Debug)]
+struct Activity {
+    origin: Instant,
+    last_ms: AtomicU64,
+    in_flight: AtomicUsize,
+}
+
+impl Activity {
+    fn new() -> Self {
+        Self {
+            origin: Instant::now(),
+            last_ms: AtomicU64::new(0),
+            in_flight: AtomicUsize::new(0),
+        }
+    }
+
+    fn touch(&self) {
+        let ms = u64::try_from(self.origin.elapsed().as_millis()).unwrap_or(u64::MAX);
+        self.last_ms.store(ms, Ordering::Relaxed);
+    }
+
+    /// Resolves once nothing moved for `idle` and no request is in progress.
+    async fn idle_for(&self, idle: Duration) {
+        loop {
+            let last = self.origin + Duration::from_millis(self.last_ms.load(Ordering::Relaxed));
+            let due = last + idle;
+            if Instant::now() >= due && self.in_flight.load(Ordering::Relaxed) == 0 {
+                return;
+            }
+            tokio::time::sleep_until(due.max(Instant::now() + Duration::from_millis(100))).await;
+        }
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// A stream that records when it last moved bytes.
+    struct Tracked<S> {
+        #[pin]
+        inner: S,
+        activity: Arc<Activity>,
+    }
+}
+
+impl<S> Tracked<S> {
+    fn new(inner: S, activity: Arc<Activity>) -> Self {
+        activity.touch();
+        Self { inner, activity }
+    }
+}
+
+impl<S: AsyncRead> AsyncRead for Tracked<S> {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        let this = self.project();
+        let before = buf.filled().len();
+        let out = this.inner.poll_read(cx, buf);
+        if buf.filled().len() > before {
+            this.activity.touch();
+        }
+        out
+    }
+}
+
+impl<S: AsyncWrite> AsyncWrite for Tracked<S> {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        let this = self.project();
+        let out = this.inner.poll_write(cx, buf);
+        if matches!(out, Poll::Ready(Ok(n)) if n > 0) {
+            this.activity.touch();
+        }
+        out
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        self.project().inner.poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        self.project().inner.poll_shutdown(cx)
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        let this = self.project();
+        let out = this.inner.poll_write_vectored(cx, bufs);
+        if matches!(out, Poll::Ready(Ok(n)) if n > 0) {
+            this.activity.touch();
+        }
+        out
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+}
+
+/// Counts a connection's requests in progress, so an idle timeout never cuts one short.
+#[derive(Clone)]
+struct Counted<S> {
+    inner: S,
+    activity: Arc<Activity>,
+}
+
+impl<S, B> hyper::service::Service<Request<Incoming>> for Counted<S>
+where
+    S: hyper::service::Service<
+            Request<Incoming>,
+            Response = Response<B>,
+            Error = Infallible,
+            Future: Send + 'static,
+        >,
+    B: Send + 'static,
+{
+    type Response = Response<B>;
+    type Error = Infallible;
+    type Future = Pin<Box<dyn Future<Output = Result<Response<B>, Infallible>> + Send>>;
+
+    fn call(&self, req: Request<Incoming>) -> Self::Future {
+        let guard = InFlight::new(Arc::clone(&self.activity));
+        let fut = self.inner.call(req);
+        Box::pin(async move {
+            let res = fut.await;
+            drop(guard);
+            res
+        })
+    }
+}
+
+/// One request in progress on a connection; the count drops with it, even if the request's
+/// future is dropped.
+struct InFlight(Arc<Activity>);
+
+impl InFlight {
+    fn new(activity: Arc<Activity>) -> Self {
+        activity.in_flight.fetch_add(1, Ordering::Relaxed);
+        Self(activity)
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.in_flight.fetch_sub(1, Ordering::Relaxed);
+        self.0.touch();
+    }
+}
