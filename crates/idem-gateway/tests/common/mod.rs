@@ -113,10 +113,16 @@ impl Gateway {
                     lines.lock().join("\n")
                 );
             }
-            if let Some(a) = line.trim().strip_prefix("admin listening on http://") {
+            let after = |prefix: &str| {
+                let rest = line.trim().strip_prefix(prefix)?;
+                rest.strip_prefix("http://")
+                    .or_else(|| rest.strip_prefix("https://"))
+                    .map(str::to_owned)
+            };
+            if let Some(a) = after("admin listening on ") {
                 admin = Some(a.parse().expect("admin addr"));
             }
-            if let Some(a) = line.trim().strip_prefix("idem listening on http://") {
+            if let Some(a) = after("idem listening on ") {
                 let addr = a.parse().expect("addr");
                 // Keep draining stdout so the child never blocks on a full pipe.
                 std::thread::spawn(move || for _ in reader.lines() {});
@@ -145,12 +151,30 @@ impl Gateway {
 
     /// Sends SIGTERM.
     pub fn term(&self) {
+        self.signal("-TERM");
+    }
+
+    /// SIGHUP: reload the configuration.
+    pub fn hup(&self) {
+        self.signal("-HUP");
+    }
+
+    fn signal(&self, sig: &str) {
         let ok = Command::new("kill")
-            .args(["-TERM", &self.pid().to_string()])
+            .args([sig, &self.pid().to_string()])
             .status()
             .expect("kill")
             .success();
-        assert!(ok, "kill -TERM failed");
+        assert!(ok, "kill {sig} failed");
+    }
+
+    /// The configuration file `start` wrote, for tests that change it and reload.
+    pub fn config_path(&self) -> std::path::PathBuf {
+        self._dir
+            .as_ref()
+            .expect("started from a config")
+            .0
+            .join("idem.toml")
     }
 
     /// SIGKILL, now.

@@ -1,0 +1,365 @@
+//! The data listener as clients meet it: TLS with a certificate reloaded in place, slow
+//! clients that cannot starve the others, and configuration reloads under load that drop no
+//! request.
+
+mod common;
+
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use common::{ADMIN_TOKEN, Gateway, Http, TempDir, Upstream, key};
+use http::{Method, Request, StatusCode};
+use http_body_util::{BodyExt, Full};
+use hyper_util::rt::TokioIo;
+use rustls::pki_types::{CertificateDer, ServerName};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+/// A private CA and a certificate it signed for 127.0.0.1, as PEM files in `dir`.
+struct Pki {
+    ca: CertificateDer<'static>,
+    cert_file: std::path::PathBuf,
+    key_file: std::path::PathBuf,
+}
+
+fn issue(dir: &Path, name: &str) -> Pki {
+    let ca_key = rcgen::KeyPair::generate().expect("ca key");
+    let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).expect("ca params");
+    ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    ca_params
+        .distinguished_name
+        .push(rcgen::DnType::CommonName, format!("idem test CA {name}"));
+    let ca = ca_params.self_signed(&ca_key).expect("ca cert");
+    let issuer = rcgen::Issuer::new(ca_params, ca_key);
+    let key = rcgen::KeyPair::generate().expect("key");
+    let params =
+        rcgen::CertificateParams::new(vec!["127.0.0.1".to_owned(), "localhost".to_owned()])
+            .expect("params");
+    let cert = params.signed_by(&key, &issuer).expect("cert");
+    let cert_file = dir.join(format!("{name}.crt"));
+    let key_file = dir.join(format!("{name}.key"));
+    std::fs::write(&cert_file, cert.pem()).expect("write cert");
+    std::fs::write(&key_file, key.serialize_pem()).expect("write key");
+    Pki {
+        ca: ca.der().clone(),
+        cert_file,
+        key_file,
+    }
+}
+
+/// Sends one POST over TLS, trusting only `ca`; returns the status, the body and the
+/// certificate the server presented.
+async fn tls_post(
+    addr: std::net::SocketAddr,
+    ca: &CertificateDer<'static>,
+    key: &str,
+) -> Result<(StatusCode, Bytes, CertificateDer<'static>), String> {
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add(ca.clone()).map_err(|e| e.to_string())?;
+    let config = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .map_err(|e| e.to_string())?
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
+    let tcp = TcpStream::connect(addr).await.map_err(|e| e.to_string())?;
+    let name = ServerName::try_from("127.0.0.1").map_err(|e| e.to_string())?;
+    let tls = connector
+        .connect(name, tcp)
+        .await
+        .map_err(|e| e.to_string())?;
+    let presented = tls
+        .get_ref()
+        .1
+        .peer_certificates()
+        .and_then(|c| c.first())
+        .cloned()
+        .ok_or("no certificate")?
+        .into_owned();
+    let (mut send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tls))
+        .await
+        .map_err(|e| e.to_string())?;
+    tokio::spawn(conn);
+    let req = Request::builder()
+        .method(Method::POST)
+        .uri("/charge")
+        .header("host", "127.0.0.1")
+        .header("idempotency-key", key)
+        .header("content-type", "application/json")
+        .body(Full::new(Bytes::from_static(b"{}")))
+        .map_err(|e| e.to_string())?;
+    let res = send.send_request(req).await.map_err(|e| e.to_string())?;
+    let status = res.status();
+    let body = res
+        .into_body()
+        .collect()
+        .await
+        .map_err(|e| e.to_string())?
+        .to_bytes();
+    Ok((status, body, presented))
+}
+
+fn tls_config(upstream: &str, pki: &Pki) -> String {
+    format!(
+        r#"
+upstream = "{upstream}"
+store = "memory:"
+tls = {{ cert_file = "{}", key_file = "{}" }}
+[defaults]
+principal = {{ from = "none" }}
+"#,
+        pki.cert_file.display(),
+        pki.key_file.display()
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_listener_serves_and_reloads_its_certificate() {
+    let up = Upstream::start().await;
+    let dir = TempDir::new("tls");
+    let first = issue(&dir.0, "first");
+    let gw = Gateway::start(&tls_config(&up.url(), &first), &[]);
+
+    let k = key();
+    let (status, body, cert) = tls_post(gw.addr, &first.ca, &k).await.expect("TLS request");
+    assert_eq!(status, StatusCode::CREATED);
+    let (_, again, _) = tls_post(gw.addr, &first.ca, &k).await.expect("TLS replay");
+    assert_eq!(again, body, "the replay over TLS is the first answer");
+    assert_eq!(up.seen.count("/charge"), 1);
+    let first_cert = cert;
+
+    // Plain HTTP to the TLS port gets no answer.
+    let plain = Http::new()
+        .try_send(Method::POST, &gw.url("/charge"), &[], "{}")
+        .await;
+    assert!(plain.is_err(), "plain HTTP must not be served: {plain:?}");
+
+    // A renewed certificate (from another CA) is picked up on SIGHUP by new connections.
+    let second = issue(&dir.0, "second");
+    std::fs::copy(&second.cert_file, &first.cert_file).expect("replace cert");
+    std::fs::copy(&second.key_file, &first.key_file).expect("replace key");
+    gw.hup();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        if let Ok((status, _, presented)) = tls_post(gw.addr, &second.ca, &key()).await {
+            assert_eq!(status, StatusCode::CREATED);
+            assert_ne!(presented, first_cert, "a new certificate");
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the renewed certificate was not served"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        tls_post(gw.addr, &first.ca, &key()).await.is_err(),
+        "the old CA no longer verifies the server"
+    );
+}
+
+/// Slow clients (slowloris: headers a byte at a time) take connection slots only until the
+/// header read timeout; an ordinary request still gets through. Without the timeout (shown
+/// with `header_read_timeout = "1h"`), the slow clients hold every slot and the ordinary
+/// request waits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_clients_do_not_starve_the_others() {
+    let up = Upstream::start().await;
+    let config = format!(
+        r#"
+upstream = "{}"
+store = "memory:"
+[limits]
+max_connections = 16
+header_read_timeout = "1s"
+[defaults]
+principal = {{ from = "none" }}
+"#,
+        up.url()
+    );
+    let gw = Gateway::start(&config, &[]);
+    let addr = gw.addr;
+    let closed = Arc::new(AtomicU64::new(0));
+    let mut slow = Vec::new();
+    for _ in 0..24 {
+        let closed = Arc::clone(&closed);
+        slow.push(tokio::spawn(async move {
+            let Ok(mut s) = TcpStream::connect(addr).await else {
+                return;
+            };
+            let head = b"POST /charge HTTP/1.1\r\nHost: x\r\nX-Slow: ";
+            let _ = s.write_all(head).await;
+            // One byte every 300 ms, never finishing the headers.
+            for _ in 0..40 {
+                if s.write_all(b"a").await.is_err() {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(300)).await;
+            }
+            let mut buf = [0u8; 512];
+            if matches!(
+                tokio::time::timeout(Duration::from_secs(1), s.read(&mut buf)).await,
+                Ok(Ok(_) | Err(_))
+            ) {
+                closed.fetch_add(1, Ordering::Relaxed);
+            }
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let started = Instant::now();
+    let r = tokio::time::timeout(
+        Duration::from_secs(5),
+        Http::new().post(&gw.url("/charge"), Some(&key()), "{}"),
+    )
+    .await
+    .expect("an ordinary request is answered while slow clients hold connections");
+    assert_eq!(r.status, StatusCode::CREATED);
+    assert!(started.elapsed() < Duration::from_secs(5));
+    for t in slow {
+        let _ = t.await;
+    }
+    assert!(
+        closed.load(Ordering::Relaxed) >= 16,
+        "the gateway closed the slow connections ({} of 24)",
+        closed.load(Ordering::Relaxed)
+    );
+}
+
+fn reload_config(upstream: &str, extra_route: bool) -> String {
+    let mut config = format!(
+        r#"
+upstream = "{upstream}"
+store = "memory:"
+unmatched = "reject"
+[admin]
+listen = "127.0.0.1:0"
+token = "{ADMIN_TOKEN}"
+[defaults]
+principal = {{ from = "none" }}
+[[routes]]
+name = "charge"
+method = "POST"
+path = "/charge"
+"#
+    );
+    if extra_route {
+        config.push_str("[[routes]]\nname = \"refund\"\nmethod = \"POST\"\npath = \"/refund\"\n");
+    }
+    config
+}
+
+/// Routes reload under load with no failed request: the new route answers, the old ones never
+/// stop, and a bad configuration is refused with its reason while the running one stays.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reload_under_load_drops_no_request() {
+    let up = Upstream::start().await;
+    let gw = Gateway::start(&reload_config(&up.url(), false), &[]);
+    let http = Http::new();
+    let refund = http.post(&gw.url("/refund"), Some(&key()), "{}").await;
+    assert_eq!(refund.status, StatusCode::NOT_FOUND, "no such route yet");
+
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let sent = Arc::new(AtomicU64::new(0));
+    let failed = Arc::new(AtomicU64::new(0));
+    let mut load = Vec::new();
+    for _ in 0..8 {
+        let (http, url, stop, sent, failed) = (
+            http.clone(),
+            gw.url("/charge?delay_ms=20"),
+            Arc::clone(&stop),
+            Arc::clone(&sent),
+            Arc::clone(&failed),
+        );
+        load.push(tokio::spawn(async move {
+            while !stop.load(Ordering::Relaxed) {
+                let k = key();
+                let r = http
+                    .try_send(
+                        Method::POST,
+                        &url,
+                        &[
+                            ("idempotency-key", &k),
+                            ("content-type", "application/json"),
+                        ],
+                        "{}",
+                    )
+                    .await;
+                sent.fetch_add(1, Ordering::Relaxed);
+                if !matches!(r, Ok(ref r) if r.status == StatusCode::CREATED) {
+                    failed.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        }));
+    }
+    let auth = format!("Bearer {ADMIN_TOKEN}");
+    for round in 0..6 {
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        std::fs::write(gw.config_path(), reload_config(&up.url(), round % 2 == 1))
+            .expect("rewrite config");
+        if round % 3 == 0 {
+            gw.hup();
+        } else {
+            let r = http
+                .send(
+                    Method::POST,
+                    &gw.admin_url("/admin/reload"),
+                    &[("authorization", &auth)],
+                    "",
+                )
+                .await;
+            assert_eq!(r.status, StatusCode::OK, "{:?}", r.body);
+        }
+    }
+    // A broken configuration is refused; the running one keeps serving.
+    std::fs::write(gw.config_path(), "this is = not [toml").expect("rewrite config");
+    let refused = http
+        .send(
+            Method::POST,
+            &gw.admin_url("/admin/reload"),
+            &[("authorization", &auth)],
+            "",
+        )
+        .await;
+    assert_eq!(refused.status, StatusCode::UNPROCESSABLE_ENTITY);
+    assert!(
+        String::from_utf8_lossy(&refused.body).contains("invalid configuration"),
+        "{:?}",
+        refused.body
+    );
+    // So is a change that needs a restart.
+    std::fs::write(
+        gw.config_path(),
+        reload_config(&up.url(), true).replace("store = \"memory:\"", "store = \"memory:10\""),
+    )
+    .expect("rewrite config");
+    let refused = http
+        .send(
+            Method::POST,
+            &gw.admin_url("/admin/reload"),
+            &[("authorization", &auth)],
+            "",
+        )
+        .await;
+    assert_eq!(refused.status, StatusCode::UNPROCESSABLE_ENTITY);
+    assert!(String::from_utf8_lossy(&refused.body).contains("restart"));
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    stop.store(true, Ordering::Relaxed);
+    for t in load {
+        t.await.expect("load task");
+    }
+    let (sent, failed) = (sent.load(Ordering::Relaxed), failed.load(Ordering::Relaxed));
+    assert!(sent > 50, "the load ran ({sent} requests)");
+    assert_eq!(
+        failed, 0,
+        "{failed} of {sent} requests failed during reloads"
+    );
+    // The last good configuration (with the refund route) is the one in force.
+    let refund = http.post(&gw.url("/refund"), Some(&key()), "{}").await;
+    assert_eq!(refund.status, StatusCode::CREATED);
+    assert!(gw.logged("reload refused").await);
+}
