@@ -363,3 +363,44 @@ async fn reload_under_load_drops_no_request() {
     assert_eq!(refund.status, StatusCode::CREATED);
     assert!(gw.logged("reload refused").await);
 }
+
+/// Past `max_concurrent_requests`, a request is refused at once with 503 and `Retry-After`,
+/// and nothing is forwarded for it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_past_the_cap_are_refused_not_queued() {
+    let up = Upstream::start().await;
+    let config = format!(
+        r#"
+upstream = "{}"
+store = "memory:"
+[limits]
+max_concurrent_requests = 2
+[defaults]
+principal = {{ from = "none" }}
+"#,
+        up.url()
+    );
+    let gw = Gateway::start(&config, &[]);
+    let http = Http::new();
+    let slow: Vec<_> = (0..2)
+        .map(|_| {
+            let (http, url) = (http.clone(), gw.url("/slow?delay_ms=1500"));
+            tokio::spawn(async move { http.post(&url, Some(&key()), "{}").await })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let refused = http.post(&gw.url("/fast"), Some(&key()), "{}").await;
+    assert_eq!(refused.status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(refused.problem_type(), "overloaded");
+    assert_eq!(refused.header("retry-after"), Some("1"));
+    assert_eq!(up.seen.count("/fast"), 0);
+    for t in slow {
+        assert_eq!(t.await.expect("join").status, StatusCode::CREATED);
+    }
+    let after = http.post(&gw.url("/fast"), Some(&key()), "{}").await;
+    assert_eq!(
+        after.status,
+        StatusCode::CREATED,
+        "a free slot serves again"
+    );
+}
