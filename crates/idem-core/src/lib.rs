@@ -12,6 +12,7 @@ pub mod decide;
 pub mod engine;
 pub mod fingerprint;
 pub mod key;
+pub mod key_source;
 pub mod outcome;
 pub mod record;
 pub mod store;

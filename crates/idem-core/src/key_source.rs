@@ -1,0 +1,670 @@
+//! Where a request's idempotency key comes from: a header the client sends, or the request
+//! itself (a business key such as the order id plus the operation).
+//!
+//! One abstraction for every carrier: a [`KeySources`] list is tried in order and the first
+//! source present gives the key (`header first, else the body's order.id`). A carrier shows
+//! its request through [`KeyInputs`] (headers or metadata, the JSON body or payload, the
+//! route's path parameters, the query).
+//!
+//! A value taken from the request becomes key text by one rule, so two different requests
+//! never render to the same key: bytes outside printable ASCII (`!`..`~`), `%`, and in a
+//! [`Template`] every byte of its literal text, are percent-escaped (`%XX`). `order 42` is
+//! `order%2042`, and in `{path.id}:pay` an id holding `:` cannot imitate another one. A key
+//! longer than 255 bytes after escaping is refused, never truncated or hashed, so the caller
+//! learns which field is too long.
+//!
+//! ```
+//! use idem_core::key_source::{KeyInputs, KeySourceError, KeySources};
+//! use serde_json::{Value, json};
+//!
+//! struct Req {
+//!     body: Value,
+//! }
+//!
+//! impl KeyInputs for Req {
+//!     fn header(&self, _name: &str) -> Result<Option<&[u8]>, KeySourceError> {
+//!         Ok(None)
+//!     }
+//!     fn json(&self) -> Option<&Value> {
+//!         Some(&self.body)
+//!     }
+//!     fn path_param(&self, _name: &str) -> Option<&str> {
+//!         None
+//!     }
+//!     fn query(&self, _name: &str) -> Result<Option<&str>, KeySourceError> {
+//!         Ok(None)
+//!     }
+//! }
+//!
+//! let sources = KeySources::parse(&["header:idempotency-key", "{json.order.id}:pay"])?;
+//! let req = Req { body: json!({"order": {"id": 42}, "amount": 100}) };
+//! let found = sources.resolve(&req)?.expect("present");
+//! assert_eq!(found.key.as_str(), "42:pay");
+//! # Ok::<(), KeySourceError>(())
+//! ```
+
+use std::borrow::Cow;
+use std::fmt;
+
+use serde_json::Value;
+use thiserror::Error;
+
+use crate::key::{Key, MAX_KEY_LEN};
+
+/// Why a key could not be taken from a request. Carriers answer 400 (or their equivalent),
+/// naming the field; nothing runs.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[non_exhaustive]
+pub enum KeySourceError {
+    /// A source description that does not parse (configuration, not a request).
+    #[error("key source `{0}`: {1}")]
+    BadSource(String, &'static str),
+    /// The field is present but is an object, an array or null.
+    #[error("the key field `{0}` is not a string, number or boolean")]
+    NotScalar(String),
+    /// The field holds an empty value.
+    #[error("the key field `{0}` is empty")]
+    Empty(String),
+    /// The field is present more than once, so which one is the key is ambiguous.
+    #[error("the key field `{0}` is present more than once")]
+    Repeated(String),
+    /// The key would be longer than 255 bytes.
+    #[error("the key from `{source_name}` is {len} bytes long after escaping; the limit is 255")]
+    TooLong {
+        /// The source that rendered it.
+        source_name: String,
+        /// Its length.
+        len: usize,
+    },
+    /// A header holds something that is not one valid key (the carrier's reason).
+    #[error("the key header `{0}` is not one valid key: {1}")]
+    Header(String, String),
+}
+
+/// One place a key can come from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum KeySource {
+    /// A header (HTTP header, gRPC metadata entry, message header), parsed the way the
+    /// carrier parses key headers.
+    Header(String),
+    /// A member of the JSON body or payload, by dot path (`order.id`).
+    Json(FieldPath),
+    /// A named parameter of the route's path (`id` in `/v1/orders/{id}/pay`).
+    Path(String),
+    /// A query parameter.
+    Query(String),
+    /// Fields joined with literal text: `{path.id}:pay`.
+    Template(Template),
+}
+
+/// A dot path into a JSON document.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FieldPath {
+    text: String,
+    members: Vec<String>,
+}
+
+impl FieldPath {
+    /// Parses `order.id`.
+    ///
+    /// # Errors
+    /// [`KeySourceError::BadSource`] for an empty path or an empty member.
+    pub fn parse(text: &str) -> Result<Self, KeySourceError> {
+        let members: Vec<String> = text.split('.').map(str::to_owned).collect();
+        if members.iter().any(String::is_empty) {
+            return Err(KeySourceError::BadSource(
+                text.into(),
+                "a JSON path is member names joined by dots",
+            ));
+        }
+        Ok(Self {
+            text: text.to_owned(),
+            members,
+        })
+    }
+
+    /// The path as written.
+    pub fn as_str(&self) -> &str {
+        &self.text
+    }
+
+    fn find<'v>(&self, doc: &'v Value) -> Option<&'v Value> {
+        self.members
+            .iter()
+            .try_fold(doc, |v, m| v.as_object()?.get(m))
+    }
+}
+
+/// Literal text with fields: `{path.id}:pay`, `{json.order.id}-{header.x-tenant}`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Template {
+    text: String,
+    parts: Vec<Part>,
+    /// Bytes of the literal text: escaped in field values so a value cannot imitate them.
+    literal_bytes: Vec<u8>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Part {
+    Literal(String),
+    Field(KeySource),
+}
+
+impl Template {
+    /// Parses a template. A field is `{header.NAME}`, `{json.PATH}`, `{path.NAME}` or
+    /// `{query.NAME}`; `{{` and `}}` stand for literal braces.
+    ///
+    /// # Errors
+    /// [`KeySourceError::BadSource`] naming what is wrong.
+    pub fn parse(text: &str) -> Result<Self, KeySourceError> {
+        let bad = |why| KeySourceError::BadSource(text.to_owned(), why);
+        let mut parts = Vec::new();
+        let mut literal = String::new();
+        let mut chars = text.chars().peekable();
+        while let Some(c) = chars.next() {
+            match c {
+                '{' if chars.peek() == Some(&'{') => {
+                    chars.next();
+                    literal.push('{');
+                }
+                '}' if chars.peek() == Some(&'}') => {
+                    chars.next();
+                    literal.push('}');
+                }
+                '}' => return Err(bad("a `}` without its `{` (write `}}` for a brace)")),
+                '{' => {
+                    let mut field = String::new();
+                    loop {
+                        match chars.next() {
+                            Some('}') => break,
+                            Some(c) => field.push(c),
+                            None => return Err(bad("a `{` without its `}`")),
+                        }
+                    }
+                    if !literal.is_empty() {
+                        parts.push(Part::Literal(std::mem::take(&mut literal)));
+                    }
+                    parts.push(Part::Field(field_source(&field).ok_or_else(|| {
+                        bad("a field is {header.NAME}, {json.PATH}, {path.NAME} or {query.NAME}")
+                    })?));
+                }
+                c => literal.push(c),
+            }
+        }
+        if !literal.is_empty() {
+            parts.push(Part::Literal(literal));
+        }
+        if !parts.iter().any(|p| matches!(p, Part::Field(_))) {
+            return Err(bad("a template needs at least one {field}"));
+        }
+        let literal_bytes = parts
+            .iter()
+            .filter_map(|p| match p {
+                Part::Literal(l) => Some(l.as_bytes()),
+                Part::Field(_) => None,
+            })
+            .flatten()
+            .copied()
+            .collect();
+        Ok(Self {
+            text: text.to_owned(),
+            parts,
+            literal_bytes,
+        })
+    }
+
+    /// The template as written.
+    pub fn as_str(&self) -> &str {
+        &self.text
+    }
+
+    /// Whether any field reads the JSON body.
+    fn needs_body(&self) -> bool {
+        self.parts
+            .iter()
+            .any(|p| matches!(p, Part::Field(KeySource::Json(_))))
+    }
+}
+
+fn field_source(field: &str) -> Option<KeySource> {
+    let (kind, name) = field.split_once('.')?;
+    if name.is_empty() {
+        return None;
+    }
+    Some(match kind {
+        "header" => KeySource::Header(name.to_ascii_lowercase()),
+        "json" => KeySource::Json(FieldPath::parse(name).ok()?),
+        "path" => KeySource::Path(name.to_owned()),
+        "query" => KeySource::Query(name.to_owned()),
+        _ => return None,
+    })
+}
+
+impl KeySource {
+    /// Parses one source: `header:NAME`, `json:PATH`, `path:NAME`, `query:NAME`, or a
+    /// template (anything holding `{`).
+    ///
+    /// # Errors
+    /// [`KeySourceError::BadSource`] naming what is wrong.
+    pub fn parse(text: &str) -> Result<Self, KeySourceError> {
+        if text.contains('{') {
+            return Template::parse(text).map(Self::Template);
+        }
+        let bad = || {
+            KeySourceError::BadSource(
+                text.to_owned(),
+                "write header:NAME, json:PATH, path:NAME, query:NAME or a template such as {path.id}:pay",
+            )
+        };
+        let (kind, name) = text.split_once(':').ok_or_else(bad)?;
+        let name = name.trim();
+        if name.is_empty() {
+            return Err(bad());
+        }
+        Ok(match kind.trim() {
+            "header" => Self::Header(name.to_ascii_lowercase()),
+            "json" => Self::Json(FieldPath::parse(name)?),
+            "path" => Self::Path(name.to_owned()),
+            "query" => Self::Query(name.to_owned()),
+            _ => return Err(bad()),
+        })
+    }
+
+    /// Whether this source reads the request body (so the carrier must buffer it first).
+    pub fn needs_body(&self) -> bool {
+        match self {
+            Self::Json(_) => true,
+            Self::Template(t) => t.needs_body(),
+            _ => false,
+        }
+    }
+
+    /// The path parameters this source names, for checking them against a route.
+    pub fn path_params(&self) -> Vec<&str> {
+        match self {
+            Self::Path(name) => vec![name.as_str()],
+            Self::Template(t) => t
+                .parts
+                .iter()
+                .filter_map(|p| match p {
+                    Part::Field(KeySource::Path(name)) => Some(name.as_str()),
+                    _ => None,
+                })
+                .collect(),
+            _ => Vec::new(),
+        }
+    }
+}
+
+impl fmt::Display for KeySource {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Header(name) => write!(f, "header {name}"),
+            Self::Json(path) => write!(f, "JSON field {}", path.as_str()),
+            Self::Path(name) => write!(f, "path parameter {name}"),
+            Self::Query(name) => write!(f, "query parameter {name}"),
+            Self::Template(t) => write!(f, "template {}", t.as_str()),
+        }
+    }
+}
+
+/// What a request shows key sources.
+pub trait KeyInputs {
+    /// The raw value of header (metadata entry, message header) `name`, `Ok(None)` when
+    /// absent.
+    ///
+    /// # Errors
+    /// [`KeySourceError::Repeated`] when it is present more than once.
+    fn header(&self, name: &str) -> Result<Option<&[u8]>, KeySourceError>;
+
+    /// The header `name` parsed as a key the way the carrier parses key headers (HTTP's
+    /// accepts an RFC 8941 quoted string). The default takes the raw value as it is.
+    ///
+    /// # Errors
+    /// [`KeySourceError::Header`] for a value that is not one valid key.
+    fn header_key(&self, name: &str) -> Result<Option<Key>, KeySourceError> {
+        match self.header(name)? {
+            None => Ok(None),
+            Some(raw) => Key::from_bytes(raw)
+                .map(Some)
+                .map_err(|e| KeySourceError::Header(name.to_owned(), e.to_string())),
+        }
+    }
+
+    /// The JSON body or payload, when there is one and it parses.
+    fn json(&self) -> Option<&Value>;
+
+    /// The route's path parameter `name`.
+    fn path_param(&self, name: &str) -> Option<&str>;
+
+    /// Query parameter `name`, decoded; `Ok(None)` when absent.
+    ///
+    /// # Errors
+    /// [`KeySourceError::Repeated`] when it is present more than once.
+    fn query(&self, name: &str) -> Result<Option<&str>, KeySourceError>;
+}
+
+/// A key and the source it came from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FoundKey {
+    /// The key.
+    pub key: Key,
+    /// Which source of the list gave it.
+    pub source: usize,
+}
+
+/// Key sources tried in order; the first one present gives the key.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KeySources(Vec<KeySource>);
+
+impl Default for KeySources {
+    /// The `Idempotency-Key` header alone.
+    fn default() -> Self {
+        Self(vec![KeySource::Header("idempotency-key".into())])
+    }
+}
+
+impl KeySources {
+    /// These sources, in order.
+    ///
+    /// # Errors
+    /// [`KeySourceError::BadSource`] for an empty list.
+    pub fn new(sources: Vec<KeySource>) -> Result<Self, KeySourceError> {
+        if sources.is_empty() {
+            return Err(KeySourceError::BadSource(
+                String::new(),
+                "give at least one key source",
+            ));
+        }
+        Ok(Self(sources))
+    }
+
+    /// Parses each of `texts` with [`KeySource::parse`].
+    ///
+    /// # Errors
+    /// The first source that does not parse, or an empty list.
+    pub fn parse(texts: &[&str]) -> Result<Self, KeySourceError> {
+        Self::new(
+            texts
+                .iter()
+                .map(|t| KeySource::parse(t))
+                .collect::<Result<_, _>>()?,
+        )
+    }
+
+    /// The sources, in order.
+    pub fn sources(&self) -> &[KeySource] {
+        &self.0
+    }
+
+    /// Whether any source reads the request body.
+    pub fn needs_body(&self) -> bool {
+        self.0.iter().any(KeySource::needs_body)
+    }
+
+    /// The key from the first source present, `Ok(None)` when none is.
+    ///
+    /// # Errors
+    /// A source that is present but unusable (see [`KeySourceError`]); later sources are not
+    /// tried, so a bad value is never silently replaced by another.
+    pub fn resolve(&self, inputs: &impl KeyInputs) -> Result<Option<FoundKey>, KeySourceError> {
+        for (source, s) in self.0.iter().enumerate() {
+            if let Some(key) = render(s, inputs)? {
+                return Ok(Some(FoundKey { key, source }));
+            }
+        }
+        Ok(None)
+    }
+}
+
+impl fmt::Display for KeySources {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, s) in self.0.iter().enumerate() {
+            if i > 0 {
+                f.write_str(", else ")?;
+            }
+            write!(f, "{s}")?;
+        }
+        Ok(())
+    }
+}
+
+fn render(source: &KeySource, inputs: &impl KeyInputs) -> Result<Option<Key>, KeySourceError> {
+    let name = || source.to_string();
+    let text = match source {
+        KeySource::Header(h) => return inputs.header_key(h),
+        KeySource::Template(t) => {
+            let mut out = String::new();
+            for part in &t.parts {
+                match part {
+                    Part::Literal(l) => out.push_str(l),
+                    Part::Field(field) => {
+                        let Some(value) = value(field, inputs)? else {
+                            return Ok(None);
+                        };
+                        escape_into(&value, &t.literal_bytes, &mut out);
+                    }
+                }
+            }
+            out
+        }
+        field => {
+            let Some(value) = value(field, inputs)? else {
+                return Ok(None);
+            };
+            let mut out = String::new();
+            escape_into(&value, &[], &mut out);
+            out
+        }
+    };
+    if text.len() > MAX_KEY_LEN {
+        return Err(KeySourceError::TooLong {
+            source_name: name(),
+            len: text.len(),
+        });
+    }
+    // Escaping leaves printable ASCII with no outer space; only emptiness can still fail.
+    Key::new(text)
+        .map(Some)
+        .map_err(|_| KeySourceError::Empty(name()))
+}
+
+/// The scalar text of one field, `Ok(None)` when absent.
+fn value<'a>(
+    field: &KeySource,
+    inputs: &'a impl KeyInputs,
+) -> Result<Option<Cow<'a, [u8]>>, KeySourceError> {
+    let name = || field.to_string();
+    let raw: Option<Cow<'a, [u8]>> = match field {
+        KeySource::Header(h) => inputs.header(h)?.map(Cow::Borrowed),
+        KeySource::Path(p) => inputs.path_param(p).map(|v| Cow::Borrowed(v.as_bytes())),
+        KeySource::Query(q) => inputs.query(q)?.map(|v| Cow::Borrowed(v.as_bytes())),
+        KeySource::Json(path) => match inputs.json().and_then(|doc| path.find(doc)) {
+            None => None,
+            Some(Value::String(s)) => Some(Cow::Borrowed(s.as_bytes())),
+            Some(Value::Number(n)) => Some(Cow::Owned(n.to_string().into_bytes())),
+            Some(Value::Bool(b)) => Some(Cow::Borrowed(if *b { b"true" } else { b"false" })),
+            Some(_) => return Err(KeySourceError::NotScalar(path.as_str().to_owned())),
+        },
+        KeySource::Template(_) => return Ok(None),
+    };
+    match raw {
+        Some(v) if v.is_empty() => Err(KeySourceError::Empty(name())),
+        other => Ok(other),
+    }
+}
+
+/// Appends `value`, escaping bytes outside `!`..`~`, `%`, and the bytes in `reserved`.
+fn escape_into(value: &[u8], reserved: &[u8], out: &mut String) {
+    for &b in value {
+        if (0x21..=0x7e).contains(&b) && b != b'%' && !reserved.contains(&b) {
+            out.push(char::from(b));
+        } else {
+            out.push('%');
+            out.push_str(&hex::encode_upper([b]));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+
+    use serde_json::json;
+
+    use super::*;
+
+    #[derive(Default)]
+    struct Req {
+        headers: HashMap<String, Vec<Vec<u8>>>,
+        body: Option<Value>,
+        params: HashMap<String, String>,
+        query: HashMap<String, Vec<String>>,
+    }
+
+    impl KeyInputs for Req {
+        fn header(&self, name: &str) -> Result<Option<&[u8]>, KeySourceError> {
+            match self.headers.get(name).map(Vec::as_slice) {
+                None | Some([]) => Ok(None),
+                Some([one]) => Ok(Some(one)),
+                Some(_) => Err(KeySourceError::Repeated(name.into())),
+            }
+        }
+        fn json(&self) -> Option<&Value> {
+            self.body.as_ref()
+        }
+        fn path_param(&self, name: &str) -> Option<&str> {
+            self.params.get(name).map(String::as_str)
+        }
+        fn query(&self, name: &str) -> Result<Option<&str>, KeySourceError> {
+            match self.query.get(name).map(Vec::as_slice) {
+                None | Some([]) => Ok(None),
+                Some([one]) => Ok(Some(one)),
+                Some(_) => Err(KeySourceError::Repeated(name.into())),
+            }
+        }
+    }
+
+    fn key(sources: &[&str], req: &Req) -> Result<Option<String>, KeySourceError> {
+        KeySources::parse(sources)?
+            .resolve(req)
+            .map(|f| f.map(|f| f.key.as_str().to_owned()))
+    }
+
+    #[test]
+    fn sources_are_tried_in_order() {
+        let mut req = Req {
+            body: Some(json!({"order": {"id": "o-42"}})),
+            ..Req::default()
+        };
+        let sources = ["header:idempotency-key", "json:order.id"];
+        assert_eq!(key(&sources, &req), Ok(Some("o-42".into())));
+        req.headers
+            .insert("idempotency-key".into(), vec![b"client-key".to_vec()]);
+        assert_eq!(key(&sources, &req), Ok(Some("client-key".into())));
+        assert_eq!(key(&["json:missing"], &Req::default()), Ok(None));
+    }
+
+    #[test]
+    fn templates_join_fields_with_the_operation() {
+        let req = Req {
+            body: Some(json!({"order": {"id": 42, "paid": true}})),
+            params: HashMap::from([("id".into(), "A-7".into())]),
+            query: HashMap::from([("v".into(), vec!["2".into()])]),
+            ..Req::default()
+        };
+        assert_eq!(key(&["{path.id}:pay"], &req), Ok(Some("A-7:pay".into())));
+        assert_eq!(
+            key(&["{json.order.id}-{json.order.paid}/{query.v}"], &req),
+            Ok(Some("42-true/2".into()))
+        );
+        assert_eq!(key(&["{{{path.id}}}"], &req), Ok(Some("{A-7}".into())));
+        // A missing field makes the whole template absent.
+        assert_eq!(key(&["{path.nope}:pay"], &req), Ok(None));
+    }
+
+    #[test]
+    fn values_cannot_imitate_the_literal_text() {
+        let req = |id: &str, op: &str| Req {
+            params: HashMap::from([("a".into(), id.into()), ("b".into(), op.into())]),
+            ..Req::default()
+        };
+        let a = key(&["{path.a}:{path.b}"], &req("x:y", "z"));
+        let b = key(&["{path.a}:{path.b}"], &req("x", "y:z"));
+        assert_ne!(a, b);
+        assert_eq!(a, Ok(Some("x%3Ay:z".into())));
+        assert_eq!(
+            key(&["path:a"], &req("order 42 é%", "")),
+            Ok(Some("order%2042%20%C3%A9%25".into()))
+        );
+    }
+
+    #[test]
+    fn bad_fields_are_named() {
+        let req = Req {
+            body: Some(
+                json!({"order": {"id": {"nested": 1}, "blank": "", "long": "x".repeat(300)}}),
+            ),
+            query: HashMap::from([("k".into(), vec!["1".into(), "2".into()])]),
+            headers: HashMap::from([(
+                "idempotency-key".into(),
+                vec![b"a".to_vec(), b"b".to_vec()],
+            )]),
+            ..Req::default()
+        };
+        assert_eq!(
+            key(&["json:order.id"], &req),
+            Err(KeySourceError::NotScalar("order.id".into()))
+        );
+        assert!(matches!(
+            key(&["json:order.blank"], &req),
+            Err(KeySourceError::Empty(_))
+        ));
+        assert!(matches!(
+            key(&["json:order.long"], &req),
+            Err(KeySourceError::TooLong { len: 300, .. })
+        ));
+        assert_eq!(
+            key(&["query:k"], &req),
+            Err(KeySourceError::Repeated("k".into()))
+        );
+        assert!(
+            matches!(
+                key(&["header:idempotency-key", "json:order.blank"], &req),
+                Err(KeySourceError::Repeated(_))
+            ),
+            "a bad first source is not replaced by a later one"
+        );
+    }
+
+    #[test]
+    fn source_texts_parse_or_say_why() {
+        for bad in [
+            "",
+            "json:",
+            "json:a..b",
+            "cookie:x",
+            "{nope}",
+            "{path.id",
+            "x}",
+            "plain",
+        ] {
+            assert!(KeySource::parse(bad).is_err(), "{bad:?}");
+        }
+        let t = KeySource::parse("{path.id}:{json.a.b}").expect("template");
+        assert!(t.needs_body());
+        assert_eq!(t.path_params(), vec!["id"]);
+        assert!(
+            !KeySource::parse("header:X-Key")
+                .expect("header")
+                .needs_body()
+        );
+        assert_eq!(
+            KeySources::parse(&["header:idempotency-key", "json:order.id"])
+                .expect("sources")
+                .to_string(),
+            "header idempotency-key, else JSON field order.id"
+        );
+    }
+}
