@@ -46,6 +46,12 @@ pub enum KeyRejection {
     /// Something follows the closing quote, or a bare key holds a quote or backslash.
     #[error("the idempotency key header is not a single string")]
     Malformed,
+    /// No key source of the route is present in the request.
+    #[error("the request has no idempotency key (looked for: {0})")]
+    NotFound(String),
+    /// A key source is present but unusable (a field that is not a scalar, too long, …).
+    #[error("{0}")]
+    Source(idem_core::key_source::KeySourceError),
 }
 
 impl KeyRejection {
@@ -61,7 +67,7 @@ impl KeyRejection {
     /// The refusal this rejection is reported as.
     pub fn refusal(&self) -> Refusal {
         match self {
-            Self::Missing => Refusal::KeyMissing,
+            Self::Missing | Self::NotFound(_) => Refusal::KeyMissing,
             Self::Multiple | Self::List => Refusal::KeyMultiple,
             _ => Refusal::KeyMalformed,
         }

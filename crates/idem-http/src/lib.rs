@@ -25,6 +25,7 @@ mod idempotency;
 pub mod key;
 pub mod policy;
 mod problem;
+mod source;
 mod status;
 
 pub use body::{BoxError, RequestBody, ResponseBody};
@@ -41,4 +42,5 @@ pub use policy::{
     X_REQUEST_ID,
 };
 pub use problem::{PROBLEM_BASE, Problem, retry_after_secs};
+pub use source::{PathParams, SourceKey};
 pub use status::IdempotencyStatus;

@@ -27,15 +27,15 @@ pub const X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 /// `Idempotent-Replayed: true` marks a replayed response.
 pub const IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");
 
-/// A key found in a request, with the header it came in (echoed on replays).
+/// A key found in a request, with the header it came in, if it came in one (echoed on
+/// replays).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct FoundKey {
     /// The parsed key.
     pub key: Key,
-    /// The header it was read from.
-    pub header: HeaderName,
-    /// The header value as sent.
-    pub raw: HeaderValue,
+    /// The header it was read from and its value as sent; `None` for a key taken from the
+    /// request itself (a business key).
+    pub echo: Option<(HeaderName, HeaderValue)>,
 }
 
 /// Finds the idempotency key in a request.
@@ -45,6 +45,29 @@ pub trait ExtractKey: fmt::Debug + Send + Sync + 'static {
     /// # Errors
     /// [`KeyRejection`] for anything that is not clearly one valid key (answered with 400).
     fn extract(&self, parts: &Parts) -> Result<Option<FoundKey>, KeyRejection>;
+
+    /// Whether the key may come from the body; the layer then buffers the body first and
+    /// calls [`ExtractKey::extract_with_body`]. Default: no.
+    fn needs_body(&self) -> bool {
+        false
+    }
+
+    /// The key, from the request head and its buffered body.
+    ///
+    /// # Errors
+    /// As [`ExtractKey::extract`].
+    fn extract_with_body(
+        &self,
+        parts: &Parts,
+        _body: &[u8],
+    ) -> Result<Option<FoundKey>, KeyRejection> {
+        self.extract(parts)
+    }
+
+    /// What a required key's absence is answered with (400 `key-missing`).
+    fn missing(&self) -> KeyRejection {
+        KeyRejection::Missing
+    }
 }
 
 /// Reads the key from `Idempotency-Key` and any opt-in aliases. Exactly one header instance
@@ -110,8 +133,7 @@ impl ExtractKey for HeaderKey {
         let key = parse_key(raw.as_bytes())?;
         Ok(Some(FoundKey {
             key,
-            header: header.clone(),
-            raw: raw.clone(),
+            echo: Some((header.clone(), raw.clone())),
         }))
     }
 }
@@ -443,8 +465,8 @@ mod tests {
             .expect("ok")
             .expect("some");
         assert_eq!(
-            (k.key.as_str(), k.header.as_str()),
-            ("b", "x-idempotency-key")
+            (k.key.as_str(), k.echo.as_ref().map(|(h, _)| h.as_str())),
+            ("b", Some("x-idempotency-key"))
         );
     }
 

@@ -48,7 +48,7 @@ impl Refused {
 #[cold]
 pub(crate) fn key_rejection(r: &KeyRejection) -> Refused {
     let title = match r {
-        KeyRejection::Missing => "Idempotency key missing",
+        KeyRejection::Missing | KeyRejection::NotFound(_) => "Idempotency key missing",
         KeyRejection::Multiple | KeyRejection::List => "More than one idempotency key",
         _ => "Idempotency key malformed",
     };
@@ -68,26 +68,26 @@ pub(crate) fn unauthenticated(detail: String) -> Refused {
 }
 
 #[cold]
-pub(crate) fn body_too_large(key: &Key, limit: usize) -> Refused {
+pub(crate) fn body_too_large(key: Option<&Key>, limit: usize) -> Refused {
     let problem = Problem::new(
         StatusCode::PAYLOAD_TOO_LARGE,
         "body-too-large",
         "Request body too large",
         format!("the request body exceeds the {limit}-byte limit of this route"),
     )
-    .key(Some(key));
+    .key(key);
     Refused::new(problem, Refusal::BodyTooLarge)
 }
 
 #[cold]
-pub(crate) fn body_unreadable(key: &Key) -> Refused {
+pub(crate) fn body_unreadable(key: Option<&Key>) -> Refused {
     let problem = Problem::new(
         StatusCode::BAD_REQUEST,
         "body-unreadable",
         "Request body unreadable",
         "the request body could not be read",
     )
-    .key(Some(key));
+    .key(key);
     Refused::new(problem, Refusal::BodyUnreadable)
 }
 

@@ -118,17 +118,21 @@ where
             return passthrough(inner.call(req));
         }
         let (parts, body) = req.into_parts();
+        if config.key.needs_body() {
+            // The key may be in the body: it is looked for once the body is read.
+            return ResponseFuture::detached_on_drop(protect(shared, inner, parts, body, None));
+        }
         let found = match config.key.extract(&parts) {
             Ok(found) => found,
             Err(r) => return ready(error::key_rejection(&r)),
         };
         let Some(found) = found else {
             if config.key_required {
-                return ready(error::key_rejection(&crate::KeyRejection::Missing));
+                return ready(error::key_rejection(&config.key.missing()));
             }
             return passthrough(inner.call(Request::from_parts(parts, body)));
         };
-        ResponseFuture::detached_on_drop(protect(shared, inner, parts, body, found))
+        ResponseFuture::detached_on_drop(protect(shared, inner, parts, body, Some(found)))
     }
 }
 
@@ -197,7 +201,7 @@ async fn protect<S, St, ReqB, ResB>(
     mut inner: S,
     parts: http::request::Parts,
     body: ReqB,
-    found: FoundKey,
+    found: Option<FoundKey>,
 ) -> Result<Response<ResponseBody<ResB>>, S::Error>
 where
     S: Service<Request<ReqB>, Response = Response<ResB>> + Send + 'static,
@@ -220,17 +224,37 @@ where
         .headers
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+    let key = found.as_ref().map(|f| &f.key);
     if declared.is_some_and(|n| n > limit as u64) {
-        return Ok(error::body_too_large(&found.key, limit).into_response());
+        return Ok(error::body_too_large(key, limit).into_response());
     }
     let bytes = match read_body(body, limit).await {
         Ok(bytes) => bytes,
         Err(BodyFailure::TooLarge) => {
-            return Ok(error::body_too_large(&found.key, limit).into_response());
+            return Ok(error::body_too_large(key, limit).into_response());
         }
         Err(BodyFailure::Unreadable) => {
-            return Ok(error::body_unreadable(&found.key).into_response());
+            return Ok(error::body_unreadable(key).into_response());
         }
+    };
+    let found = match found {
+        Some(found) => found,
+        None => match config.key.extract_with_body(&parts, &bytes) {
+            Ok(Some(found)) => found,
+            Err(r) => return Ok(error::key_rejection(&r).into_response()),
+            Ok(None) if config.key_required => {
+                return Ok(error::key_rejection(&config.key.missing()).into_response());
+            }
+            Ok(None) => {
+                let res = inner
+                    .call(Request::from_parts(parts, ReqB::from(bytes)))
+                    .await?;
+                return Ok(with_outcome(
+                    res.map(ResponseBody::inner),
+                    Outcome::Passthrough,
+                ));
+            }
+        },
     };
     let fingerprint = config.fingerprint.fingerprint(&parts, &bytes);
     let scoped = ScopedKey::new(config.scope_for(principal), found.key.clone());
@@ -447,6 +471,8 @@ fn replay<B>(stored: StoredResponse, found: &FoundKey) -> Response<ResponseBody<
         }
     }
     headers.insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
-    headers.insert(found.header.clone(), found.raw.clone());
+    if let Some((name, value)) = &found.echo {
+        headers.insert(name.clone(), value.clone());
+    }
     with_outcome(res, Outcome::Replayed)
 }
