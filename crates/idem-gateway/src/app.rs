@@ -14,7 +14,7 @@ use http::uri::PathAndQuery;
 use http::{Request, Response, StatusCode, Uri};
 use hyper::body::Incoming;
 use idem_core::{BoxStore, Engine, Kept, Outcome, Policy, Refusal};
-use idem_http::{Idempotency, IdempotencyLayer, Problem, RequestBody, X_REQUEST_ID};
+use idem_http::{Idempotency, IdempotencyLayer, PathParams, Problem, RequestBody, X_REQUEST_ID};
 use tower::{Layer as _, Service as _};
 
 use crate::claims::TrackedStore;
@@ -168,6 +168,10 @@ impl App {
         if let Some(spelled) = entry.and_then(|e| e.route.pattern.respell(parts.uri.path())) {
             // The same path, and a valid one: only letters changed case.
             let _ = set_path(&mut parts.uri, spelled);
+        }
+        if let Some(e) = entry.filter(|e| e.route.policy.key_path_params) {
+            let params = e.route.pattern.params(parts.uri.path());
+            parts.extensions.insert(PathParams(params));
         }
         let req = Request::from_parts(parts, RequestBody::new(body));
         match entry {

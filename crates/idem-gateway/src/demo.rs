@@ -4,6 +4,9 @@
 //! - `POST /charge`: 201 with `{"id", "amount", "currency", "executions"}`; `executions` counts
 //!   every charge this upstream ever ran. `?delay_ms=N` or a `"delay_ms"` body member keeps
 //!   the request in flight for N ms (at most 60 s); `?status=N` answers with status N instead.
+//! - `POST /orders/{id}/pay`: 201 with `{"payment", "order", "amount", "executions"}`; the
+//!   demo gateway keys it by the order (`{path.id}:pay`) unless the client sends its own key,
+//!   so paying one order twice pays once.
 //! - `GET /stats`: `{"executions": N}`.
 //! - anything else: 200 with the method, path and execution count.
 
@@ -87,6 +90,15 @@ impl Demo {
                 };
                 json_response(status, &body)
             }
+            (&Method::POST, path) if order_to_pay(path).is_some() => {
+                let order = order_to_pay(path).unwrap_or_default().to_owned();
+                let n = self.executions.fetch_add(1, Ordering::Relaxed) + 1;
+                let amount = doc.get("amount").cloned().unwrap_or(json!(0));
+                json_response(
+                    StatusCode::CREATED,
+                    &json!({"payment": format!("pay_{n:06}"), "order": order, "amount": amount, "executions": n}),
+                )
+            }
             (&Method::GET, "/stats") => {
                 json_response(StatusCode::OK, &json!({"executions": self.executions()}))
             }
@@ -96,6 +108,41 @@ impl Demo {
             ),
         }
     }
+}
+
+/// The order id of `/orders/{id}/pay`.
+fn order_to_pay(path: &str) -> Option<&str> {
+    let id = path.strip_prefix("/orders/")?.strip_suffix("/pay")?;
+    (!id.is_empty() && !id.contains('/')).then_some(id)
+}
+
+/// The demo gateway's routes: paying an order is keyed by the order itself (a business key)
+/// unless the client sends a key; everything else by the client's `Idempotency-Key`.
+pub fn routes() -> Vec<crate::config::RawRoute> {
+    use crate::config::{Methods, RawKey, RawKeySource, RawRoute};
+    vec![
+        RawRoute {
+            name: Some("pay".into()),
+            method: Some(Methods::One("POST".into())),
+            path: Some("/orders/{id}/pay".into()),
+            key: Some(RawKey::Many(vec![
+                RawKeySource {
+                    from: Some("header".into()),
+                    ..RawKeySource::default()
+                },
+                RawKeySource {
+                    template: Some("{path.id}:pay".into()),
+                    ..RawKeySource::default()
+                },
+            ])),
+            ..RawRoute::default()
+        },
+        RawRoute {
+            name: Some("default".into()),
+            path: Some("/*".into()),
+            ..RawRoute::default()
+        },
+    ]
 }
 
 fn json_response(status: StatusCode, body: &Value) -> Response<Full<Bytes>> {

@@ -116,6 +116,9 @@ impl ServeArgs {
                     from: Some("none".into()),
                     ..Default::default()
                 });
+            if raw.routes.as_ref().is_none_or(Vec::is_empty) {
+                raw.routes = Some(demo::routes());
+            }
         }
         let settings = config::compile(&raw)?;
         store::available(&settings.store).context("`store`")?;

@@ -52,7 +52,7 @@ pub struct PathPattern {
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Segment {
     Literal(String),
-    Param,
+    Param(String),
 }
 
 impl PathPattern {
@@ -78,7 +78,7 @@ impl PathPattern {
                 }
                 rest = true;
             } else if part.starts_with('{') && part.ends_with('}') && part.len() > 2 {
-                segments.push(Segment::Param);
+                segments.push(Segment::Param(part[1..part.len() - 1].to_owned()));
             } else if part.contains(['{', '}', '*', '?', '#']) {
                 bail!("path `{text}`: segment `{part}` must be a literal, {{name}} or a final *");
             } else {
@@ -108,7 +108,7 @@ impl PathPattern {
             let ok = match seg {
                 Segment::Literal(l) if self.ignore_case => l.eq_ignore_ascii_case(part),
                 Segment::Literal(l) => l == part,
-                Segment::Param => !part.is_empty(),
+                Segment::Param(_) => !part.is_empty(),
             };
             if !ok {
                 return false;
@@ -137,6 +137,30 @@ impl PathPattern {
             }
         }
         changed.then(|| format!("/{}", parts.join("/")))
+    }
+
+    /// The names of the pattern's `{name}` parameters, in order.
+    pub fn param_names(&self) -> Vec<&str> {
+        self.segments
+            .iter()
+            .filter_map(|s| match s {
+                Segment::Param(name) => Some(name.as_str()),
+                Segment::Literal(_) => None,
+            })
+            .collect()
+    }
+
+    /// The values of the pattern's parameters in `path` (which it matches), by name.
+    pub fn params(&self, path: &str) -> Vec<(String, String)> {
+        let body = path.strip_prefix('/').unwrap_or(path);
+        self.segments
+            .iter()
+            .zip(body.split('/'))
+            .filter_map(|(s, part)| match s {
+                Segment::Param(name) => Some((name.clone(), part.to_owned())),
+                Segment::Literal(_) => None,
+            })
+            .collect()
     }
 
     /// The same pattern with literal segments compared exactly (`path_case = "sensitive"`).
@@ -181,7 +205,7 @@ mod tests {
         p.segments.iter().zip(parts).all(|(seg, part)| match seg {
             Segment::Literal(l) if p.ignore_case => l.eq_ignore_ascii_case(part),
             Segment::Literal(l) => l == part,
-            Segment::Param => !part.is_empty(),
+            Segment::Param(_) => !part.is_empty(),
         })
     }
 
@@ -232,6 +256,11 @@ mod tests {
             "literals take the pattern's spelling; parameters keep theirs"
         );
         assert_eq!(p.respell("/v1/orders/AbC/pay"), None);
+        assert_eq!(p.param_names(), vec!["id"]);
+        assert_eq!(
+            p.params("/v1/orders/AbC/pay"),
+            vec![("id".to_owned(), "AbC".to_owned())]
+        );
         assert!(!p.clone().case_sensitive().matches("/V1/orders/42/pay"));
         assert!(!p.matches("/v1/orders//pay"));
         assert!(!p.matches("/v1/orders/42/pay/x"));

@@ -3,12 +3,14 @@
 
 use std::time::Duration;
 
+use http::HeaderName;
 use http::StatusCode;
 use http::request::Parts;
 use idem_core::Fingerprint;
 use idem_core::fingerprint::canonical_json_filtered;
+use idem_core::key_source::KeySource;
 use idem_http::policy::{FingerprintRequest, HeaderKey, StoreDecision, StorePolicy};
-use idem_http::{IdempotencyConfig, RouteConfigError, StreamingResponses};
+use idem_http::{IdempotencyConfig, RouteConfigError, SourceKey, StreamingResponses};
 
 use crate::config::{FingerprintBody, FingerprintSettings, RoutePolicy, UpstreamFailure};
 
@@ -17,9 +19,18 @@ use crate::config::{FingerprintBody, FingerprintSettings, RoutePolicy, UpstreamF
 /// # Errors
 /// An invalid namespace (already refused when the configuration was compiled).
 pub fn layer_config(p: &RoutePolicy) -> Result<IdempotencyConfig, RouteConfigError> {
-    Ok(IdempotencyConfig::new(p.namespace.clone())?
+    let config = IdempotencyConfig::new(p.namespace.clone())?;
+    // A lone header is read by the header extractor (aliases, echo); anything else by the
+    // general one.
+    let config = match p.key.sources() {
+        [KeySource::Header(name)] => match HeaderName::from_bytes(name.as_bytes()) {
+            Ok(name) => config.key(HeaderKey::names([name])),
+            Err(_) => config.key(SourceKey::new(p.key.clone())),
+        },
+        _ => config.key(SourceKey::new(p.key.clone())),
+    };
+    Ok(config
         .key_required(p.key_required)
-        .key(HeaderKey::names([p.key_header.clone()]))
         .principal(p.principal.clone())
         .fingerprint(GatewayFingerprint(p.fingerprint.clone()))
         .store_policy(GatewayStorePolicy {

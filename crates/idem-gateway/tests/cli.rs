@@ -117,6 +117,14 @@ fn garbage_configs_get_clear_errors_never_panics() {
             "upstream = \"http://x\"\n[[routes]]\npath = \"/a\"\nprincipal = { from = \"jwt\", rs256_public_key_file = \"/nonexistent.pem\" }",
             "nonexistent",
         ),
+        (
+            "upstream = \"http://x\"\n[defaults]\nprincipal = { from = \"none\" }\n[[routes]]\npath = \"/o/{id}\"\nkey = { template = \"{path.order}:pay\" }",
+            "path parameter `order`",
+        ),
+        (
+            "upstream = \"http://x\"\n[defaults]\nprincipal = { from = \"none\" }\n[[routes]]\npath = \"/o\"\nkey = { from = \"cookie\" }",
+            "cookie",
+        ),
     ];
     for (config, needle) in cases {
         let out = check(Some(config), &[], &[]);
@@ -271,6 +279,27 @@ async fn the_demo_behaves_as_documented() {
         2,
         "one charge each for two keys"
     );
+    // Paying an order is keyed by the order itself: twice, with no header, pays once.
+    let pay = http
+        .send(
+            Method::POST,
+            &gw.url("/orders/42/pay"),
+            &[],
+            r#"{"amount": 7}"#,
+        )
+        .await;
+    assert_eq!(pay.status, StatusCode::CREATED);
+    let again = http
+        .send(
+            Method::POST,
+            &gw.url("/orders/42/pay"),
+            &[],
+            r#"{"amount": 7}"#,
+        )
+        .await;
+    assert!(again.replayed());
+    let stats = http.send(Method::GET, &gw.url("/stats"), &[], "").await;
+    assert_eq!(stats.json()["executions"], 3, "the order was paid once");
     assert!(
         dir.0.join("idem.db").exists(),
         "the demo keeps its records in the SQLite file"

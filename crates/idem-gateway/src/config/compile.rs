@@ -332,14 +332,13 @@ fn compile_route(
         "max_stored_response",
     )?;
 
+    let key =
+        super::key::sources(pick!(key_header).as_deref(), pick!(key).as_ref()).context("`key`")?;
+    let key_path_params = super::key::check_path_params(&key, &pattern).context("`key`")?;
     let policy = RoutePolicy {
         idempotency,
-        key_header: header_name(
-            pick!(key_header)
-                .as_deref()
-                .unwrap_or(idem_http::IDEMPOTENCY_KEY.as_str()),
-        )
-        .context("`key_header`")?,
+        key,
+        key_path_params,
         key_required: pick!(key_required).unwrap_or(true),
         namespace,
         principal,

@@ -119,7 +119,7 @@ impl fmt::Display for Settings {
             writeln!(
                 f,
                 "      key:         {} ({})",
-                p.key_header,
+                p.key,
                 if p.key_required {
                     "required on POST/PUT/PATCH/DELETE"
                 } else {

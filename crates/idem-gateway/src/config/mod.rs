@@ -5,6 +5,7 @@
 
 mod compile;
 mod display;
+mod key;
 mod listener;
 mod settings;
 #[cfg(test)]
@@ -123,8 +124,11 @@ pub struct RawRoute {
 
     /// `false` proxies the route with no idempotency at all.
     pub idempotency: Option<bool>,
-    /// The key header (default `Idempotency-Key`).
+    /// The key header (default `Idempotency-Key`); a shortcut for `key = { from = "header" }`.
     pub key_header: Option<String>,
+    /// Where the key comes from: one source or a list tried in order (default: the
+    /// `Idempotency-Key` header).
+    pub key: Option<RawKey>,
     /// Whether unsafe requests without a key get 400 (default true).
     pub key_required: Option<bool>,
     /// The namespace the keys live in (default: the route name).
@@ -155,6 +159,34 @@ pub struct RawRoute {
     pub max_stored_response: Option<ByteSize>,
     /// Response headers replayed besides the body (default: content-type and a few more).
     pub replay_headers: Option<Vec<String>>,
+}
+
+/// One key source or several, tried in order.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(untagged)]
+pub enum RawKey {
+    /// One source.
+    One(RawKeySource),
+    /// Several, the first present wins.
+    Many(Vec<RawKeySource>),
+}
+
+/// One place the key comes from: `{ from = "header", header = "idempotency-key" }`,
+/// `{ from = "json", path = "order.id" }`, `{ from = "path", param = "id" }`,
+/// `{ from = "query", param = "ref" }` or `{ template = "{path.id}:pay" }`.
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawKeySource {
+    /// `header`, `json`, `path` or `query` (not with `template`).
+    pub from: Option<String>,
+    /// With `from = "header"`: the header (default `idempotency-key`).
+    pub header: Option<String>,
+    /// With `from = "json"`: the dot path of the body field.
+    pub path: Option<String>,
+    /// With `from = "path"` or `"query"`: the parameter's name.
+    pub param: Option<String>,
+    /// Fields joined with literal text: `{path.id}:pay`, `{json.order.id}-{header.x-tenant}`.
+    pub template: Option<String>,
 }
 
 /// One method or several.

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use anyhow::bail;
 use http::{HeaderName, Uri};
+use idem_core::key_source::KeySources;
 use idem_core::{JsonFields, Policy, ReleaseKind};
 
 use super::StatusPattern;
@@ -123,8 +124,10 @@ pub struct Route {
 pub struct RoutePolicy {
     /// False: plain proxy.
     pub idempotency: bool,
-    /// Key header.
-    pub key_header: HeaderName,
+    /// Where the key comes from.
+    pub key: KeySources,
+    /// Whether a key source reads the route's path parameters.
+    pub key_path_params: bool,
     /// Key required on unsafe methods.
     pub key_required: bool,
     /// Namespace.
