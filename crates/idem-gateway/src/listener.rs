@@ -132,7 +132,8 @@ pub trait MakeService: Send + Sync + 'static {
 }
 
 /// Accepts on `listener` until `stop` turns true, then asks every open connection to finish
-/// its requests and close. Resolves when the last one closed, or `grace` after `stop`.
+/// its requests and close. Resolves when the last one closed, or `grace` after `stop`, with
+/// the instant the stop was seen.
 pub async fn serve<M: MakeService>(
     listener: TcpListener,
     tls: Arc<Tls>,
@@ -140,7 +141,7 @@ pub async fn serve<M: MakeService>(
     make: M,
     mut stop: watch::Receiver<bool>,
     grace: impl Fn() -> Duration,
-) {
+) -> Instant {
     let make = Arc::new(make);
     let slots = Arc::new(Semaphore::new(limits.max_connections));
     let mut builder = auto::Builder::new(TokioExecutor::new());
@@ -186,6 +187,7 @@ pub async fn serve<M: MakeService>(
         });
     }
     drop(listener);
+    let stopped_at = Instant::now();
     // Every permit back means every connection closed.
     let all = u32::try_from(limits.max_connections).unwrap_or(u32::MAX);
     if tokio::time::timeout(grace(), slots.acquire_many(all))
@@ -194,6 +196,7 @@ pub async fn serve<M: MakeService>(
     {
         tracing::warn!("drain deadline passed with connections still open");
     }
+    stopped_at
 }
 
 struct Connection<M> {

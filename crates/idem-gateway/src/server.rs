@@ -135,10 +135,12 @@ pub async fn run(
         live: Arc::clone(&live),
         requests: Arc::new(Semaphore::new(settings.limits.max_concurrent_requests)),
     };
-    listener::serve(listener, tls, settings.limits, data, stop, move || grace).await;
+    let stopped_at =
+        listener::serve(listener, tls, settings.limits, data, stop, move || grace).await;
 
-    // Connections are closed (or the grace ran out): claims still held now are released.
-    drain(&store, tokio::time::Instant::now(), settings.store_timeout).await;
+    // Connections are closed (or the grace ran out). A run whose client went away goes on
+    // in the background: wait for it until the grace ends, then release what is still held.
+    drain(&store, stopped_at + grace, settings.store_timeout).await;
     if let Some(t) = admin_task {
         t.abort();
     }
