@@ -1,0 +1,155 @@
+//! Unit tests of key sources.
+
+use std::collections::HashMap;
+
+use serde_json::json;
+
+use super::*;
+
+#[derive(Default)]
+struct Req {
+    headers: HashMap<String, Vec<Vec<u8>>>,
+    body: Option<Value>,
+    params: HashMap<String, String>,
+    query: HashMap<String, Vec<String>>,
+}
+
+impl KeyInputs for Req {
+    fn header(&self, name: &str) -> Result<Option<&[u8]>, KeySourceError> {
+        match self.headers.get(name).map(Vec::as_slice) {
+            None | Some([]) => Ok(None),
+            Some([one]) => Ok(Some(one)),
+            Some(_) => Err(KeySourceError::Repeated(name.into())),
+        }
+    }
+    fn json(&self) -> Option<&Value> {
+        self.body.as_ref()
+    }
+    fn path_param(&self, name: &str) -> Option<&str> {
+        self.params.get(name).map(String::as_str)
+    }
+    fn query(&self, name: &str) -> Result<Option<&str>, KeySourceError> {
+        match self.query.get(name).map(Vec::as_slice) {
+            None | Some([]) => Ok(None),
+            Some([one]) => Ok(Some(one)),
+            Some(_) => Err(KeySourceError::Repeated(name.into())),
+        }
+    }
+}
+
+fn key(sources: &[&str], req: &Req) -> Result<Option<String>, KeySourceError> {
+    KeySources::parse(sources)?
+        .resolve(req)
+        .map(|f| f.map(|f| f.key.as_str().to_owned()))
+}
+
+#[test]
+fn sources_are_tried_in_order() {
+    let mut req = Req {
+        body: Some(json!({"order": {"id": "o-42"}})),
+        ..Req::default()
+    };
+    let sources = ["header:idempotency-key", "json:order.id"];
+    assert_eq!(key(&sources, &req), Ok(Some("o-42".into())));
+    req.headers
+        .insert("idempotency-key".into(), vec![b"client-key".to_vec()]);
+    assert_eq!(key(&sources, &req), Ok(Some("client-key".into())));
+    assert_eq!(key(&["json:missing"], &Req::default()), Ok(None));
+}
+
+#[test]
+fn templates_join_fields_with_the_operation() {
+    let req = Req {
+        body: Some(json!({"order": {"id": 42, "paid": true}})),
+        params: HashMap::from([("id".into(), "A-7".into())]),
+        query: HashMap::from([("v".into(), vec!["2".into()])]),
+        ..Req::default()
+    };
+    assert_eq!(key(&["{path.id}:pay"], &req), Ok(Some("A-7:pay".into())));
+    assert_eq!(
+        key(&["{json.order.id}-{json.order.paid}/{query.v}"], &req),
+        Ok(Some("42-true/2".into()))
+    );
+    assert_eq!(key(&["{{{path.id}}}"], &req), Ok(Some("{A-7}".into())));
+    // A missing field makes the whole template absent.
+    assert_eq!(key(&["{path.nope}:pay"], &req), Ok(None));
+}
+
+#[test]
+fn values_cannot_imitate_the_literal_text() {
+    let req = |id: &str, op: &str| Req {
+        params: HashMap::from([("a".into(), id.into()), ("b".into(), op.into())]),
+        ..Req::default()
+    };
+    let a = key(&["{path.a}:{path.b}"], &req("x:y", "z"));
+    let b = key(&["{path.a}:{path.b}"], &req("x", "y:z"));
+    assert_ne!(a, b);
+    assert_eq!(a, Ok(Some("x%3Ay:z".into())));
+    assert_eq!(
+        key(&["path:a"], &req("order 42 é%", "")),
+        Ok(Some("order%2042%20%C3%A9%25".into()))
+    );
+}
+
+#[test]
+fn bad_fields_are_named() {
+    let req = Req {
+        body: Some(json!({"order": {"id": {"nested": 1}, "blank": "", "long": "x".repeat(300)}})),
+        query: HashMap::from([("k".into(), vec!["1".into(), "2".into()])]),
+        headers: HashMap::from([("idempotency-key".into(), vec![b"a".to_vec(), b"b".to_vec()])]),
+        ..Req::default()
+    };
+    assert_eq!(
+        key(&["json:order.id"], &req),
+        Err(KeySourceError::NotScalar("order.id".into()))
+    );
+    assert!(matches!(
+        key(&["json:order.blank"], &req),
+        Err(KeySourceError::Empty(_))
+    ));
+    assert!(matches!(
+        key(&["json:order.long"], &req),
+        Err(KeySourceError::TooLong { len: 300, .. })
+    ));
+    assert_eq!(
+        key(&["query:k"], &req),
+        Err(KeySourceError::Repeated("k".into()))
+    );
+    assert!(
+        matches!(
+            key(&["header:idempotency-key", "json:order.blank"], &req),
+            Err(KeySourceError::Repeated(_))
+        ),
+        "a bad first source is not replaced by a later one"
+    );
+}
+
+#[test]
+fn source_texts_parse_or_say_why() {
+    for bad in [
+        "",
+        "json:",
+        "json:a..b",
+        "cookie:x",
+        "{nope}",
+        "{path.id",
+        "x}",
+        "plain",
+    ] {
+        assert!(KeySource::parse(bad).is_err(), "{bad:?}");
+    }
+    let t = KeySource::parse("{path.id}:{json.a.b}").expect("template");
+    assert!(t.needs_body());
+    assert_eq!(t.path_params(), vec!["id"]);
+    assert!(
+        !KeySource::parse("header:X-Key")
+            .expect("header")
+            .needs_body()
+    );
+    assert_eq!(
+        KeySources::parse(&["header:idempotency-key", "json:order.id"])
+            .expect("sources")
+            .to_string(),
+        "header idempotency-key, else JSON field order.id"
+    );
+}
