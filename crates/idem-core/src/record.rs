@@ -114,10 +114,11 @@ pub enum TakeoverPolicy {
     Hold,
 }
 
-/// A final response kept for replay: status, headers and body.
+/// A final response kept for replay: status, headers, body and trailers.
 ///
 /// Carriers give `status` their own meaning (HTTP status, gRPC code, or 0 for plain
-/// functions).
+/// functions). Trailers are the fields sent after the body (HTTP trailers; for gRPC,
+/// `grpc-status`, `grpc-message` and `grpc-status-details-bin`).
 #[derive(Clone, Debug, PartialEq, Eq, Default)]
 pub struct StoredResponse {
     /// Status code.
@@ -126,6 +127,8 @@ pub struct StoredResponse {
     pub headers: Vec<(String, Bytes)>,
     /// Body bytes.
     pub body: Bytes,
+    /// Trailers in order; names are lower case.
+    pub trailers: Vec<(String, Bytes)>,
     /// True when the body was larger than the store cap and was not kept. A replay must
     /// answer a documented error instead of re-running.
     pub body_omitted: bool,
@@ -147,6 +150,11 @@ impl StoredResponse {
                 .map(|(name, value)| (name.clone(), Bytes::copy_from_slice(value)))
                 .collect(),
             body: Bytes::copy_from_slice(&self.body),
+            trailers: self
+                .trailers
+                .iter()
+                .map(|(name, value)| (name.clone(), Bytes::copy_from_slice(value)))
+                .collect(),
             body_omitted: self.body_omitted,
         }
     }
@@ -157,6 +165,7 @@ impl StoredResponse {
             status,
             headers: Vec::new(),
             body: body.into(),
+            trailers: Vec::new(),
             body_omitted: false,
         }
     }
@@ -168,28 +177,34 @@ impl StoredResponse {
         self
     }
 
-    /// Bytes taken by status, headers and body: what a store cap is checked against.
+    /// Adds a trailer.
+    #[must_use]
+    pub fn with_trailer(mut self, name: impl Into<String>, value: impl Into<Bytes>) -> Self {
+        self.trailers.push((name.into(), value.into()));
+        self
+    }
+
+    /// Bytes taken by headers, body and trailers: what a store cap is checked against.
     pub fn size(&self) -> usize {
-        self.body.len()
-            + self
-                .headers
-                .iter()
-                .map(|(n, v)| n.len() + v.len())
-                .sum::<usize>()
+        let fields =
+            |list: &[(String, Bytes)]| list.iter().map(|(n, v)| n.len() + v.len()).sum::<usize>();
+        self.body.len() + fields(&self.headers) + fields(&self.trailers)
     }
 
     /// Compact binary encoding shared by every store.
+    ///
+    /// Version 2: version byte, status, omitted flag, headers, body, trailers. Version 1
+    /// (the same without trailers) is still read, so records written before trailers were
+    /// kept replay unchanged.
     pub fn encode(&self) -> Vec<u8> {
-        let mut out = Vec::with_capacity(16 + self.size() + self.headers.len() * 6);
+        let fields = self.headers.len() + self.trailers.len();
+        let mut out = Vec::with_capacity(20 + self.size() + fields * 8);
         out.push(CODEC_VERSION);
         out.extend_from_slice(&self.status.to_be_bytes());
         out.push(u8::from(self.body_omitted));
-        out.extend_from_slice(&(self.headers.len() as u32).to_be_bytes());
-        for (name, value) in &self.headers {
-            put_bytes(&mut out, name.as_bytes());
-            put_bytes(&mut out, value);
-        }
+        put_fields(&mut out, &self.headers);
         put_bytes(&mut out, &self.body);
+        put_fields(&mut out, &self.trailers);
         out
     }
 
@@ -199,20 +214,19 @@ impl StoredResponse {
     /// [`CodecError`] on truncated or foreign input.
     pub fn decode(raw: &[u8]) -> Result<Self, CodecError> {
         let mut r = Reader { raw, at: 0 };
-        if r.take(1)? != [CODEC_VERSION] {
+        let version = r.take(1)?[0];
+        if version != CODEC_VERSION && version != CODEC_VERSION_NO_TRAILERS {
             return Err(CodecError("unknown response encoding version"));
         }
         let status = u16::from_be_bytes(r.array()?);
         let body_omitted = r.take(1)?[0] != 0;
-        let count = u32::from_be_bytes(r.array()?) as usize;
-        let mut headers = Vec::with_capacity(count.min(256));
-        for _ in 0..count {
-            let name = String::from_utf8(r.bytes()?.to_vec())
-                .map_err(|_| CodecError("header name is not UTF-8"))?;
-            let value = Bytes::copy_from_slice(r.bytes()?);
-            headers.push((name, value));
-        }
+        let headers = r.fields()?;
         let body = Bytes::copy_from_slice(r.bytes()?);
+        let trailers = if version == CODEC_VERSION {
+            r.fields()?
+        } else {
+            Vec::new()
+        };
         if r.at != raw.len() {
             return Err(CodecError("trailing bytes after response"));
         }
@@ -220,12 +234,22 @@ impl StoredResponse {
             status,
             headers,
             body,
+            trailers,
             body_omitted,
         })
     }
 }
 
-const CODEC_VERSION: u8 = 1;
+const CODEC_VERSION: u8 = 2;
+const CODEC_VERSION_NO_TRAILERS: u8 = 1;
+
+fn put_fields(out: &mut Vec<u8>, fields: &[(String, Bytes)]) {
+    out.extend_from_slice(&(fields.len() as u32).to_be_bytes());
+    for (name, value) in fields {
+        put_bytes(out, name.as_bytes());
+        put_bytes(out, value);
+    }
+}
 
 fn put_bytes(out: &mut Vec<u8>, b: &[u8]) {
     out.extend_from_slice(&(b.len() as u32).to_be_bytes());
@@ -258,6 +282,18 @@ impl<'a> Reader<'a> {
     fn bytes(&mut self) -> Result<&'a [u8], CodecError> {
         let len = u32::from_be_bytes(self.array()?) as usize;
         self.take(len)
+    }
+
+    fn fields(&mut self) -> Result<Vec<(String, Bytes)>, CodecError> {
+        let count = u32::from_be_bytes(self.array()?) as usize;
+        let mut fields = Vec::with_capacity(count.min(256));
+        for _ in 0..count {
+            let name = String::from_utf8(self.bytes()?.to_vec())
+                .map_err(|_| CodecError("field name is not UTF-8"))?;
+            let value = Bytes::copy_from_slice(self.bytes()?);
+            fields.push((name, value));
+        }
+        Ok(fields)
     }
 }
 
@@ -356,6 +392,27 @@ mod tests {
         assert!(StoredResponse::decode(&enc[..enc.len() - 1]).is_err());
         assert!(StoredResponse::decode(b"").is_err());
         assert!(StoredResponse::decode(&[1, 0, 200, 0, 255, 255, 255, 255]).is_err());
+    }
+
+    #[test]
+    fn trailers_round_trip_and_version_one_records_still_decode() {
+        let r = StoredResponse::new(200, "msg")
+            .with_header("content-type", "application/grpc")
+            .with_trailer("grpc-status", "5")
+            .with_trailer("grpc-message", "not found");
+        assert_eq!(StoredResponse::decode(&r.encode()), Ok(r.clone()));
+        assert_eq!(r.size(), 3 + 28 + 11 + 1 + 12 + 9);
+
+        // A version-1 encoding: status 201, no headers, body "ok", no trailer section.
+        let v1 = [1, 0, 201, 0, 0, 0, 0, 0, 0, 0, 0, 2, b'o', b'k'];
+        assert_eq!(
+            StoredResponse::decode(&v1),
+            Ok(StoredResponse::new(201, "ok"))
+        );
+        // The same bytes labelled version 2 lack the trailer count.
+        let mut v2 = v1;
+        v2[0] = 2;
+        assert!(StoredResponse::decode(&v2).is_err());
     }
 
     #[test]

@@ -24,7 +24,7 @@ pub fn fp(n: u8) -> Fingerprint {
 }
 
 /// A response with everything a store must keep byte for byte: repeated and binary headers,
-/// a binary body with zero bytes and invalid UTF-8.
+/// a binary body with zero bytes and invalid UTF-8, and trailers (gRPC status fields).
 pub fn rich_response() -> StoredResponse {
     let mut body = b"{\"id\":42,\"note\":\"\xff\x00\xfe binary\"}\r\n".to_vec();
     body.extend((0..=255u8).cycle().take(20_000));
@@ -34,6 +34,11 @@ pub fn rich_response() -> StoredResponse {
         .with_header("x-dup", "2")
         .with_header("x-bin", Bytes::from_static(&[0, 255, b'\n', b'"', b'\\']))
         .with_header("x-empty", "")
+        .with_trailer("grpc-status", "9")
+        .with_trailer(
+            "grpc-status-details-bin",
+            Bytes::from_static(&[8, 9, 0, 255]),
+        )
 }
 
 /// One rule's view of the store: a store from the harness and a private namespace.

@@ -368,6 +368,7 @@ where
         status: head.status.as_u16(),
         headers: stored_headers,
         body: bytes.clone(),
+        trailers: Vec::new(),
         body_omitted: false,
     };
     Settlement::complete(
@@ -409,6 +410,7 @@ fn omitted(status: u16, headers: Vec<(String, Bytes)>) -> StoredResponse {
         status,
         headers,
         body: Bytes::new(),
+        trailers: Vec::new(),
         body_omitted: true,
     }
 }

@@ -160,6 +160,7 @@ pub fn response(i: u8) -> StoredResponse {
             status: 200,
             headers: vec![],
             body: bytes::Bytes::new(),
+            trailers: Vec::new(),
             body_omitted: true,
         },
         _ => rich_response(),

@@ -107,6 +107,7 @@ pub async fn done_replays_exact_response<H: Harness>(h: &H) {
                 status: 200,
                 headers: vec![],
                 body: bytes::Bytes::new(),
+                trailers: Vec::new(),
                 body_omitted: true,
             },
         ),
