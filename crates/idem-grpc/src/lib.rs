@@ -1,0 +1,1 @@
+//! idem's gRPC carrier.
