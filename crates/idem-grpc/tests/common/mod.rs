@@ -23,6 +23,9 @@ use pb::payments_client::PaymentsClient;
 use pb::payments_server::{Payments, PaymentsServer};
 use pb::{ChargeReply, ChargeRequest, Order};
 
+/// A `fail_code` that makes the handler panic.
+pub const PANIC: i32 = 99;
+
 pub const CHARGE: &str = "/idem.test.v1.Payments/Charge";
 pub const WATCH: &str = "/idem.test.v1.Payments/Watch";
 pub const ECHO: &str = "/idem.test.v1.Payments/Echo";
@@ -62,6 +65,7 @@ async fn run(hits: &Hits, req: &ChargeRequest) -> Result<ChargeReply, Status> {
         tokio::time::sleep(Duration::from_millis(u64::from(req.sleep_ms))).await;
     }
     hits.finished.fetch_add(1, Ordering::SeqCst);
+    assert!(req.fail_code != PANIC, "the handler panics (test)");
     if req.fail_code != 0 {
         let details = ErrorDetails::with_bad_request_violation("amount", format!("execution {n}"));
         return Err(Status::with_error_details(
