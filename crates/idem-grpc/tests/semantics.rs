@@ -166,6 +166,27 @@ async fn raw_call(
 }
 
 #[tokio::test]
+async fn the_layer_also_wraps_one_service() {
+    let engine = memory();
+    let s = common::serve_per_service(&engine, default_config("one")).await;
+    let mut client = s.client.clone();
+    let k = key();
+    let a = client
+        .charge(keyed(charge("o", 1), &k, None))
+        .await
+        .expect("first");
+    let b = client
+        .charge(keyed(charge("o", 1), &k, None))
+        .await
+        .expect("replay");
+    assert_eq!((a.get_ref().execution, b.get_ref().execution), (1, 1));
+    assert!(b.metadata().get("idempotent-replayed").is_some());
+    let missing = client.charge(charge("o", 1)).await.expect_err("no key");
+    assert_eq!(reason(&missing), "KEY_MISSING");
+    assert_eq!(s.hits.started(), 1);
+}
+
+#[tokio::test]
 async fn two_principals_never_share_a_key() {
     let engine = memory();
     let s = serve(&engine, default_config("who")).await;

@@ -150,15 +150,45 @@ pub fn default_config(ns: &str) -> GrpcIdempotencyConfig {
 pub async fn serve<St: Store>(engine: &Engine<St>, config: GrpcIdempotencyConfig) -> Running {
     let layer = GrpcIdempotencyLayer::new(engine, config);
     let hits = Arc::new(Hits::default());
+    let router = Server::builder()
+        .layer(layer.clone())
+        .add_service(PaymentsServer::new(App(Arc::clone(&hits))))
+        .add_service(layer.status_service());
+    start(router, hits).await
+}
+
+/// Starts the test service with the layer around that one service only.
+pub async fn serve_per_service<St: Store>(
+    engine: &Engine<St>,
+    config: GrpcIdempotencyConfig,
+) -> Running {
+    use tower::Layer;
+    let layer = GrpcIdempotencyLayer::new(engine, config);
+    let hits = Arc::new(Hits::default());
+    let router = Server::builder()
+        .add_service(layer.layer(PaymentsServer::new(App(Arc::clone(&hits)))))
+        .add_service(layer.status_service());
+    start(router, hits).await
+}
+
+async fn start<L, ResBody>(router: tonic::transport::server::Router<L>, hits: Arc<Hits>) -> Running
+where
+    L: tower::Layer<tonic::service::Routes> + Send + 'static,
+    L::Service: tower::Service<http::Request<tonic::body::Body>, Response = http::Response<ResBody>>
+        + Clone
+        + Send
+        + 'static,
+    <L::Service as tower::Service<http::Request<tonic::body::Body>>>::Future: Send,
+    <L::Service as tower::Service<http::Request<tonic::body::Body>>>::Error:
+        Into<Box<dyn std::error::Error + Send + Sync>> + Send,
+    ResBody: http_body::Body<Data = bytes::Bytes> + Send + 'static,
+    ResBody::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("bind");
     let addr = listener.local_addr().expect("addr");
     let (stop, stopped) = oneshot::channel::<()>();
-    let router = Server::builder()
-        .layer(layer.clone())
-        .add_service(PaymentsServer::new(App(Arc::clone(&hits))))
-        .add_service(layer.status_service());
     tokio::spawn(async move {
         let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
         let _ = router
