@@ -7,7 +7,10 @@
 //! (default 32, over 4 HTTP/2 connections). Every round measures the three cases in a
 //! rotating order; each ratio is the median of the per-round ratios (layered calls per
 //! second ÷ plain calls per second in that round), with the range of the rounds.
-//! Client and servers share the process (and the machine's cores).
+//! Client and servers share the process (and the machine's cores). On a machine shared with
+//! other work the throughput ratios are noisy, so each case also reports the process's CPU
+//! time per call (user + system, from `/proc/self/stat`): the CPU ratio is plain CPU per call ÷
+//! layered CPU per call, the throughput ratio a CPU-bound server would reach.
 //!
 //! `cargo test --all-targets` runs this binary without `--bench`: it then makes one short
 //! round as a smoke test, and measures nothing.
@@ -103,13 +106,34 @@ enum Case {
 
 static NEXT: AtomicU64 = AtomicU64::new(0);
 
-/// Calls per second with `conc` callers for `secs`.
+/// CPU time used by this process so far (user + system), in clock ticks; 0 where
+/// `/proc/self/stat` cannot be read.
+fn cpu_ticks() -> u64 {
+    let Ok(stat) = std::fs::read_to_string("/proc/self/stat") else {
+        return 0;
+    };
+    // Fields after the command name (which may hold spaces) start at field 3; utime and
+    // stime are fields 14 and 15.
+    let Some((_, rest)) = stat.rsplit_once(')') else {
+        return 0;
+    };
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let tick = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|f| f.parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    tick(11) + tick(12)
+}
+
+/// Calls per second with `conc` callers for `secs`, and CPU ticks per thousand calls.
 async fn measure(
     clients: &[PaymentsClient<Channel>],
     case: Case,
     conc: u64,
     secs: Duration,
-) -> f64 {
+) -> (f64, f64) {
     let stop = Arc::new(AtomicBool::new(false));
     let mut tasks = tokio::task::JoinSet::new();
     for t in 0..conc {
@@ -142,13 +166,18 @@ async fn measure(
         });
     }
     let started = Instant::now();
+    let cpu = cpu_ticks();
     tokio::time::sleep(secs).await;
     stop.store(true, Ordering::Relaxed);
     let mut total = 0;
     while let Some(n) = tasks.join_next().await {
         total += n.expect("join");
     }
-    total as f64 / started.elapsed().as_secs_f64()
+    let ticks = cpu_ticks().saturating_sub(cpu) as f64;
+    (
+        total as f64 / started.elapsed().as_secs_f64(),
+        ticks * 1000.0 / total.max(1) as f64,
+    )
 }
 
 fn median(mut v: Vec<f64>) -> (f64, f64, f64) {
@@ -193,26 +222,32 @@ fn main() {
         measure(&layered, Case::Fresh, conc, warm).await;
 
         let (mut fresh, mut replay, mut rates) = (Vec::new(), Vec::new(), Vec::new());
+        let (mut fresh_cpu, mut replay_cpu) = (Vec::new(), Vec::new());
         let order = [Case::Plain, Case::Fresh, Case::Replay];
         for round in 0..rounds as usize {
             let mut got = [0.0; 3];
+            let mut cpu = [0.0; 3];
             for i in 0..3 {
                 let case = order[(round + i) % 3];
                 let clients = if case == Case::Plain { &plain } else { &layered };
-                let rate = measure(clients, case, conc, secs).await;
-                got[order.iter().position(|c| *c == case).expect("case")] = rate;
+                let at = order.iter().position(|c| *c == case).expect("case");
+                (got[at], cpu[at]) = measure(clients, case, conc, secs).await;
             }
             eprintln!(
-                "round {}: plain {:.0}/s, fresh {:.0}/s ({:.2}), replay {:.0}/s ({:.2})",
+                "round {}: plain {:.0}/s, fresh {:.0}/s ({:.2}; cpu {:.2}), replay {:.0}/s ({:.2}; cpu {:.2})",
                 round + 1,
                 got[0],
                 got[1],
                 got[1] / got[0],
+                cpu[0] / cpu[1],
                 got[2],
-                got[2] / got[0]
+                got[2] / got[0],
+                cpu[0] / cpu[2],
             );
             fresh.push(got[1] / got[0]);
             replay.push(got[2] / got[0]);
+            fresh_cpu.push(cpu[0] / cpu[1]);
+            replay_cpu.push(cpu[0] / cpu[2]);
             rates.push(got);
         }
         let (f, f_lo, f_hi) = median(fresh);
@@ -223,6 +258,11 @@ fn main() {
         assert!(p > 0.0 && pf > 0.0 && pr > 0.0, "every case made calls");
         println!(
             "grpc layer, c={conc}, {rounds} rounds of {secs:?}: plain {p:.0}/s; fresh keys {f:.2} [{f_lo:.2}-{f_hi:.2}] ({pf:.0}/s); replays {r:.2} [{r_lo:.2}-{r_hi:.2}] ({pr:.0}/s)"
+        );
+        let (fc, fc_lo, fc_hi) = median(fresh_cpu);
+        let (rc, rc_lo, rc_hi) = median(replay_cpu);
+        println!(
+            "grpc layer, CPU per call (plain / layered): fresh keys {fc:.2} [{fc_lo:.2}-{fc_hi:.2}]; replays {rc:.2} [{rc_lo:.2}-{rc_hi:.2}]"
         );
     });
 }
