@@ -252,3 +252,40 @@ impl GrpcIdempotencyConfig {
         self.methods.get(path)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn method_paths_and_key_metadata_are_checked() {
+        let m = MethodConfig::new("ns").expect("namespace");
+        for bad in [
+            "Charge", "/Charge", "/a.B/", "//Charge", "/a.B/C/D", "a.B/C",
+        ] {
+            assert!(
+                matches!(
+                    GrpcIdempotencyConfig::new().method(bad, m.clone()),
+                    Err(MethodConfigError::MethodPath(_))
+                ),
+                "{bad}"
+            );
+        }
+        let config = GrpcIdempotencyConfig::new()
+            .method("/a.B/C", m.clone())
+            .expect("valid");
+        assert!(config.get("/a.B/C").is_some() && config.get("/a.B/D").is_none());
+        assert!(matches!(
+            MethodConfig::new("has space"),
+            Err(MethodConfigError::Namespace(_))
+        ));
+        let k = m.key_metadata("X-Request-Id").expect("name");
+        assert_eq!(k.key.to_string(), "header x-request-id");
+        assert!(
+            MethodConfig::new("ns")
+                .expect("ns")
+                .key_metadata("")
+                .is_err()
+        );
+    }
+}

@@ -335,3 +335,24 @@ async fn a_lost_lease_cancels_the_handler_and_is_unavailable() {
     assert!(lost.get_details_retry_info().is_some());
     assert_eq!(s.hits.finished(), 0, "the handler was cancelled");
 }
+
+#[tokio::test]
+async fn a_protected_call_must_be_exactly_one_message() {
+    let engine = memory();
+    let s = serve(&engine, default_config("frames")).await;
+    let one = common::frame(&charge("o", 1));
+    for (what, body) in [
+        ("two messages", [one.clone(), one.clone()].concat()),
+        ("a truncated message", one[..one.len() - 1].to_vec()),
+        ("no message", Vec::new()),
+    ] {
+        let raw = common::raw_call(&s.channel, CHARGE, &key(), &body).await;
+        // Refused trailers-only: the status is in the response head.
+        let code = raw
+            .headers
+            .get("grpc-status")
+            .expect("trailers-only status");
+        assert_eq!(code, "3", "{what}: INVALID_ARGUMENT");
+    }
+    assert_eq!(s.hits.started(), 0);
+}

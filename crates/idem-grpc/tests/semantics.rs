@@ -120,49 +120,13 @@ async fn replays_carry_the_stored_status_message_details_and_trailers() {
     assert_eq!(replay.metadata().get("x-charge-id").expect("kept"), "ch-2");
 
     // The raw replay ends with the stored trailers.
-    let raw = raw_call(&s.channel, CHARGE, &k, &charge("o-3", 7)).await;
+    let raw = common::raw_call(&s.channel, CHARGE, &k, &common::frame(&charge("o-3", 7))).await;
     assert_eq!(raw.trailers.get("grpc-status").expect("trailer"), "0");
     assert_eq!(
         raw.headers.get("idempotent-replayed").expect("marked"),
         "true"
     );
     assert_eq!(s.hits.started(), 2);
-}
-
-/// An HTTP/2 call made by hand, to see the trailers a replay ends with.
-struct Raw {
-    headers: http::HeaderMap,
-    trailers: http::HeaderMap,
-}
-
-async fn raw_call(
-    channel: &tonic::transport::Channel,
-    path: &str,
-    key: &str,
-    msg: &ChargeRequest,
-) -> Raw {
-    use http_body_util::BodyExt;
-    use prost::Message;
-    use tower::ServiceExt;
-    let bytes = msg.encode_to_vec();
-    let mut body = vec![0u8];
-    body.extend_from_slice(&(bytes.len() as u32).to_be_bytes());
-    body.extend_from_slice(&bytes);
-    let req = http::Request::post(format!("http://localhost{path}"))
-        .header("content-type", "application/grpc")
-        .header("te", "trailers")
-        .header("idempotency-key", key)
-        .body(tonic::body::Body::new(http_body_util::Full::new(
-            bytes::Bytes::from(body),
-        )))
-        .expect("request");
-    let res = channel.clone().oneshot(req).await.expect("call");
-    let headers = res.headers().clone();
-    let collected = res.into_body().collect().await.expect("body");
-    Raw {
-        headers,
-        trailers: collected.trailers().cloned().unwrap_or_default(),
-    }
 }
 
 #[tokio::test]

@@ -319,3 +319,40 @@ pub fn missing(what: &str, e: &dyn std::fmt::Display) {
     }
     eprintln!("!!! SKIPPING: {what} unreachable ({e})");
 }
+
+/// An HTTP/2 call made by hand, to see exactly what comes back.
+pub struct Raw {
+    pub headers: http::HeaderMap,
+    pub trailers: http::HeaderMap,
+}
+
+/// `msg` as one gRPC frame (uncompressed).
+pub fn frame(msg: &ChargeRequest) -> Vec<u8> {
+    use prost::Message;
+    let bytes = msg.encode_to_vec();
+    let mut body = vec![0u8];
+    body.extend_from_slice(&(bytes.len() as u32).to_be_bytes());
+    body.extend_from_slice(&bytes);
+    body
+}
+
+/// Sends `body` (gRPC frames) to `path` with `key`, and reads the answer's head and trailers.
+pub async fn raw_call(channel: &Channel, path: &str, key: &str, body: &[u8]) -> Raw {
+    use http_body_util::BodyExt;
+    use tower::ServiceExt;
+    let req = http::Request::post(format!("http://localhost{path}"))
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .header("idempotency-key", key)
+        .body(tonic::body::Body::new(http_body_util::Full::new(
+            bytes::Bytes::copy_from_slice(body),
+        )))
+        .expect("request");
+    let res = channel.clone().oneshot(req).await.expect("call");
+    let headers = res.headers().clone();
+    let collected = res.into_body().collect().await.expect("body");
+    Raw {
+        headers,
+        trailers: collected.trailers().cloned().unwrap_or_default(),
+    }
+}
