@@ -50,6 +50,9 @@ pub struct MethodConfig {
     pub(crate) key: KeySources,
     pub(crate) key_required: bool,
     pub(crate) principal: Arc<dyn ExtractPrincipal>,
+    /// Whether [`MethodConfig::principal`] was called: a layer built with a method that
+    /// still shares one key space between every caller says so in its log.
+    pub(crate) principal_chosen: bool,
     pub(crate) store_policy: Arc<dyn GrpcStorePolicy>,
     pub(crate) policy: Option<Policy>,
     pub(crate) max_request: usize,
@@ -77,7 +80,8 @@ impl fmt::Debug for MethodConfig {
 impl MethodConfig {
     /// The defaults for `namespace`: key required in the `idempotency-key` metadata,
     /// **no principal** (one key space shared by every caller: set
-    /// [`principal`](Self::principal) on any service with more than one tenant),
+    /// [`principal`](Self::principal) on any service with more than one tenant; a layer
+    /// built with a method left so logs a warning),
     /// [`StoreDeterministic`], the engine's own [`Policy`], 4 MiB request and 1 MiB stored
     /// response caps, [`DEFAULT_REPLAY_METADATA`] replayed with every trailer.
     ///
@@ -92,6 +96,7 @@ impl MethodConfig {
             key: KeySources::default(),
             key_required: true,
             principal: Arc::new(NoPrincipal),
+            principal_chosen: false,
             store_policy: Arc::new(StoreDeterministic::new()),
             policy: None,
             max_request: DEFAULT_MAX_REQUEST,
@@ -141,6 +146,7 @@ impl MethodConfig {
     #[must_use]
     pub fn principal(mut self, extract: impl ExtractPrincipal) -> Self {
         self.principal = Arc::new(extract);
+        self.principal_chosen = true;
         self
     }
 

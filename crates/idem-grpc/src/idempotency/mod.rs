@@ -63,6 +63,16 @@ impl<St: Store> Shared<St> {
             .methods
             .into_iter()
             .map(|(path, config)| {
+                if !config.principal_chosen {
+                    // Not silent: one key space for every caller is a choice to see.
+                    tracing::warn!(
+                        method = %path,
+                        namespace = config.namespace(),
+                        "no principal configured: every caller shares this method's keys; \
+                         set MethodConfig::principal on a service with more than one tenant \
+                         (or NoPrincipal explicitly for a single-tenant one)"
+                    );
+                }
                 let engine = match &config.policy {
                     Some(policy) => engine.with_policy(policy.clone()),
                     None => engine.clone(),
