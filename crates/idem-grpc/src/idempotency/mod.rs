@@ -335,7 +335,8 @@ pub(crate) fn deadline(headers: &HeaderMap) -> Option<Duration> {
 /// The method's engine, or, when the caller waits less than the handler timeout, the same
 /// store under a policy whose handler timeout is the caller's deadline and whose lease is
 /// that plus [`LEASE_MARGIN`]: the handler stops when the caller stops waiting, and a
-/// crashed holder's claim frees up that much sooner.
+/// crashed holder's claim frees up that much sooner. An in-flight wait is cut to the
+/// deadline too.
 pub(crate) fn bounded_engine<St: Store>(
     engine: &Engine<St>,
     deadline: Option<Duration>,
@@ -354,7 +355,8 @@ pub(crate) fn bounded_engine<St: Store>(
         .record_ttl(policy.record_ttl())
         .takeover(policy.takeover())
         .store_timeout(policy.store_timeout())
-        .in_flight_wait(policy.in_flight_wait())
+        // A duplicate does not wait for the first call's answer longer than its caller waits.
+        .in_flight_wait(policy.in_flight_wait().map(|w| w.min(handler_timeout)))
         .build();
     match bounded {
         Ok(p) => std::borrow::Cow::Owned(engine.with_policy(p)),
@@ -450,6 +452,17 @@ mod tests {
         assert_eq!(p.lease(), Duration::from_secs(2) + LEASE_MARGIN);
         assert!(p.renew_every() < p.lease());
         assert_eq!(p.record_ttl(), engine.policy().record_ttl());
+        let waiting = engine.with_policy(
+            Policy::builder()
+                .in_flight_wait(Some(Duration::from_secs(10)))
+                .build()
+                .expect("policy"),
+        );
+        let short = bounded_engine(&waiting, Some(Duration::from_secs(2)));
+        assert_eq!(
+            short.policy().in_flight_wait(),
+            Some(Duration::from_secs(2))
+        );
         let zero = bounded_engine(&engine, Some(Duration::ZERO));
         assert_eq!(zero.policy().handler_timeout(), Duration::from_millis(1));
     }
