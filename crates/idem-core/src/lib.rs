@@ -17,6 +17,7 @@ pub mod outcome;
 pub mod record;
 pub mod store;
 mod sync;
+pub mod token;
 
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use engine::{

@@ -79,6 +79,8 @@ mod codec;
 pub mod config;
 pub mod script;
 mod store;
+pub mod tokens;
 
 pub use config::{Durability, RedisConfig, RedisConfigError, Target};
 pub use store::RedisStore;
+pub use tokens::RedisTokens;
