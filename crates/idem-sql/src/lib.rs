@@ -58,6 +58,8 @@ mod record;
 mod statements;
 mod store;
 mod table;
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+mod tokens;
 mod tx;
 
 pub use dialect::Dialect;
@@ -69,4 +71,6 @@ pub use dialect::postgres::{self, PgStore};
 pub use dialect::sqlite::{self, SqliteStore};
 pub use store::SqlStore;
 pub use table::{DEFAULT_TABLE, TableName, TableNameError};
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+pub use tokens::{DEFAULT_TOKEN_TABLE, SqlTokens, TokenDialect};
 pub use tx::{InTxError, TxOutcome};
