@@ -13,6 +13,7 @@ pub mod engine;
 pub mod fingerprint;
 pub mod key;
 pub mod key_source;
+pub mod lock;
 pub mod outcome;
 pub mod record;
 pub mod store;

@@ -38,11 +38,10 @@ use std::future::Future;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
+pub use idem_core::lock::{LockError, LockLease};
 use idem_core::record::duration_ms;
 use idem_core::{OwnerId, StoreError};
 use redis::Value;
-use thiserror::Error;
-use tokio::sync::watch;
 use tokio::time::Instant;
 
 use crate::batch::{malformed, redis_err};
@@ -65,25 +64,6 @@ fn scripts() -> &'static Scripts {
         renew: NamedScript::new("lock_renew", include_str!("lua/lock/renew.lua")),
         release: NamedScript::new("lock_release", include_str!("lua/lock/release.lua")),
     })
-}
-
-/// Why a lock call did not run its work to the end.
-#[derive(Debug, Error)]
-#[non_exhaustive]
-pub enum LockError {
-    /// Someone else holds the lock (and kept it for as long as the call was willing to wait).
-    #[error("lock is held by another owner")]
-    Busy,
-    /// The lease could not be renewed, so the work was cancelled: another holder may already
-    /// have the lock. The work may have had effects before it was dropped.
-    #[error("lock lease lost")]
-    Lost,
-    /// The lock name was refused.
-    #[error("lock name must be 1-{MAX_LOCK_NAME} printable ASCII characters without braces")]
-    BadName,
-    /// Redis failed or timed out before the lock was held; the work never started.
-    #[error(transparent)]
-    Store(#[from] StoreError),
 }
 
 /// A held lock: its fence and holder. Release it with [`RedisLock::release`]; if it is
@@ -112,28 +92,6 @@ impl Held {
     /// The lock's name.
     pub fn name(&self) -> &str {
         &self.name
-    }
-}
-
-/// What the work guarded by [`RedisLock::run`] receives: the fence, and a signal raised when
-/// the lease is lost.
-#[derive(Debug, Clone)]
-pub struct LockLease {
-    /// The fence to hand to every fenced write (see the module docs).
-    pub fence: u64,
-    lost: watch::Receiver<bool>,
-}
-
-impl LockLease {
-    /// True once the watchdog gave the lease up.
-    pub fn is_lost(&self) -> bool {
-        *self.lost.borrow()
-    }
-
-    /// Resolves when the watchdog gives the lease up (never, if the work finishes first).
-    pub async fn lost(&mut self) {
-        // An error means the watchdog is gone, which happens only after the work ended.
-        let _ = self.lost.wait_for(|lost| *lost).await;
     }
 }
 
@@ -354,11 +312,8 @@ impl RedisLock {
         Fut: Future<Output = T>,
     {
         let held = self.acquire(name, wait).await?;
-        let (lost_tx, lost_rx) = watch::channel(false);
-        let work = work(LockLease {
-            fence: held.fence,
-            lost: lost_rx,
-        });
+        let (lease, lost) = LockLease::new(held.fence);
+        let work = work(lease);
         // The watchdog runs beside the work (not between its polls), on its own copy of the
         // holder; it returns only when the lease is lost.
         let watchdog = async {
@@ -371,7 +326,7 @@ impl RedisLock {
                 let renewed = !limit.is_zero()
                     && matches!(self.renew_within(&mut mine, limit).await, Ok(true));
                 if !renewed {
-                    let _ = lost_tx.send(true);
+                    lost.raise();
                     tracing::warn!(lock = %mine.name, fence = mine.fence, "lock lease lost; work cancelled");
                     return;
                 }

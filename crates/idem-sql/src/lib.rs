@@ -53,6 +53,8 @@
 pub mod backstop;
 mod dialect;
 mod driver;
+#[cfg(feature = "postgres")]
+pub mod lock;
 mod reaper;
 mod record;
 mod statements;
@@ -69,6 +71,8 @@ pub use dialect::mysql::{self, MySqlStore};
 pub use dialect::postgres::{self, PgStore};
 #[cfg(feature = "sqlite")]
 pub use dialect::sqlite::{self, SqliteStore};
+#[cfg(feature = "postgres")]
+pub use lock::{PgHeld, PgLock};
 pub use store::SqlStore;
 pub use table::{DEFAULT_TABLE, TableName, TableNameError};
 #[cfg(any(feature = "postgres", feature = "mysql"))]
