@@ -59,13 +59,46 @@ fn start_server() -> Server {
     Server { child, port, dir }
 }
 
-/// Runs `op(worker, i)` in [`CONCURRENCY`] tasks for `secs`; operations per second.
-async fn measure<F, Fut>(secs: Duration, op: F) -> f64
+/// Server time per operation pair since the last reset, in µs: the sum of `usec=` over
+/// `INFO commandstats`, divided by `ops`.
+async fn server_us(c: &mut redis::aio::MultiplexedConnection, ops: f64) -> f64 {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(c)
+        .await
+        .unwrap_or_default();
+    let usec: f64 = info
+        .lines()
+        .filter(|l| !l.starts_with("cmdstat_info") && !l.starts_with("cmdstat_config"))
+        .filter_map(|l| {
+            l.split(",usec=")
+                .nth(1)?
+                .split(',')
+                .next()?
+                .parse::<f64>()
+                .ok()
+        })
+        .sum();
+    usec / ops.max(1.0)
+}
+
+/// Runs `op(worker, i)` in [`CONCURRENCY`] tasks for `secs`; operations per second, and
+/// the server's µs per operation (from `INFO commandstats`).
+async fn measure<F, Fut>(
+    stats: &mut redis::aio::MultiplexedConnection,
+    secs: Duration,
+    op: F,
+) -> (f64, f64)
 where
     F: Fn(usize, u64) -> Fut + Send + Sync + 'static,
     Fut: std::future::Future<Output = ()> + Send,
 {
     let op = Arc::new(op);
+    let _: () = redis::cmd("CONFIG")
+        .arg("RESETSTAT")
+        .query_async(stats)
+        .await
+        .expect("CONFIG RESETSTAT");
     let stop = Arc::new(AtomicBool::new(false));
     let done = Arc::new(AtomicU64::new(0));
     let started = Instant::now();
@@ -87,7 +120,9 @@ where
     for t in tasks {
         t.await.expect("task");
     }
-    done.load(Ordering::Relaxed) as f64 / started.elapsed().as_secs_f64()
+    let ops = done.load(Ordering::Relaxed) as f64;
+    let rate = ops / started.elapsed().as_secs_f64();
+    (rate, server_us(stats, ops).await)
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -127,14 +162,15 @@ fn main() {
             .get_multiplexed_async_connection()
             .await
             .expect("raw connection");
+        let mut stats = raw.clone();
         let names: Arc<Vec<String>> = Arc::new((0..CONCURRENCY).map(|w| format!("w{w}")).collect());
         let scope = Scope::new("bench.tokens").expect("scope");
         let (mut lock_r, mut token_r) = (Vec::new(), Vec::new());
-        println!("| round | raw SET NX PX + DEL /s | lock acquire + release /s | ratio | raw SET + GETDEL /s | token issue + consume /s | ratio |");
+        println!("| round | raw SET NX PX + DEL /s (server µs) | lock acquire + release /s (server µs) | ratio | raw SET + GETDEL /s (server µs) | token issue + consume /s (server µs) | ratio |");
         println!("|---|---|---|---|---|---|---|");
         for round in 1..=rounds {
             let c = raw.clone();
-            let raw_lock = measure(secs, move |w, _| {
+            let raw_lock = measure(&mut stats, secs, move |w, _| {
                 let mut c = c.clone();
                 async move {
                     let key = format!("raw:lock:{{w{w}}}");
@@ -145,7 +181,7 @@ fn main() {
             })
             .await;
             let (l, n) = (lock.clone(), names.clone());
-            let ours_lock = measure(secs, move |w, _| {
+            let ours_lock = measure(&mut stats, secs, move |w, _| {
                 let (l, n) = (l.clone(), n.clone());
                 async move {
                     let held = l.try_acquire(&n[w]).await.expect("acquire");
@@ -154,7 +190,7 @@ fn main() {
             })
             .await;
             let c = raw.clone();
-            let raw_token = measure(secs, move |w, i| {
+            let raw_token = measure(&mut stats, secs, move |w, i| {
                 let mut c = c.clone();
                 async move {
                     let key = format!("raw:tok:{{{w}:{i}}}");
@@ -165,7 +201,7 @@ fn main() {
             })
             .await;
             let (t, s) = (tokens.clone(), scope.clone());
-            let ours_token = measure(secs, move |_, _| {
+            let ours_token = measure(&mut stats, secs, move |_, _| {
                 let (t, s) = (t.clone(), s.clone());
                 async move {
                     let req = IssueRequest::new(s.clone(), Duration::from_secs(60)).expect("req");
@@ -175,10 +211,12 @@ fn main() {
                 }
             })
             .await;
+            let ((raw_lock, raw_lock_us), (ours_lock, ours_lock_us)) = (raw_lock, ours_lock);
+            let ((raw_token, raw_token_us), (ours_token, ours_token_us)) = (raw_token, ours_token);
             lock_r.push((raw_lock, ours_lock));
             token_r.push((raw_token, ours_token));
             println!(
-                "| {round} | {raw_lock:.0} | {ours_lock:.0} | {:.2} | {raw_token:.0} | {ours_token:.0} | {:.2} |",
+                "| {round} | {raw_lock:.0} ({raw_lock_us:.1}) | {ours_lock:.0} ({ours_lock_us:.1}) | {:.2} | {raw_token:.0} ({raw_token_us:.1}) | {ours_token:.0} ({ours_token_us:.1}) | {:.2} |",
                 ours_lock / raw_lock,
                 ours_token / raw_token
             );
