@@ -4,13 +4,14 @@
 //! One row per token, keyed by the token's scoped digest (the token itself is never stored):
 //! `id, bound, payload, expires_at, consumed_at, forget_at` (milliseconds).
 //!
-//! - **issue** is one `INSERT … RETURNING expires_at`.
+//! - **issue** is one `INSERT … RETURNING expires_at` (MariaDB 10.5+ syntax on the MySQL side;
+//!   MySQL 8 lacks it, as it lacks the record store's claim statement).
 //! - **consume** reads the row (payload and expiry never change after issue), answers every
 //!   refusal from that read, and otherwise runs the deciding statement
 //!   `UPDATE … SET consumed_at = now WHERE id = :id AND consumed_at IS NULL AND expires_at > now`:
 //!   the database lets exactly one concurrent update match the row, so exactly one consumer
 //!   sees one row changed. A consumer that changed none reads again to say why (used or
-//!   expired). Portable to PostgreSQL and MariaDB/MySQL alike, with no `UPDATE … RETURNING`.
+//!   expired). The consume needs no `UPDATE … RETURNING`, so it reads the same everywhere.
 //! - **inspect** is the read alone.
 //! - Rows are kept until `forget_at` (expiry plus the retention), so expired and consumed
 //!   tokens answer as such; [`SqlTokens::purge`] deletes rows past it.
