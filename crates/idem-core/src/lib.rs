@@ -13,10 +13,12 @@ pub mod engine;
 pub mod fingerprint;
 pub mod key;
 pub mod key_source;
+pub mod lock;
 pub mod outcome;
 pub mod record;
 pub mod store;
 mod sync;
+pub mod token;
 
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use engine::{

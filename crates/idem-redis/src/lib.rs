@@ -77,8 +77,12 @@
 mod batch;
 mod codec;
 pub mod config;
+pub mod lock;
 pub mod script;
 mod store;
+pub mod tokens;
 
 pub use config::{Durability, RedisConfig, RedisConfigError, Target};
+pub use lock::{Held, LockError, LockLease, RedisLock};
 pub use store::RedisStore;
+pub use tokens::RedisTokens;

@@ -38,6 +38,12 @@ pub enum Param {
     Age,
     /// How many rows at most.
     Limit,
+    /// A one-time token's bound payload.
+    Payload,
+    /// Whether a one-time token has a bound payload (0 or 1).
+    Bound,
+    /// How long a spent one-time token is remembered past its expiry, in milliseconds.
+    Retention,
 }
 
 impl Param {
@@ -58,6 +64,9 @@ impl Param {
             "state" => Self::State,
             "age" => Self::Age,
             "limit" => Self::Limit,
+            "payload" => Self::Payload,
+            "bound" => Self::Bound,
+            "retention" => Self::Retention,
             _ => return None,
         })
     }
@@ -200,7 +209,7 @@ impl Statements {
 }
 
 /// Fills in a template's fragments, clocks, columns and table.
-fn expand<D: Sql>(template: &str, table: &TableName) -> String {
+pub(crate) fn expand<D: Sql>(template: &str, table: &TableName) -> String {
     template
         .replace("{create_table}", CREATE_TABLE)
         .replace("{blob}", D::BLOB)
@@ -218,7 +227,7 @@ fn expand<D: Sql>(template: &str, table: &TableName) -> String {
 
 /// Rewrites each `:name` parameter as a placeholder of `style`, and lists what to bind in
 /// order. Text in single quotes and `::` casts are copied as they are.
-fn compile(sql: &str, style: Placeholders) -> Stmt {
+pub(crate) fn compile(sql: &str, style: Placeholders) -> Stmt {
     let mut out = String::with_capacity(sql.len());
     let mut binds: Vec<Param> = Vec::new();
     let mut rest = sql;

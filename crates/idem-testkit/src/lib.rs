@@ -54,6 +54,7 @@ pub mod doubles;
 mod harness;
 pub mod model;
 pub mod rules;
+pub mod tokens;
 
 pub use ctx::{fp, rich_response, unique_namespace};
 pub use doubles::{Calls, CountingStore, Fault, FaultyStore, SlowStore};
