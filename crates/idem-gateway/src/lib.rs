@@ -17,6 +17,7 @@ pub mod protect;
 pub mod proxy;
 pub mod reload;
 pub mod server;
+pub mod status;
 pub mod store;
 #[cfg(test)]
 mod test_support;
