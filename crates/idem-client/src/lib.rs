@@ -44,4 +44,7 @@ pub use http::{
     X_REQUEST_ID,
 };
 pub use policy::{Jitter, RetryPolicy};
+/// The `reqwest` this client is built on, for [`HttpClient::with_reqwest`].
+#[cfg(feature = "http")]
+pub use reqwest;
 pub use retry::Done;

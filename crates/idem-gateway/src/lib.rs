@@ -16,6 +16,7 @@ pub mod principal;
 pub mod protect;
 pub mod proxy;
 pub mod reload;
+pub mod request;
 pub mod server;
 pub mod status;
 pub mod store;
