@@ -122,6 +122,10 @@ impl ServeArgs {
             if raw.routes.as_ref().is_none_or(Vec::is_empty) {
                 raw.routes = Some(demo::routes());
             }
+            // The demo shows the status endpoint too (`idem request --status …`).
+            raw.status.get_or_insert_with(|| config::RawStatus {
+                path: Some(demo::STATUS_PATH.into()),
+            });
         }
         let settings = config::compile(&raw)?;
         store::available(&settings.store).context("`store`")?;

@@ -146,7 +146,13 @@ pub fn run(args: &RequestArgs) -> ExitCode {
 fn prepare(args: &RequestArgs) -> Result<(HttpClient, Call), String> {
     let method = Method::from_bytes(args.method.trim().to_ascii_uppercase().as_bytes())
         .map_err(|_| format!("`{}` is not an HTTP method", args.method))?;
-    let mut call = Call::new(method, &args.url).map_err(|e| e.to_string())?;
+    // Like curl, a URL without a scheme is plain http.
+    let url = if args.url.contains("://") {
+        args.url.clone()
+    } else {
+        format!("http://{}", args.url)
+    };
+    let mut call = Call::new(method, &url).map_err(|e| e.to_string())?;
     for h in &args.headers {
         let (name, value) = h
             .split_once(':')
@@ -184,7 +190,12 @@ fn prepare(args: &RequestArgs) -> Result<(HttpClient, Call), String> {
         .max_backoff(args.max_backoff.0);
     let mut client = HttpClient::new(policy).map_err(|e| e.to_string())?;
     if let Some(url) = &args.status {
-        client = client.status_endpoint(StatusEndpoint::new(url).map_err(|e| e.to_string())?);
+        let url = if url.contains("://") {
+            url.clone()
+        } else {
+            format!("http://{url}")
+        };
+        client = client.status_endpoint(StatusEndpoint::new(&url).map_err(|e| e.to_string())?);
     }
     Ok((client, call))
 }

@@ -117,7 +117,7 @@ async fn exit_codes_say_what_happened() {
     assert_eq!(out.status.code(), Some(22));
     assert_eq!(up.seen.count("/charge/status/422"), 1);
     // Bad input.
-    let out = request(args("not a url", &[])).await;
+    let out = request(args("ftp://example.invalid/x", &[])).await;
     assert_eq!(out.status.code(), Some(2));
     let out = request(args(&gw.url("/charge/x"), &["--key", "bad\u{e9}key"])).await;
     assert_eq!(out.status.code(), Some(2));
