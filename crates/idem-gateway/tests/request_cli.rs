@@ -74,8 +74,10 @@ async fn a_lost_answer_is_fetched_and_a_repeat_is_a_replay() {
         stderr.contains(&format!("key {k}")) && stderr.contains("status endpoint"),
         "{stderr}"
     );
-    // The same key again: the stored answer, byte for byte, and no second charge.
-    let again = request(args(&url, &["--key", &k, "-i"])).await;
+    // The same key again (given as a header this time): the stored answer, byte for byte,
+    // and no second charge.
+    let header = format!("idempotency-key: {k}");
+    let again = request(args(&url, &["-H", &header, "-i"])).await;
     let text = String::from_utf8_lossy(&again.stdout);
     assert!(again.status.success());
     assert!(text.starts_with("HTTP 201"), "{text}");

@@ -186,14 +186,18 @@ impl HttpClient {
     /// # Errors
     /// [`ClientError::Invalid`] when the TLS configuration cannot be built.
     pub fn new(policy: RetryPolicy) -> Result<Self, ClientError> {
+        // A redirect is returned as the answer: following one would send the operation
+        // somewhere its key was never checked.
         let http = reqwest::Client::builder()
+            .redirect(reqwest::redirect::Policy::none())
             .build()
             .map_err(|e| ClientError::Invalid(format!("cannot build the HTTP client: {e}")))?;
         Ok(Self::with_reqwest(http, policy))
     }
 
     /// A client over a `reqwest::Client` the caller configured (pool, proxies, TLS roots).
-    /// Its own timeouts should not be shorter than the policy's attempt timeout.
+    /// Its own timeouts should not be shorter than the policy's attempt timeout, and it
+    /// should not follow redirects (`HttpClient::new` does not).
     pub fn with_reqwest(http: reqwest::Client, policy: RetryPolicy) -> Self {
         Self {
             http,
@@ -230,7 +234,16 @@ impl HttpClient {
     /// # Errors
     /// A [`ClientError`] naming the key: the outcome is unknown, cannot be told, or the
     /// policy's attempts or deadline ran out.
-    pub async fn send(&self, call: Call) -> Result<Reply, ClientError> {
+    pub async fn send(&self, mut call: Call) -> Result<Reply, ClientError> {
+        // A key given as a header is the operation's key, not a second one.
+        if let Some(given) = call.headers.remove(&self.key_header)
+            && call.key.is_none()
+        {
+            let text = given.to_str().map_err(|_| {
+                ClientError::Invalid(format!("the `{}` header is not text", self.key_header))
+            })?;
+            call.key = Some(text.trim().to_owned());
+        }
         let key = match call.key.clone() {
             Some(k) => {
                 idem_core::Key::new(k.clone())
