@@ -160,6 +160,28 @@ async fn scenarios(store: &str, extra: &str) {
     assert!(reply.from_status);
     assert_first_answer(&reply, &up, path);
 
+    // 7. Two callers send one operation (one key) at once: one runs, the other is told it is
+    //    in flight, waits, and gets the same answer.
+    let proxy = FaultProxy::start_matching(gw.addr, posts, [])
+        .await
+        .expect("proxy");
+    let path = "/charge/twice-at-once";
+    let key = common::key();
+    let call = charge(&proxy, &format!("{path}?delay_ms=800")).key(key.clone());
+    let (first, second) = (
+        client(&proxy, Duration::from_secs(5)),
+        client(&proxy, Duration::from_secs(5)),
+    );
+    let (a, b) = tokio::join!(first.send(call.clone()), second.send(call));
+    let (a, b) = (a.expect("an answer"), b.expect("an answer"));
+    assert_first_answer(&a, &up, path);
+    assert_eq!(a.body, b.body, "both hold the one answer");
+    assert!(a.replayed() != b.replayed(), "one ran, one was replayed");
+    assert!(
+        a.attempts + b.attempts >= 3,
+        "the duplicate was refused in flight first"
+    );
+
     // 6. An upstream reset after sending leaves the key unknown: a typed error, no rerun.
     let proxy = FaultProxy::start_matching(gw.addr, posts, [])
         .await

@@ -142,8 +142,8 @@ impl FaultProxy {
         self.shared.applied.lock().await.clone()
     }
 
-    /// Waits until no connection is being handled (a delayed request has been forwarded and
-    /// answered), at most `limit`; returns whether it got there.
+    /// Waits until every delayed request has been forwarded and the server has started
+    /// answering it, at most `limit`; returns whether it got there.
     pub async fn settled(&self, limit: Duration) -> bool {
         tokio::time::timeout(limit, async {
             loop {
@@ -165,12 +165,8 @@ async fn accept(listener: TcpListener, shared: Arc<Shared>) {
             continue;
         };
         let shared = Arc::clone(&shared);
-        shared.busy.fetch_add(1, Ordering::SeqCst);
         tokio::spawn(async move {
             let _ = handle(client, &shared).await;
-            if shared.busy.fetch_sub(1, Ordering::SeqCst) == 1 {
-                shared.idle.notify_waiters();
-            }
         });
     }
 }
@@ -194,9 +190,24 @@ async fn handle(mut client: TcpStream, shared: &Shared) -> io::Result<()> {
             Ok(())
         }
         Fault::Delay(d) => {
-            tokio::time::sleep(d).await;
-            let mut server = TcpStream::connect(shared.target).await?;
-            server.write_all(&first).await?;
+            // Counted until the held request has been forwarded and the server has started
+            // answering it (see `settled`).
+            shared.busy.fetch_add(1, Ordering::SeqCst);
+            let forwarded = async {
+                tokio::time::sleep(d).await;
+                let mut server = TcpStream::connect(shared.target).await?;
+                server.write_all(&first).await?;
+                let mut answer = [0u8; 1];
+                let n = server.read(&mut answer).await?;
+                Ok::<_, io::Error>((server, answer, n))
+            }
+            .await;
+            if shared.busy.fetch_sub(1, Ordering::SeqCst) == 1 {
+                shared.idle.notify_waiters();
+            }
+            let (mut server, answer, n) = forwarded?;
+            // The client has most likely given up; whatever is left goes to it if it has not.
+            let _ = client.write_all(&answer[..n]).await;
             let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
             Ok(())
         }
