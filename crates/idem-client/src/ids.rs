@@ -1,9 +1,12 @@
 //! The ids an operation carries on every attempt: its key (as a header value), its request id
 //! and its trace context.
 
-use http::{HeaderMap, HeaderValue};
+use http::{HeaderMap, HeaderName, HeaderValue};
 
-use crate::http::{TRACEPARENT, X_REQUEST_ID};
+/// The request id header.
+pub(crate) const X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
+/// The W3C trace context header.
+pub(crate) const TRACEPARENT: HeaderName = HeaderName::from_static("traceparent");
 
 /// The request id and trace id of one operation.
 #[derive(Debug, Clone)]

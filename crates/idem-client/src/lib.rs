@@ -30,9 +30,11 @@
 
 pub mod decide;
 mod error;
+#[cfg(feature = "grpc")]
+pub mod grpc;
 #[cfg(feature = "http")]
 mod http;
-#[cfg(feature = "http")]
+#[cfg(any(feature = "http", feature = "grpc"))]
 mod ids;
 mod policy;
 mod retry;

@@ -29,9 +29,9 @@ use crate::retry;
 /// The idempotency key header.
 pub const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key");
 /// The request id header.
-pub const X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
+pub const X_REQUEST_ID: HeaderName = crate::ids::X_REQUEST_ID;
 /// The W3C trace context header.
-pub const TRACEPARENT: HeaderName = HeaderName::from_static("traceparent");
+pub const TRACEPARENT: HeaderName = crate::ids::TRACEPARENT;
 /// Set on a replayed answer.
 pub const IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");
 
@@ -256,19 +256,36 @@ impl HttpClient {
             .ok_or_else(|| ClientError::Invalid(format!("key `{key}` cannot be sent")))?;
         let ids = Ids::for_operation(&call.headers);
         let call = Arc::new(call);
-        let send = {
-            let call = Arc::clone(&call);
-            let ids = ids.clone();
-            async move |n: u32, timeout: Duration| {
-                self.attempt(&call, &key_value, &ids, n, timeout).await
-            }
+        // The closures own what they use (clones and `Arc`s), so the operation's future is
+        // `Send`.
+        let (this, for_send, for_send_ids) = (self.clone(), Arc::clone(&call), ids.clone());
+        let send = move |n: u32, timeout: Duration| {
+            let (this, call, key, ids) = (
+                this.clone(),
+                Arc::clone(&for_send),
+                key_value.clone(),
+                for_send_ids.clone(),
+            );
+            async move { this.attempt(&call, &key, &ids, n, timeout).await }
         };
-        let status = async |timeout: Duration| match &self.status {
-            None => Ok(None),
-            Some(endpoint) => endpoint
-                .query(&self.http, &call, &key, &ids, timeout)
-                .await
-                .map(Some),
+        let (this, for_status, for_status_ids, status_key) =
+            (self.clone(), Arc::clone(&call), ids.clone(), key.clone());
+        let status = move |timeout: Duration| {
+            let (this, call, key, ids) = (
+                this.clone(),
+                Arc::clone(&for_status),
+                status_key.clone(),
+                for_status_ids.clone(),
+            );
+            async move {
+                match &this.status {
+                    None => Ok(None),
+                    Some(endpoint) => endpoint
+                        .query(&this.http, &call, &key, &ids, timeout)
+                        .await
+                        .map(Some),
+                }
+            }
         };
         let done = retry::run(&self.policy, &key, send, status).await?;
         let answer = done.answer;
@@ -399,6 +416,12 @@ fn problem_type(answer: &Answer) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Callers spawn operations: the future must be `Send`.
+    #[allow(dead_code)]
+    fn send_is_send(client: &HttpClient, call: Call) -> impl Send + '_ {
+        client.send(call)
+    }
 
     fn answer(status: u16, headers: &[(&str, &str)], body: &str) -> Answer {
         let mut map = HeaderMap::new();
