@@ -497,6 +497,181 @@ mod tests {
         assert_eq!(kind(&transport_failure::<GrpcAnswer>(&reset)), "ambiguous");
     }
 
+    /// What the scripted server answers to one attempt.
+    enum Reply {
+        Status(Status),
+        Message(&'static str),
+        Reset,
+    }
+
+    type Seen = Arc<std::sync::Mutex<Vec<HeaderMap>>>;
+
+    /// A gRPC server stand-in answering `script` in order and recording each attempt's
+    /// metadata.
+    fn server(
+        script: Vec<Reply>,
+    ) -> (
+        impl Service<Request<Body>, Response = Response<Body>, Error = BoxError, Future: Send>
+        + Clone
+        + Send
+        + Sync
+        + 'static,
+        Seen,
+    ) {
+        let seen: Seen = Arc::default();
+        let script = Arc::new(std::sync::Mutex::new(std::collections::VecDeque::from(
+            script,
+        )));
+        let record = Arc::clone(&seen);
+        let svc = tower::service_fn(move |req: Request<Body>| {
+            record.lock().expect("lock").push(req.headers().clone());
+            let next = script.lock().expect("lock").pop_front();
+            async move {
+                match next {
+                    Some(Reply::Status(status)) => Ok(status.into_http()),
+                    Some(Reply::Message(text)) => Ok(message(text, false)),
+                    Some(Reply::Reset) | None => Err(Box::new(std::io::Error::from(
+                        std::io::ErrorKind::ConnectionReset,
+                    )) as BoxError),
+                }
+            }
+        });
+        (svc, seen)
+    }
+
+    /// An OK answer carrying `text` as its (unframed, for the test) message.
+    fn message(text: &'static str, replayed: bool) -> Response<Body> {
+        let mut trailers = HeaderMap::new();
+        Status::ok("")
+            .add_header(&mut trailers)
+            .expect("status headers");
+        let mut head = Response::new(()).into_parts().0;
+        if replayed {
+            head.headers
+                .insert(REPLAYED, HeaderValue::from_static("true"));
+        }
+        GrpcAnswer::new(head, Bytes::from_static(text.as_bytes()), Some(trailers)).into_response()
+    }
+
+    /// A status service stand-in that says the key completed with `text`.
+    #[derive(Clone)]
+    struct Completed(&'static str);
+
+    impl StatusLookup for Completed {
+        fn lookup(&self, _: String, _: String, _: HeaderMap, _: Duration) -> LookupFuture {
+            let text = self.0;
+            Box::pin(async move {
+                let (head, body) = message(text, true).into_parts();
+                let collected = body.collect().await.expect("body");
+                let trailers = collected.trailers().cloned();
+                Ok(Some(KeyState::Completed(GrpcAnswer::new(
+                    head,
+                    collected.to_bytes(),
+                    trailers,
+                ))))
+            })
+        }
+    }
+
+    fn policy() -> RetryPolicy {
+        RetryPolicy::default()
+            .jitter(crate::policy::Jitter::None)
+            .initial_backoff(Duration::from_millis(1))
+    }
+
+    fn call() -> Request<Body> {
+        let mut req = Request::new(Body::new(http_body_util::Full::new(Bytes::from_static(
+            b"charge",
+        ))));
+        *req.uri_mut() = "http://svc/pkg.Payments/Charge".parse().expect("uri");
+        req
+    }
+
+    async fn body_of(res: Response<Body>) -> (Bytes, Option<HeaderMap>) {
+        let collected = res.into_body().collect().await.expect("body");
+        let trailers = collected.trailers().cloned();
+        (collected.to_bytes(), trailers)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn one_key_for_every_attempt_of_a_call() {
+        let (svc, seen) = server(vec![
+            Reply::Status(Status::unavailable("store down")),
+            Reply::Message("charged"),
+        ]);
+        let svc = GrpcRetryLayer::new(policy()).layer(svc);
+        let res = svc.oneshot(call()).await.expect("an answer");
+        let (body, trailers) = body_of(res).await;
+        assert_eq!(body, "charged");
+        assert_eq!(trailers.expect("trailers")["grpc-status"], "0");
+        let seen = seen.lock().expect("lock");
+        assert_eq!(seen.len(), 2);
+        assert_eq!(seen[0][IDEMPOTENCY_KEY], seen[1][IDEMPOTENCY_KEY]);
+        assert_eq!(seen[0]["x-request-id"], seen[1]["x-request-id"]);
+        assert!(seen[0].contains_key(GRPC_TIMEOUT));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_ambiguous_failure_asks_the_status_service() {
+        let (svc, seen) = server(vec![Reply::Reset, Reply::Message("second run")]);
+        let layer = GrpcRetryLayer::new(policy()).status(Completed("first run"));
+        let res = layer.layer(svc).oneshot(call()).await.expect("an answer");
+        assert_eq!(
+            body_of(res).await.0,
+            "first run",
+            "the stored answer, not a rerun"
+        );
+        assert_eq!(seen.lock().expect("lock").len(), 1);
+
+        // Without a status service the caller is told the outcome cannot be known.
+        let (svc, seen) = server(vec![Reply::Reset, Reply::Message("second run")]);
+        let err = GrpcRetryLayer::new(policy())
+            .layer(svc)
+            .oneshot(call())
+            .await
+            .expect_err("ambiguous");
+        let status = err.downcast::<Status>().expect("a status");
+        let source = std::error::Error::source(&*status).expect("source");
+        assert!(matches!(
+            source.downcast_ref::<ClientError>(),
+            Some(ClientError::Ambiguous { .. })
+        ));
+        assert_eq!(seen.lock().expect("lock").len(), 1, "not sent again");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn unknown_outcomes_and_final_answers_are_not_retried() {
+        let unknown = Status::with_error_details(
+            Code::FailedPrecondition,
+            "unknown",
+            ErrorDetails::with_error_info("OUTCOME_UNKNOWN", "idem.dev", []),
+        );
+        let (svc, seen) = server(vec![Reply::Status(unknown), Reply::Message("never")]);
+        let err = GrpcRetryLayer::new(policy())
+            .layer(svc)
+            .oneshot(call())
+            .await
+            .expect_err("unknown");
+        assert_eq!(
+            err.downcast::<Status>().expect("a status").code(),
+            Code::FailedPrecondition
+        );
+        assert_eq!(seen.lock().expect("lock").len(), 1);
+
+        let (svc, seen) = server(vec![
+            Reply::Status(Status::invalid_argument("bad amount")),
+            Reply::Message("never"),
+        ]);
+        let res = GrpcRetryLayer::new(policy())
+            .layer(svc)
+            .oneshot(call())
+            .await
+            .expect("the answer");
+        let status = Status::from_header_map(res.headers()).expect("trailers-only status");
+        assert_eq!(status.code(), Code::InvalidArgument);
+        assert_eq!(seen.lock().expect("lock").len(), 1);
+    }
+
     #[test]
     fn errors_become_statuses_that_carry_them() {
         let s = status_for(ClientError::OutcomeUnknown { key: "k".into() });
