@@ -303,3 +303,100 @@ async fn postgres_store_every_fault_ends_in_one_execution() {
 async fn unsafe_clients_charge_twice_or_lose_the_answer() {
     unsafe_variants("memory:", "").await;
 }
+
+/// A Redis server of this test's own on a spare port; killed on drop.
+struct PrivateRedis {
+    child: std::process::Child,
+    port: u16,
+    dir: common::TempDir,
+}
+
+impl PrivateRedis {
+    fn spawn(port: u16, dir: &std::path::Path) -> std::io::Result<std::process::Child> {
+        Command::new("redis-server")
+            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+            .args(["--save", "", "--appendonly", "no", "--dir"])
+            .arg(dir)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+    }
+
+    async fn start() -> Option<Self> {
+        let port = common::spare_port();
+        let dir = common::TempDir::new("client-redis");
+        let child = match Self::spawn(port, &dir.0) {
+            Ok(c) => c,
+            Err(e) => {
+                assert!(!ci(), "redis-server cannot start: {e}");
+                eprintln!("SKIPPED: redis-server cannot start: {e}");
+                return None;
+            }
+        };
+        let me = Self { child, port, dir };
+        me.wait_up().await;
+        Some(me)
+    }
+
+    async fn wait_up(&self) {
+        for _ in 0..500 {
+            if reachable(&format!("127.0.0.1:{}", self.port)).await {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        panic!("private redis did not start");
+    }
+
+    fn stop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    async fn restart(&mut self) {
+        self.stop();
+        self.child = Self::spawn(self.port, &self.dir.0).expect("restart redis-server");
+        self.wait_up().await;
+    }
+}
+
+impl Drop for PrivateRedis {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// The store is down when the call starts: the gateway refuses with 503 and `Retry-After`
+/// (nothing runs), the client waits and retries the same key, and once the store is back
+/// the charge runs once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_outage_is_waited_out_and_the_charge_runs_once() {
+    let Some(mut redis) = PrivateRedis::start().await else {
+        return;
+    };
+    let up = Upstream::start().await;
+    let gw = Gateway::start(
+        &config(
+            &up.url(),
+            &format!("redis://127.0.0.1:{}", redis.port),
+            "store_timeout = \"300ms\"",
+        ),
+        &[],
+    );
+    let proxy = FaultProxy::start_matching(gw.addr, posts, [])
+        .await
+        .expect("proxy");
+    redis.stop();
+    let path = "/charge/store-outage";
+    let client = client(&proxy, Duration::from_secs(5));
+    let pending = tokio::spawn({
+        let call = charge(&proxy, path);
+        async move { client.send(call).await }
+    });
+    // Let the first attempts meet the outage, then bring the store back.
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    redis.restart().await;
+    let reply = pending.await.expect("join").expect("an answer");
+    assert!(reply.attempts >= 2, "the outage was met first: {reply:?}");
+    assert_first_answer(&reply, &up, path);
+}
