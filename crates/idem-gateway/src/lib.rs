@@ -16,7 +16,9 @@ pub mod principal;
 pub mod protect;
 pub mod proxy;
 pub mod reload;
+pub mod request;
 pub mod server;
+pub mod status;
 pub mod store;
 #[cfg(test)]
 mod test_support;

@@ -5,6 +5,7 @@
 //! idem serve --config idem.toml  # reverse proxy with the configured routes and store
 //! idem check-config --config idem.toml
 //! idem sample-upstream --listen 127.0.0.1:9000
+//! idem request http://127.0.0.1:8080/charge -d '{"amount":1}' --status http://127.0.0.1:8080/idem/status
 //! ```
 //!
 //! See `docs/gateway.md` for the configuration reference and a quick start.
@@ -17,7 +18,7 @@ use clap::{Args, Parser, Subcommand};
 
 use anyhow::Context as _;
 use idem_gateway::config::{self, LogFormat, OverrideAdmin, OverrideLog, Overrides, Settings};
-use idem_gateway::{demo, metrics, server, store};
+use idem_gateway::{demo, metrics, request, server, store};
 
 /// mimalloc keeps freed blocks on per-thread lists: a proxy frees on one worker thread much of
 /// what another allocated (buffers, futures, records), where glibc's allocator contends on
@@ -44,6 +45,8 @@ enum Command {
     Demo(ServeArgs),
     /// Check a configuration and explain what it sets up; exits 2 if it is invalid.
     CheckConfig(ServeArgs),
+    /// Send one request with an idempotency key and safe retries (curl-like).
+    Request(request::RequestArgs),
     /// Run only the sample upstream (for experiments and benchmarks).
     SampleUpstream {
         /// Address to listen on.
@@ -119,6 +122,10 @@ impl ServeArgs {
             if raw.routes.as_ref().is_none_or(Vec::is_empty) {
                 raw.routes = Some(demo::routes());
             }
+            // The demo shows the status endpoint too (`idem request --status …`).
+            raw.status.get_or_insert_with(|| config::RawStatus {
+                path: Some(demo::STATUS_PATH.into()),
+            });
         }
         let settings = config::compile(&raw)?;
         store::available(&settings.store).context("`store`")?;
@@ -141,6 +148,7 @@ fn main() -> ExitCode {
         Command::Serve(args) => serve(&args, false),
         Command::Demo(args) => serve(&args, true),
         Command::SampleUpstream { listen } => sample_upstream(listen),
+        Command::Request(args) => request::run(&args),
     }
 }
 

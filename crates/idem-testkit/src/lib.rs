@@ -51,6 +51,7 @@
 pub mod broken;
 mod ctx;
 pub mod doubles;
+pub mod fault_proxy;
 mod harness;
 pub mod model;
 pub mod rules;

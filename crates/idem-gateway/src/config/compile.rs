@@ -10,7 +10,8 @@ use idem_core::{JsonFields, Policy, Scope, TakeoverPolicy};
 
 use super::settings::{
     AdminSettings, FingerprintBody, FingerprintSettings, JwtKey, JwtSettings, LogFormat,
-    PrincipalSource, Route, RoutePolicy, Settings, StatusSet, Unmatched, UpstreamFailure,
+    PrincipalSource, Route, RoutePolicy, Settings, StatusSet, StatusSettings, Unmatched,
+    UpstreamFailure,
 };
 use super::{
     DEFAULT_LISTEN, DEFAULT_STORE, Methods, RawConfig, RawFingerprint, RawPrincipal, RawRoute,
@@ -200,7 +201,34 @@ pub fn compile(raw: &RawConfig) -> anyhow::Result<Settings> {
         trailing_slash,
         tls: listener::tls(raw.tls.as_ref(), "tls")?,
         limits: listener::limits(raw.limits.as_ref())?,
+        status: status(raw.status.as_ref()).context("`status.path`")?,
     })
+}
+
+/// The status endpoint's path: absolute, plain (unreserved characters and `/` only), already
+/// in canonical spelling, and not the root.
+fn status(raw: Option<&super::RawStatus>) -> anyhow::Result<Option<StatusSettings>> {
+    let Some(path) = raw.and_then(|s| s.path.as_deref()) else {
+        return Ok(None);
+    };
+    let trimmed = path.trim().trim_end_matches('/');
+    if !trimmed.starts_with('/') {
+        bail!("`{path}` must start with /");
+    }
+    if !trimmed
+        .bytes()
+        .all(|b| b.is_ascii_alphanumeric() || b"-._~/".contains(&b))
+    {
+        bail!("`{path}` may hold only letters, digits, `-`, `.`, `_`, `~` and `/`");
+    }
+    let normal = crate::path::normalize(trimmed, TrailingSlash::Ignore)
+        .map_err(|e| anyhow!("`{path}`: {e}"))?;
+    if normal != trimmed || normal == "/" {
+        bail!("`{path}` must be a plain path below the root, such as /idem/status");
+    }
+    Ok(Some(StatusSettings {
+        path: normal.into_owned(),
+    }))
 }
 
 fn compile_route(

@@ -87,6 +87,27 @@ impl fmt::Display for Settings {
                 Unmatched::Proxy => "proxy",
             }
         )?;
+        match &self.status {
+            Some(s) => {
+                let protected: Vec<&str> = self
+                    .routes
+                    .iter()
+                    .filter(|r| r.policy.idempotency)
+                    .map(|r| r.name.as_str())
+                    .collect();
+                writeln!(
+                    f,
+                    "status:    GET {}/{{key}} (never proxied; each caller sees only its own keys, scoped as the route scopes them; ?answer=1 returns a completed key's stored answer){}",
+                    s.path,
+                    match protected.as_slice() {
+                        [] => " - no protected route, every query is refused".to_owned(),
+                        [one] => format!("; route `{one}`"),
+                        many => format!("; pick the route with ?route= ({})", many.join(", ")),
+                    }
+                )?;
+            }
+            None => writeln!(f, "status:    off")?,
+        }
         if self.implicit_route {
             writeln!(
                 f,

@@ -23,7 +23,8 @@ pub use compile::compile;
 pub use listener::{Limits, RawLimits, RawTls, TlsFiles};
 pub use settings::{
     AdminSettings, FingerprintBody, FingerprintSettings, JwtKey, JwtSettings, LogFormat,
-    PrincipalSource, Route, RoutePolicy, Settings, StatusSet, Unmatched, UpstreamFailure,
+    PrincipalSource, Route, RoutePolicy, Settings, StatusSet, StatusSettings, Unmatched,
+    UpstreamFailure,
 };
 pub use units::{ByteSize, Dur};
 
@@ -83,6 +84,16 @@ pub struct RawConfig {
     pub trailing_slash: Option<String>,
     /// `insensitive` (default: route literals match `/CHARGE` too) or `sensitive`.
     pub path_case: Option<String>,
+    /// The status endpoint (off unless `status.path` is set).
+    pub status: Option<RawStatus>,
+}
+
+/// The status endpoint: `GET <path>/{key}` tells a caller what became of its key.
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawStatus {
+    /// Where it answers, e.g. `/idem/status`; unset, there is no status endpoint.
+    pub path: Option<String>,
 }
 
 /// Logging settings.

@@ -61,6 +61,16 @@ pub struct Settings {
     pub limits: Limits,
     /// How paths are normalised before matching and forwarding.
     pub trailing_slash: TrailingSlash,
+    /// The status endpoint, if configured.
+    pub status: Option<StatusSettings>,
+}
+
+/// The status endpoint.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StatusSettings {
+    /// Its path prefix, normalised, without a trailing slash (`/idem/status`); keys are
+    /// asked for as `<path>/{key}`.
+    pub path: String,
 }
 
 /// What happens to a request that no route matches.

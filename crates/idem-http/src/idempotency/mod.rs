@@ -47,7 +47,7 @@ use idem_core::{
 };
 use tower::Service;
 
-pub(crate) use error::{Refused, key_rejection as key_problem};
+pub(crate) use error::{Refused, key_rejection as key_problem, unauthenticated};
 pub use future::ResponseFuture;
 pub use layer::IdempotencyLayer;
 
@@ -395,7 +395,7 @@ fn answer<B, E, St: Store>(
     Ok(with_outcome(res, outcome))
 }
 
-fn replay<B>(stored: StoredResponse, found: &FoundKey) -> Response<ResponseBody<B>> {
+pub(crate) fn replay<B>(stored: StoredResponse, found: &FoundKey) -> Response<ResponseBody<B>> {
     if stored.body_omitted {
         return error::response_not_stored(&found.key, stored.status).into_response();
     }
