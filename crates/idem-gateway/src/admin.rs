@@ -439,7 +439,7 @@ fn scoped_key(q: &HashMap<String, String>) -> Result<ScopedKey, String> {
     ))
 }
 
-fn resolution(body: &[u8]) -> Result<Resolution, String> {
+pub(crate) fn resolution(body: &[u8]) -> Result<Resolution, String> {
     let v: Value = serde_json::from_slice(body).map_err(|e| format!("body must be JSON: {e}"))?;
     match v.get("outcome").and_then(Value::as_str) {
         Some("release") => Ok(Resolution::Release),

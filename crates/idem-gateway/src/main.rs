@@ -4,6 +4,7 @@
 //! idem demo                      # gateway + built-in sample upstream, embedded SQLite store
 //! idem serve --config idem.toml  # reverse proxy with the configured routes and store
 //! idem check-config --config idem.toml
+//! idem reconcile --config idem.toml [--dry-run] [--json]
 //! idem sample-upstream --listen 127.0.0.1:9000
 //! ```
 //!
@@ -17,7 +18,7 @@ use clap::{Args, Parser, Subcommand};
 
 use anyhow::Context as _;
 use idem_gateway::config::{self, LogFormat, OverrideAdmin, OverrideLog, Overrides, Settings};
-use idem_gateway::{demo, metrics, server, store};
+use idem_gateway::{demo, metrics, reconcile, server, store};
 
 /// mimalloc keeps freed blocks on per-thread lists: a proxy frees on one worker thread much of
 /// what another allocated (buffers, futures, records), where glibc's allocator contends on
@@ -44,6 +45,18 @@ enum Command {
     Demo(ServeArgs),
     /// Check a configuration and explain what it sets up; exits 2 if it is invalid.
     CheckConfig(ServeArgs),
+    /// Check unknown and stuck records against the routes' status webhooks and settle them;
+    /// exits 0 when nothing is left, 3 when some record was left unsettled.
+    Reconcile {
+        #[command(flatten)]
+        serve: ServeArgs,
+        /// Ask the webhooks and print the plan, but change nothing.
+        #[arg(long)]
+        dry_run: bool,
+        /// One JSON object per record instead of lines for people.
+        #[arg(long)]
+        json: bool,
+    },
     /// Run only the sample upstream (for experiments and benchmarks).
     SampleUpstream {
         /// Address to listen on.
@@ -140,7 +153,33 @@ fn main() -> ExitCode {
         Command::CheckConfig(args) => check_config(&args),
         Command::Serve(args) => serve(&args, false),
         Command::Demo(args) => serve(&args, true),
+        Command::Reconcile {
+            serve,
+            dry_run,
+            json,
+        } => reconcile(&serve, dry_run, json),
         Command::SampleUpstream { listen } => sample_upstream(listen),
+    }
+}
+
+fn reconcile(args: &ServeArgs, dry_run: bool, json: bool) -> ExitCode {
+    let settings = match args.settings(false) {
+        Ok((s, _)) => s,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            return ExitCode::from(2);
+        }
+    };
+    let _ = init_logging(settings.log_format, "warn");
+    let Some(runtime) = runtime() else {
+        return ExitCode::FAILURE;
+    };
+    match runtime.block_on(reconcile::run_once(&settings, dry_run, json)) {
+        Ok(code) => ExitCode::from(code),
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
     }
 }
 
