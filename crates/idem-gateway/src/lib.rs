@@ -6,6 +6,7 @@
 pub mod admin;
 pub mod app;
 pub mod claims;
+pub mod cli;
 pub mod config;
 pub mod demo;
 pub mod listener;

@@ -5,6 +5,8 @@
 //! idem serve --config idem.toml  # reverse proxy with the configured routes and store
 //! idem check-config --config idem.toml
 //! idem reconcile --config idem.toml [--dry-run] [--json]
+//! idem admin records list --state unknown   # the admin API from a shell (IDEM_ADMIN_TOKEN)
+//! idem admin audit KEY --namespace payments
 //! idem sample-upstream --listen 127.0.0.1:9000
 //! ```
 //!
@@ -18,7 +20,7 @@ use clap::{Args, Parser, Subcommand};
 
 use anyhow::Context as _;
 use idem_gateway::config::{self, LogFormat, OverrideAdmin, OverrideLog, Overrides, Settings};
-use idem_gateway::{demo, metrics, reconcile, server, store};
+use idem_gateway::{cli, demo, metrics, reconcile, server, store};
 
 /// mimalloc keeps freed blocks on per-thread lists: a proxy frees on one worker thread much of
 /// what another allocated (buffers, futures, records), where glibc's allocator contends on
@@ -57,6 +59,8 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Talk to a running gateway's admin API: records and the audit trail.
+    Admin(cli::admin::AdminArgs),
     /// Run only the sample upstream (for experiments and benchmarks).
     SampleUpstream {
         /// Address to listen on.
@@ -158,6 +162,12 @@ fn main() -> ExitCode {
             dry_run,
             json,
         } => reconcile(&serve, dry_run, json),
+        Command::Admin(args) => {
+            let Some(runtime) = runtime() else {
+                return ExitCode::FAILURE;
+            };
+            ExitCode::from(runtime.block_on(cli::admin::run(args)))
+        }
         Command::SampleUpstream { listen } => sample_upstream(listen),
     }
 }
