@@ -124,7 +124,7 @@ pub async fn run(
     };
     let tls = live.data_tls();
     println!("idem listening on {}://{data_addr}", tls.scheme());
-    tracing::info!(addr = %data_addr, store = %settings.store, routes = settings.routes.len(), "gateway up");
+    tracing::info!(addr = %data_addr, store = %settings.store, routes = settings.routes.len(), instance = %idem_core::audit::this_instance(), "gateway up");
 
     tokio::spawn(reload_on_sighup(Arc::clone(&live)));
     let reconciler = match settings.reconcile.every {
