@@ -153,7 +153,7 @@ const RESOLVE_PROBE: &str =
     "SELECT state, lease_until, expires_at, {now} AS now_ms FROM {t} WHERE id = :id";
 const DELETE: &str = "UPDATE {t} SET expires_at = {now}, owner = NULL, response = NULL, verdict = 9 \
      WHERE id = :id AND expires_at > {now}";
-const DROP: &str = "DROP TABLE IF EXISTS {t}; DROP TABLE IF EXISTS {t}_audit";
+const DROP: &str = "DROP TABLE IF EXISTS {t}; DROP TABLE IF EXISTS {t}_audit{drop_audit_fn}";
 
 /// One statement in its dialect's spelling, and the parameters it binds, in order.
 #[derive(Debug)]
@@ -246,6 +246,7 @@ fn expand<D: Sql>(template: &str, table: &TableName) -> String {
         .replace("{head}", D::HEAD)
         .replace("{dual}", D::DUAL)
         .replace("{null_blob}", D::NULL_BLOB)
+        .replace("{drop_audit_fn}", D::DROP_AUDIT_FN)
         .replace("{create_table}", CREATE_TABLE)
         .replace("{blob}", D::BLOB)
         .replace("{bigint}", D::BIGINT)

@@ -148,6 +148,8 @@ CREATE TRIGGER IF NOT EXISTS {t}_audit_del AFTER DELETE ON {t}
     const INT_NULL: &'static str = ":{p} IS NULL";
     /// What a `SELECT` without a table needs before its `WHERE`.
     const DUAL: &'static str = "";
+    /// Appended to the drop statement: what else the audit trail leaves behind.
+    const DROP_AUDIT_FN: &'static str = "";
     /// A NULL of the bytes column type.
     const NULL_BLOB: &'static str = "NULL";
     /// The first three bytes of `NEW.response`.

@@ -95,6 +95,7 @@ CREATE OR REPLACE TRIGGER {t}_audit_trg AFTER INSERT OR UPDATE OR DELETE ON {t}
     const TEXT_NULL: &'static str = ":{p}::text IS NULL";
     const INT_NULL: &'static str = ":{p}::bigint IS NULL";
     const NULL_BLOB: &'static str = "NULL::bytea";
+    const DROP_AUDIT_FN: &'static str = "; DROP FUNCTION IF EXISTS {t}_audit_fn()";
     const HEAD: &'static str = "substring(NEW.response from 1 for 3)";
 
     /// Typed `NULL` tests: PostgreSQL cannot infer an untyped parameter's type from `IS NULL`.

@@ -409,6 +409,32 @@ mod tests {
         assert_eq!(done, SettleOutcome::Settled);
     }
 
+    #[tokio::test]
+    async fn the_sweep_records_what_expired_and_the_ring_keeps_its_bound() {
+        let clock = ManualClock::new(Timestamp(1_000_000));
+        let retention = AuditRetention {
+            max_events: 3,
+            max_age: Duration::from_secs(3600),
+        };
+        let store = MemoryStore::with_audit(10, clock.clone(), retention);
+        claim_and_complete(&store, "a", Duration::from_secs(5)).await;
+        clock.advance(Duration::from_secs(10));
+        assert_eq!(store.sweep(), 1);
+        let all = store.audit(&AuditQuery::default()).await.expect("audit");
+        let kinds: Vec<_> = all.iter().map(|e| e.kind).collect();
+        use crate::audit::AuditKind::{Claimed, Completed, Expired};
+        assert_eq!(kinds, [Expired, Completed, Claimed]);
+        assert_eq!(
+            all[0].at,
+            Timestamp(1_005_000),
+            "expired when its TTL ran out"
+        );
+        claim_and_complete(&store, "b", Duration::from_secs(5)).await;
+        let all = store.audit(&AuditQuery::default()).await.expect("audit");
+        assert_eq!(all.len(), 3, "bounded: the oldest events went");
+        assert_eq!(all[0].key, "b");
+    }
+
     // Bug guarded: a key claimed again over its expired (unswept) record kept the old
     // record's place in age order, so eviction dropped it as "oldest" while it was the newest.
     #[tokio::test]
