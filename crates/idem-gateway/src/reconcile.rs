@@ -412,6 +412,11 @@ pub fn scoped_key(
 /// # Errors
 /// The store cannot be opened or listed, or the webhooks are ambiguous.
 pub async fn run_once(settings: &Settings, dry_run: bool, json: bool) -> anyhow::Result<u8> {
+    if matches!(settings.store, crate::store::StoreSpec::Memory { .. }) {
+        bail!(
+            "the memory store lives inside `idem serve`, out of reach of this process: use `[reconcile] every` there"
+        );
+    }
     let store = crate::store::open(
         &settings.store,
         &settings.store_options,
