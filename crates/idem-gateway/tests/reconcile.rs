@@ -312,3 +312,39 @@ async fn the_loop_in_serve_settles_unknown_records() {
     assert_eq!(replay.json()["reconciled"], true);
     assert_eq!(payments.charges(&acted), 1);
 }
+
+// Bug guarded: settling unknown records without asking the upstream. The unguarded variant
+// (here, in the test: release every unknown record, as a blind cleanup job would) lets the
+// retry of a charge that went through run again: the customer pays twice. The same retry
+// after `idem reconcile` is a replay (see the first test).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unguarded_blind_release_charges_twice() {
+    let dir = TempDir::new("reconcile-blind");
+    let (upstream, payments) = start_payments().await;
+    let gw = Gateway::start(&config(upstream, &dir.0.join("idem.db"), None), &[]);
+    let http = Http::new();
+    let acted = format!("acted-{}", uuid::Uuid::now_v7().simple());
+    assert_eq!(
+        pay(&http, &gw, &acted).await.status,
+        StatusCode::GATEWAY_TIMEOUT
+    );
+    let auth = format!("Bearer {ADMIN_TOKEN}");
+    let released = http
+        .send(
+            Method::POST,
+            &gw.admin_url(&format!(
+                "/admin/record/resolve?namespace=payments&key={acted}"
+            )),
+            &[("authorization", &auth)],
+            r#"{"outcome":"release"}"#,
+        )
+        .await;
+    assert_eq!(released.status, StatusCode::OK);
+    // The retry runs again; the upstream acts at once, then stalls past the timeout again.
+    let _ = pay(&http, &gw, &acted).await;
+    assert_eq!(
+        payments.charges(&acted),
+        2,
+        "the unguarded variant charges twice"
+    );
+}
