@@ -177,7 +177,8 @@ pub struct AuditEvent {
     /// How the change settled the record, for kinds that say more than their name:
     /// `released` → `retryable`; `unknown` → `ambiguous` (the holder said so) or
     /// `lease_expired` (held at takeover); `resolved` → `complete` or `release`; `fenced` →
-    /// the refused operation (`complete` or `release`).
+    /// the refused operation (`complete` or `release`); `expired` → `evicted` when the
+    /// memory store dropped the record early to make room.
     pub outcome: Option<String>,
     /// The stored response's status, for `completed` and `resolved` with a response.
     pub status: Option<u16>,

@@ -435,6 +435,26 @@ mod tests {
         assert_eq!(all[0].key, "b");
     }
 
+    #[tokio::test]
+    async fn an_eviction_at_capacity_is_recorded() {
+        let clock = ManualClock::new(Timestamp(1_000_000));
+        let store = MemoryStore::with_clock(1, clock.clone());
+        claim_and_complete(&store, "a", Duration::from_secs(100)).await;
+        claim_and_complete(&store, "b", Duration::from_secs(100)).await;
+        let evicted = store
+            .audit(&AuditQuery {
+                kind: Some(crate::audit::AuditKind::Expired),
+                ..AuditQuery::default()
+            })
+            .await
+            .expect("audit");
+        assert_eq!(evicted.len(), 1);
+        assert_eq!(
+            (evicted[0].key.as_str(), evicted[0].outcome.as_deref()),
+            ("a", Some("evicted"))
+        );
+    }
+
     // Bug guarded: a key claimed again over its expired (unswept) record kept the old
     // record's place in age order, so eviction dropped it as "oldest" while it was the newest.
     #[tokio::test]

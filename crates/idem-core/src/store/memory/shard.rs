@@ -201,7 +201,13 @@ impl Inner {
         match victim {
             Some((seq, hash)) => {
                 if let Ok(found) = self.records.find_entry(hash, |e| e.seq == seq) {
-                    found.remove();
+                    let (entry, _) = found.remove();
+                    // Removed before the end of its life to make room: recorded as expired
+                    // now, with the reason.
+                    let mut event = crate::audit::expired(&entry.record);
+                    event.at = now;
+                    event.outcome = Some("evicted".into());
+                    self.expired.push(event);
                 }
                 Ok(())
             }
