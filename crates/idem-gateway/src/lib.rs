@@ -6,6 +6,7 @@
 pub mod admin;
 pub mod app;
 pub mod claims;
+pub mod cli;
 pub mod config;
 pub mod demo;
 pub mod listener;
@@ -15,6 +16,7 @@ pub mod path;
 pub mod principal;
 pub mod protect;
 pub mod proxy;
+pub mod reconcile;
 pub mod reload;
 pub mod request;
 pub mod server;

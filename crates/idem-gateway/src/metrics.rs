@@ -180,7 +180,7 @@ impl<S: Store> Store for MeteredStore<S> {
         outcome
     }
 
-    idem_core::forward_store!(|m| &m.inner, around = m; renew, get, list, resolve, delete);
+    idem_core::forward_store!(|m| &m.inner, around = m; renew, get, list, resolve, delete, audit);
 }
 
 /// The label values of `idem_requests_total{outcome}`, in [`outcome_index`] order.

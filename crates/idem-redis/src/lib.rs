@@ -74,6 +74,7 @@
 //! crypto provider: the program using it must install a process-wide rustls provider. The
 //! `idem` gateway does not enable this feature yet, so `rediss://` does not work there.
 
+mod audit;
 mod batch;
 mod codec;
 pub mod config;

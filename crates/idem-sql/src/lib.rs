@@ -50,6 +50,7 @@
     allow(unused)
 )]
 
+mod audit;
 pub mod backstop;
 mod dialect;
 mod driver;

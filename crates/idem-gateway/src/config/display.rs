@@ -56,6 +56,26 @@ impl fmt::Display for Settings {
             )?,
             None => writeln!(f, "admin:     off")?,
         }
+        let r = &self.reconcile;
+        match r.every {
+            Some(every) => writeln!(
+                f,
+                "reconcile: every {} in serve: unknown records, and processing ones older than {}",
+                Dur(every),
+                Dur(r.after)
+            )?,
+            None => writeln!(
+                f,
+                "reconcile: on demand (`idem reconcile`): unknown records, and processing ones older than {}",
+                Dur(r.after)
+            )?,
+        }
+        writeln!(
+            f,
+            "audit:     at most {} events, none older than {}",
+            self.audit.max_events,
+            Dur(self.audit.max_age)
+        )?;
         writeln!(
             f,
             "shutdown:  drains in-flight requests for up to {}",
@@ -216,6 +236,9 @@ impl fmt::Display for Settings {
                 p.max_stored_response,
                 replay.join(", ")
             )?;
+            if let Some(url) = &p.status_url {
+                writeln!(f, "      reconcile:   asks {url}")?;
+            }
         }
         Ok(())
     }
