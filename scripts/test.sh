@@ -6,4 +6,6 @@ cd "$(dirname "$0")/.."
 .ci/ensure-services
 cargo test --workspace --all-targets --no-fail-fast
 cargo test --workspace --doc --no-fail-fast
+# The OTLP export test needs the gateway built with its optional `otlp` feature.
+cargo test -p idem-gateway --features otlp --test otlp
 if [ -x scripts/shuttle.sh ]; then scripts/shuttle.sh; fi

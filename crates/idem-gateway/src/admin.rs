@@ -1,6 +1,8 @@
 //! The admin listener: records by key, stuck and unknown records, resolve and delete,
 //! Prometheus metrics, health and readiness. Served on its own address, never on the data
-//! listener, and every path but `/healthz` and `/readyz` requires the bearer token.
+//! listener. `/healthz` and `/readyz` need no token;
+//! `/metrics` takes the admin token or the read-only metrics token (see [`crate::health`]);
+//! everything else requires the admin token.
 //!
 //! | method and path | does |
 //! |---|---|
@@ -33,12 +35,11 @@ use idem_core::{
     Key, ListFilter, Record, RecordState, Resolution, ResolveOutcome, Scope, ScopedKey, StateKind,
     Store, StoredResponse,
 };
-use metrics_exporter_prometheus::PrometheusHandle;
 use serde_json::{Value, json};
-use subtle::ConstantTimeEq as _;
 
 use crate::app::GatewayStore;
 use crate::config::Dur;
+use crate::health::{self, Health, Scrape};
 use crate::reload::Live;
 
 /// Largest resolve body accepted.
@@ -48,9 +49,8 @@ const MAX_RESOLVE_BODY: usize = 4 << 20;
 pub struct Admin {
     store: GatewayStore,
     token: String,
-    metrics: Option<PrometheusHandle>,
+    health: Arc<Health>,
     store_timeout: Duration,
-    probe: ScopedKey,
     live: Option<Arc<Live>>,
 }
 
@@ -63,58 +63,44 @@ impl std::fmt::Debug for Admin {
 type Params = Query<HashMap<String, String>>;
 
 impl Admin {
-    /// An admin API over `store`, guarded by `token`; `live` enables `POST /admin/reload`.
+    /// An admin API over `store`, guarded by `token`; `metrics` is what `/metrics` serves;
+    /// `live` enables `POST /admin/reload`.
     pub fn new(
         store: GatewayStore,
         token: String,
-        metrics: Option<PrometheusHandle>,
+        metrics: Option<Scrape>,
         store_timeout: Duration,
         live: Option<Arc<Live>>,
     ) -> Self {
-        let probe = ScopedKey::new(
-            Scope::new("idem.readyz").expect("a constant, valid namespace"),
-            Key::new("probe").expect("a constant, valid key"),
-        );
+        let health = Arc::new(Health::new(
+            store.clone(),
+            store_timeout,
+            token.clone(),
+            metrics,
+        ));
         Self {
             store,
             token,
-            metrics,
+            health,
             store_timeout,
-            probe,
             live,
         }
     }
 
-    /// The admin API as a router: health and readiness open, everything else behind the
-    /// bearer token (an unknown path without the token answers 401, not 404).
+    /// The admin API as a router: health and readiness open, metrics
+    /// for either token, everything else behind the admin token (an unknown path without
+    /// the token answers 401, not 404).
     pub fn router(self: Arc<Self>) -> Router {
         let guarded = Router::new()
-            .route("/metrics", get(metrics))
             .route("/admin/records", get(list))
             .route("/admin/record", get(get_record).delete(delete))
             .route("/admin/record/resolve", post(resolve))
             .route("/admin/reload", post(reload))
             .fallback(not_found)
             .layer(middleware::from_fn_with_state(Arc::clone(&self), authorize));
-        Router::new()
-            .route("/healthz", get(|| async { text(StatusCode::OK, "ok\n") }))
-            .route("/readyz", get(ready))
-            .merge(guarded)
-            .with_state(self)
-    }
-
-    fn authorized(&self, headers: &axum::http::HeaderMap) -> bool {
-        let Some(value) = headers
-            .get(header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-        else {
-            return false;
-        };
-        let Some((scheme, token)) = value.trim().split_once(' ') else {
-            return false;
-        };
-        scheme.eq_ignore_ascii_case("bearer")
-            && bool::from(token.trim().as_bytes().ct_eq(self.token.as_bytes()))
+        Arc::clone(&self.health)
+            .router()
+            .merge(guarded.with_state(self))
     }
 
     async fn timed<T>(
@@ -133,18 +119,10 @@ impl Admin {
 }
 
 async fn authorize(State(admin): State<Arc<Admin>>, req: Request, next: Next) -> Response {
-    if admin.authorized(req.headers()) {
+    if health::bearer_is(req.headers(), &admin.token) {
         return next.run(req).await;
     }
-    let mut res = error(
-        StatusCode::UNAUTHORIZED,
-        "a valid `Authorization: Bearer <token>` header is required",
-    );
-    res.headers_mut().insert(
-        header::WWW_AUTHENTICATE,
-        HeaderValue::from_static("Bearer realm=\"idem-admin\""),
-    );
-    res
+    health::unauthorized()
 }
 
 async fn not_found() -> Response {
@@ -171,31 +149,6 @@ async fn reload(State(admin): State<Arc<Admin>>) -> Response {
             tracing::error!(error = %reason, "admin: reload refused; the running configuration is kept");
             error(StatusCode::UNPROCESSABLE_ENTITY, &reason)
         }
-    }
-}
-
-async fn ready(State(admin): State<Arc<Admin>>) -> Response {
-    match tokio::time::timeout(admin.store_timeout, admin.store.get(&admin.probe)).await {
-        Ok(Ok(_)) => text(StatusCode::OK, "ready\n"),
-        Ok(Err(e)) => text(
-            StatusCode::SERVICE_UNAVAILABLE,
-            &format!("store unavailable: {e}\n"),
-        ),
-        Err(_) => text(StatusCode::SERVICE_UNAVAILABLE, "store timed out\n"),
-    }
-}
-
-async fn metrics(State(admin): State<Arc<Admin>>) -> Response {
-    match &admin.metrics {
-        Some(h) => {
-            let mut res = text(StatusCode::OK, &h.render());
-            res.headers_mut().insert(
-                header::CONTENT_TYPE,
-                HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
-            );
-            res
-        }
-        None => error(StatusCode::NOT_FOUND, "metrics are not enabled"),
     }
 }
 
@@ -407,15 +360,6 @@ fn record_json(r: &Record) -> Value {
         _ => v["state"] = "other".into(),
     }
     v
-}
-
-fn text(status: StatusCode, body: &str) -> Response {
-    let mut res = (status, body.to_owned()).into_response();
-    res.headers_mut().insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("text/plain; charset=utf-8"),
-    );
-    res
 }
 
 fn json_answer(status: StatusCode, body: &Value) -> Response {

@@ -8,6 +8,7 @@ mod display;
 mod key;
 mod listener;
 mod settings;
+mod telemetry;
 #[cfg(test)]
 mod tests;
 mod units;
@@ -25,6 +26,7 @@ pub use settings::{
     AdminSettings, FingerprintBody, FingerprintSettings, JwtKey, JwtSettings, LogFormat,
     PrincipalSource, Route, RoutePolicy, Settings, StatusSet, Unmatched, UpstreamFailure,
 };
+pub use telemetry::{OtelSettings, RawOtel};
 pub use units::{ByteSize, Dur};
 
 /// The default data listener.
@@ -66,6 +68,8 @@ pub struct RawConfig {
     pub log: Option<RawLog>,
     /// The admin listener (off unless `listen` and a token are set).
     pub admin: Option<RawAdmin>,
+    /// Export of request spans over OTLP (needs the `otlp` build feature).
+    pub otel: Option<RawOtel>,
     /// TLS on the data listener: `{ cert_file, key_file }`.
     pub tls: Option<RawTls>,
     /// Resource limits of the data listener.
@@ -105,6 +109,10 @@ pub struct RawAdmin {
     pub token: Option<String>,
     /// A file holding the bearer token (first line).
     pub token_file: Option<PathBuf>,
+    /// A read-only token that gets `/metrics` and nothing else (for a scraper).
+    pub metrics_token: Option<String>,
+    /// A file holding the metrics token (first line).
+    pub metrics_token_file: Option<PathBuf>,
     /// TLS on the admin listener: `{ cert_file, key_file }`.
     pub tls: Option<RawTls>,
 }
