@@ -1,6 +1,6 @@
 //! The admin listener: records by key, stuck and unknown records, resolve and delete,
-//! Prometheus metrics, health and readiness. Served on its own address, never on the data
-//! listener. `/healthz` and `/readyz` need no token;
+//! Prometheus metrics, health and readiness, and the dashboard. Served on its own address,
+//! never on the data listener. `/healthz`, `/readyz` and the dashboard's page need no token;
 //! `/metrics` takes the admin token or the read-only metrics token (see [`crate::health`]);
 //! everything else requires the admin token.
 //!
@@ -9,6 +9,7 @@
 //! | `GET /healthz` | 200 while the process runs |
 //! | `GET /readyz` | 200 when the store answers, else 503 |
 //! | `GET /metrics` | Prometheus text |
+//! | `GET /ui` | the dashboard (see [`crate::ui`]); its data comes from the guarded paths |
 //! | `GET /admin/records?state=&older_than=&namespace=&principal=&limit=` | lists records, oldest first |
 //! | `GET /admin/record?namespace=&principal=&key=` | one record |
 //! | `POST /admin/record/resolve?namespace=&principal=&key=` | settles an unknown (or expired processing) record |
@@ -87,7 +88,7 @@ impl Admin {
         }
     }
 
-    /// The admin API as a router: health and readiness open, metrics
+    /// The admin API as a router: health, readiness and the dashboard's page open, metrics
     /// for either token, everything else behind the admin token (an unknown path without
     /// the token answers 401, not 404).
     pub fn router(self: Arc<Self>) -> Router {
@@ -100,6 +101,7 @@ impl Admin {
             .layer(middleware::from_fn_with_state(Arc::clone(&self), authorize));
         Arc::clone(&self.health)
             .router()
+            .merge(crate::ui::router())
             .merge(guarded.with_state(self))
     }
 

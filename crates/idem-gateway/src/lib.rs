@@ -22,3 +22,4 @@ pub mod server;
 pub mod store;
 #[cfg(test)]
 mod test_support;
+pub mod ui;
