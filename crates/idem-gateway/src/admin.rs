@@ -1,12 +1,15 @@
 //! The admin listener: records by key, stuck and unknown records, resolve and delete,
-//! Prometheus metrics, health and readiness. Served on its own address, never on the data
-//! listener, and every path but `/healthz` and `/readyz` requires the bearer token.
+//! Prometheus metrics, health and readiness, and the dashboard. Served on its own address,
+//! never on the data listener. `/healthz`, `/readyz` and the dashboard's page need no token;
+//! `/metrics` takes the admin token or the read-only metrics token (see [`crate::health`]);
+//! everything else requires the admin token.
 //!
 //! | method and path | does |
 //! |---|---|
 //! | `GET /healthz` | 200 while the process runs |
 //! | `GET /readyz` | 200 when the store answers, else 503 |
 //! | `GET /metrics` | Prometheus text |
+//! | `GET /ui` | the dashboard (see [`crate::ui`]); its data comes from the guarded paths |
 //! | `GET /admin/records?state=&older_than=&namespace=&principal=&limit=` | lists records, oldest first |
 //! | `GET /admin/record?namespace=&principal=&key=` | one record |
 //! | `POST /admin/record/resolve?namespace=&principal=&key=` | settles an unknown (or expired processing) record |
@@ -40,12 +43,11 @@ use idem_core::{
     Key, ListFilter, Record, RecordState, Resolution, ResolveOutcome, Scope, ScopedKey, StateKind,
     Store, StoredResponse, Timestamp,
 };
-use metrics_exporter_prometheus::PrometheusHandle;
 use serde_json::{Value, json};
-use subtle::ConstantTimeEq as _;
 
 use crate::app::GatewayStore;
 use crate::config::Dur;
+use crate::health::{self, Health, Scrape};
 use crate::reload::Live;
 
 /// The header naming who makes a change through the admin API (see the module docs).
@@ -58,9 +60,8 @@ const MAX_RESOLVE_BODY: usize = 4 << 20;
 pub struct Admin {
     store: GatewayStore,
     token: String,
-    metrics: Option<PrometheusHandle>,
+    health: Arc<Health>,
     store_timeout: Duration,
-    probe: ScopedKey,
     live: Option<Arc<Live>>,
 }
 
@@ -73,33 +74,35 @@ impl std::fmt::Debug for Admin {
 type Params = Query<HashMap<String, String>>;
 
 impl Admin {
-    /// An admin API over `store`, guarded by `token`; `live` enables `POST /admin/reload`.
+    /// An admin API over `store`, guarded by `token`; `metrics` is what `/metrics` serves;
+    /// `live` enables `POST /admin/reload`.
     pub fn new(
         store: GatewayStore,
         token: String,
-        metrics: Option<PrometheusHandle>,
+        metrics: Option<Scrape>,
         store_timeout: Duration,
         live: Option<Arc<Live>>,
     ) -> Self {
-        let probe = ScopedKey::new(
-            Scope::new("idem.readyz").expect("a constant, valid namespace"),
-            Key::new("probe").expect("a constant, valid key"),
-        );
+        let health = Arc::new(Health::new(
+            store.clone(),
+            store_timeout,
+            token.clone(),
+            metrics,
+        ));
         Self {
             store,
             token,
-            metrics,
+            health,
             store_timeout,
-            probe,
             live,
         }
     }
 
-    /// The admin API as a router: health and readiness open, everything else behind the
-    /// bearer token (an unknown path without the token answers 401, not 404).
+    /// The admin API as a router: health, readiness and the dashboard's page open, metrics
+    /// for either token, everything else behind the admin token (an unknown path without
+    /// the token answers 401, not 404).
     pub fn router(self: Arc<Self>) -> Router {
         let guarded = Router::new()
-            .route("/metrics", get(metrics))
             .route("/admin/records", get(list))
             .route("/admin/record", get(get_record).delete(delete))
             .route("/admin/record/resolve", post(resolve))
@@ -107,25 +110,10 @@ impl Admin {
             .route("/admin/audit", get(audit_trail))
             .fallback(not_found)
             .layer(middleware::from_fn_with_state(Arc::clone(&self), authorize));
-        Router::new()
-            .route("/healthz", get(|| async { text(StatusCode::OK, "ok\n") }))
-            .route("/readyz", get(ready))
-            .merge(guarded)
-            .with_state(self)
-    }
-
-    fn authorized(&self, headers: &axum::http::HeaderMap) -> bool {
-        let Some(value) = headers
-            .get(header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-        else {
-            return false;
-        };
-        let Some((scheme, token)) = value.trim().split_once(' ') else {
-            return false;
-        };
-        scheme.eq_ignore_ascii_case("bearer")
-            && bool::from(token.trim().as_bytes().ct_eq(self.token.as_bytes()))
+        Arc::clone(&self.health)
+            .router()
+            .merge(crate::ui::router())
+            .merge(guarded.with_state(self))
     }
 
     async fn timed<T>(
@@ -144,18 +132,10 @@ impl Admin {
 }
 
 async fn authorize(State(admin): State<Arc<Admin>>, req: Request, next: Next) -> Response {
-    if admin.authorized(req.headers()) {
+    if health::bearer_is(req.headers(), &admin.token) {
         return next.run(req).await;
     }
-    let mut res = error(
-        StatusCode::UNAUTHORIZED,
-        "a valid `Authorization: Bearer <token>` header is required",
-    );
-    res.headers_mut().insert(
-        header::WWW_AUTHENTICATE,
-        HeaderValue::from_static("Bearer realm=\"idem-admin\""),
-    );
-    res
+    health::unauthorized()
 }
 
 async fn not_found() -> Response {
@@ -182,31 +162,6 @@ async fn reload(State(admin): State<Arc<Admin>>) -> Response {
             tracing::error!(error = %reason, "admin: reload refused; the running configuration is kept");
             error(StatusCode::UNPROCESSABLE_ENTITY, &reason)
         }
-    }
-}
-
-async fn ready(State(admin): State<Arc<Admin>>) -> Response {
-    match tokio::time::timeout(admin.store_timeout, admin.store.get(&admin.probe)).await {
-        Ok(Ok(_)) => text(StatusCode::OK, "ready\n"),
-        Ok(Err(e)) => text(
-            StatusCode::SERVICE_UNAVAILABLE,
-            &format!("store unavailable: {e}\n"),
-        ),
-        Err(_) => text(StatusCode::SERVICE_UNAVAILABLE, "store timed out\n"),
-    }
-}
-
-async fn metrics(State(admin): State<Arc<Admin>>) -> Response {
-    match &admin.metrics {
-        Some(h) => {
-            let mut res = text(StatusCode::OK, &h.render());
-            res.headers_mut().insert(
-                header::CONTENT_TYPE,
-                HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
-            );
-            res
-        }
-        None => error(StatusCode::NOT_FOUND, "metrics are not enabled"),
     }
 }
 
@@ -526,15 +481,6 @@ fn record_json(r: &Record) -> Value {
         _ => v["state"] = "other".into(),
     }
     v
-}
-
-fn text(status: StatusCode, body: &str) -> Response {
-    let mut res = (status, body.to_owned()).into_response();
-    res.headers_mut().insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("text/plain; charset=utf-8"),
-    );
-    res
 }
 
 fn json_answer(status: StatusCode, body: &Value) -> Response {

@@ -17,22 +17,27 @@ use idem_core::{BoxStore, Engine, Kept, Outcome, Policy, Refusal};
 use idem_http::{Idempotency, IdempotencyLayer, PathParams, Problem, RequestBody, X_REQUEST_ID};
 use tower::{Layer as _, Service as _};
 
+use tracing::Instrument as _;
+
 use crate::claims::TrackedStore;
 use crate::config::{Route, Settings, Unmatched};
-use crate::metrics::{MeteredStore, OutcomeCounters};
+use crate::metrics::{NO_ROUTE, RequestMetrics};
+use crate::observe::{RequestSpan, TimedProxy};
 use crate::path::{self, PathRejection, TrailingSlash};
 use crate::protect::layer_config;
 use crate::proxy::{self, HttpClient, Proxy, ResBody};
 use crate::status::StatusEndpoint;
 
-/// The store as the gateway uses it: any backend, measured, with the claims this process
-/// holds tracked for shutdown.
-pub type GatewayStore = TrackedStore<MeteredStore<BoxStore>>;
+/// The store as the gateway uses it, with the claims this process holds tracked for
+/// shutdown. [`crate::server`] puts any backend behind it, measured
+/// ([`MeteredStore`](crate::metrics::MeteredStore)) and, if configured, behind the local
+/// cache of completed responses.
+pub type GatewayStore = TrackedStore<BoxStore>;
 
-type Protected = Idempotency<Proxy, GatewayStore>;
+type Protected = Idempotency<TimedProxy, GatewayStore>;
 
 enum Handler {
-    Plain(Proxy),
+    Plain(TimedProxy),
     Protected(Protected),
 }
 
@@ -45,12 +50,12 @@ struct Entry {
 pub struct App {
     entries: Vec<Entry>,
     /// Where unmatched requests go when `unmatched = "proxy"`.
-    fallback: Option<Proxy>,
+    fallback: Option<TimedProxy>,
     /// The status endpoint, answered before any route and never forwarded.
     status: Option<StatusEndpoint>,
     trailing_slash: TrailingSlash,
     request_id: HeaderName,
-    outcomes: OutcomeCounters,
+    metrics: RequestMetrics,
 }
 
 impl std::fmt::Debug for App {
@@ -89,9 +94,10 @@ impl App {
                 let proxy =
                     Proxy::new(client.clone(), target, timeout, Some(p.max_stored_response))?;
                 let layer = IdempotencyLayer::new(&engine, layer_config(p)?);
-                Handler::Protected(layer.layer(proxy))
+                Handler::Protected(layer.layer(TimedProxy::new(proxy, &route.name)))
             } else {
-                Handler::Plain(Proxy::new(client.clone(), target, timeout, None)?)
+                let proxy = Proxy::new(client.clone(), target, timeout, None)?;
+                Handler::Plain(TimedProxy::new(proxy, &route.name))
             };
             entries.push(Entry {
                 route: route.clone(),
@@ -101,7 +107,8 @@ impl App {
         let fallback = match settings.unmatched {
             Unmatched::Proxy => upstream
                 .map(|u| Proxy::new(client.clone(), u, Duration::from_secs(30), None))
-                .transpose()?,
+                .transpose()?
+                .map(|proxy| TimedProxy::new(proxy, NO_ROUTE)),
             Unmatched::Reject | Unmatched::Protect => None,
         };
         let status = settings
@@ -115,7 +122,7 @@ impl App {
             status,
             trailing_slash: settings.trailing_slash,
             request_id: settings.request_id_header.clone(),
-            outcomes: OutcomeCounters::new(),
+            metrics: RequestMetrics::new(settings.routes.iter().map(|r| r.name.as_str())),
         })
     }
 
@@ -127,22 +134,30 @@ impl App {
     /// Handles one request from `peer` (what [`service`] calls: the peer's address is
     /// rendered once per connection, not per request).
     pub async fn handle_from(&self, req: Request<Incoming>, peer: &Peer) -> Response<ResBody> {
+        let started = Instant::now();
         // Everything only the access log needs is skipped when it is off.
         let log = tracing::enabled!(tracing::Level::INFO);
-        let started = log.then(Instant::now);
         let (mut parts, body) = req.into_parts();
         let request_id = request_id(&mut parts, &self.request_id);
+        let span = RequestSpan::new(&request_id);
         append_forwarded_for(&mut parts, peer);
         let method = log.then(|| parts.method.clone());
         let path = log.then(|| parts.uri.path().to_owned());
         let (mut res, route) = match &self.status {
             Some(status) if status.owns(parts.uri.path(), self.trailing_slash) => {
-                (status.answer(parts).await, "status")
+                (status.answer(parts).await, self.metrics.no_route())
             }
             // Routes match the normalised path, and the upstream receives that same path.
             _ => match normalize_uri(&mut parts.uri, self.trailing_slash) {
-                Ok(()) => self.route(parts, body).await,
-                Err(rejection) => (proxy::boxed(path_rejected(rejection)), "-"),
+                Ok(()) => {
+                    self.route(parts, body)
+                        .instrument(span.span().clone())
+                        .await
+                }
+                Err(rejection) => (
+                    proxy::boxed(path_rejected(rejection)),
+                    self.metrics.no_route(),
+                ),
             },
         };
         // The layer and the branches above attach one to every answer; a missing one would
@@ -152,17 +167,25 @@ impl App {
             .get::<Outcome>()
             .copied()
             .unwrap_or(Outcome::Executed(Kept::Stored));
-        self.outcomes.record(outcome);
-        if let Some(started) = started {
+        let elapsed = started.elapsed();
+        self.metrics.record(route, outcome, elapsed);
+        let route = self
+            .entries
+            .get(route)
+            .map_or(NO_ROUTE, |e| e.route.name.as_str());
+        let status = res.status().as_u16();
+        span.finish(route, outcome, status);
+        if log {
+            let _in = span.span().enter();
             tracing::info!(
                 request_id = request_id.to_str().unwrap_or("-"),
                 method = method.as_ref().map_or("-", |m| m.as_str()),
                 path = path.as_deref().unwrap_or("-"),
                 route,
-                status = res.status().as_u16(),
+                status,
                 outcome = outcome.as_str(),
                 detail = detail(outcome),
-                micros = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX),
+                micros = u64::try_from(elapsed.as_micros()).unwrap_or(u64::MAX),
                 "request"
             );
         }
@@ -174,11 +197,14 @@ impl App {
 
 impl App {
     /// Finds the request's route and answers through it: the layer, a plain proxy, the
-    /// unmatched proxy, or 404.
-    async fn route(&self, mut parts: Parts, body: Incoming) -> (Response<ResBody>, &str) {
-        let entry = self.entries.iter().find(|e| {
+    /// unmatched proxy, or 404. Also says which route answered (its index, or
+    /// [`RequestMetrics::no_route`]).
+    async fn route(&self, mut parts: Parts, body: Incoming) -> (Response<ResBody>, usize) {
+        let found = self.entries.iter().position(|e| {
             e.route.methods.contains(&parts.method) && e.route.pattern.matches(parts.uri.path())
         });
+        let entry = found.and_then(|i| self.entries.get(i));
+        let index = found.unwrap_or(self.metrics.no_route());
         if let Some(spelled) = entry.and_then(|e| e.route.pattern.respell(parts.uri.path())) {
             // The same path, and a valid one: only letters changed case.
             let _ = set_path(&mut parts.uri, spelled);
@@ -188,29 +214,24 @@ impl App {
             parts.extensions.insert(PathParams(params));
         }
         let req = Request::from_parts(parts, RequestBody::new(body));
-        match entry {
+        let res = match entry {
             None => match &self.fallback {
-                Some(proxy) => (proxy::boxed(passthrough(proxy.forward(req).await)), "-"),
-                None => (proxy::boxed(no_route()), "-"),
+                Some(proxy) => proxy::boxed(passthrough(proxy.forward(req).await)),
+                None => proxy::boxed(no_route()),
             },
             Some(Entry {
-                route,
                 handler: Handler::Plain(proxy),
-            }) => (
-                proxy::boxed(passthrough(proxy.forward(req).await)),
-                route.name.as_str(),
-            ),
+                ..
+            }) => proxy::boxed(passthrough(proxy.forward(req).await)),
             Some(Entry {
-                route,
                 handler: Handler::Protected(svc),
-            }) => {
-                let res = match svc.clone().call(req).await {
-                    Ok(res) => res,
-                    Err(never) => match never {},
-                };
-                (proxy::boxed(res), route.name.as_str())
-            }
-        }
+                ..
+            }) => match svc.clone().call(req).await {
+                Ok(res) => proxy::boxed(res),
+                Err(never) => match never {},
+            },
+        };
+        (res, index)
     }
 }
 
@@ -229,7 +250,8 @@ impl App {
         );
         let outcome = Outcome::Refused(Refusal::Overloaded);
         res.extensions_mut().insert(outcome);
-        self.outcomes.record(outcome);
+        self.metrics
+            .record(self.metrics.no_route(), outcome, Duration::ZERO);
         proxy::boxed(res)
     }
 }

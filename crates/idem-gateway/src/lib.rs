@@ -9,9 +9,11 @@ pub mod claims;
 pub mod cli;
 pub mod config;
 pub mod demo;
+pub mod health;
 pub mod listener;
 pub mod matcher;
 pub mod metrics;
+pub mod observe;
 pub mod path;
 pub mod principal;
 pub mod protect;
@@ -24,3 +26,4 @@ pub mod status;
 pub mod store;
 #[cfg(test)]
 mod test_support;
+pub mod ui;

@@ -17,10 +17,11 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use clap::{Args, Parser, Subcommand};
+use clap::{Args, CommandFactory as _, FromArgMatches as _, Parser, Subcommand};
 
 use anyhow::Context as _;
 use idem_gateway::config::{self, LogFormat, OverrideAdmin, OverrideLog, Overrides, Settings};
+use idem_gateway::observe::{build, logging};
 use idem_gateway::{cli, demo, metrics, reconcile, request, server, store};
 
 /// mimalloc keeps freed blocks on per-thread lists: a proxy frees on one worker thread much of
@@ -159,7 +160,12 @@ fn main() -> ExitCode {
         eprintln!("error: a TLS crypto provider was already installed");
         return ExitCode::FAILURE;
     }
-    let cli = Cli::parse();
+    // `--version` names the store backends this build can open.
+    let matches = Cli::command().version(build::version_line()).get_matches();
+    let cli = match Cli::from_arg_matches(&matches) {
+        Ok(cli) => cli,
+        Err(e) => e.exit(),
+    };
     match cli.command {
         Command::CheckConfig(args) => check_config(&args),
         Command::Serve(args) => serve(&args, false),
@@ -188,7 +194,7 @@ fn reconcile(args: &ServeArgs, dry_run: bool, json: bool) -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let _ = init_logging(settings.log_format, "warn");
+    let _ = logging::init(settings.log_format, "warn", None);
     let Some(runtime) = runtime() else {
         return ExitCode::FAILURE;
     };
@@ -233,10 +239,25 @@ fn serve(args: &ServeArgs, demo: bool) -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    if let Err(e) = init_logging(settings.log_format, &settings.log_level) {
-        eprintln!("error: {e:#}");
-        return ExitCode::from(2);
-    }
+    let Some(runtime) = runtime() else {
+        return ExitCode::FAILURE;
+    };
+    // Inside the runtime: the span exporter's channel runs on it.
+    let telemetry = {
+        let _in = runtime.enter();
+        logging::init(
+            settings.log_format,
+            &settings.log_level,
+            settings.otel.as_ref(),
+        )
+    };
+    let telemetry = match telemetry {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            return ExitCode::from(2);
+        }
+    };
     let metrics = match metrics::install() {
         Ok(h) => Some(h),
         Err(e) => {
@@ -244,12 +265,10 @@ fn serve(args: &ServeArgs, demo: bool) -> ExitCode {
             None
         }
     };
-    let Some(runtime) = runtime() else {
-        return ExitCode::FAILURE;
-    };
     let again = args.clone();
     let load = Box::new(move || again.settings(demo).map(|(settings, _)| settings));
     let result = runtime.block_on(server::run(settings, metrics, load));
+    telemetry.shutdown();
     runtime.shutdown_timeout(std::time::Duration::from_secs(1));
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -262,7 +281,7 @@ fn serve(args: &ServeArgs, demo: bool) -> ExitCode {
 }
 
 fn sample_upstream(listen: SocketAddr) -> ExitCode {
-    let _ = init_logging(LogFormat::Text, "warn");
+    let _ = logging::init(LogFormat::Text, "warn", None);
     let Some(runtime) = runtime() else {
         return ExitCode::FAILURE;
     };
@@ -301,23 +320,4 @@ fn runtime() -> Option<tokio::runtime::Runtime> {
             None
         }
     }
-}
-
-fn init_logging(format: LogFormat, level: &str) -> anyhow::Result<()> {
-    use tracing_subscriber::EnvFilter;
-    let filter = match std::env::var("RUST_LOG") {
-        Ok(v) if !v.is_empty() => EnvFilter::try_new(v),
-        _ => EnvFilter::try_new(level),
-    }
-    .map_err(|e| anyhow::anyhow!("log level `{level}`: {e}"))?;
-    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(ansi);
-    let result = match format {
-        LogFormat::Json => builder.json().flatten_event(true).try_init(),
-        LogFormat::Text => builder.try_init(),
-    };
-    result.map_err(|e| anyhow::anyhow!("{e}"))
 }

@@ -5,10 +5,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use idem_core::store::{Around, StoreFuture, StoreOp};
-use idem_core::{
-    ClaimOutcome, ClaimRequest, Outcome, OwnerId, Refusal, ReleaseKind, ScopedKey, SettleOutcome,
-    Store, StoreError, StoredResponse,
-};
+use idem_core::{ClaimOutcome, ClaimRequest, Outcome, Refusal, Store, StoreError};
 use metrics::{Counter, Histogram};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 
@@ -25,24 +22,25 @@ pub fn install() -> anyhow::Result<PrometheusHandle> {
         .install_recorder()?;
     metrics::describe_counter!(
         "idem_requests_total",
-        "Requests through the gateway, by outcome"
-    );
-    metrics::describe_counter!("idem_replays_total", "Stored responses replayed");
-    metrics::describe_counter!(
-        "idem_conflicts_total",
-        "Requests refused because the same key was in flight (409)"
+        "Requests through the gateway, by route and outcome"
     );
     metrics::describe_counter!(
-        "idem_mismatches_total",
-        "Keys reused with a different request (422)"
+        "idem_refusals_total",
+        "Requests refused before anything ran, by reason (a breakdown of outcome=\"refused\")"
+    );
+    metrics::describe_histogram!(
+        "idem_request_duration_seconds",
+        metrics::Unit::Seconds,
+        "Time from a request's arrival to its response head, by route and outcome"
+    );
+    metrics::describe_histogram!(
+        "idem_upstream_duration_seconds",
+        metrics::Unit::Seconds,
+        "Time the upstream took to answer (failures included), by route"
     );
     metrics::describe_counter!(
         "idem_takeovers_total",
         "Expired leases taken over by a new claim"
-    );
-    metrics::describe_counter!(
-        "idem_fenced_total",
-        "Results discarded because a newer holder owned the key"
     );
     metrics::describe_counter!(
         "idem_store_errors_total",
@@ -51,12 +49,29 @@ pub fn install() -> anyhow::Result<PrometheusHandle> {
     metrics::describe_histogram!(
         "idem_store_op_seconds",
         metrics::Unit::Seconds,
-        "Store operation latency, by operation"
+        "Store round-trip latency, by operation (answers from the local cache are not store operations)"
     );
     metrics::describe_counter!(
         "idem_upstream_failures_total",
         "Upstream failures, by kind (connect, timeout, reset)"
     );
+    metrics::describe_gauge!(
+        "idem_claims_held",
+        "Claims this process holds right now (handlers running or settling)"
+    );
+    metrics::describe_counter!(
+        "idem_cache_hits_total",
+        "Claims answered from the local cache of completed responses"
+    );
+    metrics::describe_counter!(
+        "idem_cache_misses_total",
+        "Claims the local cache passed on to the store"
+    );
+    metrics::describe_gauge!(
+        "idem_build_info",
+        "Always 1; the labels name the version and the compiled-in store backends"
+    );
+    crate::observe::build::record_build_info();
     Ok(handle)
 }
 
@@ -68,11 +83,9 @@ struct OpMetrics {
 struct Handles {
     ops: Vec<OpMetrics>,
     takeovers: Counter,
-    fenced: Counter,
 }
 
-/// Wraps a store: measures latency and errors per operation, and counts takeovers and
-/// fenced results.
+/// Wraps a store: measures latency and errors per operation, and counts takeovers.
 #[derive(Clone)]
 pub struct MeteredStore<S> {
     inner: S,
@@ -98,7 +111,6 @@ impl<S: Store> MeteredStore<S> {
         let handles = Handles {
             ops,
             takeovers: metrics::counter!("idem_takeovers_total"),
-            fenced: metrics::counter!("idem_fenced_total"),
         };
         Self {
             inner,
@@ -109,12 +121,6 @@ impl<S: Store> MeteredStore<S> {
     /// The wrapped store.
     pub fn inner(&self) -> &S {
         &self.inner
-    }
-
-    fn settled(&self, outcome: &Result<SettleOutcome, StoreError>) {
-        if matches!(outcome, Ok(SettleOutcome::Fenced)) {
-            self.handles.fenced.increment(1);
-        }
     }
 }
 
@@ -147,40 +153,7 @@ impl<S: Store> Store for MeteredStore<S> {
         Ok(outcome)
     }
 
-    async fn complete(
-        &self,
-        key: &ScopedKey,
-        owner: OwnerId,
-        fence: u64,
-        response: &StoredResponse,
-        ttl: Duration,
-    ) -> Result<SettleOutcome, StoreError> {
-        let outcome = self
-            .around(StoreOp::Complete, || {
-                self.inner.complete(key, owner, fence, response, ttl)
-            })
-            .await;
-        self.settled(&outcome);
-        outcome
-    }
-
-    async fn release(
-        &self,
-        key: &ScopedKey,
-        owner: OwnerId,
-        fence: u64,
-        kind: ReleaseKind,
-    ) -> Result<SettleOutcome, StoreError> {
-        let outcome = self
-            .around(StoreOp::Release, || {
-                self.inner.release(key, owner, fence, kind)
-            })
-            .await;
-        self.settled(&outcome);
-        outcome
-    }
-
-    idem_core::forward_store!(|m| &m.inner, around = m; renew, get, list, resolve, delete, audit);
+    idem_core::forward_store!(|m| &m.inner, around = m; complete, release, renew, get, list, resolve, delete, audit);
 }
 
 /// The label values of `idem_requests_total{outcome}`, in [`outcome_index`] order.
@@ -219,63 +192,87 @@ fn refusal_index(r: Refusal) -> Option<usize> {
     REFUSALS.iter().position(|l| *l == r.as_str())
 }
 
-/// The per-outcome request counters, looked up in the recorder once: incrementing a held
-/// handle is one atomic add, where registering a labelled counter per request would look
-/// it up in the registry every time.
+/// The label `route` takes for requests no route matched (and for requests refused before
+/// routing).
+pub const NO_ROUTE: &str = "-";
+
+/// The per-route, per-outcome request counters and latency histograms, looked up in the
+/// recorder once: incrementing a held handle is one atomic add, where registering a labelled
+/// metric per request would look it up in the registry every time.
 #[derive(Clone)]
-pub struct OutcomeCounters {
-    requests: Vec<Counter>,
+pub struct RequestMetrics {
+    /// `[route][outcome]`; the last route is [`NO_ROUTE`].
+    requests: Vec<Vec<Counter>>,
+    latency: Vec<Vec<Histogram>>,
     refusals: Vec<Counter>,
-    replays: Counter,
-    conflicts: Counter,
-    mismatches: Counter,
 }
 
-impl std::fmt::Debug for OutcomeCounters {
+impl std::fmt::Debug for RequestMetrics {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("OutcomeCounters").finish_non_exhaustive()
+        f.debug_struct("RequestMetrics")
+            .field("routes", &self.requests.len())
+            .finish_non_exhaustive()
     }
 }
 
-impl Default for OutcomeCounters {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
-impl OutcomeCounters {
-    /// Handles from whichever recorder is installed now (none: they are dropped).
-    pub fn new() -> Self {
+impl RequestMetrics {
+    /// Handles for `routes` (by name, in match order) plus [`NO_ROUTE`], from whichever
+    /// recorder is installed now (none: they are dropped).
+    pub fn new<'a>(routes: impl IntoIterator<Item = &'a str>) -> Self {
+        let names: Vec<String> = routes
+            .into_iter()
+            .chain([NO_ROUTE])
+            .map(str::to_owned)
+            .collect();
+        let requests = names
+            .iter()
+            .map(|route| {
+                OUTCOMES
+                    .iter()
+                    .map(|o| metrics::counter!("idem_requests_total", "route" => route.clone(), "outcome" => *o))
+                    .collect()
+            })
+            .collect();
+        let latency = names
+            .iter()
+            .map(|route| {
+                OUTCOMES
+                    .iter()
+                    .map(|o| metrics::histogram!("idem_request_duration_seconds", "route" => route.clone(), "outcome" => *o))
+                    .collect()
+            })
+            .collect();
         Self {
-            requests: OUTCOMES
-                .iter()
-                .map(|o| metrics::counter!("idem_requests_total", "outcome" => *o))
-                .collect(),
+            requests,
+            latency,
             refusals: REFUSALS
                 .iter()
                 .map(|r| metrics::counter!("idem_refusals_total", "reason" => *r))
                 .collect(),
-            replays: metrics::counter!("idem_replays_total"),
-            conflicts: metrics::counter!("idem_conflicts_total"),
-            mismatches: metrics::counter!("idem_mismatches_total"),
         }
     }
 
-    /// Counts one request's outcome.
-    pub fn record(&self, outcome: Outcome) {
-        if let Some(c) = outcome_index(outcome).and_then(|i| self.requests.get(i)) {
-            c.increment(1);
-        }
-        match outcome {
-            Outcome::Replayed => self.replays.increment(1),
-            Outcome::InFlight => self.conflicts.increment(1),
-            Outcome::Mismatch => self.mismatches.increment(1),
-            Outcome::Refused(why) => {
-                if let Some(c) = refusal_index(why).and_then(|i| self.refusals.get(i)) {
-                    c.increment(1);
-                }
+    /// The index [`record`](Self::record) takes for requests no route matched.
+    pub fn no_route(&self) -> usize {
+        self.requests.len().saturating_sub(1)
+    }
+
+    /// Counts one request of route `route` (its index in match order, or
+    /// [`no_route`](Self::no_route)) that ended as `outcome` after `elapsed`.
+    pub fn record(&self, route: usize, outcome: Outcome, elapsed: Duration) {
+        let route = route.min(self.no_route());
+        if let Some(i) = outcome_index(outcome) {
+            if let Some(c) = self.requests.get(route).and_then(|r| r.get(i)) {
+                c.increment(1);
             }
-            _ => {}
+            if let Some(h) = self.latency.get(route).and_then(|r| r.get(i)) {
+                h.record(elapsed.as_secs_f64());
+            }
+        }
+        if let Outcome::Refused(why) = outcome
+            && let Some(c) = refusal_index(why).and_then(|i| self.refusals.get(i))
+        {
+            c.increment(1);
         }
     }
 }

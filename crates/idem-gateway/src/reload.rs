@@ -136,9 +136,14 @@ fn build_app(
 /// Refuses changes a running process cannot make in place.
 fn restart_only(now: &Settings, next: &Settings) -> anyhow::Result<()> {
     let admin = |s: &Settings| {
-        s.admin
-            .as_ref()
-            .map(|a| (a.listen, a.token.clone(), a.tls.is_some()))
+        s.admin.as_ref().map(|a| {
+            (
+                a.listen,
+                a.token.clone(),
+                a.metrics_token.clone(),
+                a.tls.is_some(),
+            )
+        })
     };
     let checks = [
         ("listen", now.listen != next.listen),
@@ -158,6 +163,7 @@ fn restart_only(now: &Settings, next: &Settings) -> anyhow::Result<()> {
         ("store_cache_*", now.store_cache != next.store_cache),
         ("demo_upstream", now.demo_upstream != next.demo_upstream),
         ("admin", admin(now) != admin(next)),
+        ("otel", now.otel != next.otel),
         ("tls (on or off)", now.tls.is_some() != next.tls.is_some()),
         ("limits", now.limits != next.limits),
         (

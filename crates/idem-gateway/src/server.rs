@@ -16,6 +16,7 @@ use anyhow::Context as _;
 use http::{Request, Response};
 use http_body_util::BodyExt as _;
 use hyper::body::Incoming;
+use idem_core::{BoxStore, CachedStore};
 use idem_http::BoxError;
 use metrics_exporter_prometheus::PrometheusHandle;
 use tokio::net::TcpListener;
@@ -25,6 +26,7 @@ use crate::admin::Admin;
 use crate::app::{GatewayStore, Peer};
 use crate::claims::TrackedStore;
 use crate::config::Settings;
+use crate::health::Scrape;
 use crate::metrics::MeteredStore;
 use crate::proxy::ResBody;
 use crate::reload::{Live, LoadSettings};
@@ -48,11 +50,21 @@ pub async fn run(
         &settings.store,
         &settings.store_options,
         settings.store_timeout,
-        settings.store_cache,
+        None,
     )
     .await
     .with_context(|| format!("cannot open store {}", settings.store))?;
-    let store = TrackedStore::new(MeteredStore::new(backend));
+    // Measured below the cache, so store latency is the store's, and cache hits are counted
+    // as hits rather than as very fast store calls.
+    let backend = MeteredStore::new(backend);
+    let (store, cache) = match settings.store_cache {
+        Some((entries, max_age)) => {
+            let cached = CachedStore::new(backend, entries, max_age);
+            (BoxStore::new(cached.clone()), Some(cached))
+        }
+        None => (BoxStore::new(backend), None),
+    };
+    let store = TrackedStore::new(store);
     if let Some(handle) = &metrics {
         // Histograms keep raw samples until upkeep folds them into buckets: without it,
         // memory grows with every request between scrapes.
@@ -98,10 +110,17 @@ pub async fn run(
             if addr == data_addr {
                 anyhow::bail!("the admin listener must not share the data listener's address");
             }
+            let scrape = metrics.map(|handle| {
+                let scrape = Scrape::new(handle).read_token(a.metrics_token.clone());
+                match cache.clone() {
+                    Some(cache) => scrape.cache(move || cache.stats()),
+                    None => scrape,
+                }
+            });
             let admin = Arc::new(Admin::new(
                 store.clone(),
                 a.token.clone(),
-                metrics,
+                scrape,
                 settings.store_timeout,
                 Some(Arc::clone(&live)),
             ));

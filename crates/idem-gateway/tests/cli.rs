@@ -67,7 +67,7 @@ idempotency = false
         "ttl 1h",
         "expired lease -> Hold",
         "idempotency: off (plain proxy)",
-        "admin:     127.0.0.1:9091 (bearer token required)",
+        "admin:     127.0.0.1:9091 (bearer token required;",
         "PostgreSQL, shared",
         "ok: configuration is valid",
     ] {

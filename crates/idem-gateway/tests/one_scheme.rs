@@ -71,7 +71,7 @@ principal = {{ from = "header", header = "x-api-key" }}
     ))
     .expect("toml");
     let settings = config::compile(&raw).expect("valid");
-    let store = TrackedStore::new(MeteredStore::new(BoxStore::new(store)));
+    let store = TrackedStore::new(BoxStore::new(MeteredStore::new(BoxStore::new(store))));
     let client = proxy::client(Duration::from_secs(1), 8);
     let app = Arc::new(
         App::new(

@@ -470,11 +470,9 @@ async fn the_admin_api_needs_its_token_and_its_own_listener() {
         .await;
     let text = String::from_utf8_lossy(&metrics.body).into_owned();
     for needle in [
-        "idem_requests_total{outcome=\"executed\"}",
-        "idem_requests_total{outcome=\"replayed\"}",
-        "idem_requests_total{outcome=\"mismatch\"}",
-        "idem_replays_total",
-        "idem_mismatches_total",
+        "idem_requests_total{route=\"default\",outcome=\"executed\"} 1",
+        "idem_requests_total{route=\"default\",outcome=\"replayed\"} 1",
+        "idem_requests_total{route=\"default\",outcome=\"mismatch\"} 1",
         "idem_store_op_seconds_bucket{op=\"claim\"",
     ] {
         assert!(text.contains(needle), "metrics lack {needle}:\n{text}");
@@ -535,7 +533,7 @@ async fn an_upstream_answer_in_idems_problem_format_counts_as_an_execution() {
         .await;
     let text = String::from_utf8_lossy(&metrics.body).into_owned();
     let count = |outcome: &str| {
-        let prefix = format!("idem_requests_total{{outcome=\"{outcome}\"}} ");
+        let prefix = format!("idem_requests_total{{route=\"default\",outcome=\"{outcome}\"}} ");
         text.lines()
             .find_map(|l| l.strip_prefix(prefix.as_str()))
             .and_then(|n| n.trim().parse::<u64>().ok())

@@ -365,7 +365,7 @@ async fn store_down_fails_closed_with_503() {
         "{text}"
     );
     assert!(
-        text.contains("idem_requests_total{outcome=\"store_unavailable\"}"),
+        text.contains("idem_requests_total{route=\"default\",outcome=\"store_unavailable\"} 1"),
         "{text}"
     );
 }

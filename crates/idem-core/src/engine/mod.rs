@@ -49,6 +49,11 @@ use crate::key::ScopedKey;
 use crate::record::{Lease, OwnerId, ReleaseKind, StoredResponse};
 use crate::store::{ClaimOutcome, ClaimRequest, SettleOutcome, Store, StoreError};
 
+/// The span field [`Engine::run_traced`] records the hashed scoped key in.
+pub const SPAN_KEY: &str = "idem.key";
+/// The span field [`Engine::run_traced`] records the claim's fence in.
+pub const SPAN_FENCE: &str = "idem.fence";
+
 /// The idempotency engine over a store. Cheap to clone.
 #[derive(Debug)]
 pub struct Engine<S> {
@@ -122,6 +127,10 @@ impl<S: Store> Engine<S> {
     /// # Errors
     /// See [`EngineError`].
     ///
+    /// # Tracing
+    /// The current span, if it declares them, gets `idem.key` (the scoped key's
+    /// [digest](ScopedKey::digest_hex), never the key itself) and, once claimed, `idem.fence`.
+    ///
     /// # Cancel safety
     /// Dropping the future after the claim releases it in the background: retryable under
     /// `reexecute`, unknown under `hold`. No lease is orphaned.
@@ -136,6 +145,10 @@ impl<S: Store> Engine<S> {
         F: FnOnce(Lease) -> Fut,
         Fut: Future<Output = Settlement<T>>,
     {
+        let span = tracing::Span::current();
+        if !span.is_disabled() && span.has_field(SPAN_KEY) {
+            span.record(SPAN_KEY, key.digest_hex());
+        }
         let policy = &*self.policy;
         let req = ClaimRequest {
             key: key.clone(),
@@ -154,6 +167,7 @@ impl<S: Store> Engine<S> {
             } => (lease, takeover, sent_at),
             Claimed::Not(outcome) => return Ok(outcome),
         };
+        span.record(SPAN_FENCE, lease.fence);
         tracing::debug!(key = %key, fence = lease.fence, takeover, "claimed");
         let mut guard = ClaimGuard {
             store: &self.store,

@@ -10,6 +10,7 @@
 use std::fmt;
 use std::future::Future;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use quick_cache::sync::Cache;
@@ -29,11 +30,28 @@ struct Cached {
     until: Timestamp,
 }
 
+/// How often claims were answered from the cache, and how often they went to the store.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct CacheStats {
+    /// Claims answered from the cache (a replay or a mismatch), with no store round trip.
+    pub hits: u64,
+    /// Claims that went to the store.
+    pub misses: u64,
+}
+
+#[derive(Default)]
+struct Counts {
+    hits: AtomicU64,
+    misses: AtomicU64,
+}
+
 /// Wraps a store with a bounded local cache of completed responses.
 #[derive(Clone)]
 pub struct CachedStore<S> {
     inner: S,
     done: Arc<Cache<ScopedKey, Arc<Cached>>>,
+    counts: Arc<Counts>,
     /// Fingerprints of claims this process holds, so completing them can fill the cache.
     held: Arc<Cache<(OwnerId, u64), Fingerprint>>,
     clock: Arc<dyn Clock>,
@@ -51,6 +69,7 @@ impl<S: Store> CachedStore<S> {
         Self {
             inner,
             done: Arc::new(Cache::new(entries.max(1))),
+            counts: Arc::default(),
             held: Arc::new(Cache::new(entries.clamp(16, 65_536))),
             clock: Arc::new(clock),
             max_age,
@@ -65,6 +84,15 @@ impl<S: Store> CachedStore<S> {
     /// Number of cached responses.
     pub fn cached(&self) -> usize {
         self.done.len()
+    }
+
+    /// Claims answered from the cache and claims that went to the store, since creation
+    /// (shared by every clone).
+    pub fn stats(&self) -> CacheStats {
+        CacheStats {
+            hits: self.counts.hits.load(Ordering::Relaxed),
+            misses: self.counts.misses.load(Ordering::Relaxed),
+        }
     }
 
     fn remember(
@@ -115,8 +143,10 @@ impl<S> fmt::Debug for CachedStore<S> {
 impl<S: Store> Store for CachedStore<S> {
     async fn claim(&self, req: &ClaimRequest) -> Result<ClaimOutcome, StoreError> {
         if let Some(hit) = self.lookup(req) {
+            self.counts.hits.fetch_add(1, Ordering::Relaxed);
             return Ok(hit);
         }
+        self.counts.misses.fetch_add(1, Ordering::Relaxed);
         let outcome = self.inner.claim(req).await?;
         match &outcome {
             ClaimOutcome::Done { response } => {
@@ -241,6 +271,15 @@ mod tests {
             .await
             .expect("claim");
         assert_eq!(replay, ClaimOutcome::Done { response });
+        // The first replay went to the store; the second is answered from the cache.
+        assert!(matches!(
+            cached
+                .claim(&req(Duration::from_secs(86_400)))
+                .await
+                .expect("claim"),
+            ClaimOutcome::Done { .. }
+        ));
+        assert_eq!(cached.stats(), CacheStats { hits: 1, misses: 1 });
         clock.advance(Duration::from_secs(61));
         let after = cached
             .claim(&req(Duration::from_secs(86_400)))

@@ -23,7 +23,7 @@ use std::time::Duration;
 use thiserror::Error;
 
 pub use boxed::{BoxStore, DynStore};
-pub use cache::CachedStore;
+pub use cache::{CacheStats, CachedStore};
 pub use forward::{Around, StoreFuture, StoreOp};
 pub use memory::MemoryStore;
 

@@ -22,6 +22,28 @@ use crate::path::TrailingSlash;
 use crate::principal::JwtVerifier;
 use crate::store::{StoreOptions, StoreSpec};
 
+/// A bearer token given inline (`admin.NAME`) or in a file (`admin.NAME_file`, first line).
+fn read_token(
+    inline: Option<&str>,
+    file: Option<&std::path::Path>,
+    name: &str,
+) -> anyhow::Result<Option<String>> {
+    match (inline, file) {
+        (Some(t), None) => Ok(Some(t.trim().to_owned())),
+        (None, Some(path)) => Ok(Some(
+            std::fs::read_to_string(path)
+                .with_context(|| format!("`admin.{name}_file`: cannot read {}", path.display()))?
+                .lines()
+                .next()
+                .unwrap_or("")
+                .trim()
+                .to_owned(),
+        )),
+        (Some(_), Some(_)) => bail!("`admin`: set `{name}` or `{name}_file`, not both"),
+        (None, None) => Ok(None),
+    }
+}
+
 /// Checks `raw` and builds [`Settings`].
 ///
 /// # Errors
@@ -81,22 +103,17 @@ pub fn compile(raw: &RawConfig) -> anyhow::Result<Settings> {
     let admin = match &raw.admin {
         None => None,
         Some(a) => {
-            let token = match (&a.token, &a.token_file) {
-                (Some(t), None) => Some(t.trim().to_owned()),
-                (None, Some(path)) => Some(
-                    std::fs::read_to_string(path)
-                        .with_context(|| {
-                            format!("`admin.token_file`: cannot read {}", path.display())
-                        })?
-                        .lines()
-                        .next()
-                        .unwrap_or("")
-                        .trim()
-                        .to_owned(),
-                ),
-                (Some(_), Some(_)) => bail!("`admin`: set `token` or `token_file`, not both"),
-                (None, None) => None,
-            };
+            let token = read_token(a.token.as_deref(), a.token_file.as_deref(), "token")?;
+            let metrics_token = read_token(
+                a.metrics_token.as_deref(),
+                a.metrics_token_file.as_deref(),
+                "metrics_token",
+            )?;
+            if metrics_token.is_some() && token.is_none() {
+                bail!(
+                    "`admin.metrics_token` needs the admin listener (`admin.listen` and `admin.token`)"
+                );
+            }
             match (&a.listen, token) {
                 (None, None) => None,
                 (None, Some(_)) => bail!("`admin`: a token is set but no `admin.listen` address"),
@@ -113,9 +130,20 @@ pub fn compile(raw: &RawConfig) -> anyhow::Result<Settings> {
                             "`admin.listen` must use another port than `listen`: the admin API is never served on the data listener"
                         );
                     }
+                    if let Some(m) = &metrics_token {
+                        if m.len() < 16 {
+                            bail!("`admin.metrics_token` must be at least 16 characters");
+                        }
+                        if *m == token {
+                            bail!(
+                                "`admin.metrics_token` must differ from `admin.token`: a scraper must not hold the write token"
+                            );
+                        }
+                    }
                     Some(AdminSettings {
                         listen: admin_listen,
                         token,
+                        metrics_token,
                         tls: listener::tls(a.tls.as_ref(), "admin.tls")?,
                     })
                 }
@@ -202,6 +230,7 @@ pub fn compile(raw: &RawConfig) -> anyhow::Result<Settings> {
         log_format,
         log_level: log.level.unwrap_or_else(|| "info".into()),
         admin,
+        otel: super::telemetry::compile(raw.otel.as_ref())?,
         routes,
         implicit_route,
         unmatched,

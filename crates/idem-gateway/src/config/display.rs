@@ -50,9 +50,14 @@ impl fmt::Display for Settings {
         match &self.admin {
             Some(a) => writeln!(
                 f,
-                "admin:     {}{} (bearer token required)",
+                "admin:     {}{} (bearer token required; /metrics also with {}; /healthz, /readyz and the /ui page open)",
                 a.listen,
-                if a.tls.is_some() { ", TLS" } else { "" }
+                if a.tls.is_some() { ", TLS" } else { "" },
+                if a.metrics_token.is_some() {
+                    "the read-only metrics token"
+                } else {
+                    "no other token"
+                }
             )?,
             None => writeln!(f, "admin:     off")?,
         }
@@ -76,6 +81,13 @@ impl fmt::Display for Settings {
             self.audit.max_events,
             Dur(self.audit.max_age)
         )?;
+        if let Some(o) = &self.otel {
+            writeln!(
+                f,
+                "otel:      request spans to {} over OTLP/gRPC, service {}",
+                o.endpoint, o.service_name
+            )?;
+        }
         writeln!(
             f,
             "shutdown:  drains in-flight requests for up to {}",

@@ -8,6 +8,7 @@ mod display;
 mod key;
 mod listener;
 mod settings;
+mod telemetry;
 #[cfg(test)]
 mod tests;
 mod units;
@@ -24,9 +25,9 @@ pub use listener::{Limits, RawLimits, RawTls, TlsFiles};
 pub use settings::{
     AdminSettings, AuditSettings, FingerprintBody, FingerprintSettings, JwtKey, JwtSettings,
     LogFormat, PrincipalSource, ReconcileSettings, Route, RoutePolicy, Settings, StatusSet,
-    StatusSettings,
-    Unmatched, UpstreamFailure,
+    StatusSettings, Unmatched, UpstreamFailure,
 };
+pub use telemetry::{OtelSettings, RawOtel};
 pub use units::{ByteSize, Dur};
 
 /// The default data listener.
@@ -68,6 +69,8 @@ pub struct RawConfig {
     pub log: Option<RawLog>,
     /// The admin listener (off unless `listen` and a token are set).
     pub admin: Option<RawAdmin>,
+    /// Export of request spans over OTLP (needs the `otlp` build feature).
+    pub otel: Option<RawOtel>,
     /// TLS on the data listener: `{ cert_file, key_file }`.
     pub tls: Option<RawTls>,
     /// Resource limits of the data listener.
@@ -145,6 +148,10 @@ pub struct RawAdmin {
     pub token: Option<String>,
     /// A file holding the bearer token (first line).
     pub token_file: Option<PathBuf>,
+    /// A read-only token that gets `/metrics` and nothing else (for a scraper).
+    pub metrics_token: Option<String>,
+    /// A file holding the metrics token (first line).
+    pub metrics_token_file: Option<PathBuf>,
     /// TLS on the admin listener: `{ cert_file, key_file }`.
     pub tls: Option<RawTls>,
 }

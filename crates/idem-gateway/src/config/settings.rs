@@ -49,6 +49,8 @@ pub struct Settings {
     pub log_level: String,
     /// Admin listener, if configured.
     pub admin: Option<AdminSettings>,
+    /// OTLP export of request spans, if configured.
+    pub otel: Option<super::OtelSettings>,
     /// Routes in match order.
     pub routes: Vec<Route>,
     /// True when no route was configured and one catch-all route was made from `defaults`.
@@ -126,6 +128,8 @@ pub struct AdminSettings {
     pub listen: SocketAddr,
     /// The bearer token it requires.
     pub token: String,
+    /// A read-only token for `/metrics` only, if set.
+    pub metrics_token: Option<String>,
     /// TLS on the admin listener.
     pub tls: Option<TlsFiles>,
 }
@@ -135,6 +139,10 @@ impl fmt::Debug for AdminSettings {
         f.debug_struct("AdminSettings")
             .field("listen", &self.listen)
             .field("token", &"<redacted>")
+            .field(
+                "metrics_token",
+                &self.metrics_token.as_ref().map(|_| "<redacted>"),
+            )
             .field("tls", &self.tls)
             .finish()
     }

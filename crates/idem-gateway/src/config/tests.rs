@@ -223,3 +223,54 @@ fn status_webhooks_reconcile_and_audit_settings_are_checked() {
         assert!(compiled(&base(route, extra)).is_err(), "{route} {extra}");
     }
 }
+
+#[test]
+fn the_metrics_token_is_checked() {
+    let admin = |extra: &str| {
+        compiled(&format!(
+            "upstream = \"http://x\"\n[defaults]\nprincipal = {{ from = \"none\" }}\n[admin]\nlisten = \"127.0.0.1:9\"\ntoken = \"0123456789abcdef\"\n{extra}"
+        ))
+    };
+    let ok = admin("metrics_token = \"scrape-0123456789\"").expect("valid");
+    assert_eq!(
+        ok.admin.and_then(|a| a.metrics_token).as_deref(),
+        Some("scrape-0123456789")
+    );
+    let same = admin("metrics_token = \"0123456789abcdef\"").expect_err("same as the admin token");
+    assert!(format!("{same:#}").contains("must differ"), "{same:#}");
+    let short = admin("metrics_token = \"short\"").expect_err("too short");
+    assert!(format!("{short:#}").contains("at least 16"), "{short:#}");
+    let alone = compiled(
+        "upstream = \"http://x\"\n[defaults]\nprincipal = { from = \"none\" }\n[admin]\nmetrics_token = \"scrape-0123456789\"",
+    )
+    .expect_err("no admin listener");
+    assert!(format!("{alone:#}").contains("admin listener"), "{alone:#}");
+}
+
+#[test]
+fn the_otel_endpoint_is_checked() {
+    let otel = |section: &str| {
+        compiled(&format!(
+            "upstream = \"http://x\"\n[defaults]\nprincipal = {{ from = \"none\" }}\n[otel]\n{section}"
+        ))
+    };
+    let bad = otel("endpoint = \"grpc://collector\"").expect_err("not http");
+    assert!(format!("{bad:#}").contains("http://"), "{bad:#}");
+    let lonely = otel("service_name = \"pay\"").expect_err("no endpoint");
+    assert!(
+        format!("{lonely:#}").contains("no `otel.endpoint`"),
+        "{lonely:#}"
+    );
+    let good = otel("endpoint = \"http://127.0.0.1:4317\"\nservice_name = \"pay\"");
+    if cfg!(feature = "otlp") {
+        let s = good.expect("valid");
+        let o = s.otel.expect("otel");
+        assert_eq!(
+            (o.endpoint.as_str(), o.service_name.as_str()),
+            ("http://127.0.0.1:4317", "pay")
+        );
+    } else {
+        let e = good.expect_err("no exporter in this build");
+        assert!(format!("{e:#}").contains("feature `otlp`"), "{e:#}");
+    }
+}

@@ -1,0 +1,62 @@
+//! The upstream's share of a request's time: a proxy that records how long each forward took.
+
+use std::convert::Infallible;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::Instant;
+
+use http::Request;
+use idem_http::RequestBody;
+use metrics::Histogram;
+
+use crate::proxy::{Proxy, Upstream};
+
+/// A [`Proxy`] that records each forward's duration (to the response head, or to the
+/// buffered body on protected routes; failures included) in
+/// `idem_upstream_duration_seconds{route}`.
+#[derive(Clone)]
+pub struct TimedProxy {
+    proxy: Proxy,
+    latency: Histogram,
+}
+
+impl std::fmt::Debug for TimedProxy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TimedProxy")
+            .field("proxy", &self.proxy)
+            .finish_non_exhaustive()
+    }
+}
+
+impl TimedProxy {
+    /// Times `proxy` under the label `route`.
+    pub fn new(proxy: Proxy, route: &str) -> Self {
+        Self {
+            proxy,
+            latency: metrics::histogram!("idem_upstream_duration_seconds", "route" => route.to_owned()),
+        }
+    }
+
+    /// Forwards one request, as [`Proxy::forward`], and records how long it took.
+    pub async fn forward(&self, req: Request<RequestBody>) -> Upstream {
+        let started = Instant::now();
+        let res = self.proxy.forward(req).await;
+        self.latency.record(started.elapsed().as_secs_f64());
+        res
+    }
+}
+
+impl tower::Service<Request<RequestBody>> for TimedProxy {
+    type Response = Upstream;
+    type Error = Infallible;
+    type Future = Pin<Box<dyn std::future::Future<Output = Result<Upstream, Infallible>> + Send>>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: Request<RequestBody>) -> Self::Future {
+        let this = self.clone();
+        Box::pin(async move { Ok(this.forward(req).await) })
+    }
+}
