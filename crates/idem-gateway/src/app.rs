@@ -22,7 +22,8 @@ use crate::config::{Route, Settings, Unmatched};
 use crate::metrics::{MeteredStore, OutcomeCounters};
 use crate::path::{self, PathRejection, TrailingSlash};
 use crate::protect::layer_config;
-use crate::proxy::{self, HttpClient, Proxy, ResBody};
+use crate::proxy::{self, Proxy, ResBody};
+use crate::upstream::{Clients, UpstreamSpec};
 
 /// The store as the gateway uses it: any backend, measured, with the claims this process
 /// holds tracked for shutdown.
@@ -67,8 +68,8 @@ impl App {
     pub fn new(
         settings: &Settings,
         store: GatewayStore,
-        upstream: Option<&Uri>,
-        client: &HttpClient,
+        upstream: Option<&UpstreamSpec>,
+        clients: &mut Clients,
     ) -> anyhow::Result<Self> {
         let engine = Engine::new(store, Policy::default());
         let mut entries = Vec::with_capacity(settings.routes.len());
@@ -79,16 +80,16 @@ impl App {
                 .or(upstream)
                 .ok_or_else(|| anyhow::anyhow!("route `{}` has no upstream", route.name))?;
             let p = &route.policy;
+            let client = clients.get(target);
             let timeout = p.engine.handler_timeout().saturating_sub(HANDLER_BACKSTOP);
             let handler = if p.idempotency {
                 // Buffer protected responses inside the upstream timeout, so a reset mid-body
                 // is classified like any other failure after sending.
-                let proxy =
-                    Proxy::new(client.clone(), target, timeout, Some(p.max_stored_response))?;
+                let proxy = Proxy::new(client, target, timeout, Some(p.max_stored_response))?;
                 let layer = IdempotencyLayer::new(&engine, layer_config(p)?);
                 Handler::Protected(layer.layer(proxy))
             } else {
-                Handler::Plain(Proxy::new(client.clone(), target, timeout, None)?)
+                Handler::Plain(Proxy::new(client, target, timeout, None)?)
             };
             entries.push(Entry {
                 route: route.clone(),
@@ -97,7 +98,7 @@ impl App {
         }
         let fallback = match settings.unmatched {
             Unmatched::Proxy => upstream
-                .map(|u| Proxy::new(client.clone(), u, Duration::from_secs(30), None))
+                .map(|u| Proxy::new(clients.get(u), u, Duration::from_secs(30), None))
                 .transpose()?,
             Unmatched::Reject | Unmatched::Protect => None,
         };
@@ -190,10 +191,11 @@ impl App {
                 route,
                 handler: Handler::Protected(svc),
             }) => {
-                let res = match svc.clone().call(req).await {
+                let mut res = match svc.clone().call(req).await {
                     Ok(res) => res,
                     Err(never) => match never {},
                 };
+                proxy::restore_not_sent(&mut res);
                 (proxy::boxed(res), route.name.as_str())
             }
         }

@@ -20,3 +20,4 @@ pub mod server;
 pub mod store;
 #[cfg(test)]
 mod test_support;
+pub mod upstream;

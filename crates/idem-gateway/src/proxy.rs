@@ -6,6 +6,7 @@
 //! | failure | answer | the claim |
 //! |---|---|---|
 //! | connect error (nothing was sent) | 503 `upstream-unavailable` | released, a retry runs |
+//! | TLS handshake failed (nothing was sent) | 502 `upstream-tls` | released, a retry runs |
 //! | timeout after sending | 504 `upstream-timeout` | per `upstream_failure` (`hold` / `retry`) |
 //! | reset or broken response after sending | 502 `upstream-failed` | per `upstream_failure` |
 
@@ -23,10 +24,10 @@ use http::{Request, Response, StatusCode, Uri};
 use http_body_util::BodyExt;
 use http_body_util::combinators::UnsyncBoxBody;
 use hyper::body::Incoming;
-use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::TokioExecutor;
 use idem_http::{BoxError, Problem, RequestBody, ResponseBody};
+
+pub use crate::upstream::HttpClient;
+use crate::upstream::{ConnectError, UpstreamSpec};
 
 /// The body of every response the gateway sends.
 pub type ResBody = UnsyncBoxBody<Bytes, BoxError>;
@@ -47,21 +48,6 @@ where
     B::Error: Into<BoxError>,
 {
     res.map(BodyExt::boxed_unsync)
-}
-
-/// The pooled upstream client, shared by every route.
-pub type HttpClient = Client<HttpConnector, RequestBody>;
-
-/// Builds the pooled client.
-pub fn client(connect_timeout: Duration, max_idle: usize) -> HttpClient {
-    let mut connector = HttpConnector::new();
-    connector.set_connect_timeout(Some(connect_timeout));
-    connector.set_nodelay(true);
-    connector.enforce_http(true);
-    Client::builder(TokioExecutor::new())
-        .pool_idle_timeout(Duration::from_secs(60))
-        .pool_max_idle_per_host(max_idle)
-        .build(connector)
 }
 
 /// Forwards requests to one upstream.
@@ -99,10 +85,11 @@ impl Proxy {
     /// A proxy to `upstream` (its path, if any, prefixes every request path).
     pub fn new(
         client: HttpClient,
-        upstream: &Uri,
+        upstream: &UpstreamSpec,
         timeout: Duration,
         buffer: Option<usize>,
     ) -> anyhow::Result<Self> {
+        let upstream = &upstream.uri;
         let scheme = upstream.scheme().cloned().unwrap_or(Scheme::HTTP);
         let authority = upstream
             .authority()
@@ -173,7 +160,28 @@ impl Proxy {
         };
         metrics::counter!("idem_upstream_failures_total", "kind" => failure.kind()).increment(1);
         tracing::warn!(upstream = %p.authority, failure = %failure.detail(), "upstream failed");
-        failure.into_response(p.timeout)
+        let mut res = failure.into_response(p.timeout);
+        if p.buffer.is_some() && res.extensions().get::<NotSent>().is_some() {
+            // Protected routes: the idempotency layer decides by status, and holds a 502 as
+            // an outcome it cannot know. Nothing reached the upstream, so hand it a 503 (the
+            // claim is released and a retry runs); the data plane restores the 502 the
+            // problem names once the layer is done (see [`restore_not_sent`]).
+            *res.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
+        }
+        res
+    }
+}
+
+/// Marks a gateway answer for a request that never reached the upstream although its status
+/// (502) would say it may have.
+#[derive(Debug, Clone, Copy)]
+pub struct NotSent(pub StatusCode);
+
+/// Gives an answer marked [`NotSent`] its own status back, after the idempotency layer
+/// released the claim on the 503 it saw.
+pub fn restore_not_sent<B>(res: &mut Response<B>) {
+    if let Some(NotSent(status)) = res.extensions().get::<NotSent>().copied() {
+        *res.status_mut() = status;
     }
 }
 
@@ -269,6 +277,7 @@ async fn buffer(mut body: Incoming, cap: usize) -> Result<ResponseBody<Incoming>
 
 enum Failure {
     Connect(String),
+    Tls(String),
     Timeout,
     Reset(String),
 }
@@ -279,7 +288,13 @@ impl Failure {
             Some(src) => format!("{e}: {src}"),
             None => e.to_string(),
         };
-        if e.is_connect() {
+        let tls = e
+            .source()
+            .and_then(|s| s.downcast_ref::<ConnectError>())
+            .is_some_and(|c| matches!(c, ConnectError::Tls(_)));
+        if tls {
+            Self::Tls(detail)
+        } else if e.is_connect() {
             Self::Connect(detail)
         } else {
             Self::Reset(detail)
@@ -289,6 +304,7 @@ impl Failure {
     fn kind(&self) -> &'static str {
         match self {
             Self::Connect(_) => "connect",
+            Self::Tls(_) => "tls",
             Self::Timeout => "timeout",
             Self::Reset(_) => "reset",
         }
@@ -296,12 +312,24 @@ impl Failure {
 
     fn detail(&self) -> String {
         match self {
-            Self::Connect(d) | Self::Reset(d) => d.clone(),
+            Self::Connect(d) | Self::Tls(d) | Self::Reset(d) => d.clone(),
             Self::Timeout => "timed out".into(),
         }
     }
 
     fn into_response(self, timeout: Duration) -> Upstream {
+        if let Self::Tls(_) = self {
+            let mut res = problem(Problem::new(
+                StatusCode::BAD_GATEWAY,
+                "upstream-tls",
+                "Upstream TLS handshake failed",
+                "the upstream's certificate was not accepted (or it refused the gateway's); \
+                 nothing was sent, so a retry is safe once the TLS settings are fixed",
+            ));
+            res.extensions_mut()
+                .insert(NotSent(StatusCode::BAD_GATEWAY));
+            return res;
+        }
         problem(match self {
             Self::Connect(_) => Problem::new(
                 StatusCode::SERVICE_UNAVAILABLE,
@@ -316,7 +344,7 @@ impl Failure {
                 "Upstream timed out",
                 format!("the upstream did not answer within {timeout:?}; its outcome is unknown"),
             ),
-            Self::Reset(_) => Problem::new(
+            Self::Reset(_) | Self::Tls(_) => Problem::new(
                 StatusCode::BAD_GATEWAY,
                 "upstream-failed",
                 "Upstream failed",
