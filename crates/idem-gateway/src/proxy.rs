@@ -32,9 +32,81 @@ use crate::upstream::{ConnectError, UpstreamSpec};
 /// The body of every response the gateway sends.
 pub type ResBody = UnsyncBoxBody<Bytes, BoxError>;
 
-/// What the proxy answers: the upstream's body (possibly after a buffered prefix), or bytes
-/// the gateway holds (a buffered body, a problem).
-pub type Upstream = Response<ResponseBody<Incoming>>;
+/// What the proxy answers: the upstream's body (held whole, or streamed after a buffered
+/// prefix), or bytes the gateway holds (a problem).
+pub type Upstream = Response<ResponseBody<UpstreamBody>>;
+
+/// An upstream's response body as the proxy hands it on: held whole in memory (data and
+/// trailers, exact size) or streamed from the connection after an optional prefix.
+#[derive(Debug)]
+pub enum UpstreamBody {
+    /// The whole body, read inside the upstream timeout.
+    Held {
+        /// The data, if any is left to send.
+        data: Option<Bytes>,
+        /// The trailers, if the upstream sent any and they are left to send.
+        trailers: Option<http::HeaderMap>,
+    },
+    /// Bytes already read, then the rest of the upstream's body (its trailers included).
+    Streaming {
+        /// Bytes already read.
+        prefix: Option<Bytes>,
+        /// The rest.
+        body: Incoming,
+    },
+}
+
+impl http_body::Body for UpstreamBody {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Bytes>, hyper::Error>>> {
+        match self.get_mut() {
+            Self::Held { data, trailers } => Poll::Ready(match data.take() {
+                Some(d) => Some(Ok(http_body::Frame::data(d))),
+                None => trailers.take().map(|t| Ok(http_body::Frame::trailers(t))),
+            }),
+            Self::Streaming { prefix, body } => match prefix.take() {
+                Some(p) => Poll::Ready(Some(Ok(http_body::Frame::data(p)))),
+                None => Pin::new(body).poll_frame(cx),
+            },
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match self {
+            Self::Held { data, trailers } => data.is_none() && trailers.is_none(),
+            Self::Streaming { prefix, body } => prefix.is_none() && body.is_end_stream(),
+        }
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        match self {
+            Self::Held { data, .. } => {
+                http_body::SizeHint::with_exact(data.as_ref().map_or(0, |d| d.len() as u64))
+            }
+            Self::Streaming { prefix, body } => {
+                let extra = prefix.as_ref().map_or(0, |p| p.len() as u64);
+                let h = body.size_hint();
+                let mut out = http_body::SizeHint::new();
+                out.set_lower(h.lower().saturating_add(extra));
+                if let Some(u) = h.upper() {
+                    out.set_upper(u.saturating_add(extra));
+                }
+                out
+            }
+        }
+    }
+}
+
+impl UpstreamBody {
+    fn streaming(body: Incoming) -> Self {
+        Self::Streaming { prefix: None, body }
+    }
+}
 
 /// A problem+json answer made by the gateway itself.
 pub fn problem(problem: Problem) -> Upstream {
@@ -64,20 +136,23 @@ struct ProxyInner {
     /// `Host` for the upstream, rendered once.
     host: Option<HeaderValue>,
     prefix: String,
+    /// Speak HTTP/2 to the upstream.
+    http2: bool,
     timeout: Duration,
     /// `Some(cap)`: buffer up to `cap` bytes of the response inside the timeout (protected
     /// routes, so a failure mid-body is still classified); `None`: stream it.
     buffer: Option<usize>,
 }
 
-/// Hop-by-hop headers a proxy must not forward (RFC 9110 §7.6.1).
+/// Hop-by-hop headers a proxy must not forward (RFC 9110 §7.6.1). `Trailer` is not one of
+/// them: it announces end-to-end trailer fields, and is forwarded with them.
 const HOP_BY_HOP: [HeaderName; 7] = [
     header::CONNECTION,
     HeaderName::from_static("keep-alive"),
+    HeaderName::from_static("proxy-connection"),
     header::PROXY_AUTHENTICATE,
     header::PROXY_AUTHORIZATION,
     header::TE,
-    header::TRAILER,
     header::UPGRADE,
 ];
 
@@ -89,6 +164,7 @@ impl Proxy {
         timeout: Duration,
         buffer: Option<usize>,
     ) -> anyhow::Result<Self> {
+        let http2 = upstream.http2;
         let upstream = &upstream.uri;
         let scheme = upstream.scheme().cloned().unwrap_or(Scheme::HTTP);
         let authority = upstream
@@ -104,6 +180,7 @@ impl Proxy {
                 host,
                 authority,
                 prefix,
+                http2,
                 timeout,
                 buffer,
             }),
@@ -137,20 +214,35 @@ impl Proxy {
         if let Some(host) = &p.host {
             parts.headers.insert(header::HOST, host.clone());
         }
+        // The gateway takes trailers whatever its client accepts: a protected route stores
+        // them for every later replay, and an HTTP/2 upstream (gRPC) expects this.
+        parts
+            .headers
+            .insert(header::TE, HeaderValue::from_static("trailers"));
         parts.uri = uri;
-        parts.version = http::Version::HTTP_11;
+        // The client's HTTP version is the gateway's business with the client; the upstream
+        // gets the version its client speaks (HTTP/1.1, or HTTP/2 when configured), and the
+        // client gets its answer in its own version.
+        let client_version = parts.version;
+        parts.version = if p.http2 {
+            http::Version::HTTP_2
+        } else {
+            http::Version::HTTP_11
+        };
         let req = Request::from_parts(parts, body);
 
         let exchange = async {
             let res = p.client.request(req).await.map_err(Failure::from_client)?;
             let (mut head, body) = res.into_parts();
             strip_hop_by_hop(&mut head.headers);
+            head.version = client_version;
             let body = match p.buffer {
                 Some(cap) => buffer(body, cap)
                     .await
                     .map_err(|e| Failure::Reset(e.to_string()))?,
-                None => ResponseBody::inner(body),
+                None => UpstreamBody::streaming(body),
             };
+            let body = ResponseBody::inner(body);
             Ok::<_, Failure>(Response::from_parts(head, body))
         };
         let failure = match tokio::time::timeout(p.timeout, exchange).await {
@@ -246,18 +338,33 @@ fn strip_hop_by_hop(headers: &mut http::HeaderMap) {
     headers.remove(header::TRANSFER_ENCODING);
 }
 
-/// Reads up to `cap` bytes of `body`. A body that ends within the cap comes back whole (exact
-/// size); a longer one comes back as the prefix followed by the rest of the stream.
-/// A body that arrives in one chunk (the usual case) is kept as that chunk, without a copy.
-async fn buffer(mut body: Incoming, cap: usize) -> Result<ResponseBody<Incoming>, hyper::Error> {
+/// Reads up to `cap` bytes of `body`. A body that ends within the cap comes back whole
+/// (exact size, with its trailers); a longer one comes back as the prefix followed by the
+/// rest of the stream. A body that arrives in one chunk (the usual case) is kept as that
+/// chunk, without a copy.
+async fn buffer(mut body: Incoming, cap: usize) -> Result<UpstreamBody, hyper::Error> {
     let mut first: Option<Bytes> = None;
     let mut buf = BytesMut::new();
+    let mut trailers: Option<http::HeaderMap> = None;
     loop {
         let Some(frame) = body.frame().await else {
-            return Ok(ResponseBody::full(first.unwrap_or_else(|| buf.freeze())));
+            let data = first.unwrap_or_else(|| buf.freeze());
+            return Ok(UpstreamBody::Held {
+                data: (!data.is_empty()).then_some(data),
+                trailers,
+            });
         };
-        let Ok(data) = frame?.into_data() else {
-            continue;
+        let data = match frame?.into_data() {
+            Ok(data) => data,
+            Err(frame) => {
+                if let Ok(t) = frame.into_trailers() {
+                    match &mut trailers {
+                        Some(all) => all.extend(t),
+                        None => trailers = Some(t),
+                    }
+                }
+                continue;
+            }
         };
         if first.is_none() && buf.is_empty() {
             first = Some(data);
@@ -270,7 +377,10 @@ async fn buffer(mut body: Incoming, cap: usize) -> Result<ResponseBody<Incoming>
         let len = first.as_ref().map_or(buf.len(), Bytes::len);
         if len > cap {
             let prefix = first.take().unwrap_or_else(|| buf.freeze());
-            return Ok(ResponseBody::prefixed(prefix, body));
+            return Ok(UpstreamBody::Streaming {
+                prefix: Some(prefix),
+                body,
+            });
         }
     }
 }
