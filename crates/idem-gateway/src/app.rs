@@ -163,6 +163,7 @@ impl App {
     /// Finds the request's route and answers through it: the layer, a plain proxy, the
     /// unmatched proxy, or 404.
     async fn route(&self, mut parts: Parts, body: Incoming) -> (Response<ResBody>, &str) {
+        let trailers = proxy::TrailerClient::of(&parts);
         let entry = self.entries.iter().find(|e| {
             e.route.methods.contains(&parts.method) && e.route.pattern.matches(parts.uri.path())
         });
@@ -177,16 +178,19 @@ impl App {
         let req = Request::from_parts(parts, RequestBody::new(body));
         match entry {
             None => match &self.fallback {
-                Some(proxy) => (proxy::boxed(passthrough(proxy.forward(req).await)), "-"),
+                Some(proxy) => {
+                    let res = proxy::boxed(passthrough(proxy.forward(req).await));
+                    (trailers.prepare(res, 0).await, "-")
+                }
                 None => (proxy::boxed(no_route()), "-"),
             },
             Some(Entry {
                 route,
                 handler: Handler::Plain(proxy),
-            }) => (
-                proxy::boxed(passthrough(proxy.forward(req).await)),
-                route.name.as_str(),
-            ),
+            }) => {
+                let res = proxy::boxed(passthrough(proxy.forward(req).await));
+                (trailers.prepare(res, 0).await, route.name.as_str())
+            }
             Some(Entry {
                 route,
                 handler: Handler::Protected(svc),
@@ -196,7 +200,17 @@ impl App {
                     Err(never) => match never {},
                 };
                 proxy::restore_not_sent(&mut res);
-                (proxy::boxed(res), route.name.as_str())
+                let held = matches!(
+                    res.extensions().get::<Outcome>(),
+                    Some(Outcome::Replayed | Outcome::Executed(Kept::Stored))
+                );
+                let cap = if held {
+                    route.policy.max_stored_response
+                } else {
+                    0
+                };
+                let res = trailers.prepare(proxy::boxed(res), cap).await;
+                (res, route.name.as_str())
             }
         }
     }

@@ -113,6 +113,105 @@ pub fn problem(problem: Problem) -> Upstream {
     problem.into_response()
 }
 
+/// An HTTP/1.x client that accepts trailers (`TE: trailers`), whose answers may need
+/// preparing: HTTP/1.1 carries trailers only after a chunked body, and only the fields the
+/// `Trailer` header announces. HTTP/2 clients need none of this.
+#[derive(Debug, Clone, Copy)]
+pub struct TrailerClient(bool);
+
+impl TrailerClient {
+    /// Whether the request's client is one.
+    pub fn of(parts: &http::request::Parts) -> Self {
+        let accepts = parts.version < http::Version::HTTP_2
+            && parts
+                .headers
+                .get_all(header::TE)
+                .iter()
+                .filter_map(|v| v.to_str().ok())
+                .flat_map(|v| v.split(','))
+                .any(|t| t.trim().eq_ignore_ascii_case("trailers"));
+        Self(accepts)
+    }
+
+    /// An answer that announces trailers (an upstream's, streamed or held) gets its body's
+    /// length hidden from the connection, which then chunks it. An answer held in memory of at
+    /// most `held_cap` bytes (stored or replayed: the idempotency layer never replays
+    /// `Trailer`) is read here, and trailers it ends with are announced.
+    pub async fn prepare(self, res: Response<ResBody>, held_cap: usize) -> Response<ResBody> {
+        if !self.0 {
+            return res;
+        }
+        let (mut head, body) = res.into_parts();
+        if head.headers.contains_key(header::TRAILER) {
+            head.headers.remove(header::CONTENT_LENGTH);
+            return Response::from_parts(head, UnsizedBody { inner: body }.boxed_unsync());
+        }
+        let in_memory = http_body::Body::size_hint(&body)
+            .exact()
+            .is_some_and(|n| n <= held_cap as u64);
+        if !in_memory {
+            return Response::from_parts(head, body);
+        }
+        // Held in memory: reading it costs no wait.
+        let collected = match body.collect().await {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::warn!(error = %e, "held answer unreadable");
+                return boxed(problem(Problem::new(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "answer-unreadable",
+                    "Answer unreadable",
+                    "the gateway could not read the answer it holds",
+                )));
+            }
+        };
+        let trailers = collected.trailers().cloned().filter(|t| !t.is_empty());
+        let data = collected.to_bytes();
+        let Some(trailers) = trailers else {
+            return Response::from_parts(head, ResponseBody::<UpstreamBody>::full(data))
+                .map(BodyExt::boxed_unsync);
+        };
+        let mut names: Vec<&str> = trailers.keys().map(HeaderName::as_str).collect();
+        names.dedup();
+        if let Ok(v) = HeaderValue::from_str(&names.join(", ")) {
+            head.headers.insert(header::TRAILER, v);
+        }
+        head.headers.remove(header::CONTENT_LENGTH);
+        let body = UpstreamBody::Held {
+            data: (!data.is_empty()).then_some(data),
+            trailers: Some(trailers),
+        };
+        let body = UnsizedBody {
+            inner: body.map_err(BoxError::from),
+        };
+        Response::from_parts(head, body.boxed_unsync())
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// A body whose length is not told to the connection.
+    struct UnsizedBody<B> {
+        #[pin]
+        inner: B,
+    }
+}
+
+impl<B: http_body::Body> http_body::Body for UnsizedBody<B> {
+    type Data = B::Data;
+    type Error = B::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<B::Data>, B::Error>>> {
+        self.project().inner.poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+}
+
 /// Boxes any answer into the one body type the listener serves.
 pub fn boxed<B>(res: Response<ResponseBody<B>>) -> Response<ResBody>
 where
