@@ -123,6 +123,7 @@ impl App {
         let log = tracing::enabled!(tracing::Level::INFO);
         let started = log.then(Instant::now);
         let (mut parts, body) = req.into_parts();
+        let grpc = crate::grpc::is_grpc(&parts.headers);
         let request_id = request_id(&mut parts, &self.request_id);
         append_forwarded_for(&mut parts, peer);
         let method = log.then(|| parts.method.clone());
@@ -152,6 +153,9 @@ impl App {
                 micros = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX),
                 "request"
             );
+        }
+        if grpc {
+            res = crate::grpc::refusal(res).await;
         }
         res.headers_mut()
             .insert(self.request_id.clone(), request_id);
@@ -199,7 +203,7 @@ impl App {
                     Ok(res) => res,
                     Err(never) => match never {},
                 };
-                proxy::restore_not_sent(&mut res);
+                proxy::restore_shown_status(&mut res);
                 let held = matches!(
                     res.extensions().get::<Outcome>(),
                     Some(Outcome::Replayed | Outcome::Executed(Kept::Stored))

@@ -8,6 +8,7 @@ pub mod app;
 pub mod claims;
 pub mod config;
 pub mod demo;
+pub mod grpc;
 pub mod listener;
 pub mod matcher;
 pub mod metrics;

@@ -337,6 +337,8 @@ impl Proxy {
         // gets the version its client speaks (HTTP/1.1, or HTTP/2 when configured), and the
         // client gets its answer in its own version.
         let client_version = parts.version;
+        // A protected gRPC call's record follows its `grpc-status` (see [`crate::grpc`]).
+        let grpc = p.buffer.is_some() && crate::grpc::is_grpc(&parts.headers);
         parts.version = if p.http2 {
             http::Version::HTTP_2
         } else {
@@ -368,6 +370,17 @@ impl Proxy {
                     .map_err(|e| Failure::Reset(e.to_string()))?,
                 None => UpstreamBody::streaming(body),
             };
+            if grpc && head.status == StatusCode::OK {
+                let trailers = match &body {
+                    UpstreamBody::Held { trailers, .. } => trailers.as_ref(),
+                    UpstreamBody::Streaming { .. } => None,
+                };
+                let code = crate::grpc::status_code(&head.headers, trailers);
+                if let Some(decide) = code.and_then(crate::grpc::layer_status) {
+                    head.extensions.insert(ShownAs(head.status));
+                    head.status = decide;
+                }
+            }
             let body = ResponseBody::inner(body);
             Ok::<_, Failure>(Response::from_parts(head, body))
         };
@@ -379,26 +392,27 @@ impl Proxy {
         metrics::counter!("idem_upstream_failures_total", "kind" => failure.kind()).increment(1);
         tracing::warn!(upstream = %p.authority, failure = %failure.detail(), "upstream failed");
         let mut res = failure.into_response(p.timeout);
-        if p.buffer.is_some() && res.extensions().get::<NotSent>().is_some() {
+        if p.buffer.is_some() && res.extensions().get::<ShownAs>().is_some() {
             // Protected routes: the idempotency layer decides by status, and holds a 502 as
             // an outcome it cannot know. Nothing reached the upstream, so hand it a 503 (the
             // claim is released and a retry runs); the data plane restores the 502 the
-            // problem names once the layer is done (see [`restore_not_sent`]).
+            // problem names once the layer is done (see [`restore_shown_status`]).
             *res.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
         }
         res
     }
 }
 
-/// Marks a gateway answer for a request that never reached the upstream although its status
-/// (502) would say it may have.
+/// The status an answer is shown to the client with, when the idempotency layer was shown
+/// another one to decide on: a 502 for a request that never reached the upstream (the layer
+/// sees 503 and releases the key), a gRPC answer's 200 whose `grpc-status` means a retry
+/// must run (the layer sees 503 or 500; see [`crate::grpc`]).
 #[derive(Debug, Clone, Copy)]
-pub struct NotSent(pub StatusCode);
+pub struct ShownAs(pub StatusCode);
 
-/// Gives an answer marked [`NotSent`] its own status back, after the idempotency layer
-/// released the claim on the 503 it saw.
-pub fn restore_not_sent<B>(res: &mut Response<B>) {
-    if let Some(NotSent(status)) = res.extensions().get::<NotSent>().copied() {
+/// Gives an answer marked [`ShownAs`] its own status back, once the idempotency layer is done.
+pub fn restore_shown_status<B>(res: &mut Response<B>) {
+    if let Some(ShownAs(status)) = res.extensions().get::<ShownAs>().copied() {
         *res.status_mut() = status;
     }
 }
@@ -604,7 +618,7 @@ impl Failure {
                  nothing was sent, so a retry is safe once the TLS settings are fixed",
             ));
             res.extensions_mut()
-                .insert(NotSent(StatusCode::BAD_GATEWAY));
+                .insert(ShownAs(StatusCode::BAD_GATEWAY));
             return res;
         }
         problem(match self {

@@ -167,23 +167,81 @@ async fn grpc_unary_through_a_protected_route_runs_once_and_replays() {
     );
     assert_eq!(executions.load(Ordering::SeqCst), 1, "ran once");
 
-    // A stored failure replays its code and message.
-    let k2 = key();
+    task.abort();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grpc_status_decides_the_record_and_refusals_are_grpc_statuses() {
+    let (addr, executions, task) = upstream().await;
+    let gw = Gateway::start(&config(addr), &[]);
+    let mut ledger = client(&gw).await;
+
+    // A definite failure (trailers-only answer) is stored: the retry gets the same status
+    // without running.
+    let stored = key();
     let failing = ChargeRequest {
         amount: 1,
         fail_code: Code::FailedPrecondition as i32,
     };
     let first = ledger
-        .charge(with_key(failing, &k2))
+        .charge(with_key(failing, &stored))
         .await
         .expect_err("a failing call");
     assert_eq!(first.code(), Code::FailedPrecondition);
     let again = ledger
-        .charge(with_key(failing, &k2))
+        .charge(with_key(failing, &stored))
         .await
         .expect_err("its replay");
     assert_eq!(again.code(), Code::FailedPrecondition);
     assert_eq!(again.message(), first.message());
-    assert_eq!(executions.load(Ordering::SeqCst), 2, "the failure ran once");
+    assert_eq!(
+        again
+            .metadata()
+            .get("idempotent-replayed")
+            .and_then(|v| v.to_str().ok()),
+        Some("true")
+    );
+    assert_eq!(executions.load(Ordering::SeqCst), 1, "the failure ran once");
+
+    // UNAVAILABLE means "not done, retry": the key is released and the retry runs.
+    let k = key();
+    let unavailable = ChargeRequest {
+        amount: 2,
+        fail_code: Code::Unavailable as i32,
+    };
+    for n in [2, 3] {
+        let err = ledger
+            .charge(with_key(unavailable, &k))
+            .await
+            .expect_err("unavailable");
+        assert_eq!(err.code(), Code::Unavailable);
+        assert_eq!(err.message(), format!("refused at execution {n}"));
+    }
+    assert_eq!(executions.load(Ordering::SeqCst), 3, "each retry ran");
+
+    // The gateway's own refusal is a gRPC status a gRPC client can read.
+    let missing = ledger
+        .charge(ChargeRequest {
+            amount: 3,
+            fail_code: 0,
+        })
+        .await
+        .expect_err("no key");
+    assert_eq!(missing.code(), Code::InvalidArgument);
+    assert!(missing.message().contains("key-missing"), "{missing:?}");
+    // The stored key sent with another request: FAILED_PRECONDITION, nothing runs.
+    let reused = ledger
+        .charge(with_key(
+            ChargeRequest {
+                amount: 999,
+                fail_code: 0,
+            },
+            &stored,
+        ))
+        .await
+        .expect_err("key reused");
+    assert_eq!(reused.code(), Code::FailedPrecondition);
+    assert!(reused.message().contains("key-reused"), "{reused:?}");
+    assert_eq!(executions.load(Ordering::SeqCst), 3, "nothing more ran");
     task.abort();
 }
