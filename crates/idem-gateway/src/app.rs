@@ -25,8 +25,9 @@ use crate::metrics::{NO_ROUTE, RequestMetrics};
 use crate::observe::{RequestSpan, TimedProxy};
 use crate::path::{self, PathRejection, TrailingSlash};
 use crate::protect::layer_config;
-use crate::proxy::{self, HttpClient, Proxy, ResBody};
+use crate::proxy::{self, Proxy, ResBody};
 use crate::status::StatusEndpoint;
+use crate::upstream::{Clients, UpstreamSpec};
 
 /// The store as the gateway uses it, with the claims this process holds tracked for
 /// shutdown. [`crate::server`] puts any backend behind it, measured
@@ -75,8 +76,8 @@ impl App {
     pub fn new(
         settings: &Settings,
         store: GatewayStore,
-        upstream: Option<&Uri>,
-        client: &HttpClient,
+        upstream: Option<&UpstreamSpec>,
+        clients: &mut Clients,
     ) -> anyhow::Result<Self> {
         let engine = Engine::new(store, Policy::default());
         let mut entries = Vec::with_capacity(settings.routes.len());
@@ -87,16 +88,16 @@ impl App {
                 .or(upstream)
                 .ok_or_else(|| anyhow::anyhow!("route `{}` has no upstream", route.name))?;
             let p = &route.policy;
+            let client = clients.get(target);
             let timeout = p.engine.handler_timeout().saturating_sub(HANDLER_BACKSTOP);
             let handler = if p.idempotency {
                 // Buffer protected responses inside the upstream timeout, so a reset mid-body
                 // is classified like any other failure after sending.
-                let proxy =
-                    Proxy::new(client.clone(), target, timeout, Some(p.max_stored_response))?;
+                let proxy = Proxy::new(client, target, timeout, Some(p.max_stored_response))?;
                 let layer = IdempotencyLayer::new(&engine, layer_config(p)?);
                 Handler::Protected(layer.layer(TimedProxy::new(proxy, &route.name)))
             } else {
-                let proxy = Proxy::new(client.clone(), target, timeout, None)?;
+                let proxy = Proxy::new(client, target, timeout, None)?;
                 Handler::Plain(TimedProxy::new(proxy, &route.name))
             };
             entries.push(Entry {
@@ -106,7 +107,7 @@ impl App {
         }
         let fallback = match settings.unmatched {
             Unmatched::Proxy => upstream
-                .map(|u| Proxy::new(client.clone(), u, Duration::from_secs(30), None))
+                .map(|u| Proxy::new(clients.get(u), u, Duration::from_secs(30), None))
                 .transpose()?
                 .map(|proxy| TimedProxy::new(proxy, NO_ROUTE)),
             Unmatched::Reject | Unmatched::Protect => None,
@@ -138,6 +139,7 @@ impl App {
         // Everything only the access log needs is skipped when it is off.
         let log = tracing::enabled!(tracing::Level::INFO);
         let (mut parts, body) = req.into_parts();
+        let grpc = crate::grpc::is_grpc(&parts.headers);
         let request_id = request_id(&mut parts, &self.request_id);
         let span = RequestSpan::new(&request_id);
         append_forwarded_for(&mut parts, peer);
@@ -189,6 +191,9 @@ impl App {
                 "request"
             );
         }
+        if grpc {
+            res = crate::grpc::refusal(res).await;
+        }
         res.headers_mut()
             .insert(self.request_id.clone(), request_id);
         res
@@ -200,6 +205,7 @@ impl App {
     /// unmatched proxy, or 404. Also says which route answered (its index, or
     /// [`RequestMetrics::no_route`]).
     async fn route(&self, mut parts: Parts, body: Incoming) -> (Response<ResBody>, usize) {
+        let trailers = proxy::TrailerClient::of(&parts);
         let found = self.entries.iter().position(|e| {
             e.route.methods.contains(&parts.method) && e.route.pattern.matches(parts.uri.path())
         });
@@ -216,20 +222,39 @@ impl App {
         let req = Request::from_parts(parts, RequestBody::new(body));
         let res = match entry {
             None => match &self.fallback {
-                Some(proxy) => proxy::boxed(passthrough(proxy.forward(req).await)),
+                Some(proxy) => {
+                    let res = proxy::boxed(passthrough(proxy.forward(req).await));
+                    trailers.prepare(res, 0).await
+                }
                 None => proxy::boxed(no_route()),
             },
             Some(Entry {
                 handler: Handler::Plain(proxy),
                 ..
-            }) => proxy::boxed(passthrough(proxy.forward(req).await)),
+            }) => {
+                let res = proxy::boxed(passthrough(proxy.forward(req).await));
+                trailers.prepare(res, 0).await
+            }
             Some(Entry {
+                route,
                 handler: Handler::Protected(svc),
-                ..
-            }) => match svc.clone().call(req).await {
-                Ok(res) => proxy::boxed(res),
-                Err(never) => match never {},
-            },
+            }) => {
+                let mut res = match svc.clone().call(req).await {
+                    Ok(res) => res,
+                    Err(never) => match never {},
+                };
+                proxy::restore_shown_status(&mut res);
+                let held = matches!(
+                    res.extensions().get::<Outcome>(),
+                    Some(Outcome::Replayed | Outcome::Executed(Kept::Stored))
+                );
+                let cap = if held {
+                    route.policy.max_stored_response
+                } else {
+                    0
+                };
+                trailers.prepare(proxy::boxed(res), cap).await
+            }
         };
         (res, index)
     }

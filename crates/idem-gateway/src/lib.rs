@@ -9,6 +9,7 @@ pub mod claims;
 pub mod cli;
 pub mod config;
 pub mod demo;
+pub mod grpc;
 pub mod health;
 pub mod listener;
 pub mod matcher;
@@ -27,3 +28,4 @@ pub mod store;
 #[cfg(test)]
 mod test_support;
 pub mod ui;
+pub mod upstream;

@@ -247,7 +247,7 @@ impl<M: MakeService> Connection<M> {
         };
         let conn = self
             .builder
-            .serve_connection(TokioIo::new(io), service)
+            .serve_connection_with_upgrades(TokioIo::new(io), service)
             .into_owned();
         tokio::pin!(conn);
         let mut stop = self.stop;

@@ -6,6 +6,7 @@
 //! | failure | answer | the claim |
 //! |---|---|---|
 //! | connect error (nothing was sent) | 503 `upstream-unavailable` | released, a retry runs |
+//! | TLS handshake failed (nothing was sent) | 502 `upstream-tls` | released, a retry runs |
 //! | timeout after sending | 504 `upstream-timeout` | per `upstream_failure` (`hold` / `retry`) |
 //! | reset or broken response after sending | 502 `upstream-failed` | per `upstream_failure` |
 
@@ -23,21 +24,192 @@ use http::{Request, Response, StatusCode, Uri};
 use http_body_util::BodyExt;
 use http_body_util::combinators::UnsyncBoxBody;
 use hyper::body::Incoming;
-use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::TokioExecutor;
 use idem_http::{BoxError, Problem, RequestBody, ResponseBody};
+
+pub use crate::upstream::HttpClient;
+use crate::upstream::{ConnectError, UpstreamSpec};
 
 /// The body of every response the gateway sends.
 pub type ResBody = UnsyncBoxBody<Bytes, BoxError>;
 
-/// What the proxy answers: the upstream's body (possibly after a buffered prefix), or bytes
-/// the gateway holds (a buffered body, a problem).
-pub type Upstream = Response<ResponseBody<Incoming>>;
+/// What the proxy answers: the upstream's body (held whole, or streamed after a buffered
+/// prefix), or bytes the gateway holds (a problem).
+pub type Upstream = Response<ResponseBody<UpstreamBody>>;
+
+/// An upstream's response body as the proxy hands it on: held whole in memory (data and
+/// trailers, exact size) or streamed from the connection after an optional prefix.
+#[derive(Debug)]
+pub enum UpstreamBody {
+    /// The whole body, read inside the upstream timeout.
+    Held {
+        /// The data, if any is left to send.
+        data: Option<Bytes>,
+        /// The trailers, if the upstream sent any and they are left to send.
+        trailers: Option<http::HeaderMap>,
+    },
+    /// Bytes already read, then the rest of the upstream's body (its trailers included).
+    Streaming {
+        /// Bytes already read.
+        prefix: Option<Bytes>,
+        /// The rest.
+        body: Incoming,
+    },
+}
+
+impl http_body::Body for UpstreamBody {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Bytes>, hyper::Error>>> {
+        match self.get_mut() {
+            Self::Held { data, trailers } => Poll::Ready(match data.take() {
+                Some(d) => Some(Ok(http_body::Frame::data(d))),
+                None => trailers.take().map(|t| Ok(http_body::Frame::trailers(t))),
+            }),
+            Self::Streaming { prefix, body } => match prefix.take() {
+                Some(p) => Poll::Ready(Some(Ok(http_body::Frame::data(p)))),
+                None => Pin::new(body).poll_frame(cx),
+            },
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match self {
+            Self::Held { data, trailers } => data.is_none() && trailers.is_none(),
+            Self::Streaming { prefix, body } => prefix.is_none() && body.is_end_stream(),
+        }
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        match self {
+            Self::Held { data, .. } => {
+                http_body::SizeHint::with_exact(data.as_ref().map_or(0, |d| d.len() as u64))
+            }
+            Self::Streaming { prefix, body } => {
+                let extra = prefix.as_ref().map_or(0, |p| p.len() as u64);
+                let h = body.size_hint();
+                let mut out = http_body::SizeHint::new();
+                out.set_lower(h.lower().saturating_add(extra));
+                if let Some(u) = h.upper() {
+                    out.set_upper(u.saturating_add(extra));
+                }
+                out
+            }
+        }
+    }
+}
+
+impl UpstreamBody {
+    fn streaming(body: Incoming) -> Self {
+        Self::Streaming { prefix: None, body }
+    }
+}
 
 /// A problem+json answer made by the gateway itself.
 pub fn problem(problem: Problem) -> Upstream {
     problem.into_response()
+}
+
+/// An HTTP/1.x client that accepts trailers (`TE: trailers`), whose answers may need
+/// preparing: HTTP/1.1 carries trailers only after a chunked body, and only the fields the
+/// `Trailer` header announces. HTTP/2 clients need none of this.
+#[derive(Debug, Clone, Copy)]
+pub struct TrailerClient(bool);
+
+impl TrailerClient {
+    /// Whether the request's client is one.
+    pub fn of(parts: &http::request::Parts) -> Self {
+        let accepts = parts.version < http::Version::HTTP_2
+            && parts
+                .headers
+                .get_all(header::TE)
+                .iter()
+                .filter_map(|v| v.to_str().ok())
+                .flat_map(|v| v.split(','))
+                .any(|t| t.trim().eq_ignore_ascii_case("trailers"));
+        Self(accepts)
+    }
+
+    /// An answer that announces trailers (an upstream's, streamed or held) gets its body's
+    /// length hidden from the connection, which then chunks it. An answer held in memory of at
+    /// most `held_cap` bytes (stored or replayed: the idempotency layer never replays
+    /// `Trailer`) is read here, and trailers it ends with are announced.
+    pub async fn prepare(self, res: Response<ResBody>, held_cap: usize) -> Response<ResBody> {
+        if !self.0 {
+            return res;
+        }
+        let (mut head, body) = res.into_parts();
+        if head.headers.contains_key(header::TRAILER) {
+            head.headers.remove(header::CONTENT_LENGTH);
+            return Response::from_parts(head, UnsizedBody { inner: body }.boxed_unsync());
+        }
+        let in_memory = http_body::Body::size_hint(&body)
+            .exact()
+            .is_some_and(|n| n <= held_cap as u64);
+        if !in_memory {
+            return Response::from_parts(head, body);
+        }
+        // Held in memory: reading it costs no wait.
+        let collected = match body.collect().await {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::warn!(error = %e, "held answer unreadable");
+                return boxed(problem(Problem::new(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "answer-unreadable",
+                    "Answer unreadable",
+                    "the gateway could not read the answer it holds",
+                )));
+            }
+        };
+        let trailers = collected.trailers().cloned().filter(|t| !t.is_empty());
+        let data = collected.to_bytes();
+        let Some(trailers) = trailers else {
+            return Response::from_parts(head, ResponseBody::<UpstreamBody>::full(data))
+                .map(BodyExt::boxed_unsync);
+        };
+        let mut names: Vec<&str> = trailers.keys().map(HeaderName::as_str).collect();
+        names.dedup();
+        if let Ok(v) = HeaderValue::from_str(&names.join(", ")) {
+            head.headers.insert(header::TRAILER, v);
+        }
+        head.headers.remove(header::CONTENT_LENGTH);
+        let body = UpstreamBody::Held {
+            data: (!data.is_empty()).then_some(data),
+            trailers: Some(trailers),
+        };
+        let body = UnsizedBody {
+            inner: body.map_err(BoxError::from),
+        };
+        Response::from_parts(head, body.boxed_unsync())
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// A body whose length is not told to the connection.
+    struct UnsizedBody<B> {
+        #[pin]
+        inner: B,
+    }
+}
+
+impl<B: http_body::Body> http_body::Body for UnsizedBody<B> {
+    type Data = B::Data;
+    type Error = B::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<B::Data>, B::Error>>> {
+        self.project().inner.poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
 }
 
 /// Boxes any answer into the one body type the listener serves.
@@ -47,21 +219,6 @@ where
     B::Error: Into<BoxError>,
 {
     res.map(BodyExt::boxed_unsync)
-}
-
-/// The pooled upstream client, shared by every route.
-pub type HttpClient = Client<HttpConnector, RequestBody>;
-
-/// Builds the pooled client.
-pub fn client(connect_timeout: Duration, max_idle: usize) -> HttpClient {
-    let mut connector = HttpConnector::new();
-    connector.set_connect_timeout(Some(connect_timeout));
-    connector.set_nodelay(true);
-    connector.enforce_http(true);
-    Client::builder(TokioExecutor::new())
-        .pool_idle_timeout(Duration::from_secs(60))
-        .pool_max_idle_per_host(max_idle)
-        .build(connector)
 }
 
 /// Forwards requests to one upstream.
@@ -78,20 +235,23 @@ struct ProxyInner {
     /// `Host` for the upstream, rendered once.
     host: Option<HeaderValue>,
     prefix: String,
+    /// Speak HTTP/2 to the upstream.
+    http2: bool,
     timeout: Duration,
     /// `Some(cap)`: buffer up to `cap` bytes of the response inside the timeout (protected
     /// routes, so a failure mid-body is still classified); `None`: stream it.
     buffer: Option<usize>,
 }
 
-/// Hop-by-hop headers a proxy must not forward (RFC 9110 §7.6.1).
+/// Hop-by-hop headers a proxy must not forward (RFC 9110 §7.6.1). `Trailer` is not one of
+/// them: it announces end-to-end trailer fields, and is forwarded with them.
 const HOP_BY_HOP: [HeaderName; 7] = [
     header::CONNECTION,
     HeaderName::from_static("keep-alive"),
+    HeaderName::from_static("proxy-connection"),
     header::PROXY_AUTHENTICATE,
     header::PROXY_AUTHORIZATION,
     header::TE,
-    header::TRAILER,
     header::UPGRADE,
 ];
 
@@ -99,10 +259,12 @@ impl Proxy {
     /// A proxy to `upstream` (its path, if any, prefixes every request path).
     pub fn new(
         client: HttpClient,
-        upstream: &Uri,
+        upstream: &UpstreamSpec,
         timeout: Duration,
         buffer: Option<usize>,
     ) -> anyhow::Result<Self> {
+        let http2 = upstream.http2;
+        let upstream = &upstream.uri;
         let scheme = upstream.scheme().cloned().unwrap_or(Scheme::HTTP);
         let authority = upstream
             .authority()
@@ -117,6 +279,7 @@ impl Proxy {
                 host,
                 authority,
                 prefix,
+                http2,
                 timeout,
                 buffer,
             }),
@@ -135,7 +298,21 @@ impl Proxy {
                 "unusable path",
             ));
         };
+        // An unprotected route passes an HTTP/1.1 protocol upgrade (WebSocket and the like)
+        // through: the upgrade headers go to the upstream, and after its `101` the client's
+        // connection and the upstream's are joined byte for byte.
+        let upgrade = if p.buffer.is_none() && !p.http2 {
+            take_upgrade(&mut parts)
+        } else {
+            None
+        };
         strip_hop_by_hop(&mut parts.headers);
+        if let Some((_, protocol)) = &upgrade {
+            parts
+                .headers
+                .insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+            parts.headers.insert(header::UPGRADE, protocol.clone());
+        }
         if let Some(host) = parts.headers.remove(header::HOST).or_else(|| {
             parts
                 .uri
@@ -150,20 +327,61 @@ impl Proxy {
         if let Some(host) = &p.host {
             parts.headers.insert(header::HOST, host.clone());
         }
+        // The gateway takes trailers whatever its client accepts: a protected route stores
+        // them for every later replay, and an HTTP/2 upstream (gRPC) expects this.
+        parts
+            .headers
+            .insert(header::TE, HeaderValue::from_static("trailers"));
         parts.uri = uri;
-        parts.version = http::Version::HTTP_11;
+        // The client's HTTP version is the gateway's business with the client; the upstream
+        // gets the version its client speaks (HTTP/1.1, or HTTP/2 when configured), and the
+        // client gets its answer in its own version.
+        let client_version = parts.version;
+        // A protected gRPC call's record follows its `grpc-status` (see [`crate::grpc`]).
+        let grpc = p.buffer.is_some() && crate::grpc::is_grpc(&parts.headers);
+        parts.version = if p.http2 {
+            http::Version::HTTP_2
+        } else {
+            http::Version::HTTP_11
+        };
         let req = Request::from_parts(parts, body);
 
         let exchange = async {
-            let res = p.client.request(req).await.map_err(Failure::from_client)?;
+            let mut res = p.client.request(req).await.map_err(Failure::from_client)?;
+            let switched = match upgrade {
+                Some((client_side, _)) if res.status() == StatusCode::SWITCHING_PROTOCOLS => {
+                    let upstream_side = hyper::upgrade::on(&mut res);
+                    tokio::spawn(tunnel(client_side, upstream_side));
+                    res.headers().get(header::UPGRADE).cloned()
+                }
+                _ => None,
+            };
             let (mut head, body) = res.into_parts();
             strip_hop_by_hop(&mut head.headers);
+            if let Some(protocol) = switched {
+                head.headers
+                    .insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+                head.headers.insert(header::UPGRADE, protocol);
+            }
+            head.version = client_version;
             let body = match p.buffer {
                 Some(cap) => buffer(body, cap)
                     .await
                     .map_err(|e| Failure::Reset(e.to_string()))?,
-                None => ResponseBody::inner(body),
+                None => UpstreamBody::streaming(body),
             };
+            if grpc && head.status == StatusCode::OK {
+                let trailers = match &body {
+                    UpstreamBody::Held { trailers, .. } => trailers.as_ref(),
+                    UpstreamBody::Streaming { .. } => None,
+                };
+                let code = crate::grpc::status_code(&head.headers, trailers);
+                if let Some(decide) = code.and_then(crate::grpc::layer_status) {
+                    head.extensions.insert(ShownAs(head.status));
+                    head.status = decide;
+                }
+            }
+            let body = ResponseBody::inner(body);
             Ok::<_, Failure>(Response::from_parts(head, body))
         };
         let failure = match tokio::time::timeout(p.timeout, exchange).await {
@@ -173,7 +391,29 @@ impl Proxy {
         };
         metrics::counter!("idem_upstream_failures_total", "kind" => failure.kind()).increment(1);
         tracing::warn!(upstream = %p.authority, failure = %failure.detail(), "upstream failed");
-        failure.into_response(p.timeout)
+        let mut res = failure.into_response(p.timeout);
+        if p.buffer.is_some() && res.extensions().get::<ShownAs>().is_some() {
+            // Protected routes: the idempotency layer decides by status, and holds a 502 as
+            // an outcome it cannot know. Nothing reached the upstream, so hand it a 503 (the
+            // claim is released and a retry runs); the data plane restores the 502 the
+            // problem names once the layer is done (see [`restore_shown_status`]).
+            *res.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
+        }
+        res
+    }
+}
+
+/// The status an answer is shown to the client with, when the idempotency layer was shown
+/// another one to decide on: a 502 for a request that never reached the upstream (the layer
+/// sees 503 and releases the key), a gRPC answer's 200 whose `grpc-status` means a retry
+/// must run (the layer sees 503 or 500; see [`crate::grpc`]).
+#[derive(Debug, Clone, Copy)]
+pub struct ShownAs(pub StatusCode);
+
+/// Gives an answer marked [`ShownAs`] its own status back, once the idempotency layer is done.
+pub fn restore_shown_status<B>(res: &mut Response<B>) {
+    if let Some(ShownAs(status)) = res.extensions().get::<ShownAs>().copied() {
+        *res.status_mut() = status;
     }
 }
 
@@ -215,6 +455,47 @@ impl tower::Service<Request<RequestBody>> for Proxy {
     }
 }
 
+/// The request's upgrade, if it asks for one the way HTTP/1.1 does (`Connection: upgrade` and
+/// `Upgrade: <protocol>`): the client connection's upgrade handle and the protocol asked for.
+fn take_upgrade(
+    parts: &mut http::request::Parts,
+) -> Option<(hyper::upgrade::OnUpgrade, HeaderValue)> {
+    if parts.version != http::Version::HTTP_11 {
+        return None;
+    }
+    let protocol = parts.headers.get(header::UPGRADE)?.clone();
+    let asked = parts
+        .headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|t| t.trim().eq_ignore_ascii_case("upgrade"));
+    if !asked {
+        return None;
+    }
+    let on = parts.extensions.remove::<hyper::upgrade::OnUpgrade>()?;
+    Some((on, protocol))
+}
+
+/// Joins an upgraded client connection to the upgraded upstream connection until either
+/// side closes.
+async fn tunnel(client: hyper::upgrade::OnUpgrade, upstream: hyper::upgrade::OnUpgrade) {
+    let (client, upstream) = match tokio::try_join!(client, upstream) {
+        Ok(both) => both,
+        Err(e) => {
+            tracing::debug!(error = %e, "upgrade failed");
+            return;
+        }
+    };
+    let mut client = hyper_util::rt::TokioIo::new(client);
+    let mut upstream = hyper_util::rt::TokioIo::new(upstream);
+    match tokio::io::copy_bidirectional(&mut client, &mut upstream).await {
+        Ok((up, down)) => tracing::debug!(up, down, "upgraded connection closed"),
+        Err(e) => tracing::debug!(error = %e, "upgraded connection ended with an error"),
+    }
+}
+
 fn strip_hop_by_hop(headers: &mut http::HeaderMap) {
     // Most messages carry none of these: one pass over the names instead of a lookup each.
     let any = headers
@@ -238,18 +519,33 @@ fn strip_hop_by_hop(headers: &mut http::HeaderMap) {
     headers.remove(header::TRANSFER_ENCODING);
 }
 
-/// Reads up to `cap` bytes of `body`. A body that ends within the cap comes back whole (exact
-/// size); a longer one comes back as the prefix followed by the rest of the stream.
-/// A body that arrives in one chunk (the usual case) is kept as that chunk, without a copy.
-async fn buffer(mut body: Incoming, cap: usize) -> Result<ResponseBody<Incoming>, hyper::Error> {
+/// Reads up to `cap` bytes of `body`. A body that ends within the cap comes back whole
+/// (exact size, with its trailers); a longer one comes back as the prefix followed by the
+/// rest of the stream. A body that arrives in one chunk (the usual case) is kept as that
+/// chunk, without a copy.
+async fn buffer(mut body: Incoming, cap: usize) -> Result<UpstreamBody, hyper::Error> {
     let mut first: Option<Bytes> = None;
     let mut buf = BytesMut::new();
+    let mut trailers: Option<http::HeaderMap> = None;
     loop {
         let Some(frame) = body.frame().await else {
-            return Ok(ResponseBody::full(first.unwrap_or_else(|| buf.freeze())));
+            let data = first.unwrap_or_else(|| buf.freeze());
+            return Ok(UpstreamBody::Held {
+                data: (!data.is_empty()).then_some(data),
+                trailers,
+            });
         };
-        let Ok(data) = frame?.into_data() else {
-            continue;
+        let data = match frame?.into_data() {
+            Ok(data) => data,
+            Err(frame) => {
+                if let Ok(t) = frame.into_trailers() {
+                    match &mut trailers {
+                        Some(all) => all.extend(t),
+                        None => trailers = Some(t),
+                    }
+                }
+                continue;
+            }
         };
         if first.is_none() && buf.is_empty() {
             first = Some(data);
@@ -262,13 +558,17 @@ async fn buffer(mut body: Incoming, cap: usize) -> Result<ResponseBody<Incoming>
         let len = first.as_ref().map_or(buf.len(), Bytes::len);
         if len > cap {
             let prefix = first.take().unwrap_or_else(|| buf.freeze());
-            return Ok(ResponseBody::prefixed(prefix, body));
+            return Ok(UpstreamBody::Streaming {
+                prefix: Some(prefix),
+                body,
+            });
         }
     }
 }
 
 enum Failure {
     Connect(String),
+    Tls(String),
     Timeout,
     Reset(String),
 }
@@ -279,7 +579,13 @@ impl Failure {
             Some(src) => format!("{e}: {src}"),
             None => e.to_string(),
         };
-        if e.is_connect() {
+        let tls = e
+            .source()
+            .and_then(|s| s.downcast_ref::<ConnectError>())
+            .is_some_and(|c| matches!(c, ConnectError::Tls(_)));
+        if tls {
+            Self::Tls(detail)
+        } else if e.is_connect() {
             Self::Connect(detail)
         } else {
             Self::Reset(detail)
@@ -289,6 +595,7 @@ impl Failure {
     fn kind(&self) -> &'static str {
         match self {
             Self::Connect(_) => "connect",
+            Self::Tls(_) => "tls",
             Self::Timeout => "timeout",
             Self::Reset(_) => "reset",
         }
@@ -296,12 +603,24 @@ impl Failure {
 
     fn detail(&self) -> String {
         match self {
-            Self::Connect(d) | Self::Reset(d) => d.clone(),
+            Self::Connect(d) | Self::Tls(d) | Self::Reset(d) => d.clone(),
             Self::Timeout => "timed out".into(),
         }
     }
 
     fn into_response(self, timeout: Duration) -> Upstream {
+        if let Self::Tls(_) = self {
+            let mut res = problem(Problem::new(
+                StatusCode::BAD_GATEWAY,
+                "upstream-tls",
+                "Upstream TLS handshake failed",
+                "the upstream's certificate was not accepted (or it refused the gateway's); \
+                 nothing was sent, so a retry is safe once the TLS settings are fixed",
+            ));
+            res.extensions_mut()
+                .insert(ShownAs(StatusCode::BAD_GATEWAY));
+            return res;
+        }
         problem(match self {
             Self::Connect(_) => Problem::new(
                 StatusCode::SERVICE_UNAVAILABLE,
@@ -316,7 +635,7 @@ impl Failure {
                 "Upstream timed out",
                 format!("the upstream did not answer within {timeout:?}; its outcome is unknown"),
             ),
-            Self::Reset(_) => Problem::new(
+            Self::Reset(_) | Self::Tls(_) => Problem::new(
                 StatusCode::BAD_GATEWAY,
                 "upstream-failed",
                 "Upstream failed",

@@ -157,7 +157,11 @@ impl<S: Store> Reconciler<S> {
                 route: route.name.clone(),
                 namespace: route.policy.namespace.clone(),
                 template: template.clone(),
-                base: route.upstream.clone().or_else(|| settings.upstream.clone()),
+                base: route
+                    .upstream
+                    .as_ref()
+                    .or(settings.upstream.as_ref())
+                    .map(|u| u.uri.clone()),
                 ttl: route.policy.engine.record_ttl(),
             };
             match hooks.iter().find(|h| h.namespace == hook.namespace) {

@@ -13,12 +13,11 @@ use std::sync::Arc;
 
 use anyhow::bail;
 use arc_swap::ArcSwap;
-use http::Uri;
 
 use crate::app::{App, GatewayStore};
 use crate::config::Settings;
 use crate::listener::Tls;
-use crate::proxy;
+use crate::upstream::{Clients, UpstreamSpec};
 
 /// Reads the configuration again, from wherever it first came from.
 pub type LoadSettings = Box<dyn Fn() -> anyhow::Result<Settings> + Send + Sync>;
@@ -31,7 +30,7 @@ pub struct Live {
     admin_tls: Arc<Tls>,
     store: GatewayStore,
     /// The built-in demo upstream's address, standing in for a missing `upstream`.
-    demo_upstream: Option<Uri>,
+    demo_upstream: Option<UpstreamSpec>,
     load: LoadSettings,
     /// One reload at a time.
     reloading: tokio::sync::Mutex<()>,
@@ -51,7 +50,7 @@ impl Live {
     pub fn new(
         settings: Settings,
         store: GatewayStore,
-        demo_upstream: Option<Uri>,
+        demo_upstream: Option<UpstreamSpec>,
         load: LoadSettings,
     ) -> anyhow::Result<Self> {
         let app = build_app(&settings, &store, demo_upstream.as_ref())?;
@@ -123,14 +122,14 @@ impl Live {
 fn build_app(
     settings: &Settings,
     store: &GatewayStore,
-    demo_upstream: Option<&Uri>,
+    demo_upstream: Option<&UpstreamSpec>,
 ) -> anyhow::Result<App> {
-    let client = proxy::client(
+    let mut clients = Clients::new(
         settings.upstream_connect_timeout,
         settings.upstream_pool_max_idle,
     );
     let upstream = settings.upstream.as_ref().or(demo_upstream);
-    App::new(settings, store.clone(), upstream, &client)
+    App::new(settings, store.clone(), upstream, &mut clients)
 }
 
 /// Refuses changes a running process cannot make in place.

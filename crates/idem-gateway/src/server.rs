@@ -30,6 +30,7 @@ use crate::health::Scrape;
 use crate::metrics::MeteredStore;
 use crate::proxy::ResBody;
 use crate::reload::{Live, LoadSettings};
+use crate::upstream::UpstreamSpec;
 use crate::{demo, listener, store};
 
 /// Runs the gateway until SIGTERM or Ctrl-C, then drains. SIGHUP reloads the configuration
@@ -82,11 +83,11 @@ pub async fn run(
     if settings.demo_upstream {
         let (addr, _) = demo::spawn(SocketAddr::from(([127, 0, 0, 1], 0))).await?;
         println!("demo upstream on http://{addr}");
-        demo_upstream = Some(
+        demo_upstream = Some(UpstreamSpec::plain(
             format!("http://{addr}")
                 .parse()
                 .context("demo upstream address")?,
-        );
+        ));
     }
     let live = Arc::new(Live::new(
         settings.clone(),

@@ -21,8 +21,9 @@ use idem_core::{BoxStore, Engine, Key, MemoryStore, Policy, Scope, ScopedKey, St
 use idem_gateway::admin::Admin;
 use idem_gateway::app::{self, App};
 use idem_gateway::claims::TrackedStore;
+use idem_gateway::config;
 use idem_gateway::metrics::MeteredStore;
-use idem_gateway::{config, proxy};
+use idem_gateway::upstream::Clients;
 use idem_http::{HeaderPrincipal, IdempotencyConfig, IdempotencyLayer};
 use tokio::net::TcpListener;
 
@@ -72,13 +73,13 @@ principal = {{ from = "header", header = "x-api-key" }}
     .expect("toml");
     let settings = config::compile(&raw).expect("valid");
     let store = TrackedStore::new(BoxStore::new(MeteredStore::new(BoxStore::new(store))));
-    let client = proxy::client(Duration::from_secs(1), 8);
+    let mut clients = Clients::new(Duration::from_secs(1), 8);
     let app = Arc::new(
         App::new(
             &settings,
             store.clone(),
             settings.upstream.as_ref(),
-            &client,
+            &mut clients,
         )
         .expect("app"),
     );

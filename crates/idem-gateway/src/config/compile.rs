@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context as _, anyhow, bail};
-use http::{HeaderName, Method, Uri};
+use http::{HeaderName, Method};
 use idem_core::{JsonFields, Policy, Scope, TakeoverPolicy};
 
 use super::settings::{
@@ -21,6 +21,7 @@ use crate::matcher::{MethodSet, PathPattern};
 use crate::path::TrailingSlash;
 use crate::principal::JwtVerifier;
 use crate::store::{StoreOptions, StoreSpec};
+use crate::upstream::UpstreamSpec;
 
 /// A bearer token given inline (`admin.NAME`) or in a file (`admin.NAME_file`, first line).
 fn read_token(
@@ -53,8 +54,8 @@ pub fn compile(raw: &RawConfig) -> anyhow::Result<Settings> {
         socket_addr(raw.listen.as_deref().unwrap_or(DEFAULT_LISTEN)).context("`listen`")?;
     let upstream = raw
         .upstream
-        .as_deref()
-        .map(upstream_uri)
+        .as_ref()
+        .map(UpstreamSpec::compile)
         .transpose()
         .context("`upstream`")?;
     let store =
@@ -332,7 +333,7 @@ fn status_url(template: &str) -> anyhow::Result<String> {
             .parse::<http::uri::PathAndQuery>()
             .map_err(|e| anyhow!("`{template}`: {e}"))?;
     } else {
-        upstream_uri(&probe).map_err(|e| anyhow!("`{template}`: {e}"))?;
+        crate::upstream::upstream_uri(&probe).map_err(|e| anyhow!("`{template}`: {e}"))?;
     }
     Ok(template.to_owned())
 }
@@ -373,8 +374,8 @@ fn compile_route(
         .unwrap_or_else(|| format!("{methods} {path}"));
     let upstream = r
         .upstream
-        .as_deref()
-        .map(upstream_uri)
+        .as_ref()
+        .map(UpstreamSpec::compile)
         .transpose()
         .context("`upstream`")?;
 
@@ -646,27 +647,4 @@ fn socket_addr(text: &str) -> anyhow::Result<SocketAddr> {
     addrs
         .next()
         .ok_or_else(|| anyhow!("`{text}` resolves to no address"))
-}
-
-fn upstream_uri(text: &str) -> anyhow::Result<Uri> {
-    let text = text.trim();
-    let url = url::Url::parse(text).map_err(|e| anyhow!("`{text}` is not a URL ({e})"))?;
-    match url.scheme() {
-        "http" => {}
-        "https" => bail!(
-            "`{text}`: https upstreams are not supported by this build; terminate TLS in front of the upstream"
-        ),
-        _ => bail!("`{text}` must be an http:// URL such as http://127.0.0.1:3000"),
-    }
-    if url.host_str().is_none_or(str::is_empty) {
-        bail!("`{text}` has no host");
-    }
-    if url.query().is_some() {
-        bail!("`{text}`: an upstream URL cannot have a query");
-    }
-    if url.username() != "" || url.password().is_some() {
-        bail!("`{text}`: an upstream URL cannot carry credentials");
-    }
-    text.parse()
-        .map_err(|e| anyhow!("`{text}` is not a URL ({e})"))
 }

@@ -20,6 +20,8 @@ use figment::Figment;
 use figment::providers::{Env, Format as _, Serialized, Toml};
 use serde::{Deserialize, Serialize};
 
+use crate::upstream::RawUpstream;
+
 pub use compile::compile;
 pub use listener::{Limits, RawLimits, RawTls, TlsFiles};
 pub use settings::{
@@ -41,8 +43,9 @@ pub const DEFAULT_STORE: &str = "sqlite:./idem.db";
 pub struct RawConfig {
     /// Data listener address (default `127.0.0.1:8080`).
     pub listen: Option<String>,
-    /// Default upstream base URL (`http://host:port`).
-    pub upstream: Option<String>,
+    /// Default upstream: a URL (`http://`, `https://`, `h2c://`) or a table with TLS and
+    /// HTTP/2 settings (see [`crate::upstream`]).
+    pub upstream: Option<RawUpstream>,
     /// Store URL (default `sqlite:./idem.db`).
     pub store: Option<String>,
     /// Per-operation store timeout (default `1s`); past it the gateway answers 503.
@@ -171,7 +174,7 @@ pub struct RawRoute {
     /// Path pattern: literal segments, `{name}` for one segment, a trailing `*` for the rest.
     pub path: Option<String>,
     /// Upstream for this route (default: the global upstream).
-    pub upstream: Option<String>,
+    pub upstream: Option<RawUpstream>,
 
     /// `false` proxies the route with no idempotency at all.
     pub idempotency: Option<bool>,

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::bail;
-use http::{HeaderName, Uri};
+use http::HeaderName;
 use idem_core::key_source::KeySources;
 use idem_core::{JsonFields, Policy, ReleaseKind};
 
@@ -17,6 +17,7 @@ use crate::path::TrailingSlash;
 use super::listener::{Limits, TlsFiles};
 use crate::principal::JwtVerifier;
 use crate::store::{StoreOptions, StoreSpec};
+use crate::upstream::UpstreamSpec;
 
 /// The checked configuration.
 #[derive(Debug, Clone)]
@@ -24,7 +25,7 @@ pub struct Settings {
     /// Data listener.
     pub listen: SocketAddr,
     /// Default upstream, if any.
-    pub upstream: Option<Uri>,
+    pub upstream: Option<UpstreamSpec>,
     /// Serve the built-in demo upstream (its address replaces a missing upstream).
     pub demo_upstream: bool,
     /// Which store.
@@ -158,7 +159,7 @@ pub struct Route {
     /// Path pattern it matches.
     pub pattern: PathPattern,
     /// Its upstream (`None`: the global one, or the demo upstream).
-    pub upstream: Option<Uri>,
+    pub upstream: Option<UpstreamSpec>,
     /// Its policy.
     pub policy: Arc<RoutePolicy>,
 }

@@ -53,7 +53,14 @@ fn garbage_is_refused_with_the_field_named() {
         ("listen = 5", "listen"),
         ("lisen = \"x\"", "lisen"),
         ("upstream = \"ftp://x\"", "http://"),
-        ("upstream = \"https://x\"", "https"),
+        (
+            "upstream = { url = \"https://x\", client_cert_file = \"c.pem\" }",
+            "go together",
+        ),
+        (
+            "upstream = { url = \"http://x\", ca_file = \"ca.pem\" }",
+            "https://",
+        ),
         ("upstream = \"http://x\"\nstore = \"mongo://x\"", "mongo"),
         ("upstream = \"http://x\"\n[defaults]\nttl = 5", "unit"),
         (

@@ -1,0 +1,359 @@
+//! HTTP/2 through the gateway: h2c and HTTP/1.1 on the same data port, h2 by ALPN on the TLS
+//! listener, HTTP/2 to an `h2c://` upstream (a protected route runs once and replays; an
+//! unprotected one passes trailers), and an HTTP/1.1 protocol upgrade carried byte for byte
+//! through an unprotected route.
+
+mod common;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use bytes::Bytes;
+use common::{Gateway, Http, TempDir, key};
+use http::{HeaderMap, Method, Request, Response, StatusCode, Version};
+use http_body_util::{BodyExt, Full, StreamBody};
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use rustls::pki_types::{CertificateDer, ServerName};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+type Body = http_body_util::combinators::BoxBody<Bytes, std::convert::Infallible>;
+
+/// An upstream serving HTTP/2 with prior knowledge (h2c) or HTTP/1.1 with upgrades, per
+/// `h2`. `…/grpc` answers like a gRPC server (data, then `grpc-status` trailers), `…/ws`
+/// switches to a protocol that echoes every byte, anything else a 201 naming the execution
+/// and the HTTP version it arrived in.
+struct Upstream2 {
+    addr: SocketAddr,
+    executions: Arc<AtomicU64>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Upstream2 {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+async fn upstream(h2: bool) -> Upstream2 {
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let executions = Arc::new(AtomicU64::new(0));
+    let count = Arc::clone(&executions);
+    let task = tokio::spawn(async move {
+        loop {
+            let Ok((tcp, _)) = listener.accept().await else {
+                continue;
+            };
+            let count = Arc::clone(&count);
+            tokio::spawn(async move {
+                let svc = hyper::service::service_fn(move |req| {
+                    let count = Arc::clone(&count);
+                    async move { Ok::<_, hyper::Error>(handle(req, &count).await) }
+                });
+                if h2 {
+                    let _ = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
+                        .serve_connection(TokioIo::new(tcp), svc)
+                        .await;
+                } else {
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(TokioIo::new(tcp), svc)
+                        .with_upgrades()
+                        .await;
+                }
+            });
+        }
+    });
+    Upstream2 {
+        addr,
+        executions,
+        task,
+    }
+}
+
+async fn handle(mut req: Request<hyper::body::Incoming>, count: &AtomicU64) -> Response<Body> {
+    let path = req.uri().path().to_owned();
+    let version = format!("{:?}", req.version());
+    if path.ends_with("/ws") {
+        let on = hyper::upgrade::on(&mut req);
+        tokio::spawn(async move {
+            let Ok(upgraded) = on.await else { return };
+            let mut io = TokioIo::new(upgraded);
+            let mut buf = [0u8; 1024];
+            loop {
+                match io.read(&mut buf).await {
+                    Ok(0) | Err(_) => return,
+                    Ok(n) => {
+                        if io.write_all(&buf[..n]).await.is_err() {
+                            return;
+                        }
+                    }
+                }
+            }
+        });
+        let mut res = Response::new(Full::new(Bytes::new()).boxed());
+        *res.status_mut() = StatusCode::SWITCHING_PROTOCOLS;
+        res.headers_mut()
+            .insert("upgrade", "echo".parse().expect("value"));
+        res.headers_mut()
+            .insert("connection", "upgrade".parse().expect("value"));
+        return res;
+    }
+    let body = req.into_body().collect().await.map(|c| c.to_bytes());
+    let n = count.fetch_add(1, Ordering::SeqCst) + 1;
+    if path.ends_with("/grpc") {
+        let mut trailers = HeaderMap::new();
+        trailers.insert("grpc-status", "0".parse().expect("value"));
+        trailers.insert("grpc-message", "ok".parse().expect("value"));
+        let frames = vec![
+            Ok(http_body::Frame::data(Bytes::from_static(
+                b"\0\0\0\0\x02hi",
+            ))),
+            Ok(http_body::Frame::trailers(trailers)),
+        ];
+        let mut res = Response::new(StreamBody::new(futures::stream::iter(frames)).boxed());
+        res.headers_mut()
+            .insert("content-type", "application/grpc".parse().expect("value"));
+        return res;
+    }
+    let text = format!(
+        r#"{{"n":{n},"version":"{version}","len":{}}}"#,
+        body.map_or(0, |b| b.len())
+    );
+    let mut res = Response::new(Full::new(Bytes::from(text)).boxed());
+    *res.status_mut() = StatusCode::CREATED;
+    res.headers_mut()
+        .insert("content-type", "application/json".parse().expect("value"));
+    res
+}
+
+fn config(upstream: &str, tls: &str) -> String {
+    format!(
+        r#"
+upstream = "{upstream}"
+store = "memory:"
+{tls}
+[defaults]
+principal = {{ from = "none" }}
+[[routes]]
+name = "plain"
+path = "/plain/*"
+idempotency = false
+[[routes]]
+name = "protected"
+method = "POST"
+path = "/p/*"
+"#
+    )
+}
+
+/// What an HTTP/2 exchange returned.
+struct Got {
+    version: Version,
+    status: StatusCode,
+    headers: HeaderMap,
+    body: Bytes,
+    trailers: Option<HeaderMap>,
+}
+
+async fn h2_send(
+    send: &mut hyper::client::conn::http2::SendRequest<Full<Bytes>>,
+    authority: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+) -> Got {
+    let mut req = Request::builder()
+        .method(Method::POST)
+        .uri(format!("http://{authority}{path}"))
+        .version(Version::HTTP_2);
+    for (n, v) in headers {
+        req = req.header(*n, *v);
+    }
+    let req = req
+        .body(Full::new(Bytes::from_static(b"{}")))
+        .expect("request");
+    let res = send.send_request(req).await.expect("response");
+    let (parts, body) = res.into_parts();
+    let collected = body.collect().await.expect("body");
+    Got {
+        version: parts.version,
+        status: parts.status,
+        headers: parts.headers,
+        trailers: collected.trailers().cloned(),
+        body: collected.to_bytes(),
+    }
+}
+
+async fn h2c_client(addr: SocketAddr) -> hyper::client::conn::http2::SendRequest<Full<Bytes>> {
+    let tcp = TcpStream::connect(addr).await.expect("connect");
+    let (send, conn) =
+        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(tcp))
+            .await
+            .expect("h2c handshake");
+    tokio::spawn(conn);
+    send
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn h2c_through_the_gateway_to_an_h2c_upstream() {
+    let up = upstream(true).await;
+    let gw = Gateway::start(&config(&format!("h2c://{}", up.addr), ""), &[]);
+    let authority = gw.addr.to_string();
+    let mut send = h2c_client(gw.addr).await;
+
+    // Protected over HTTP/2 on both sides: runs once, the retry is the replay.
+    let k = key();
+    let headers = [
+        ("idempotency-key", k.as_str()),
+        ("content-type", "application/json"),
+    ];
+    let first = h2_send(&mut send, &authority, "/p/charge", &headers).await;
+    assert_eq!(first.version, Version::HTTP_2);
+    assert_eq!(first.status, StatusCode::CREATED);
+    let json: serde_json::Value = serde_json::from_slice(&first.body).expect("json");
+    assert_eq!(
+        json["version"], "HTTP/2.0",
+        "the upstream was reached over HTTP/2"
+    );
+    assert_eq!(json["n"], 1);
+    let again = h2_send(&mut send, &authority, "/p/charge", &headers).await;
+    assert_eq!(again.status, StatusCode::CREATED);
+    assert_eq!(
+        again
+            .headers
+            .get("idempotent-replayed")
+            .map(|v| v.as_bytes()),
+        Some(&b"true"[..])
+    );
+    assert_eq!(again.body, first.body);
+    assert_eq!(up.executions.load(Ordering::SeqCst), 1);
+
+    // Unprotected: a gRPC-shaped answer passes through with its trailers.
+    let grpc = h2_send(
+        &mut send,
+        &authority,
+        "/plain/grpc",
+        &[("content-type", "application/grpc"), ("te", "trailers")],
+    )
+    .await;
+    assert_eq!(grpc.status, StatusCode::OK);
+    assert_eq!(&grpc.body[..], b"\0\0\0\0\x02hi");
+    let trailers = grpc.trailers.expect("trailers");
+    assert_eq!(
+        trailers.get("grpc-status").map(|v| v.as_bytes()),
+        Some(&b"0"[..])
+    );
+    assert_eq!(
+        trailers.get("grpc-message").map(|v| v.as_bytes()),
+        Some(&b"ok"[..])
+    );
+
+    // HTTP/1.1 on the same port, to the same HTTP/2 upstream.
+    let one = Http::new()
+        .post(&gw.url("/p/charge"), Some(&key()), "{}")
+        .await;
+    assert_eq!(one.status, StatusCode::CREATED);
+    assert_eq!(one.json()["version"], "HTTP/2.0");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_http11_upgrade_is_carried_through_an_unprotected_route() {
+    let up = upstream(false).await;
+    let gw = Gateway::start(&config(&format!("http://{}", up.addr), ""), &[]);
+    let mut tcp = TcpStream::connect(gw.addr).await.expect("connect");
+    tcp.write_all(
+        b"GET /plain/ws HTTP/1.1\r\nHost: gateway\r\nConnection: Upgrade\r\nUpgrade: echo\r\n\r\n",
+    )
+    .await
+    .expect("write");
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    let read_head = async {
+        while !head.ends_with(b"\r\n\r\n") {
+            let n = tcp.read(&mut byte).await.expect("read");
+            assert!(n > 0, "closed before switching");
+            head.push(byte[0]);
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(10), read_head)
+        .await
+        .expect("101 in time");
+    let head = String::from_utf8_lossy(&head).to_ascii_lowercase();
+    assert!(head.starts_with("http/1.1 101 "), "{head}");
+    assert!(head.contains("upgrade: echo"), "{head}");
+    // Both directions, several times, over the one connection.
+    for msg in [&b"hello"[..], b"\x00\x01binary\xff", b"last"] {
+        tcp.write_all(msg).await.expect("write");
+        let mut got = vec![0u8; msg.len()];
+        tokio::time::timeout(Duration::from_secs(10), tcp.read_exact(&mut got))
+            .await
+            .expect("echo in time")
+            .expect("read");
+        assert_eq!(got, msg);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn h2_by_alpn_on_the_tls_listener() {
+    let up = upstream(false).await;
+    let dir = TempDir::new("h2-tls");
+    let ca_key = rcgen::KeyPair::generate().expect("ca key");
+    let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).expect("params");
+    ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    let ca = ca_params.self_signed(&ca_key).expect("ca");
+    let issuer = rcgen::Issuer::new(ca_params, ca_key);
+    let key_pair = rcgen::KeyPair::generate().expect("key");
+    let cert = rcgen::CertificateParams::new(vec!["127.0.0.1".to_owned()])
+        .expect("params")
+        .signed_by(&key_pair, &issuer)
+        .expect("cert");
+    let (cert_file, key_file) = (dir.0.join("gw.crt"), dir.0.join("gw.key"));
+    std::fs::write(&cert_file, cert.pem()).expect("write");
+    std::fs::write(&key_file, key_pair.serialize_pem()).expect("write");
+    let tls = format!(
+        r#"tls = {{ cert_file = "{}", key_file = "{}" }}"#,
+        cert_file.display(),
+        key_file.display()
+    );
+    let gw = Gateway::start(&config(&format!("http://{}", up.addr), &tls), &[]);
+
+    let mut roots = rustls::RootCertStore::empty();
+    roots
+        .add(CertificateDer::from(ca.der().to_vec()))
+        .expect("root");
+    let mut client = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .expect("versions")
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    client.alpn_protocols = vec![b"h2".to_vec()];
+    let tcp = TcpStream::connect(gw.addr).await.expect("connect");
+    let tls = tokio_rustls::TlsConnector::from(Arc::new(client))
+        .connect(ServerName::try_from("127.0.0.1").expect("name"), tcp)
+        .await
+        .expect("TLS handshake");
+    assert_eq!(tls.get_ref().1.alpn_protocol(), Some(&b"h2"[..]));
+    let (mut send, conn) =
+        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(tls))
+            .await
+            .expect("h2 handshake");
+    tokio::spawn(conn);
+    let k = key();
+    let headers = [("idempotency-key", k.as_str())];
+    let authority = format!("127.0.0.1:{}", gw.addr.port());
+    let first = h2_send(&mut send, &authority, "/p/charge", &headers).await;
+    assert_eq!(first.version, Version::HTTP_2);
+    assert_eq!(first.status, StatusCode::CREATED);
+    let json: serde_json::Value = serde_json::from_slice(&first.body).expect("json");
+    assert_eq!(
+        json["version"], "HTTP/1.1",
+        "HTTP/1.1 to an upstream not configured for HTTP/2"
+    );
+    let again = h2_send(&mut send, &authority, "/p/charge", &headers).await;
+    assert_eq!(again.body, first.body);
+    assert_eq!(up.executions.load(Ordering::SeqCst), 1);
+}

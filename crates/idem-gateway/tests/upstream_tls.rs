@@ -1,0 +1,261 @@
+//! `https://` upstreams: a private CA made in the test, a TLS upstream that asks for a client
+//! certificate, the gateway in between. A protected route runs once and replays over TLS; an
+//! upstream the gateway cannot verify is a clear 502 that leaves the key free for a retry.
+
+mod common;
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use common::{Gateway, Http, TempDir, bin, key};
+use http::{Request, Response, StatusCode};
+use http_body_util::{BodyExt, Full};
+use hyper_util::rt::TokioIo;
+use rustls::pki_types::pem::PemObject as _;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use tokio::net::TcpListener;
+
+/// A CA, a server certificate for 127.0.0.1 and a client certificate it signed, as files.
+struct Pki {
+    ca_file: PathBuf,
+    server_cert: PathBuf,
+    server_key: PathBuf,
+    client_cert: PathBuf,
+    client_key: PathBuf,
+}
+
+fn issue(dir: &Path, name: &str) -> Pki {
+    let ca_key = rcgen::KeyPair::generate().expect("ca key");
+    let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).expect("ca params");
+    ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    ca_params.distinguished_name.push(
+        rcgen::DnType::CommonName,
+        format!("idem upstream CA {name}"),
+    );
+    let ca = ca_params.self_signed(&ca_key).expect("ca cert");
+    let issuer = rcgen::Issuer::new(ca_params, ca_key);
+    let write = |file: &str, text: String| {
+        let path = dir.join(format!("{name}-{file}"));
+        std::fs::write(&path, text).expect("write pem");
+        path
+    };
+    let server_key = rcgen::KeyPair::generate().expect("key");
+    let server = rcgen::CertificateParams::new(vec!["127.0.0.1".to_owned()])
+        .expect("params")
+        .signed_by(&server_key, &issuer)
+        .expect("server cert");
+    let client_key = rcgen::KeyPair::generate().expect("key");
+    let mut client_params =
+        rcgen::CertificateParams::new(vec!["idem-gateway".to_owned()]).expect("params");
+    client_params.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ClientAuth];
+    let client = client_params
+        .signed_by(&client_key, &issuer)
+        .expect("client cert");
+    Pki {
+        ca_file: write("ca.crt", ca.pem()),
+        server_cert: write("server.crt", server.pem()),
+        server_key: write("server.key", server_key.serialize_pem()),
+        client_cert: write("client.crt", client.pem()),
+        client_key: write("client.key", client_key.serialize_pem()),
+    }
+}
+
+/// A TLS upstream: counts executions, answers 201 with a body naming the execution. With
+/// `client_ca`, it refuses clients without a certificate from that CA.
+struct TlsUpstream {
+    addr: SocketAddr,
+    executions: Arc<AtomicU64>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for TlsUpstream {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+async fn tls_upstream(pki: &Pki, client_ca: Option<&Path>) -> TlsUpstream {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(&pki.server_cert)
+        .expect("read cert")
+        .collect::<Result<_, _>>()
+        .expect("pem");
+    let key = PrivateKeyDer::from_pem_file(&pki.server_key).expect("key");
+    let builder = rustls::ServerConfig::builder_with_provider(Arc::clone(&provider))
+        .with_safe_default_protocol_versions()
+        .expect("versions");
+    let builder = match client_ca {
+        None => builder.with_no_client_auth(),
+        Some(ca) => {
+            let mut roots = rustls::RootCertStore::empty();
+            for c in CertificateDer::pem_file_iter(ca).expect("ca") {
+                roots.add(c.expect("pem")).expect("root");
+            }
+            let verifier =
+                rustls::server::WebPkiClientVerifier::builder_with_provider(roots.into(), provider)
+                    .build()
+                    .expect("verifier");
+            builder.with_client_cert_verifier(verifier)
+        }
+    };
+    let config = builder.with_single_cert(certs, key).expect("server config");
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let executions = Arc::new(AtomicU64::new(0));
+    let count = Arc::clone(&executions);
+    let task = tokio::spawn(async move {
+        loop {
+            let Ok((tcp, _)) = listener.accept().await else {
+                continue;
+            };
+            let (acceptor, count) = (acceptor.clone(), Arc::clone(&count));
+            tokio::spawn(async move {
+                let Ok(tls) = acceptor.accept(tcp).await else {
+                    return;
+                };
+                let svc = hyper::service::service_fn(move |req: Request<hyper::body::Incoming>| {
+                    let count = Arc::clone(&count);
+                    async move {
+                        let body = req.into_body().collect().await?.to_bytes();
+                        let n = count.fetch_add(1, Ordering::SeqCst) + 1;
+                        let text = format!(
+                            r#"{{"execution":{n},"body":{}}}"#,
+                            serde_json::Value::String(String::from_utf8_lossy(&body).into())
+                        );
+                        let mut res = Response::new(Full::new(Bytes::from(text)));
+                        *res.status_mut() = StatusCode::CREATED;
+                        res.headers_mut()
+                            .insert("content-type", "application/json".parse().expect("ct"));
+                        Ok::<_, hyper::Error>(res)
+                    }
+                });
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(tls), svc)
+                    .await;
+            });
+        }
+    });
+    TlsUpstream {
+        addr,
+        executions,
+        task,
+    }
+}
+
+fn config(upstream: SocketAddr, ca_file: &Path, client: Option<&Pki>) -> String {
+    let client = client.map_or(String::new(), |p| {
+        format!(
+            r#", client_cert_file = "{}", client_key_file = "{}""#,
+            p.client_cert.display(),
+            p.client_key.display()
+        )
+    });
+    format!(
+        r#"
+store = "memory:"
+[defaults]
+principal = {{ from = "none" }}
+[[routes]]
+name = "charge"
+method = "POST"
+path = "/charge"
+upstream = {{ url = "https://{upstream}", ca_file = "{}"{client} }}
+"#,
+        ca_file.display()
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn https_upstream_with_a_client_certificate_runs_once_and_replays() {
+    let dir = TempDir::new("up-tls");
+    let pki = issue(&dir.0, "a");
+    let up = tls_upstream(&pki, Some(&pki.ca_file)).await;
+    let cfg = config(up.addr, &pki.ca_file, Some(&pki));
+
+    // check-config shows how the upstream is reached.
+    let cfg_path = dir.0.join("check.toml");
+    std::fs::write(&cfg_path, &cfg).expect("write");
+    let out = std::process::Command::new(bin())
+        .arg("check-config")
+        .arg("--config")
+        .arg(&cfg_path)
+        .output()
+        .expect("check-config");
+    let shown = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{shown}");
+    assert!(
+        shown.contains(&format!("CA file {}", pki.ca_file.display())),
+        "{shown}"
+    );
+    assert!(
+        shown.contains(&format!("client certificate {}", pki.client_cert.display())),
+        "{shown}"
+    );
+
+    let gw = Gateway::start(&cfg, &[]);
+    let http = Http::new();
+    let k = key();
+    let first = http
+        .post(&gw.url("/charge"), Some(&k), r#"{"amount":100}"#)
+        .await;
+    assert_eq!(first.status, StatusCode::CREATED, "{:?}", first.body);
+    assert_eq!(first.json()["execution"], 1);
+    let again = http
+        .post(&gw.url("/charge"), Some(&k), r#"{"amount":100}"#)
+        .await;
+    assert_eq!(again.status, StatusCode::CREATED);
+    assert!(again.replayed());
+    assert_eq!(again.body, first.body, "the replay is the first answer");
+    assert_eq!(up.executions.load(Ordering::SeqCst), 1, "ran once");
+
+    // Another key runs again, over the same verified connection pool.
+    let other = http.post(&gw.url("/charge"), Some(&key()), "{}").await;
+    assert_eq!(other.status, StatusCode::CREATED);
+    assert_eq!(up.executions.load(Ordering::SeqCst), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_untrusted_upstream_is_a_clear_502_and_the_key_stays_free() {
+    let dir = TempDir::new("up-tls-bad");
+    let real = issue(&dir.0, "real");
+    let other = issue(&dir.0, "other");
+    let up = tls_upstream(&real, None).await;
+    // The gateway trusts another CA than the one that signed the upstream's certificate.
+    let gw = Gateway::start(&config(up.addr, &other.ca_file, None), &[]);
+    let http = Http::new();
+    let k = key();
+    let refused = http.post(&gw.url("/charge"), Some(&k), "{}").await;
+    assert_eq!(refused.status, StatusCode::BAD_GATEWAY);
+    assert_eq!(refused.problem_type(), "upstream-tls");
+    assert_eq!(refused.json()["status"], 502);
+    assert_eq!(
+        up.executions.load(Ordering::SeqCst),
+        0,
+        "nothing reached it"
+    );
+    assert!(gw.logged("TLS handshake failed").await, "{}", gw.logs());
+
+    // Nothing was sent, so the key was released: once the right CA is configured, the
+    // client's retry with the same key runs (rather than being held as unknown).
+    std::fs::write(gw.config_path(), config(up.addr, &real.ca_file, None)).expect("rewrite");
+    gw.hup();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let probe = http.post(&gw.url("/charge"), Some(&key()), "{}").await;
+        if probe.status == StatusCode::CREATED {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the reload did not take effect");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let before = up.executions.load(Ordering::SeqCst);
+    let retried = http.post(&gw.url("/charge"), Some(&k), "{}").await;
+    assert_eq!(retried.status, StatusCode::CREATED, "{:?}", retried.body);
+    assert!(!retried.replayed());
+    assert_eq!(up.executions.load(Ordering::SeqCst), before + 1);
+}
