@@ -77,23 +77,12 @@ impl StoreSpec {
                     path: path.to_owned(),
                 }
             }
-            "redis" | "rediss" => {
+            "redis" | "rediss" | "redis+cluster" | "rediss+cluster" => {
                 need_host(url, rest)?;
+                check_redis_url(url)?;
                 Self::Redis {
                     url: url.to_owned(),
-                    cluster: false,
-                }
-            }
-            "redis+cluster" | "rediss+cluster" => {
-                need_host(url, rest)?;
-                let plain = if scheme.starts_with("rediss") {
-                    "rediss"
-                } else {
-                    "redis"
-                };
-                Self::Redis {
-                    url: format!("{plain}:{rest}"),
-                    cluster: true,
+                    cluster: scheme.ends_with("+cluster"),
                 }
             }
             "postgres" | "postgresql" => {
@@ -146,6 +135,20 @@ fn need_host(url: &str, rest: &str) -> anyhow::Result<()> {
     }
 }
 
+/// Checks a Redis URL the way the store will read it at start (a cluster's every seed, the
+/// TLS scheme needing TLS support), so `check-config` refuses what `serve` would.
+#[cfg(feature = "redis")]
+fn check_redis_url(url: &str) -> anyhow::Result<()> {
+    idem_redis::RedisConfig::from_url(url)
+        .map(drop)
+        .map_err(|e| anyhow::anyhow!("`{}`: {e}", redact(url)))
+}
+
+#[cfg(not(feature = "redis"))]
+fn check_redis_url(_url: &str) -> anyhow::Result<()> {
+    Ok(())
+}
+
 /// A URL with any password replaced by `***`. What does not parse as one URL (a cluster's
 /// seed list) prints with its whole user part hidden, so a credential never shows.
 fn redact(text: &str) -> String {
@@ -194,8 +197,11 @@ impl fmt::Debug for StoreSpec {
     }
 }
 
+/// Default bound on a Redis `WAIT` for replicas.
+pub const DEFAULT_WAIT_TIMEOUT: Duration = Duration::from_millis(100);
+
 /// Backend details beyond the URL.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct StoreOptions {
     /// SQL table (default `idem_records`).
     pub table: Option<String>,
@@ -203,6 +209,8 @@ pub struct StoreOptions {
     pub prefix: Option<String>,
     /// PostgreSQL / MySQL connections.
     pub pool: u32,
+    /// Redis: replicas that acknowledge each claim and completion, and how long to wait.
+    pub wait: Option<(u32, Duration)>,
 }
 
 /// Opens the store, optionally behind the local cache of completed responses.
@@ -315,6 +323,9 @@ async fn open_backend(
             if let Some(prefix) = &options.prefix {
                 config = config.prefix(prefix.clone())?;
             }
+            if let Some((replicas, timeout)) = options.wait {
+                config = config.durability(replicas, timeout)?;
+            }
             let store = idem_redis::RedisStore::connect(config)
                 .await
                 .map_err(|e| anyhow::anyhow!("{e}"))?;
@@ -357,8 +368,24 @@ mod tests {
         assert_eq!(
             StoreSpec::parse("redis+cluster://127.0.0.1:7000").expect("ok"),
             StoreSpec::Redis {
-                url: "redis://127.0.0.1:7000".into(),
+                url: "redis+cluster://127.0.0.1:7000".into(),
                 cluster: true
+            }
+        );
+        // Every documented cluster form keeps cluster mode and the whole seed list.
+        let seeds = "redis+cluster://127.0.0.1:7101,127.0.0.1:7102,127.0.0.1:7103";
+        assert_eq!(
+            StoreSpec::parse(seeds).expect("ok"),
+            StoreSpec::Redis {
+                url: seeds.into(),
+                cluster: true
+            }
+        );
+        assert_eq!(
+            StoreSpec::parse("redis://127.0.0.1:6379").expect("ok"),
+            StoreSpec::Redis {
+                url: "redis://127.0.0.1:6379".into(),
+                cluster: false
             }
         );
         assert_eq!(
@@ -376,11 +403,24 @@ mod tests {
             "memory:0",
             "sqlite:",
             "redis://",
+            "redis+cluster://a:1,,b:2",
             "mongo://x",
             "nonsense",
         ] {
             assert!(StoreSpec::parse(bad).is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn cluster_urls_display_as_clusters_without_passwords() {
+        let s = StoreSpec::parse("redis+cluster://u:hunter2@127.0.0.1:1,127.0.0.1:2")
+            .expect("ok")
+            .to_string();
+        assert!(
+            !s.contains("hunter2") && s.contains("redis+cluster://***@127.0.0.1:1,127.0.0.1:2"),
+            "{s}"
+        );
+        assert!(s.contains("Redis Cluster"), "{s}");
     }
 
     #[test]

@@ -53,6 +53,7 @@ mod ctx;
 pub mod doubles;
 mod harness;
 pub mod model;
+pub mod redis_server;
 pub mod rules;
 
 pub use ctx::{fp, rich_response, unique_namespace};

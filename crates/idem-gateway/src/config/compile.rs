@@ -44,6 +44,27 @@ pub fn compile(raw: &RawConfig) -> anyhow::Result<Settings> {
             Some(n) => n,
             None => crate::store::SQL_POOL_SIZE,
         },
+        wait: match (raw.store_wait_replicas, &store) {
+            (None, _) => {
+                if raw.store_wait_timeout.is_some() {
+                    bail!("`store_wait_timeout` needs `store_wait_replicas`");
+                }
+                None
+            }
+            (Some(0), _) => bail!("`store_wait_replicas` must be greater than zero"),
+            (Some(n), StoreSpec::Redis { .. }) => Some((
+                n,
+                positive(
+                    raw.store_wait_timeout.map(|d| d.0),
+                    crate::store::DEFAULT_WAIT_TIMEOUT,
+                    "store_wait_timeout",
+                )?,
+            )),
+            (Some(_), other) => bail!(
+                "`store_wait_replicas` applies to Redis stores only, not `{}`",
+                other.kind()
+            ),
+        },
     };
     let store_timeout = positive(
         raw.store_timeout.map(|d| d.0),

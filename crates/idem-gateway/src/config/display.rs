@@ -22,6 +22,13 @@ impl fmt::Display for Settings {
             self.store,
             Dur(self.store_timeout)
         )?;
+        if let Some((replicas, timeout)) = self.store_options.wait {
+            writeln!(
+                f,
+                "store wait: {replicas} replica(s) acknowledge each claim and completion within {}",
+                Dur(timeout)
+            )?;
+        }
         if let Some((n, age)) = self.store_cache {
             writeln!(
                 f,
