@@ -211,6 +211,56 @@ pub struct StoreOptions {
     pub pool: u32,
     /// Redis: replicas that acknowledge each claim and completion, and how long to wait.
     pub wait: Option<(u32, Duration)>,
+    /// `rediss://`: certificate files.
+    pub tls: Option<StoreTls>,
+}
+
+/// Certificate files for a `rediss://` store.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct StoreTls {
+    /// CA certificates trusted instead of the system roots.
+    pub ca_file: Option<std::path::PathBuf>,
+    /// Client certificate chain and key.
+    pub client: Option<(std::path::PathBuf, std::path::PathBuf)>,
+}
+
+impl StoreTls {
+    /// Reads the files, naming the one that cannot be read or holds no PEM block.
+    ///
+    /// # Errors
+    /// A file that cannot be read, or is not PEM.
+    pub(crate) fn read(&self) -> anyhow::Result<StorePem> {
+        let read = |field: &str, path: &std::path::Path| -> anyhow::Result<Vec<u8>> {
+            let bytes = std::fs::read(path)
+                .map_err(|e| anyhow::anyhow!("`{field}` {}: {e}", path.display()))?;
+            if !bytes.windows(11).any(|w| w == b"-----BEGIN ") {
+                bail!("`{field}` {}: not a PEM file", path.display());
+            }
+            Ok(bytes)
+        };
+        let ca = self
+            .ca_file
+            .as_deref()
+            .map(|p| read("store_tls_ca_file", p))
+            .transpose()?;
+        let client = match &self.client {
+            Some((cert, key)) => Some((
+                read("store_tls_cert_file", cert)?,
+                read("store_tls_key_file", key)?,
+            )),
+            None => None,
+        };
+        Ok(StorePem { ca, client })
+    }
+}
+
+/// The contents of [`StoreTls`]'s files.
+#[derive(Clone)]
+pub(crate) struct StorePem {
+    /// CA certificates.
+    pub(crate) ca: Option<Vec<u8>>,
+    /// Client certificate chain and key.
+    pub(crate) client: Option<(Vec<u8>, Vec<u8>)>,
 }
 
 /// Opens the store, optionally behind the local cache of completed responses.
@@ -229,13 +279,32 @@ pub async fn open(
     )
     .await
     {
-        Ok(result) => result?,
+        Ok(result) => result.map_err(tls_hint)?,
         Err(_) => bail!("store {spec}: no answer while connecting"),
     };
     Ok(match cache {
         Some((entries, max_age)) => BoxStore::new(CachedStore::new(store, entries, max_age)),
         None => store,
     })
+}
+
+/// Adds what to check to an error from a TLS handshake with the store.
+fn tls_hint(e: anyhow::Error) -> anyhow::Error {
+    let text = format!("{e:#}");
+    if text.contains("invalid peer certificate") {
+        e.context(
+            "the store's TLS certificate is not trusted: give the CA that signed it \
+             (store_tls_ca_file for rediss://, sslrootcert= for PostgreSQL, ssl-ca= for MySQL) \
+             and connect by a name or address the certificate lists",
+        )
+    } else if text.contains("CertificateRequired") {
+        e.context(
+            "the store asks for a client certificate: set store_tls_cert_file and \
+             store_tls_key_file (rediss://), sslcert=/sslkey= (PostgreSQL) or ssl-cert=/ssl-key= (MySQL)",
+        )
+    } else {
+        e
+    }
 }
 
 /// Whether this build has the backend for `spec`.
@@ -325,6 +394,10 @@ async fn open_backend(
             }
             if let Some((replicas, timeout)) = options.wait {
                 config = config.durability(replicas, timeout)?;
+            }
+            if let Some(tls) = &options.tls {
+                let StorePem { ca, client } = tls.read()?;
+                config = config.tls(idem_redis::TlsPem { ca, client })?;
             }
             let store = idem_redis::RedisStore::connect(config)
                 .await

@@ -80,5 +80,5 @@ pub mod config;
 pub mod script;
 mod store;
 
-pub use config::{Durability, RedisConfig, RedisConfigError, Target};
+pub use config::{Durability, RedisConfig, RedisConfigError, Target, TlsPem};
 pub use store::RedisStore;
