@@ -109,7 +109,7 @@ fn serve_fails(config: &str) -> String {
         .stderr(Stdio::piped())
         .spawn()
         .expect("spawn idem");
-    let give_up = Instant::now() + Duration::from_secs(30);
+    let give_up = Instant::now() + Duration::from_secs(15);
     loop {
         if let Some(status) = child.try_wait().expect("wait") {
             assert!(!status.success(), "idem serve exited successfully");
@@ -117,8 +117,12 @@ fn serve_fails(config: &str) -> String {
         }
         if Instant::now() > give_up {
             let _ = child.kill();
-            let _ = child.wait();
-            panic!("idem serve did not give up on a store it cannot trust");
+            let out = child.wait_with_output().expect("output");
+            panic!(
+                "idem serve did not give up on a store it cannot trust: {}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
         }
         std::thread::sleep(Duration::from_millis(50));
     }
@@ -395,4 +399,129 @@ fn as_postgres(args: &[&str]) {
         .args(["-u", "postgres", "--"])
         .args(args)
         .stdout(Stdio::null()));
+}
+
+/// A private MariaDB with TLS and `require_secure_transport`, from a temp directory, with a
+/// user `idem` (no password) and a database `idem`; killed and removed on drop.
+struct Mariadb {
+    port: u16,
+    dir: PathBuf,
+    child: std::process::Child,
+}
+
+impl Mariadb {
+    /// `None` (loudly, or a failure under CI) when MariaDB's binaries are missing.
+    fn start(pki: &Pki) -> Option<Self> {
+        let have = |b: &str| {
+            Command::new(b)
+                .arg("--version")
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status()
+                .is_ok_and(|s| s.success())
+        };
+        if !have("mariadbd") || !have("mariadb-install-db") {
+            assert!(!common::ci(), "CI: mariadbd / mariadb-install-db missing");
+            eprintln!("!!! SKIPPING: no mariadbd / mariadb-install-db");
+            return None;
+        }
+        let dir = std::env::temp_dir().join(format!("idem-mdb-tls-{}", uuid::Uuid::now_v7()));
+        let data = dir.join("data");
+        std::fs::create_dir_all(&dir).expect("dir");
+        run(Command::new("mariadb-install-db")
+            .arg("--no-defaults")
+            .arg(format!("--datadir={}", data.display()))
+            .args(["--user=root", "--skip-test-db"]));
+        let port = common::spare_port();
+        let child = Command::new("mariadbd")
+            .arg("--no-defaults")
+            .arg(format!("--datadir={}", data.display()))
+            .arg(format!("--socket={}", dir.join("sock").display()))
+            .arg(format!("--port={port}"))
+            .args([
+                "--bind-address=127.0.0.1",
+                "--user=root",
+                "--skip-name-resolve",
+                "--require-secure-transport=ON",
+                "--innodb-buffer-pool-size=16M",
+            ])
+            .arg(format!("--ssl-cert={}", pki.file("server.pem")))
+            .arg(format!("--ssl-key={}", pki.file("server.key")))
+            .arg(format!("--ssl-ca={}", pki.file("ca.pem")))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start mariadbd");
+        let db = Self { port, dir, child };
+        let give_up = Instant::now() + Duration::from_secs(30);
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(Instant::now() < give_up, "private MariaDB did not start");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        // root authenticates by the socket's peer (this process runs as root).
+        run(Command::new("mariadb")
+            .arg(format!("--socket={}", db.dir.join("sock").display()))
+            .args(["-u", "root", "-e"])
+            .arg(
+                "CREATE USER 'idem'@'127.0.0.1'; \
+                 GRANT ALL PRIVILEGES ON *.* TO 'idem'@'127.0.0.1'; CREATE DATABASE idem;",
+            ));
+        Some(db)
+    }
+
+    fn url(&self, query: &str) -> String {
+        format!("mysql://idem@127.0.0.1:{}/idem?{query}", self.port)
+    }
+}
+
+impl Drop for Mariadb {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// MariaDB that takes TLS connections only, through sqlx's rustls: `VERIFY_IDENTITY` against
+/// the private CA and `REQUIRED` run a request once; the wrong CA and a plain connection are
+/// refused with the reason.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mariadb_over_tls_as_the_url_says() {
+    let pki = Pki::new();
+    // Blocks this test's thread while the server starts; nothing else runs yet.
+    let Some(db) = Mariadb::start(&pki) else {
+        return;
+    };
+    let ca = pki.file("ca.pem");
+    runs_once(
+        &db.url(&format!("ssl-mode=VERIFY_IDENTITY&ssl-ca={ca}")),
+        "",
+    )
+    .await;
+    runs_once(&db.url("ssl-mode=REQUIRED"), "").await;
+
+    let wrong = serve_fails(&config(
+        "http://127.0.0.1:9",
+        &db.url(&format!(
+            "ssl-mode=VERIFY_IDENTITY&ssl-ca={}",
+            pki.file("wrong-ca.pem")
+        )),
+        "",
+    ));
+    assert!(
+        wrong.contains("UnknownIssuer") && wrong.contains("certificate is not trusted"),
+        "the wrong CA is named as the cause: {wrong}"
+    );
+    let plain = serve_fails(&config(
+        "http://127.0.0.1:9",
+        &db.url("ssl-mode=DISABLED"),
+        "",
+    ));
+    // The same user, refused without TLS: MariaDB 10.11 reports `require_secure_transport`
+    // as "Access denied", other versions as "insecure transport".
+    assert!(
+        plain.contains("insecure transport") || plain.contains("Access denied for user 'idem'"),
+        "the server refuses plain connections: {plain}"
+    );
 }
