@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use common::{Gateway, Http, TempDir, Upstream, bin, key};
 use http::StatusCode;
-use idem_testkit::redis_server::{Server, redis_server_available};
+use idem_testkit::redis_server::{Cluster, Server, redis_server_available};
 
 /// PEM files of a private CA, a server certificate for 127.0.0.1 and a client certificate it
 /// signed, and of an unrelated CA.
@@ -523,5 +523,68 @@ async fn mariadb_over_tls_as_the_url_says() {
     assert!(
         plain.contains("insecure transport") || plain.contains("Access denied for user 'idem'"),
         "the server refuses plain connections: {plain}"
+    );
+}
+
+/// A Redis Cluster that speaks only TLS (clients and cluster bus) and wants client
+/// certificates: `rediss+cluster://` with the private CA and a client certificate reaches
+/// every master, runs each key once and replays it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rediss_cluster_with_a_private_ca() {
+    if !redis_server_available() {
+        return;
+    }
+    let pki = Pki::new();
+    let (cert, key_file, ca) = (
+        pki.file("server.pem"),
+        pki.file("server.key"),
+        pki.file("ca.pem"),
+    );
+    let cluster = tokio::task::spawn_blocking(move || Cluster::start_tls(&cert, &key_file, &ca))
+        .await
+        .expect("start cluster");
+    let url = cluster.url();
+    assert!(url.starts_with("rediss+cluster://"), "{url}");
+    let prefix = format!("idem-tls-cluster-{}:", uuid::Uuid::now_v7().simple());
+    let up = Upstream::start().await;
+    let gw = Gateway::start(
+        &config(
+            &up.url(),
+            &url,
+            &format!(
+                "store_prefix = \"{prefix}\"\nstore_tls_ca_file = \"{}\"\n\
+                 store_tls_cert_file = \"{}\"\nstore_tls_key_file = \"{}\"",
+                pki.file("ca.pem"),
+                pki.file("client.pem"),
+                pki.file("client.key")
+            ),
+        ),
+        &[],
+    );
+    let http = Http::new();
+    let run = uuid::Uuid::now_v7().simple().to_string();
+    for i in 0..12 {
+        let (path, k) = (format!("/pay/{i}"), format!("{run}-{i}"));
+        let first = http.post(&gw.url(&path), Some(&k), "{}").await;
+        assert_eq!(first.status, StatusCode::CREATED, "{:?}", first.body);
+        let again = http.post(&gw.url(&path), Some(&k), "{}").await;
+        assert!(again.replayed() && again.body == first.body);
+        assert_eq!(up.seen.count(&path), 1);
+    }
+    let pattern = format!("{prefix}*");
+    let per_master: Vec<usize> = cluster
+        .masters()
+        .into_iter()
+        .map(|m| {
+            cluster
+                .node(m)
+                .and_then(|n| n.cli(&["--scan", "--pattern", &pattern]))
+                .map_or(0, |out| out.lines().filter(|l| !l.is_empty()).count())
+        })
+        .collect();
+    assert_eq!(per_master.len(), 3);
+    assert!(
+        per_master.iter().all(|&n| n > 0),
+        "every master holds records: {per_master:?}"
     );
 }

@@ -56,10 +56,12 @@ rm -rf "$dir"
 /// drop.
 #[derive(Debug)]
 pub struct Server {
-    /// The plain-text port (0 when the server only speaks TLS).
+    /// The port it listens on: the TLS port for [`Server::start_tls`].
     pub port: u16,
     /// The TLS port, when started with [`Server::start_tls`].
     pub tls_port: Option<u16>,
+    /// `redis-cli` arguments that reach it (port, and TLS files when it speaks TLS).
+    cli_args: Vec<String>,
     pid: u32,
     keeper: Child,
     stdin: Option<ChildStdin>,
@@ -93,15 +95,23 @@ impl Server {
         .collect();
         args.extend(extra.iter().map(|s| s.to_string()));
         let mut server = Self::spawn(0, args);
+        server.port = tls_port;
         server.tls_port = Some(tls_port);
-        let give_up = Instant::now() + Duration::from_secs(10);
-        while std::net::TcpStream::connect(("127.0.0.1", tls_port)).is_err() {
-            assert!(
-                Instant::now() < give_up,
-                "redis-server TLS port {tls_port} did not open"
-            );
-            std::thread::sleep(Duration::from_millis(10));
-        }
+        server.cli_args = [
+            "-p",
+            &tls_port.to_string(),
+            "--tls",
+            "--cacert",
+            ca,
+            "--cert",
+            cert,
+            "--key",
+            key,
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        server.wait_ready();
         server
     }
 
@@ -146,6 +156,7 @@ impl Server {
         Self {
             port,
             tls_port: None,
+            cli_args: vec!["-p".to_owned(), port.to_string()],
             pid,
             keeper,
             stdin,
@@ -153,9 +164,14 @@ impl Server {
         }
     }
 
-    /// `redis://127.0.0.1:<port>`.
+    /// `redis://127.0.0.1:<port>` (`rediss://` for a TLS server).
     pub fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}", self.port)
+        let scheme = if self.tls_port.is_some() {
+            "rediss"
+        } else {
+            "redis"
+        };
+        format!("{scheme}://127.0.0.1:{}", self.port)
     }
 
     /// `127.0.0.1:<port>`.
@@ -193,7 +209,7 @@ impl Server {
     /// Runs `redis-cli` against this server; `None` if it failed.
     pub fn cli(&self, args: &[&str]) -> Option<String> {
         let out = Command::new("redis-cli")
-            .args(["-p", &self.port.to_string()])
+            .args(&self.cli_args)
             .args(args)
             .stderr(Stdio::null())
             .output()
@@ -284,6 +300,8 @@ fn signal(sig: &str, pid: u32) {
 pub struct Cluster {
     /// Every live node, masters and replicas.
     pub nodes: Vec<Server>,
+    /// Whether the nodes speak TLS only (clients, cluster bus and replication).
+    tls: bool,
 }
 
 impl Cluster {
@@ -298,25 +316,45 @@ impl Cluster {
         Self::start_with(1, 1000)
     }
 
+    /// Three masters that speak only TLS, with these PEM files (the server certificate also
+    /// serves as `redis-cli`'s client certificate).
+    pub fn start_tls(cert: &str, key: &str, ca: &str) -> Self {
+        Self::start_on(0, 2000, Some((cert, key, ca)))
+    }
+
     fn start_with(replicas: usize, node_timeout_ms: u64) -> Self {
+        Self::start_on(replicas, node_timeout_ms, None)
+    }
+
+    fn start_on(replicas: usize, node_timeout_ms: u64, tls: Option<(&str, &str, &str)>) -> Self {
         let node_timeout = node_timeout_ms.to_string();
+        let cluster_args = [
+            "--cluster-enabled",
+            "yes",
+            "--cluster-config-file",
+            "nodes.conf",
+            "--cluster-node-timeout",
+            &node_timeout,
+            // A replica whose link to its master was cut at any time may still be
+            // promoted: a test that kills a master wants its replica to take over.
+            "--cluster-replica-validity-factor",
+            "0",
+        ];
         let nodes: Vec<Server> = (0..3 * (1 + replicas))
-            .map(|_| {
-                Server::start(&[
-                    "--cluster-enabled",
-                    "yes",
-                    "--cluster-config-file",
-                    "nodes.conf",
-                    "--cluster-node-timeout",
-                    &node_timeout,
-                    // A replica whose link to its master was cut at any time may still be
-                    // promoted: a test that kills a master wants its replica to take over.
-                    "--cluster-replica-validity-factor",
-                    "0",
-                ])
+            .map(|_| match tls {
+                None => Server::start(&cluster_args),
+                Some((cert, key, ca)) => {
+                    let mut extra = cluster_args.to_vec();
+                    extra.extend(["--tls-cluster", "yes", "--tls-replication", "yes"]);
+                    Server::start_tls(cert, key, ca, &extra)
+                }
             })
             .collect();
-        let out = Command::new("redis-cli")
+        let mut create = Command::new("redis-cli");
+        if let Some((cert, key, ca)) = tls {
+            create.args(["--tls", "--cacert", ca, "--cert", cert, "--key", key]);
+        }
+        let out = create
             .args(["--cluster", "create"])
             .args(nodes.iter().map(Server::addr))
             .args(["--cluster-replicas", &replicas.to_string()])
@@ -328,7 +366,10 @@ impl Cluster {
             "cluster create failed: {}",
             String::from_utf8_lossy(&out.stdout)
         );
-        let cluster = Self { nodes };
+        let cluster = Self {
+            nodes,
+            tls: tls.is_some(),
+        };
         cluster.wait_healthy(Duration::from_secs(20));
         if replicas > 0 {
             let give_up = Instant::now() + Duration::from_secs(20);
@@ -378,10 +419,12 @@ impl Cluster {
         self.wait_healthy(give_up.saturating_duration_since(Instant::now()));
     }
 
-    /// `redis+cluster://127.0.0.1:p1,127.0.0.1:p2,…` over every live node.
+    /// `redis+cluster://127.0.0.1:p1,127.0.0.1:p2,…` over every live node
+    /// (`rediss+cluster://` for a TLS cluster).
     pub fn url(&self) -> String {
         let hosts: Vec<String> = self.nodes.iter().map(Server::addr).collect();
-        format!("redis+cluster://{}", hosts.join(","))
+        let scheme = if self.tls { "rediss" } else { "redis" };
+        format!("{scheme}+cluster://{}", hosts.join(","))
     }
 
     /// The node on `port`, if it is alive.
