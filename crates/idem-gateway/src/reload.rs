@@ -148,16 +148,8 @@ fn restart_only(now: &Settings, next: &Settings) -> anyhow::Result<()> {
         ("listen", now.listen != next.listen),
         ("store", now.store != next.store),
         (
-            "store_table / store_prefix / store_pool",
-            (
-                &now.store_options.table,
-                &now.store_options.prefix,
-                now.store_options.pool,
-            ) != (
-                &next.store_options.table,
-                &next.store_options.prefix,
-                next.store_options.pool,
-            ),
+            "store_table / store_prefix / store_pool / store_wait_*",
+            now.store_options != next.store_options,
         ),
         ("store_cache_*", now.store_cache != next.store_cache),
         ("demo_upstream", now.demo_upstream != next.demo_upstream),

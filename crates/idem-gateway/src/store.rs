@@ -77,23 +77,12 @@ impl StoreSpec {
                     path: path.to_owned(),
                 }
             }
-            "redis" | "rediss" => {
+            "redis" | "rediss" | "redis+cluster" | "rediss+cluster" => {
                 need_host(url, rest)?;
+                check_redis_url(url)?;
                 Self::Redis {
                     url: url.to_owned(),
-                    cluster: false,
-                }
-            }
-            "redis+cluster" | "rediss+cluster" => {
-                need_host(url, rest)?;
-                let plain = if scheme.starts_with("rediss") {
-                    "rediss"
-                } else {
-                    "redis"
-                };
-                Self::Redis {
-                    url: format!("{plain}:{rest}"),
-                    cluster: true,
+                    cluster: scheme.ends_with("+cluster"),
                 }
             }
             "postgres" | "postgresql" => {
@@ -146,6 +135,20 @@ fn need_host(url: &str, rest: &str) -> anyhow::Result<()> {
     }
 }
 
+/// Checks a Redis URL the way the store will read it at start (a cluster's every seed, the
+/// TLS scheme needing TLS support), so `check-config` refuses what `serve` would.
+#[cfg(feature = "redis")]
+fn check_redis_url(url: &str) -> anyhow::Result<()> {
+    idem_redis::RedisConfig::from_url(url)
+        .map(drop)
+        .map_err(|e| anyhow::anyhow!("`{}`: {e}", redact(url)))
+}
+
+#[cfg(not(feature = "redis"))]
+fn check_redis_url(_url: &str) -> anyhow::Result<()> {
+    Ok(())
+}
+
 /// A URL with any password replaced by `***`. What does not parse as one URL (a cluster's
 /// seed list) prints with its whole user part hidden, so a credential never shows.
 fn redact(text: &str) -> String {
@@ -194,8 +197,11 @@ impl fmt::Debug for StoreSpec {
     }
 }
 
+/// Default bound on a Redis `WAIT` for replicas.
+pub const DEFAULT_WAIT_TIMEOUT: Duration = Duration::from_millis(100);
+
 /// Backend details beyond the URL.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct StoreOptions {
     /// SQL table (default `idem_records`).
     pub table: Option<String>,
@@ -205,6 +211,58 @@ pub struct StoreOptions {
     pub pool: u32,
     /// How much of the audit trail the store keeps.
     pub audit: idem_core::AuditRetention,
+    /// Redis: replicas that acknowledge each claim and completion, and how long to wait.
+    pub wait: Option<(u32, Duration)>,
+    /// `rediss://`: certificate files.
+    pub tls: Option<StoreTls>,
+}
+
+/// Certificate files for a `rediss://` store.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct StoreTls {
+    /// CA certificates trusted instead of the system roots.
+    pub ca_file: Option<std::path::PathBuf>,
+    /// Client certificate chain and key.
+    pub client: Option<(std::path::PathBuf, std::path::PathBuf)>,
+}
+
+impl StoreTls {
+    /// Reads the files, naming the one that cannot be read or holds no PEM block.
+    ///
+    /// # Errors
+    /// A file that cannot be read, or is not PEM.
+    pub(crate) fn read(&self) -> anyhow::Result<StorePem> {
+        let read = |field: &str, path: &std::path::Path| -> anyhow::Result<Vec<u8>> {
+            let bytes = std::fs::read(path)
+                .map_err(|e| anyhow::anyhow!("`{field}` {}: {e}", path.display()))?;
+            if !bytes.windows(11).any(|w| w == b"-----BEGIN ") {
+                bail!("`{field}` {}: not a PEM file", path.display());
+            }
+            Ok(bytes)
+        };
+        let ca = self
+            .ca_file
+            .as_deref()
+            .map(|p| read("store_tls_ca_file", p))
+            .transpose()?;
+        let client = match &self.client {
+            Some((cert, key)) => Some((
+                read("store_tls_cert_file", cert)?,
+                read("store_tls_key_file", key)?,
+            )),
+            None => None,
+        };
+        Ok(StorePem { ca, client })
+    }
+}
+
+/// The contents of [`StoreTls`]'s files.
+#[derive(Clone)]
+pub(crate) struct StorePem {
+    /// CA certificates.
+    pub(crate) ca: Option<Vec<u8>>,
+    /// Client certificate chain and key.
+    pub(crate) client: Option<(Vec<u8>, Vec<u8>)>,
 }
 
 /// Opens the store, optionally behind the local cache of completed responses.
@@ -223,13 +281,32 @@ pub async fn open(
     )
     .await
     {
-        Ok(result) => result?,
+        Ok(result) => result.map_err(tls_hint)?,
         Err(_) => bail!("store {spec}: no answer while connecting"),
     };
     Ok(match cache {
         Some((entries, max_age)) => BoxStore::new(CachedStore::new(store, entries, max_age)),
         None => store,
     })
+}
+
+/// Adds what to check to an error from a TLS handshake with the store.
+fn tls_hint(e: anyhow::Error) -> anyhow::Error {
+    let text = format!("{e:#}");
+    if text.contains("invalid peer certificate") {
+        e.context(
+            "the store's TLS certificate is not trusted: give the CA that signed it \
+             (store_tls_ca_file for rediss://, sslrootcert= for PostgreSQL, ssl-ca= for MySQL) \
+             and connect by a name or address the certificate lists",
+        )
+    } else if text.contains("CertificateRequired") {
+        e.context(
+            "the store asks for a client certificate: set store_tls_cert_file and \
+             store_tls_key_file (rediss://), sslcert=/sslkey= (PostgreSQL) or ssl-cert=/ssl-key= (MySQL)",
+        )
+    } else {
+        e
+    }
 }
 
 /// Whether this build has the backend for `spec`.
@@ -322,6 +399,13 @@ async fn open_backend(
             if let Some(prefix) = &options.prefix {
                 config = config.prefix(prefix.clone())?;
             }
+            if let Some((replicas, timeout)) = options.wait {
+                config = config.durability(replicas, timeout)?;
+            }
+            if let Some(tls) = &options.tls {
+                let StorePem { ca, client } = tls.read()?;
+                config = config.tls(idem_redis::TlsPem { ca, client })?;
+            }
             let store = idem_redis::RedisStore::connect(config)
                 .await
                 .map_err(|e| anyhow::anyhow!("{e}"))?;
@@ -364,8 +448,24 @@ mod tests {
         assert_eq!(
             StoreSpec::parse("redis+cluster://127.0.0.1:7000").expect("ok"),
             StoreSpec::Redis {
-                url: "redis://127.0.0.1:7000".into(),
+                url: "redis+cluster://127.0.0.1:7000".into(),
                 cluster: true
+            }
+        );
+        // Every documented cluster form keeps cluster mode and the whole seed list.
+        let seeds = "redis+cluster://127.0.0.1:7101,127.0.0.1:7102,127.0.0.1:7103";
+        assert_eq!(
+            StoreSpec::parse(seeds).expect("ok"),
+            StoreSpec::Redis {
+                url: seeds.into(),
+                cluster: true
+            }
+        );
+        assert_eq!(
+            StoreSpec::parse("redis://127.0.0.1:6379").expect("ok"),
+            StoreSpec::Redis {
+                url: "redis://127.0.0.1:6379".into(),
+                cluster: false
             }
         );
         assert_eq!(
@@ -383,11 +483,24 @@ mod tests {
             "memory:0",
             "sqlite:",
             "redis://",
+            "redis+cluster://a:1,,b:2",
             "mongo://x",
             "nonsense",
         ] {
             assert!(StoreSpec::parse(bad).is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn cluster_urls_display_as_clusters_without_passwords() {
+        let s = StoreSpec::parse("redis+cluster://u:hunter2@127.0.0.1:1,127.0.0.1:2")
+            .expect("ok")
+            .to_string();
+        assert!(
+            !s.contains("hunter2") && s.contains("redis+cluster://***@127.0.0.1:1,127.0.0.1:2"),
+            "{s}"
+        );
+        assert!(s.contains("Redis Cluster"), "{s}");
     }
 
     #[test]

@@ -22,6 +22,28 @@ pub enum RedisConfigError {
     /// A duration that must be positive was zero.
     #[error("{0} must be greater than zero")]
     Zero(&'static str),
+    /// TLS certificates were given for a plain-text `redis://` URL.
+    #[error("TLS certificates need a rediss:// or rediss+cluster:// URL")]
+    TlsNotRequested,
+}
+
+/// PEM certificates for `rediss://`: the CA that signs the server's certificate (instead of the
+/// system roots) and a client certificate for servers that ask for one.
+#[derive(Clone, Default, PartialEq, Eq)]
+pub struct TlsPem {
+    /// CA certificates (PEM) trusted instead of the system roots.
+    pub ca: Option<Vec<u8>>,
+    /// Client certificate chain and private key (PEM).
+    pub client: Option<(Vec<u8>, Vec<u8>)>,
+}
+
+impl std::fmt::Debug for TlsPem {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TlsPem")
+            .field("ca", &self.ca.is_some())
+            .field("client", &self.client.is_some())
+            .finish()
+    }
 }
 
 /// Where to connect.
@@ -56,6 +78,7 @@ pub struct RedisConfig {
     pub(crate) batching: bool,
     pub(crate) batches_in_flight: usize,
     pub(crate) audit_max_events: usize,
+    pub(crate) tls: Option<TlsPem>,
 }
 
 /// Default number of script calls one store keeps in flight before it queues claims and
@@ -89,6 +112,7 @@ impl RedisConfig {
             batching: true,
             batches_in_flight: DEFAULT_BATCHES_IN_FLIGHT,
             audit_max_events: DEFAULT_AUDIT_MAX_EVENTS,
+            tls: None,
         })
     }
 
@@ -208,6 +232,26 @@ impl RedisConfig {
         Ok(self)
     }
 
+    /// Certificates for a `rediss://` or `rediss+cluster://` URL: a CA trusted instead of the
+    /// system roots, and a client certificate. Without this call the server is verified
+    /// against the system roots.
+    ///
+    /// # Errors
+    /// [`RedisConfigError::TlsDisabled`] without the `tls` feature,
+    /// [`RedisConfigError::TlsNotRequested`] for a plain-text URL.
+    pub fn tls(mut self, pem: TlsPem) -> Result<Self, RedisConfigError> {
+        require_tls()?;
+        let tls = match &self.target {
+            Target::Single(url) => url.starts_with("rediss://"),
+            Target::Cluster(nodes) => nodes.iter().all(|n| n.starts_with("rediss://")),
+        };
+        if !tls {
+            return Err(RedisConfigError::TlsNotRequested);
+        }
+        self.tls = Some(pem);
+        Ok(self)
+    }
+
     /// Where the store connects.
     pub fn target(&self) -> &Target {
         &self.target
@@ -306,7 +350,15 @@ mod tests {
             RedisConfig::from_url("redis://"),
             Err(RedisConfigError::BadUrl(_))
         ));
-        if !cfg!(feature = "tls") {
+        if cfg!(feature = "tls") {
+            let c = RedisConfig::from_url("redis://a:1").expect("url");
+            assert_eq!(
+                c.tls(TlsPem::default()).map(|_| ()),
+                Err(RedisConfigError::TlsNotRequested)
+            );
+            let c = RedisConfig::from_url("rediss+cluster://a:1,b:2").expect("url");
+            assert!(c.tls(TlsPem::default()).is_ok());
+        } else {
             assert_eq!(
                 RedisConfig::from_url("rediss://a:1").map(|c| c.target),
                 Err(RedisConfigError::TlsDisabled)

@@ -83,7 +83,7 @@ pub mod script;
 mod store;
 pub mod tokens;
 
-pub use config::{Durability, RedisConfig, RedisConfigError, Target};
+pub use config::{Durability, RedisConfig, RedisConfigError, Target, TlsPem};
 pub use lock::{Held, LockError, LockLease, RedisLock};
 pub use store::RedisStore;
 pub use tokens::RedisTokens;

@@ -15,6 +15,8 @@ use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
 use redis::{Cmd, ErrorKind, RedisError, RedisFuture, ServerErrorKind, Value};
 
+use crate::config::TlsPem;
+
 /// A connection to a single Redis node or a Redis Cluster. Cheap to clone: clones share one
 /// multiplexed connection (per node), which reconnects in the background after a failure.
 #[derive(Clone)]
@@ -47,13 +49,23 @@ pub struct Timeouts {
 }
 
 impl Connection {
-    /// Connects to one node, given a `redis://`, `rediss://` or `unix://` URL.
+    /// Connects to one node, given a `redis://`, `rediss://` or `unix://` URL, with `tls`'s
+    /// certificates for `rediss://` (the system roots without them).
     ///
     /// # Errors
     /// [`StoreError::Unavailable`] if the URL is refused or the node cannot be reached,
     /// [`StoreError::Timeout`] if connecting takes longer than `timeouts.connect`.
-    pub async fn single(url: &str, timeouts: Timeouts) -> Result<Self, StoreError> {
-        let client = redis::Client::open(url).map_err(StoreError::unavailable)?;
+    pub async fn single(
+        url: &str,
+        timeouts: Timeouts,
+        tls: Option<&TlsPem>,
+    ) -> Result<Self, StoreError> {
+        let client = match tls {
+            #[cfg(feature = "tls")]
+            Some(pem) => redis::Client::build_with_tls(url, certificates(pem)),
+            _ => redis::Client::open(url),
+        }
+        .map_err(StoreError::unavailable)?;
         let config = ConnectionManagerConfig::new()
             .set_connection_timeout(Some(timeouts.connect))
             .set_response_timeout(Some(timeouts.response))
@@ -70,18 +82,27 @@ impl Connection {
         })
     }
 
-    /// Connects to a cluster through any of its `nodes` (`redis://host:port` URLs).
+    /// Connects to a cluster through any of its `nodes` (`redis://host:port` or
+    /// `rediss://host:port` URLs), with `tls`'s certificates for `rediss://`.
     ///
     /// # Errors
     /// As [`Connection::single`].
-    pub async fn cluster(nodes: &[String], timeouts: Timeouts) -> Result<Self, StoreError> {
-        let client = redis::cluster::ClusterClientBuilder::new(nodes.iter().map(String::as_str))
+    pub async fn cluster(
+        nodes: &[String],
+        timeouts: Timeouts,
+        tls: Option<&TlsPem>,
+    ) -> Result<Self, StoreError> {
+        let builder = redis::cluster::ClusterClientBuilder::new(nodes.iter().map(String::as_str))
             .connection_timeout(timeouts.connect)
             .response_timeout(timeouts.response)
             .retries(3)
-            .max_retry_wait(200)
-            .build()
-            .map_err(StoreError::unavailable)?;
+            .max_retry_wait(200);
+        let builder = match tls {
+            #[cfg(feature = "tls")]
+            Some(pem) => builder.certs(certificates(pem)),
+            _ => builder,
+        };
+        let client = builder.build().map_err(StoreError::unavailable)?;
         let conn = bounded(timeouts.connect, async {
             client
                 .get_async_connection()
@@ -206,6 +227,21 @@ impl ConnectionLike for Connection {
             Inner::Single(m) => m.get_db(),
             Inner::Cluster(c) => c.get_db(),
         }
+    }
+}
+
+/// The client's form of `pem`.
+#[cfg(feature = "tls")]
+fn certificates(pem: &TlsPem) -> redis::TlsCertificates {
+    redis::TlsCertificates {
+        client_tls: pem
+            .client
+            .as_ref()
+            .map(|(cert, key)| redis::ClientTlsConfig {
+                client_cert: cert.clone(),
+                client_key: key.clone(),
+            }),
+        root_cert: pem.ca.clone(),
     }
 }
 

@@ -90,8 +90,10 @@ impl RedisTokens {
             response: config.op_timeout,
         };
         let conn = match &config.target {
-            Target::Single(url) => Connection::single(url, timeouts).await?,
-            Target::Cluster(nodes) => Connection::cluster(nodes, timeouts).await?,
+            Target::Single(url) => Connection::single(url, timeouts, config.tls.as_ref()).await?,
+            Target::Cluster(nodes) => {
+                Connection::cluster(nodes, timeouts, config.tls.as_ref()).await?
+            }
         };
         Ok(Self::with_connection(conn, &config))
     }

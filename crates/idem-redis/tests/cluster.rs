@@ -1,6 +1,6 @@
 //! The idem-testkit conformance suite, race tests and model test against a private 3-master
 //! Redis Cluster that this test binary creates on spare loopback ports. The cluster is shared
-//! by every test here and torn down when the process exits (see `common::Cluster`).
+//! by every test here and torn down when the process exits (see `common::shared_cluster`).
 
 mod common;
 
@@ -38,7 +38,7 @@ async fn records_spread_over_masters_and_list_sees_them_all() {
         };
         store.claim(&req).await.expect("claim");
     }
-    let cluster = common::Cluster::shared();
+    let cluster = common::shared_cluster();
     let per_node: Vec<u64> = cluster
         .nodes
         .iter()
@@ -72,7 +72,7 @@ async fn durability_wait_runs_on_the_keys_master() {
     if common::RedisHarness::cluster().await.is_none() {
         return;
     }
-    let url = common::Cluster::shared().url();
+    let url = common::shared_cluster().url();
     let config = idem_redis::RedisConfig::from_url(&url)
         .and_then(|c| c.prefix(common::unique_prefix()))
         .and_then(|c| c.durability(1, Duration::from_millis(50)))

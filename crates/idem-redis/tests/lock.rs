@@ -147,7 +147,7 @@ async fn cluster_locks_and_fences() {
     if !common::redis_server_available() {
         return;
     }
-    let url = tokio::task::spawn_blocking(|| common::Cluster::shared().url())
+    let url = tokio::task::spawn_blocking(|| common::shared_cluster().url())
         .await
         .expect("cluster");
     let lock = lock_at(&url, &common::unique_prefix()).await;

@@ -54,7 +54,7 @@ mod cluster {
     use super::*;
 
     idem_testkit::token_conformance_tests!(if common::redis_server_available() {
-        let url = tokio::task::spawn_blocking(|| common::Cluster::shared().url())
+        let url = tokio::task::spawn_blocking(|| common::shared_cluster().url())
             .await
             .expect("start cluster");
         Tokens::at(&url).await

@@ -1,6 +1,6 @@
 //! idem stores on SQL databases, and the business-side backstop toolkit.
 //!
-//! - [`PgStore`] (feature `postgres`), [`MySqlStore`] (feature `mysql`, MariaDB 10.5+) and
+//! - [`PgStore`] (feature `postgres`), [`MySqlStore`] (feature `mysql`, MariaDB 10.5+ or MySQL 8) and
 //!   [`SqliteStore`] (feature `sqlite`, the gateway's embedded default) are one [`SqlStore`]
 //!   over each [`Dialect`], implementing [`idem_core::Store`]: every operation is one atomic
 //!   statement judged on the database clock (see each dialect's module for its statements).

@@ -188,6 +188,10 @@ impl Stmt {
 pub(crate) struct Statements {
     pub(crate) claim_read: Option<Stmt>,
     pub(crate) claim: Stmt,
+    /// The claim without `RETURNING` and the read after it, where the dialect has them.
+    pub(crate) claim_then_read: Option<(Stmt, Stmt)>,
+    /// `SELECT VERSION()`, asked before the first claim where `claim_then_read` exists.
+    pub(crate) version: Stmt,
     pub(crate) renew: Renewal<Stmt>,
     pub(crate) complete: Stmt,
     pub(crate) release_retryable: Stmt,
@@ -218,6 +222,8 @@ impl Statements {
         Self {
             claim_read: D::CLAIM_READ.map(stmt),
             claim: stmt(D::CLAIM),
+            claim_then_read: D::CLAIM_THEN_READ.map(|(write, read)| (stmt(write), stmt(read))),
+            version: stmt("SELECT VERSION()"),
             renew: D::RENEW.map(stmt),
             complete: stmt(COMPLETE),
             release_retryable: stmt(RELEASE_RETRYABLE),
@@ -371,9 +377,15 @@ mod tests {
             Param::RequestId,
         ];
         let settle = [Param::Id, Param::Owner, Param::Fence];
-        let uses: [(&Stmt, &[Param]); 17] = [
+        let (then_write, then_read) = match &all.claim_then_read {
+            Some((w, r)) => (w, r),
+            None => (&all.claim, &all.claim),
+        };
+        let uses: [(&Stmt, &[Param]); 19] = [
             (all.claim_read.as_ref().unwrap_or(&all.claim), &claim),
             (&all.claim, &claim),
+            (then_write, &claim),
+            (then_read, &claim),
             (
                 renew,
                 &[Param::Id, Param::Owner, Param::Fence, Param::Lease],

@@ -2,6 +2,7 @@
 
 use std::fmt;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::time::Duration;
 
 use idem_core::audit::{AuditEvent, AuditKind, AuditQuery, AuditRetention};
@@ -36,7 +37,15 @@ pub struct SqlStore<D: Dialect> {
     pub(crate) sql: Arc<Statements>,
     /// Events older than this are deleted by the reaper.
     pub(crate) audit_age: Duration,
+    /// Which claim the server takes: [`CLAIM_UNKNOWN`] until the first claim asks the server
+    /// (dialects with [`crate::dialect::Sql::CLAIM_THEN_READ`] only), then
+    /// [`CLAIM_RETURNING`] or [`CLAIM_THEN_READ`].
+    pub(crate) claim_mode: Arc<AtomicU8>,
 }
+
+const CLAIM_UNKNOWN: u8 = 0;
+const CLAIM_RETURNING: u8 = 1;
+const CLAIM_THEN_READ: u8 = 2;
 
 impl<D: Dialect> Clone for SqlStore<D> {
     fn clone(&self) -> Self {
@@ -46,6 +55,7 @@ impl<D: Dialect> Clone for SqlStore<D> {
             table: self.table.clone(),
             sql: self.sql.clone(),
             audit_age: self.audit_age,
+            claim_mode: self.claim_mode.clone(),
         }
     }
 }
@@ -69,12 +79,83 @@ impl<D: Dialect> SqlStore<D> {
     /// A store reading through `reader` and writing through `writer`, on `table`.
     pub(crate) fn with_pools(writer: Pool<D>, reader: Pool<D>, table: TableName) -> Self {
         let sql = Arc::new(Statements::new::<D>(&table));
+        let mode = if sql.claim_then_read.is_some() {
+            CLAIM_UNKNOWN
+        } else {
+            CLAIM_RETURNING
+        };
         Self {
             writer,
             reader,
             table,
             sql,
             audit_age: AuditRetention::default().max_age,
+            claim_mode: Arc::new(AtomicU8::new(mode)),
+        }
+    }
+
+    /// Claims with the portable upsert-then-read transaction even where the server accepts
+    /// the one-statement claim (MariaDB 10.5+), as on MySQL 8. For tests of that path; a
+    /// dialect without it ignores this.
+    pub fn with_claim_then_read(self) -> Self {
+        let mode = if self.sql.claim_then_read.is_some() {
+            CLAIM_THEN_READ
+        } else {
+            CLAIM_RETURNING
+        };
+        Self {
+            claim_mode: Arc::new(AtomicU8::new(mode)),
+            ..self
+        }
+    }
+
+    /// Whether claims take the upsert-then-read path: asks the server its version once.
+    async fn claims_then_read(&self) -> Result<bool, StoreError> {
+        let mode = match self.claim_mode.load(Ordering::Relaxed) {
+            CLAIM_UNKNOWN => {
+                let row = D::fetch_optional(On::Pool(&self.writer), &self.sql.version, &[])
+                    .await
+                    .map_err(StoreError::unavailable)?
+                    .ok_or_else(|| StoreError::unavailable("SELECT VERSION() returned no row"))?;
+                let version: String = D::get::<D::Text>(&row, 0)
+                    .map_err(StoreError::unavailable)?
+                    .into();
+                let mode = if D::claim_returning(&version) {
+                    CLAIM_RETURNING
+                } else {
+                    CLAIM_THEN_READ
+                };
+                tracing::debug!(%version, then_read = mode == CLAIM_THEN_READ, "claim statement chosen");
+                self.claim_mode.store(mode, Ordering::Relaxed);
+                mode
+            }
+            mode => mode,
+        };
+        Ok(mode == CLAIM_THEN_READ)
+    }
+
+    /// The claim's write and the row it left, without `RETURNING`: on the caller's connection
+    /// (inside its transaction), or in a transaction of the store's own.
+    async fn claim_then_read(
+        &self,
+        conn: Option<&mut D::Connection>,
+        args: &crate::driver::Args<'_>,
+    ) -> Result<Option<D::Row>, sqlx::Error> {
+        let Some((write, read)) = &self.sql.claim_then_read else {
+            return Ok(None);
+        };
+        match conn {
+            Some(c) => {
+                D::execute(On::Conn(&mut *c), write, args).await?;
+                D::fetch_optional(On::Conn(c), read, args).await
+            }
+            None => {
+                let mut tx = self.begin().await?;
+                D::execute(On::Conn(&mut *tx), write, args).await?;
+                let row = D::fetch_optional(On::Conn(&mut *tx), read, args).await?;
+                tx.commit().await?;
+                Ok(row)
+            }
         }
     }
 
@@ -179,6 +260,7 @@ impl<D: Dialect> SqlStore<D> {
         };
         let args = claim.values(req);
         let autocommit = conn.is_none();
+        let then_read = self.claims_then_read().await?;
         for _ in 0..MAX_RACES {
             if let Some(read) = &self.sql.claim_read {
                 let on = match conn.as_deref_mut() {
@@ -194,11 +276,16 @@ impl<D: Dialect> SqlStore<D> {
                     return Ok(outcome);
                 }
             }
-            let on = match conn.as_deref_mut() {
-                Some(c) => On::Conn(c),
-                None => On::Pool(&self.writer),
+            let written = if then_read {
+                self.claim_then_read(conn.as_deref_mut(), &args).await
+            } else {
+                let on = match conn.as_deref_mut() {
+                    Some(c) => On::Conn(c),
+                    None => On::Pool(&self.writer),
+                };
+                D::fetch_optional(on, &self.sql.claim, &args).await
             };
-            match D::fetch_optional(on, &self.sql.claim, &args).await {
+            match written {
                 Ok(Some(row)) => {
                     if let Some(outcome) = ClaimRow::decode::<D>(&row)?.outcome(req)? {
                         return Ok(outcome);

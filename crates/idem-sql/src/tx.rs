@@ -65,7 +65,8 @@ impl<D: Dialect> SqlStore<D> {
     /// PostgreSQL needs `READ COMMITTED` (its default): under `REPEATABLE READ` a concurrent
     /// claim makes the claim fail with a serialization error. SQLite transactions must begin
     /// with `BEGIN IMMEDIATE`, as [`SqlStore::run_in_tx`] does. MariaDB connections must not
-    /// enable the `SIMULTANEOUS_ASSIGNMENT` SQL mode.
+    /// enable the `SIMULTANEOUS_ASSIGNMENT` SQL mode. On MySQL (the claim is an upsert, then a
+    /// read) the connection must be inside a transaction.
     ///
     /// # Errors
     /// [`StoreError`] when a statement failed (a MariaDB deadlock included: the server then

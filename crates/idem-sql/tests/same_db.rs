@@ -216,6 +216,20 @@ mod mysql {
         let Some(h) = common::MySqlHarness::connect().await else {
             return;
         };
+        same_db(h).await;
+    }
+
+    /// The same on the claim MySQL 8 takes (upsert, then a locking read, in the caller's
+    /// transaction).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_portable_claim_keeps_same_database_mode() {
+        let Some(h) = common::MySqlHarness::connect_then_read().await else {
+            return;
+        };
+        same_db(h).await;
+    }
+
+    async fn same_db(h: common::MySqlHarness) {
         let payments = format!("{}_payments", h.store.table());
         sqlx::raw_sql(&format!("CREATE TABLE {payments} (k VARCHAR(64) PRIMARY KEY, amount BIGINT NOT NULL) ENGINE = InnoDB"))
             .execute(h.store.pool())

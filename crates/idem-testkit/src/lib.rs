@@ -54,6 +54,7 @@ pub mod doubles;
 pub mod fault_proxy;
 mod harness;
 pub mod model;
+pub mod redis_server;
 pub mod rules;
 pub mod tokens;
 

@@ -75,6 +75,28 @@ pub fn compile(raw: &RawConfig) -> anyhow::Result<Settings> {
                 max_age: a.max_age,
             }
         },
+        wait: match (raw.store_wait_replicas, &store) {
+            (None, _) => {
+                if raw.store_wait_timeout.is_some() {
+                    bail!("`store_wait_timeout` needs `store_wait_replicas`");
+                }
+                None
+            }
+            (Some(0), _) => bail!("`store_wait_replicas` must be greater than zero"),
+            (Some(n), StoreSpec::Redis { .. }) => Some((
+                n,
+                positive(
+                    raw.store_wait_timeout.map(|d| d.0),
+                    crate::store::DEFAULT_WAIT_TIMEOUT,
+                    "store_wait_timeout",
+                )?,
+            )),
+            (Some(_), other) => bail!(
+                "`store_wait_replicas` applies to Redis stores only, not `{}`",
+                other.kind()
+            ),
+        },
+        tls: store_tls(raw, &store)?,
     };
     let store_timeout = positive(
         raw.store_timeout.map(|d| d.0),
@@ -605,6 +627,32 @@ fn fingerprint(raw: Option<&RawFingerprint>) -> anyhow::Result<FingerprintSettin
         fields: JsonFields::all().include(include).exclude(exclude),
         headers,
     })
+}
+
+/// The `store_tls_*` files: only for a `rediss://` store, a certificate only with its key, and
+/// every file readable PEM now (so `check-config` finds a wrong path).
+fn store_tls(raw: &RawConfig, store: &StoreSpec) -> anyhow::Result<Option<crate::store::StoreTls>> {
+    let client = match (&raw.store_tls_cert_file, &raw.store_tls_key_file) {
+        (Some(c), Some(k)) => Some((c.clone(), k.clone())),
+        (None, None) => None,
+        _ => bail!("`store_tls_cert_file` and `store_tls_key_file` go together"),
+    };
+    if client.is_none() && raw.store_tls_ca_file.is_none() {
+        return Ok(None);
+    }
+    match store {
+        StoreSpec::Redis { url, .. } if url.to_ascii_lowercase().starts_with("rediss") => {}
+        StoreSpec::Postgres { .. } | StoreSpec::Mysql { .. } => bail!(
+            "`store_tls_*` are for rediss:// stores; PostgreSQL and MySQL take their TLS settings in the URL (sslmode=verify-full&sslrootcert=…, ssl-mode=VERIFY_IDENTITY&ssl-ca=…)"
+        ),
+        _ => bail!("`store_tls_*` need a rediss:// or rediss+cluster:// store"),
+    }
+    let tls = crate::store::StoreTls {
+        ca_file: raw.store_tls_ca_file.clone(),
+        client,
+    };
+    tls.read()?;
+    Ok(Some(tls))
 }
 
 fn positive(d: Option<Duration>, default: Duration, field: &str) -> anyhow::Result<Duration> {

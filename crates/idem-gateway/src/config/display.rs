@@ -22,6 +22,29 @@ impl fmt::Display for Settings {
             self.store,
             Dur(self.store_timeout)
         )?;
+        if let Some(tls) = &self.store_options.tls {
+            writeln!(
+                f,
+                "store tls: {}{}",
+                tls.ca_file.as_ref().map_or_else(
+                    || "server verified against the system roots".to_owned(),
+                    |ca| format!("server verified against {}", ca.display())
+                ),
+                tls.client
+                    .as_ref()
+                    .map_or_else(String::new, |(cert, _)| format!(
+                        ", client certificate {}",
+                        cert.display()
+                    ))
+            )?;
+        }
+        if let Some((replicas, timeout)) = self.store_options.wait {
+            writeln!(
+                f,
+                "store wait: {replicas} replica(s) acknowledge each claim and completion within {}",
+                Dur(timeout)
+            )?;
+        }
         if let Some((n, age)) = self.store_cache {
             writeln!(
                 f,

@@ -56,6 +56,18 @@ pub struct RawConfig {
     pub store_prefix: Option<String>,
     /// PostgreSQL and MySQL: connections per gateway (default 32).
     pub store_pool: Option<u32>,
+    /// Redis: replicas that must acknowledge each claim and completion (`WAIT`) before the
+    /// request goes on (default: none). With it, a failover cannot lose a claim the gateway
+    /// acted on.
+    pub store_wait_replicas: Option<u32>,
+    /// Redis: how long `WAIT` may take (default `100ms`); a short acknowledgement answers 503.
+    pub store_wait_timeout: Option<Dur>,
+    /// `rediss://`: a PEM CA file trusted instead of the system roots.
+    pub store_tls_ca_file: Option<PathBuf>,
+    /// `rediss://`: a PEM client certificate chain, for servers that ask for one.
+    pub store_tls_cert_file: Option<PathBuf>,
+    /// `rediss://`: the client certificate's PEM private key.
+    pub store_tls_key_file: Option<PathBuf>,
     /// Entries of the local cache of completed responses (default 0: off).
     pub store_cache_entries: Option<usize>,
     /// Longest a cached completed response is replayed from memory (default `60s`).

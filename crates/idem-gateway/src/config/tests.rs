@@ -281,3 +281,41 @@ fn the_otel_endpoint_is_checked() {
         assert!(format!("{e:#}").contains("feature `otlp`"), "{e:#}");
     }
 }
+
+#[test]
+fn waiting_for_redis_replicas_is_checked() {
+    let base =
+        "upstream = \"http://127.0.0.1:9000\"\n[defaults]\nprincipal = { from = \"none\" }\n";
+    let s = compiled(&format!(
+        "store = \"redis+cluster://127.0.0.1:1,127.0.0.1:2\"\nstore_wait_replicas = 1\n{base}"
+    ))
+    .expect("valid");
+    assert_eq!(
+        s.store_options.wait,
+        Some((1, crate::store::DEFAULT_WAIT_TIMEOUT))
+    );
+    assert!(s.to_string().contains("1 replica(s) acknowledge"), "{s}");
+    for (bad, field) in [
+        (
+            "store = \"redis://a:1\"\nstore_wait_replicas = 0",
+            "store_wait_replicas",
+        ),
+        (
+            "store = \"postgres://u@h/db\"\nstore_wait_replicas = 1",
+            "Redis stores only",
+        ),
+        (
+            "store = \"redis://a:1\"\nstore_wait_timeout = \"1s\"",
+            "needs `store_wait_replicas`",
+        ),
+        (
+            "store = \"redis://a:1\"\nstore_wait_replicas = 1\nstore_wait_timeout = \"0s\"",
+            "store_wait_timeout",
+        ),
+    ] {
+        let e = compiled(&format!("{bad}\n{base}"))
+            .expect_err(bad)
+            .to_string();
+        assert!(e.contains(field), "{bad}: {e}");
+    }
+}

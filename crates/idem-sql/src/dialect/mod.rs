@@ -96,6 +96,16 @@ pub trait Sql: Driver + sqlx::Database<QueryResult: Written> {
     /// The claim: returns `wrote, now_ms, {cols}` (the written row, or the row it read), or
     /// no row when a concurrent claim won in between.
     const CLAIM: &'static str;
+    /// For a dialect whose [`Sql::CLAIM`] ends in a `RETURNING` only some of its servers
+    /// accept: the claim without it, and the locking read of the row it left, run in one
+    /// transaction on the servers [`Sql::claim_returning`] turns down.
+    const CLAIM_THEN_READ: Option<(&'static str, &'static str)> = None;
+    /// Whether a server whose `SELECT VERSION()` says `version` runs [`Sql::CLAIM`] as
+    /// written.
+    fn claim_returning(version: &str) -> bool {
+        let _ = version;
+        true
+    }
     /// Extends the holder's lease.
     const RENEW: Renewal<&'static str> = Renewal::Returning(
         "UPDATE {t} SET lease_until = {now} + :lease, \

@@ -1,4 +1,4 @@
-//! [`MySqlStore`]: records in a MariaDB 10.5+ table.
+//! [`MySqlStore`]: records in a MariaDB 10.5+ or MySQL 8 table.
 //!
 //! Every operation is one statement judged on the server clock (`UTC_TIMESTAMP(6)`, fixed
 //! for the statement and independent of the session time zone):
@@ -11,7 +11,11 @@
 //!   store's own pool strips MariaDB's `SIMULTANEOUS_ASSIGNMENT` mode, which would break that;
 //!   callers of `claim_in` on their own connections must not enable it. A replay therefore
 //!   takes the row lock briefly, unlike PostgreSQL and SQLite. `RETURNING` on `INSERT` is
-//!   MariaDB syntax (10.5+); MySQL 8 is not supported by this statement.
+//!   MariaDB syntax (10.5+): on MySQL, and older MariaDB, the store runs the same upsert
+//!   without it, then `SELECT … FOR UPDATE` of the row, in one transaction (the caller's in
+//!   same-database mode). The upsert holds the row's exclusive lock until commit, so the read
+//!   sees the row as the upsert left it. The store picks the path from `SELECT VERSION()`
+//!   before its first claim.
 //! - **renew** is one guarded `UPDATE` that hands the new deadline back through
 //!   `LAST_INSERT_ID(expr)` (no `UPDATE … RETURNING` before MariaDB 11);
 //!   **complete / release / delete** are one guarded `UPDATE` each; **resolve** is a guarded
@@ -27,7 +31,36 @@ use sqlx::{Decode, MySql, Type};
 
 use super::{OnePool, Placeholders, Renewal, Sql, Written};
 
-/// Records in a MariaDB table. Cheap to clone (the pool is shared). The pool's sessions must
+/// The claim's upsert; the first assignment computes `verdict` from the existing row and
+/// every later one reads it.
+macro_rules! claim_upsert {
+    () => {
+        r"
+INSERT INTO {t} (id, {cols})
+VALUES (:id, :namespace, :principal, :key, :fingerprint, {now_us}, 0, :owner, {now} + :lease, NULL, {now},
+        :request_id, {now}, {now} + GREATEST(:lease, :ttl), 1)
+ON DUPLICATE KEY UPDATE
+    verdict = CASE WHEN expires_at <= {now} THEN 1
+                   WHEN fingerprint <> VALUES(fingerprint) OR state <> 0 OR lease_until > {now} THEN 0
+                   WHEN :hold THEN 3 ELSE 2 END,
+    fence = IF(verdict IN (1, 2), GREATEST(fence + 1, VALUES(fence)), fence),
+    state = CASE verdict WHEN 0 THEN state WHEN 3 THEN 2 ELSE 0 END,
+    owner = CASE verdict WHEN 0 THEN owner WHEN 3 THEN NULL ELSE VALUES(owner) END,
+    lease_until = CASE verdict WHEN 0 THEN lease_until WHEN 3 THEN 0 ELSE VALUES(lease_until) END,
+    response = IF(verdict = 0, response, NULL),
+    state_at = IF(verdict = 0, state_at, VALUES(state_at)),
+    request_id = IF(verdict IN (1, 2), VALUES(request_id), request_id),
+    created_at = IF(verdict = 1, VALUES(created_at), created_at),
+    expires_at = IF(verdict IN (1, 2), VALUES(expires_at), expires_at),
+    namespace = IF(verdict = 1, VALUES(namespace), namespace),
+    principal = IF(verdict = 1, VALUES(principal), principal),
+    idem_key = IF(verdict = 1, VALUES(idem_key), idem_key),
+    fingerprint = IF(verdict = 1, VALUES(fingerprint), fingerprint)
+"
+    };
+}
+
+/// Records in a MariaDB or MySQL table. Cheap to clone (the pool is shared). The pool's sessions must
 /// not use the `SIMULTANEOUS_ASSIGNMENT` SQL mode (`MySqlStore::connect` makes sure).
 pub type MySqlStore = crate::SqlStore<MySql>;
 
@@ -101,29 +134,23 @@ CREATE TRIGGER IF NOT EXISTS {t}_audit_del AFTER DELETE ON {t}
     const HEAD: &'static str = "LEFT(NEW.response, 3)";
 
     /// Every assignment after the first reads the `verdict` it set (left to right).
-    const CLAIM: &'static str = r"
-INSERT INTO {t} (id, {cols})
-VALUES (:id, :namespace, :principal, :key, :fingerprint, {now_us}, 0, :owner, {now} + :lease, NULL, {now},
-        :request_id, {now}, {now} + GREATEST(:lease, :ttl), 1)
-ON DUPLICATE KEY UPDATE
-    verdict = CASE WHEN expires_at <= {now} THEN 1
-                   WHEN fingerprint <> VALUES(fingerprint) OR state <> 0 OR lease_until > {now} THEN 0
-                   WHEN :hold THEN 3 ELSE 2 END,
-    fence = IF(verdict IN (1, 2), GREATEST(fence + 1, VALUES(fence)), fence),
-    state = CASE verdict WHEN 0 THEN state WHEN 3 THEN 2 ELSE 0 END,
-    owner = CASE verdict WHEN 0 THEN owner WHEN 3 THEN NULL ELSE VALUES(owner) END,
-    lease_until = CASE verdict WHEN 0 THEN lease_until WHEN 3 THEN 0 ELSE VALUES(lease_until) END,
-    response = IF(verdict = 0, response, NULL),
-    state_at = IF(verdict = 0, state_at, VALUES(state_at)),
-    request_id = IF(verdict IN (1, 2), VALUES(request_id), request_id),
-    created_at = IF(verdict = 1, VALUES(created_at), created_at),
-    expires_at = IF(verdict IN (1, 2), VALUES(expires_at), expires_at),
-    namespace = IF(verdict = 1, VALUES(namespace), namespace),
-    principal = IF(verdict = 1, VALUES(principal), principal),
-    idem_key = IF(verdict = 1, VALUES(idem_key), idem_key),
-    fingerprint = IF(verdict = 1, VALUES(fingerprint), fingerprint)
-RETURNING verdict <> 0 AS wrote, {now} AS now_ms, {cols}
-";
+    const CLAIM: &'static str = concat!(
+        claim_upsert!(),
+        "RETURNING verdict <> 0 AS wrote, {now} AS now_ms, {cols}\n"
+    );
+
+    /// MySQL 8 (and MariaDB before 10.5) have no `INSERT … RETURNING`: the same upsert, then
+    /// a locking read of the row in the same transaction. The upsert holds the row's
+    /// exclusive lock until commit, so the read sees exactly what the upsert left.
+    const CLAIM_THEN_READ: Option<(&'static str, &'static str)> = Some((
+        claim_upsert!(),
+        "SELECT verdict <> 0 AS wrote, {now} AS now_ms, {cols} FROM {t} WHERE id = :id FOR UPDATE",
+    ));
+
+    /// MariaDB 10.5 and later; not MySQL.
+    fn claim_returning(version: &str) -> bool {
+        mariadb_with_returning(version)
+    }
 
     const RENEW: Renewal<&'static str> = Renewal::LastInsertId(
         "UPDATE {t} SET lease_until = LAST_INSERT_ID({now} + :lease), \
@@ -140,6 +167,20 @@ RETURNING verdict <> 0 AS wrote, {now} AS now_ms, {cols}
 
     /// InnoDB deadlock: the statement was rolled back.
     const CLAIM_RETRY_CODES: &'static [&'static str] = &["40001"];
+}
+
+/// Whether `version` (`SELECT VERSION()`) is MariaDB 10.5 or later, which accepts
+/// `INSERT … RETURNING`.
+fn mariadb_with_returning(version: &str) -> bool {
+    if !version.contains("MariaDB") {
+        return false;
+    }
+    let mut parts = version
+        .split(|c: char| !c.is_ascii_digit())
+        .filter(|p| !p.is_empty())
+        .map(|p| p.parse::<u32>().unwrap_or(0));
+    let (major, minor) = (parts.next().unwrap_or(0), parts.next().unwrap_or(0));
+    (major, minor) >= (10, 5)
 }
 
 impl Written for MySqlQueryResult {
@@ -177,5 +218,21 @@ impl<'r> Decode<'r, MySql> for Utf8 {
     fn decode(value: MySqlValueRef<'r>) -> Result<Self, BoxDynError> {
         let bytes = <Vec<u8> as Decode<'r, MySql>>::decode(value)?;
         Ok(Self(String::from_utf8(bytes)?))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::mariadb_with_returning;
+
+    #[test]
+    fn returning_by_server_version() {
+        assert!(mariadb_with_returning("10.11.19-MariaDB-0+deb12u1"));
+        assert!(mariadb_with_returning("10.5.0-MariaDB"));
+        assert!(mariadb_with_returning("11.4.2-MariaDB-log"));
+        assert!(!mariadb_with_returning("10.4.34-MariaDB"));
+        assert!(!mariadb_with_returning("8.0.36"));
+        assert!(!mariadb_with_returning("8.4.0-commercial"));
+        assert!(!mariadb_with_returning(""));
     }
 }

@@ -125,6 +125,14 @@ pub struct MySqlHarness {
 }
 
 impl MySqlHarness {
+    /// A harness whose store claims with the portable upsert-then-read transaction (MySQL 8's
+    /// path), forced on a server that would take the one-statement claim.
+    pub async fn connect_then_read() -> Option<Self> {
+        let mut h = Self::connect().await?;
+        h.store = h.store.clone().with_claim_then_read();
+        Some(h)
+    }
+
     pub async fn connect() -> Option<Self> {
         let url = mysql_url();
         let store = match MySqlStore::connect(&url, 16).await {
