@@ -21,7 +21,7 @@ mod sync;
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use engine::{
     Action, Answer, Engine, EngineError, Policy, PolicyBuilder, PolicyError, Reply, Settled,
-    Settlement,
+    Settlement, TxStore,
 };
 pub use fingerprint::{Fingerprint, FingerprintError, JsonFields, canonical_json};
 pub use key::{Key, KeyError, Scope, ScopedKey};
