@@ -15,6 +15,7 @@ pub mod path;
 pub mod principal;
 pub mod protect;
 pub mod proxy;
+pub mod relay;
 pub mod reload;
 pub mod server;
 pub mod store;

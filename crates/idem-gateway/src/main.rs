@@ -4,6 +4,7 @@
 //! idem demo                      # gateway + built-in sample upstream, embedded SQLite store
 //! idem serve --config idem.toml  # reverse proxy with the configured routes and store
 //! idem check-config --config idem.toml
+//! idem relay --config idem.toml   # consume the [[relay]] queues, POST each message once
 //! idem sample-upstream --listen 127.0.0.1:9000
 //! ```
 //!
@@ -17,7 +18,7 @@ use clap::{Args, Parser, Subcommand};
 
 use anyhow::Context as _;
 use idem_gateway::config::{self, LogFormat, OverrideAdmin, OverrideLog, Overrides, Settings};
-use idem_gateway::{demo, metrics, server, store};
+use idem_gateway::{demo, metrics, relay, server, store};
 
 /// mimalloc keeps freed blocks on per-thread lists: a proxy frees on one worker thread much of
 /// what another allocated (buffers, futures, records), where glibc's allocator contends on
@@ -44,6 +45,14 @@ enum Command {
     Demo(ServeArgs),
     /// Check a configuration and explain what it sets up; exits 2 if it is invalid.
     CheckConfig(ServeArgs),
+    /// Run the configured `[[relay]]`s: consume queues and POST each message once.
+    Relay {
+        #[command(flatten)]
+        args: ServeArgs,
+        /// Serve Prometheus metrics at `http://ADDR/metrics`.
+        #[arg(long)]
+        metrics_listen: Option<SocketAddr>,
+    },
     /// Run only the sample upstream (for experiments and benchmarks).
     SampleUpstream {
         /// Address to listen on.
@@ -140,6 +149,10 @@ fn main() -> ExitCode {
         Command::CheckConfig(args) => check_config(&args),
         Command::Serve(args) => serve(&args, false),
         Command::Demo(args) => serve(&args, true),
+        Command::Relay {
+            args,
+            metrics_listen,
+        } => relay(&args, metrics_listen),
         Command::SampleUpstream { listen } => sample_upstream(listen),
     }
 }
@@ -198,6 +211,36 @@ fn serve(args: &ServeArgs, demo: bool) -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             tracing::error!(error = format!("{e:#}"), "gateway stopped");
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn relay(args: &ServeArgs, metrics_listen: Option<SocketAddr>) -> ExitCode {
+    let settings = match args.settings(false) {
+        Ok((s, _)) => s,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            return ExitCode::from(2);
+        }
+    };
+    if let Err(e) = init_logging(settings.log_format, &settings.log_level) {
+        eprintln!("error: {e:#}");
+        return ExitCode::from(2);
+    }
+    let metrics = metrics::install()
+        .inspect_err(|e| tracing::warn!(error = %e, "metrics disabled"))
+        .ok();
+    let Some(runtime) = runtime() else {
+        return ExitCode::FAILURE;
+    };
+    let result = runtime.block_on(relay::run(settings, metrics, metrics_listen));
+    runtime.shutdown_timeout(std::time::Duration::from_secs(1));
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!(error = format!("{e:#}"), "relay stopped");
             eprintln!("error: {e:#}");
             ExitCode::FAILURE
         }

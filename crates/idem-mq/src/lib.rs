@@ -55,7 +55,7 @@ pub mod rabbitmq;
 
 pub use config::ConsumerConfig;
 pub use message::Message;
-pub use process::{DeadReason, Delivered, Disposition, Processor, Stats};
+pub use process::{DeadReason, Delivered, Disposition, Observer, Processor, Stats};
 pub use work::{Handled, HandlerError, InTx, RunResult, TxHandler, Work};
 
 /// Headers the consumer adds to a message it sends back or dead-letters.

@@ -127,8 +127,11 @@ impl Stats {
     }
 }
 
+/// Called after each delivery is processed (with how long it took): for access logs and
+/// metrics.
+pub type Observer = Arc<dyn Fn(&Message, &Delivered, Duration) + Send + Sync>;
+
 /// Takes a message through key, fingerprint, engine and disposition.
-#[derive(Debug)]
 pub struct Processor<S, W> {
     engine: Engine<S>,
     scope: Scope,
@@ -136,6 +139,17 @@ pub struct Processor<S, W> {
     config: ConsumerConfig,
     work: W,
     stats: Arc<Stats>,
+    observer: Option<Observer>,
+}
+
+impl<S, W> std::fmt::Debug for Processor<S, W> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Processor")
+            .field("scope", &self.scope)
+            .field("keys", &self.keys)
+            .field("config", &self.config)
+            .finish_non_exhaustive()
+    }
 }
 
 impl<S: Store, W: Work<S>> Processor<S, W> {
@@ -154,7 +168,15 @@ impl<S: Store, W: Work<S>> Processor<S, W> {
             config,
             work,
             stats: Arc::default(),
+            observer: None,
         }
+    }
+
+    /// Calls `observer` after every delivery.
+    #[must_use]
+    pub fn observe(mut self, observer: Observer) -> Self {
+        self.observer = Some(observer);
+        self
     }
 
     /// The counters.
@@ -169,8 +191,12 @@ impl<S: Store, W: Work<S>> Processor<S, W> {
 
     /// Processes one message.
     pub async fn process(&self, message: &Message) -> Delivered {
+        let started = std::time::Instant::now();
         let delivered = self.process_uncounted(message).await;
         self.stats.count(&delivered);
+        if let Some(observe) = &self.observer {
+            observe(message, &delivered, started.elapsed());
+        }
         match &delivered.disposition {
             Disposition::DeadLetter(reason) => {
                 tracing::warn!(key = ?delivered.key.as_ref().map(Key::as_str), outcome = %delivered.outcome, ?reason, attempt = message.attempt(), "message dead-lettered")

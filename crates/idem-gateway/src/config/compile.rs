@@ -175,6 +175,7 @@ pub fn compile(raw: &RawConfig) -> anyhow::Result<Settings> {
         }
         routes.push(route);
     }
+    let relays = crate::relay::compile(raw.relay.as_deref().unwrap_or_default(), &routes)?;
     Ok(Settings {
         listen,
         upstream,
@@ -200,6 +201,7 @@ pub fn compile(raw: &RawConfig) -> anyhow::Result<Settings> {
         trailing_slash,
         tls: listener::tls(raw.tls.as_ref(), "tls")?,
         limits: listener::limits(raw.limits.as_ref())?,
+        relays,
     })
 }
 

@@ -196,6 +196,12 @@ impl fmt::Display for Settings {
                 replay.join(", ")
             )?;
         }
+        if !self.relays.is_empty() {
+            writeln!(f, "relays:    {} (run by `idem relay`):", self.relays.len())?;
+            for r in &self.relays {
+                write!(f, "{r}")?;
+            }
+        }
         Ok(())
     }
 }

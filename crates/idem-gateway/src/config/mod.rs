@@ -83,6 +83,8 @@ pub struct RawConfig {
     pub trailing_slash: Option<String>,
     /// `insensitive` (default: route literals match `/CHARGE` too) or `sensitive`.
     pub path_case: Option<String>,
+    /// Relays run by `idem relay`: each consumes a queue and POSTs every message once.
+    pub relay: Option<Vec<crate::relay::RawRelay>>,
 }
 
 /// Logging settings.

@@ -61,6 +61,8 @@ pub struct Settings {
     pub limits: Limits,
     /// How paths are normalised before matching and forwarding.
     pub trailing_slash: TrailingSlash,
+    /// Relays `idem relay` runs.
+    pub relays: Vec<crate::relay::RelaySettings>,
 }
 
 /// What happens to a request that no route matches.
