@@ -33,6 +33,10 @@ struct Fixture {
 
 impl Fixture {
     async fn new(what: &str, window: Duration) -> Self {
+        Self::with_ack_wait(what, window, Duration::from_secs(10)).await
+    }
+
+    async fn with_ack_wait(what: &str, window: Duration, ack_wait: Duration) -> Self {
         let client = async_nats::connect(NATS_URL).await.unwrap();
         let js = jetstream::new(client.clone());
         let name = unique(what);
@@ -55,7 +59,7 @@ impl Fixture {
                 ack_policy: AckPolicy::Explicit,
                 max_deliver: -1,
                 max_ack_pending: 256,
-                ack_wait: Duration::from_secs(10),
+                ack_wait,
                 ..Default::default()
             })
             .await
@@ -401,5 +405,196 @@ async fn store_down_no_effect_no_ack_then_once_each() {
     assert!(eventually(WAIT, || async { Stats::get(&running.stats().acked) == 4 }).await);
     assert_eq!(effects.load(Ordering::SeqCst), 3);
     running.stop().await;
+    f.cleanup().await;
+}
+
+// ---- Kill scenarios, in process: the consumer task is aborted at the chosen point, with no
+// clean shutdown and no ack; the server redelivers after the consumer's `ack_wait` (2 s).
+// (The RabbitMQ tests kill a child process instead.)
+
+/// Runs the inner work, then reports and never returns (so never acks).
+struct HangAfter<W>(W, Arc<tokio::sync::Notify>);
+
+impl<S: Store, W: Work<S>> Work<S> for HangAfter<W> {
+    async fn run(
+        &self,
+        engine: &idem_core::Engine<S>,
+        key: &ScopedKey,
+        fingerprint: &idem_core::Fingerprint,
+        message: &Message,
+    ) -> idem_mq::RunResult {
+        let _ = self.0.run(engine, key, fingerprint, message).await;
+        self.1.notify_one();
+        futures::future::pending().await
+    }
+}
+
+fn in_tx(ledger: &Ledger) -> idem_mq::InTx<idem_sql::PgStore> {
+    let l = ledger.ledger.clone();
+    idem_mq::InTx::new(tx_handler(move |tx, m| {
+        let l = l.clone();
+        Box::pin(async move { credit(tx, &l, m).await })
+    }))
+}
+
+async fn insert_plain(ledger: &Ledger, payload: &[u8]) {
+    sqlx::query(&format!(
+        "INSERT INTO {} (order_id, amount) VALUES ($1, 100)",
+        ledger.ledger
+    ))
+    .bind(String::from_utf8_lossy(payload).into_owned())
+    .execute(&ledger.pool)
+    .await
+    .unwrap();
+}
+
+/// Aborted after the commit and before the ack: the redelivery is skipped, 1 effect
+/// (unguarded: the redelivery credits again, 2).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn aborted_after_commit_before_ack_redelivery_skipped() {
+    let plain = Ledger::create("n_after_plain").await;
+    let f = Fixture::with_ack_wait(
+        "n_after_plain",
+        Duration::from_secs(1),
+        Duration::from_secs(2),
+    )
+    .await;
+    f.publish_plain("order-5", "order-5").await;
+    let pull = f.consumer().await;
+    let mut messages = pull.messages().await.unwrap();
+    let m = messages.next().await.unwrap().unwrap();
+    insert_plain(&plain, &m.payload).await;
+    drop(messages); // "killed": no ack
+    let mut messages = pull.messages().await.unwrap();
+    let m = tokio::time::timeout(WAIT, messages.next())
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    insert_plain(&plain, &m.payload).await;
+    m.ack().await.unwrap();
+    assert_eq!(
+        plain.rows().await,
+        2,
+        "unguarded: the redelivery credits twice"
+    );
+    drop(messages);
+    plain.drop_all().await;
+    f.cleanup().await;
+
+    let ledger = Ledger::create("n_after").await;
+    let f = Fixture::with_ack_wait("n_after", Duration::from_secs(1), Duration::from_secs(2)).await;
+    let keys = KeySources::parse(&["header:order-id"]).unwrap();
+    let engine = idem_core::Engine::new(ledger.store().await, idem_core::Policy::default());
+    let reached = Arc::new(tokio::sync::Notify::new());
+    let p = Processor::new(
+        engine.clone(),
+        scope("orders.paid"),
+        keys.clone(),
+        fast(1, 1),
+        HangAfter(in_tx(&ledger), Arc::clone(&reached)),
+    );
+    let doomed = start(&f, p).await;
+    f.publish_plain("order-5", "order-5").await;
+    tokio::time::timeout(WAIT, reached.notified())
+        .await
+        .unwrap();
+    doomed.task.abort();
+    assert_eq!(ledger.rows().await, 1, "committed before the abort");
+    let p = Processor::new(
+        engine,
+        scope("orders.paid"),
+        keys,
+        fast(1, 1),
+        in_tx(&ledger),
+    );
+    let running = start(&f, p).await;
+    assert!(eventually(WAIT, || async { Stats::get(&running.stats().acked) == 1 }).await);
+    assert_eq!(
+        Stats::get(&running.stats().replayed),
+        1,
+        "the redelivery was skipped"
+    );
+    assert_eq!(ledger.rows().await, 1);
+    running.stop().await;
+    ledger.drop_all().await;
+    f.cleanup().await;
+}
+
+/// Aborted after the write and before the commit: the transaction rolls back and the
+/// redelivery credits, 1 effect (unguarded, acking first: the message is gone, 0).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn aborted_before_commit_redelivery_runs() {
+    let plain = Ledger::create("n_before_plain").await;
+    let f = Fixture::with_ack_wait(
+        "n_before_plain",
+        Duration::from_secs(1),
+        Duration::from_secs(2),
+    )
+    .await;
+    f.publish_plain("order-6", "order-6").await;
+    let pull = f.consumer().await;
+    let mut messages = pull.messages().await.unwrap();
+    let m = messages.next().await.unwrap().unwrap();
+    m.double_ack().await.unwrap(); // acked first, then "killed" before the effect
+    drop(messages);
+    let mut messages = pull.messages().await.unwrap();
+    let again = tokio::time::timeout(Duration::from_secs(4), messages.next()).await;
+    assert!(again.is_err(), "unguarded: nothing is redelivered");
+    assert_eq!(
+        plain.rows().await,
+        0,
+        "unguarded: acked before the effect, then lost"
+    );
+    drop(messages);
+    plain.drop_all().await;
+    f.cleanup().await;
+
+    let ledger = Ledger::create("n_before").await;
+    let f =
+        Fixture::with_ack_wait("n_before", Duration::from_secs(1), Duration::from_secs(2)).await;
+    let keys = KeySources::parse(&["header:order-id"]).unwrap();
+    let engine = idem_core::Engine::new(ledger.store().await, idem_core::Policy::default());
+    let reached = Arc::new(tokio::sync::Notify::new());
+    let (l, r) = (ledger.ledger.clone(), Arc::clone(&reached));
+    let hang = idem_mq::InTx::new(tx_handler(move |tx, m| {
+        let (l, r) = (l.clone(), Arc::clone(&r));
+        Box::pin(async move {
+            credit(tx, &l, m).await?;
+            r.notify_one();
+            futures::future::pending::<()>().await;
+            Ok(())
+        })
+    }));
+    let p = Processor::new(
+        engine.clone(),
+        scope("orders.paid"),
+        keys.clone(),
+        fast(1, 1),
+        hang,
+    );
+    let doomed = start(&f, p).await;
+    f.publish_plain("order-6", "order-6").await;
+    tokio::time::timeout(WAIT, reached.notified())
+        .await
+        .unwrap();
+    doomed.task.abort();
+    let p = Processor::new(
+        engine,
+        scope("orders.paid"),
+        keys,
+        fast(1, 1),
+        in_tx(&ledger),
+    );
+    let running = start(&f, p).await;
+    assert!(eventually(WAIT, || async { Stats::get(&running.stats().acked) == 1 }).await);
+    assert_eq!(
+        Stats::get(&running.stats().executed),
+        1,
+        "the redelivery ran"
+    );
+    assert_eq!(ledger.rows().await, 1);
+    running.stop().await;
+    ledger.drop_all().await;
     f.cleanup().await;
 }
