@@ -3,6 +3,7 @@
 
 use std::future::Future;
 use std::sync::Arc;
+use std::time::Duration;
 
 use futures::{Stream, StreamExt};
 use idem_core::Store;
@@ -28,8 +29,11 @@ pub(crate) trait Inbound: Send + 'static {
     ) -> impl Future<Output = ()> + Send;
 }
 
+/// Consecutive stream errors after which the consumer stops and reports the last one.
+const MAX_STREAM_ERRORS: u32 = 10;
+
 /// Sleeps `after`, or less when shutdown begins.
-pub(crate) async fn delay(after: std::time::Duration, mut stopping: watch::Receiver<bool>) {
+pub(crate) async fn delay(after: Duration, mut stopping: watch::Receiver<bool>) {
     if *stopping.borrow() {
         return;
     }
@@ -58,6 +62,7 @@ where
     let mut tasks = JoinSet::new();
     let mut deliveries = Box::pin(deliveries);
     let mut shutdown = std::pin::pin!(shutdown);
+    let mut failures = 0u32;
     let result = loop {
         // Reap finished tasks so the set does not grow with the queue.
         while tasks.try_join_next().is_some() {}
@@ -76,7 +81,18 @@ where
         };
         let delivery = match next {
             None => break Ok(()),
-            Some(Ok(d)) => d,
+            Some(Ok(d)) => {
+                failures = 0;
+                d
+            }
+            // Some errors pass (a JetStream pull that missed a heartbeat is renewed); a run of
+            // them means the connection is gone.
+            Some(Err(e)) if failures < MAX_STREAM_ERRORS => {
+                failures += 1;
+                tracing::warn!(error = %e, failures, "consumer stream error");
+                tokio::time::sleep(Duration::from_millis(20 << failures.min(5))).await;
+                continue;
+            }
             Some(Err(e)) => {
                 tracing::error!(error = %e, "consumer stream failed");
                 break Err(e);

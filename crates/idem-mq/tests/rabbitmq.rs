@@ -554,7 +554,16 @@ async fn store_down_no_effect_no_ack_then_once_each() {
     );
 
     redis.restart();
-    assert!(eventually(WAIT, || async { Stats::get(&running.stats().acked) == 6 }).await);
+    // The store's connection comes back on its own reconnect schedule.
+    let recovered = eventually(Duration::from_secs(60), || async {
+        Stats::get(&running.stats().acked) >= 6
+    })
+    .await;
+    assert!(
+        recovered,
+        "acked {} of 6",
+        Stats::get(&running.stats().acked)
+    );
     let seen = per_key.lock().unwrap().clone();
     assert_eq!(seen.len(), 5);
     assert!(seen.values().all(|n| *n == 1), "{seen:?}");

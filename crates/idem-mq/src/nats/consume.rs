@@ -2,6 +2,7 @@
 
 use std::future::Future;
 use std::sync::Arc;
+use std::time::Duration;
 
 use async_nats::HeaderMap;
 use async_nats::jetstream::consumer::PullConsumer;
@@ -55,6 +56,10 @@ impl<S: Store, W: Work<S>> NatsConsumer<S, W> {
         let messages = consumer
             .stream()
             .max_messages_per_batch(usize::from(self.processor.config().prefetch.max(1)))
+            // Short pull requests with heartbeats: a request the server dropped is renewed
+            // within seconds instead of stalling the consumer until it expires.
+            .expires(Duration::from_secs(5))
+            .heartbeat(Duration::from_secs(2))
             .messages()
             .await?;
         let ctx = Arc::new(Ctx {
