@@ -20,6 +20,7 @@ pub mod principal;
 pub mod protect;
 pub mod proxy;
 pub mod reconcile;
+pub mod relay;
 pub mod reload;
 pub mod request;
 pub mod server;

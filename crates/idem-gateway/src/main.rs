@@ -7,6 +7,7 @@
 //! idem reconcile --config idem.toml [--dry-run] [--json]
 //! idem admin records list --state unknown   # the admin API from a shell (IDEM_ADMIN_TOKEN)
 //! idem admin audit KEY --namespace payments
+//! idem relay --config idem.toml   # consume the [[relay]] queues, POST each message once
 //! idem sample-upstream --listen 127.0.0.1:9000
 //! idem request http://127.0.0.1:8080/charge -d '{"amount":1}' --status http://127.0.0.1:8080/idem/status
 //! ```
@@ -22,7 +23,7 @@ use clap::{Args, CommandFactory as _, FromArgMatches as _, Parser, Subcommand};
 use anyhow::Context as _;
 use idem_gateway::config::{self, LogFormat, OverrideAdmin, OverrideLog, Overrides, Settings};
 use idem_gateway::observe::{build, logging};
-use idem_gateway::{cli, demo, metrics, reconcile, request, server, store};
+use idem_gateway::{cli, demo, metrics, reconcile, relay, request, server, store};
 
 /// mimalloc keeps freed blocks on per-thread lists: a proxy frees on one worker thread much of
 /// what another allocated (buffers, futures, records), where glibc's allocator contends on
@@ -65,6 +66,14 @@ enum Command {
     },
     /// Talk to a running gateway's admin API: records and the audit trail.
     Admin(cli::admin::AdminArgs),
+    /// Run the configured `[[relay]]`s: consume queues and POST each message once.
+    Relay {
+        #[command(flatten)]
+        args: ServeArgs,
+        /// Serve Prometheus metrics at `http://ADDR/metrics`.
+        #[arg(long)]
+        metrics_listen: Option<SocketAddr>,
+    },
     /// Run only the sample upstream (for experiments and benchmarks).
     SampleUpstream {
         /// Address to listen on.
@@ -181,6 +190,10 @@ fn main() -> ExitCode {
             };
             ExitCode::from(runtime.block_on(cli::admin::run(args)))
         }
+        Command::Relay {
+            args,
+            metrics_listen,
+        } => relay(&args, metrics_listen),
         Command::SampleUpstream { listen } => sample_upstream(listen),
         Command::Request(args) => request::run(&args),
     }
@@ -274,6 +287,36 @@ fn serve(args: &ServeArgs, demo: bool) -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             tracing::error!(error = format!("{e:#}"), "gateway stopped");
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn relay(args: &ServeArgs, metrics_listen: Option<SocketAddr>) -> ExitCode {
+    let settings = match args.settings(false) {
+        Ok((s, _)) => s,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            return ExitCode::from(2);
+        }
+    };
+    if let Err(e) = logging::init(settings.log_format, &settings.log_level, None) {
+        eprintln!("error: {e:#}");
+        return ExitCode::from(2);
+    }
+    let metrics = metrics::install()
+        .inspect_err(|e| tracing::warn!(error = %e, "metrics disabled"))
+        .ok();
+    let Some(runtime) = runtime() else {
+        return ExitCode::FAILURE;
+    };
+    let result = runtime.block_on(relay::run(settings, metrics, metrics_listen));
+    runtime.shutdown_timeout(std::time::Duration::from_secs(1));
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!(error = format!("{e:#}"), "relay stopped");
             eprintln!("error: {e:#}");
             ExitCode::FAILURE
         }

@@ -5,6 +5,7 @@ use std::time::Duration;
 use futures::future::BoxFuture;
 use idem_core::{
     ClaimOutcome, ClaimRequest, OwnerId, ScopedKey, SettleOutcome, StoreError, StoredResponse,
+    TxStore,
 };
 
 use crate::SqlStore;
@@ -132,5 +133,40 @@ impl<D: Dialect> SqlStore<D> {
         }
         tx.commit().await.map_err(StoreError::unavailable)?;
         Ok(TxOutcome::Executed(output))
+    }
+}
+
+/// The engine's same-transaction entry point ([`idem_core::Engine::run_in_tx`]) on a SQL store:
+/// the transaction is sqlx's, begun on the writer (SQLite: `BEGIN IMMEDIATE`).
+impl<D: Dialect> TxStore for SqlStore<D> {
+    type Tx = sqlx::Transaction<'static, D>;
+
+    async fn begin(&self) -> Result<Self::Tx, StoreError> {
+        SqlStore::begin(self).await.map_err(StoreError::unavailable)
+    }
+
+    async fn claim_in(
+        &self,
+        tx: &mut Self::Tx,
+        req: &ClaimRequest,
+    ) -> Result<ClaimOutcome, StoreError> {
+        self.claim_on(Some(&mut **tx), req).await
+    }
+
+    async fn complete_in(
+        &self,
+        tx: &mut Self::Tx,
+        key: &ScopedKey,
+        owner: OwnerId,
+        fence: u64,
+        response: &StoredResponse,
+        ttl: Duration,
+    ) -> Result<SettleOutcome, StoreError> {
+        self.complete_on(On::Conn(&mut **tx), key, owner, fence, response, ttl)
+            .await
+    }
+
+    async fn commit(&self, tx: Self::Tx) -> Result<(), StoreError> {
+        tx.commit().await.map_err(StoreError::unavailable)
     }
 }

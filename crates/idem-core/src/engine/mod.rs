@@ -26,6 +26,7 @@
 //! ```
 
 mod answer;
+mod in_tx;
 mod lease;
 mod policy;
 
@@ -40,6 +41,7 @@ use serde::de::DeserializeOwned;
 use tokio::time::Instant;
 
 pub use answer::{Action, Answer, EngineError, Reply, Settled, Settlement};
+pub use in_tx::TxStore;
 pub use policy::{LEASE_MARGIN, Policy, PolicyBuilder, PolicyError};
 
 use lease::{ClaimGuard, timed_op, watchdog};

@@ -234,6 +234,7 @@ pub fn compile(raw: &RawConfig) -> anyhow::Result<Settings> {
         }
         routes.push(route);
     }
+    let relays = crate::relay::compile(raw.relay.as_deref().unwrap_or_default(), &routes)?;
     Ok(Settings {
         listen,
         upstream,
@@ -263,6 +264,7 @@ pub fn compile(raw: &RawConfig) -> anyhow::Result<Settings> {
         status: status(raw.status.as_ref()).context("`status.path`")?,
         reconcile: reconcile(raw.reconcile.as_ref())?,
         audit: audit(raw.audit.as_ref())?,
+        relays,
     })
 }
 

@@ -275,6 +275,12 @@ impl fmt::Display for Settings {
                 writeln!(f, "      reconcile:   asks {url}")?;
             }
         }
+        if !self.relays.is_empty() {
+            writeln!(f, "relays:    {} (run by `idem relay`):", self.relays.len())?;
+            for r in &self.relays {
+                write!(f, "{r}")?;
+            }
+        }
         Ok(())
     }
 }

@@ -109,6 +109,8 @@ pub struct RawConfig {
     pub reconcile: Option<RawReconcile>,
     /// How much of the audit trail the store keeps.
     pub audit: Option<RawAudit>,
+    /// Relays run by `idem relay`: each consumes a queue and POSTs every message once.
+    pub relay: Option<Vec<crate::relay::RawRelay>>,
 }
 
 /// The status endpoint: `GET <path>/{key}` tells a caller what became of its key.

@@ -70,6 +70,8 @@ pub struct Settings {
     pub reconcile: ReconcileSettings,
     /// Audit trail retention.
     pub audit: AuditSettings,
+    /// Relays `idem relay` runs.
+    pub relays: Vec<crate::relay::RelaySettings>,
 }
 
 /// The status endpoint.

@@ -1,0 +1,248 @@
+//! `[[relay]]` in the configuration file: what each relay consumes and where it posts.
+
+use std::fmt;
+use std::sync::Arc;
+
+use anyhow::{Context as _, bail};
+use http::Uri;
+use idem_core::key_source::KeySources;
+use serde::{Deserialize, Serialize};
+
+use crate::config::{Dur, Route, RoutePolicy};
+
+/// One relay as written in the file.
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawRelay {
+    /// A name for logs and metrics; it also scopes the relay's keys.
+    pub name: Option<String>,
+    /// The broker: `amqp://user:pass@host:5672/%2f` (RabbitMQ) or `nats://host:4222`
+    /// (JetStream).
+    pub broker: Option<String>,
+    /// RabbitMQ: the queue to consume.
+    pub queue: Option<String>,
+    /// JetStream: the stream.
+    pub stream: Option<String>,
+    /// JetStream: the durable pull consumer (created with explicit acks if absent).
+    pub consumer: Option<String>,
+    /// RabbitMQ: the routing key dead letters go to through the default exchange (default
+    /// `<queue>.dead`); JetStream: the subject dead letters are published to (required).
+    pub dead_letter: Option<String>,
+    /// The URL each message is POSTed to.
+    pub post: Option<String>,
+    /// The route whose policy applies (namespace, failure policy, timeouts, record TTL);
+    /// default: the only route.
+    pub route: Option<String>,
+    /// Key sources tried in order, such as `["header:order-id", "{json.order.id}:pay"]`
+    /// (default: the message id).
+    pub key: Option<Vec<String>>,
+    /// Messages handed over before they are acknowledged (default 16).
+    pub prefetch: Option<u16>,
+    /// Messages posted at once (default 16).
+    pub concurrency: Option<usize>,
+    /// Attempts before a message is dead-lettered (default 5).
+    pub max_attempts: Option<u32>,
+    /// Delay before the second attempt, doubled per attempt (default `200ms`).
+    pub backoff: Option<Dur>,
+}
+
+/// Where a relay consumes from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Source {
+    /// A RabbitMQ queue.
+    Rabbit {
+        /// `amqp://…`.
+        url: String,
+        /// The queue.
+        queue: String,
+        /// Dead letters' routing key (default exchange).
+        dead_letter: String,
+    },
+    /// A JetStream durable pull consumer.
+    Nats {
+        /// `nats://…`.
+        url: String,
+        /// The stream.
+        stream: String,
+        /// The durable consumer.
+        consumer: String,
+        /// Dead letters' subject.
+        dead_letter: String,
+    },
+}
+
+/// One checked relay.
+#[derive(Debug, Clone)]
+pub struct RelaySettings {
+    /// Its name.
+    pub name: String,
+    /// What it consumes.
+    pub source: Source,
+    /// Where it posts.
+    pub post: Uri,
+    /// The route it follows.
+    pub route: String,
+    /// That route's policy.
+    pub policy: Arc<RoutePolicy>,
+    /// Key sources; `None`: the message id.
+    pub key: Option<KeySources>,
+    /// Consumer settings.
+    pub consumer: idem_mq::ConsumerConfig,
+}
+
+/// Checks every `[[relay]]` against the compiled routes.
+///
+/// # Errors
+/// The first relay that is incomplete or names a missing route.
+pub fn compile(raw: &[RawRelay], routes: &[Route]) -> anyhow::Result<Vec<RelaySettings>> {
+    raw.iter()
+        .enumerate()
+        .map(|(i, r)| {
+            one(r, routes).with_context(|| {
+                format!(
+                    "relay #{} ({})",
+                    i + 1,
+                    r.name.as_deref().unwrap_or("unnamed")
+                )
+            })
+        })
+        .collect()
+}
+
+fn one(r: &RawRelay, routes: &[Route]) -> anyhow::Result<RelaySettings> {
+    let name = r.name.clone().context("`name` is required")?;
+    if name.is_empty()
+        || !name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b))
+    {
+        bail!("`name` must be letters, digits, `-`, `_` or `.`");
+    }
+    let broker = r.broker.clone().context("`broker` is required")?;
+    let source = if broker.starts_with("amqp://") || broker.starts_with("amqps://") {
+        let queue = r
+            .queue
+            .clone()
+            .context("`queue` is required for RabbitMQ")?;
+        Source::Rabbit {
+            url: broker,
+            dead_letter: r
+                .dead_letter
+                .clone()
+                .unwrap_or_else(|| format!("{queue}.dead")),
+            queue,
+        }
+    } else if broker.starts_with("nats://") {
+        Source::Nats {
+            url: broker,
+            stream: r
+                .stream
+                .clone()
+                .context("`stream` is required for JetStream")?,
+            consumer: r
+                .consumer
+                .clone()
+                .context("`consumer` is required for JetStream")?,
+            dead_letter: r
+                .dead_letter
+                .clone()
+                .context("`dead_letter` (a subject) is required for JetStream")?,
+        }
+    } else {
+        bail!("`broker` must be an amqp:// or nats:// URL");
+    };
+    let post: Uri = r
+        .post
+        .as_deref()
+        .context("`post` is required")?
+        .parse()
+        .context("`post` is not a URL")?;
+    if post.scheme_str() != Some("http") || post.authority().is_none() {
+        bail!("`post` must be an http:// URL");
+    }
+    let route = match (&r.route, routes) {
+        (Some(n), _) => routes
+            .iter()
+            .find(|x| &x.name == n)
+            .with_context(|| format!("no route is named `{n}`"))?,
+        (None, [only]) => only,
+        (None, _) => bail!("name the route whose policy applies: `route = \"…\"`"),
+    };
+    if !route.policy.idempotency {
+        bail!(
+            "route `{}` has idempotency off; a relay needs a protected route",
+            route.name
+        );
+    }
+    let key = match &r.key {
+        None => None,
+        Some(list) => {
+            let texts: Vec<&str> = list.iter().map(String::as_str).collect();
+            Some(KeySources::parse(&texts).context("`key`")?)
+        }
+    };
+    let mut consumer = idem_mq::ConsumerConfig::default();
+    if let Some(p) = r.prefetch {
+        consumer.prefetch = p.max(1);
+    }
+    if let Some(c) = r.concurrency {
+        consumer.concurrency = c.max(1);
+    }
+    if let Some(a) = r.max_attempts {
+        consumer.max_attempts = a.max(1);
+    }
+    if let Some(b) = r.backoff {
+        consumer.backoff = b.0;
+    }
+    consumer.key.clone_from(&key);
+    Ok(RelaySettings {
+        name,
+        source,
+        post,
+        route: route.name.clone(),
+        policy: Arc::clone(&route.policy),
+        key,
+        consumer,
+    })
+}
+
+impl fmt::Display for RelaySettings {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.source {
+            Source::Rabbit {
+                queue, dead_letter, ..
+            } => writeln!(
+                f,
+                "  {}: RabbitMQ queue `{queue}` -> POST {} (dead letters: `{dead_letter}`)",
+                self.name, self.post
+            )?,
+            Source::Nats {
+                stream,
+                consumer,
+                dead_letter,
+                ..
+            } => writeln!(
+                f,
+                "  {}: JetStream `{stream}`/`{consumer}` -> POST {} (dead letters: `{dead_letter}`)",
+                self.name, self.post
+            )?,
+        }
+        let key = match &self.key {
+            Some(k) => k.to_string(),
+            None => "the message id".to_owned(),
+        };
+        writeln!(
+            f,
+            "    key: {key}; route `{}` (namespace {}, upstream failures: {}); prefetch {}, concurrency {}, {} attempts",
+            self.route,
+            self.policy.namespace,
+            match self.policy.upstream_failure {
+                crate::config::UpstreamFailure::Hold => "hold",
+                crate::config::UpstreamFailure::Retry => "retry",
+            },
+            self.consumer.prefetch,
+            self.consumer.concurrency,
+            self.consumer.max_attempts
+        )
+    }
+}

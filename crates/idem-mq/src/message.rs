@@ -1,0 +1,80 @@
+//! One delivery as the consumer sees it, whichever broker it came from.
+
+use std::sync::OnceLock;
+
+use bytes::Bytes;
+use idem_core::key_source::{KeyInputs, KeySourceError};
+use serde_json::Value;
+
+/// A delivered message: its headers (the broker's message id among them), payload and
+/// attempt number.
+#[derive(Debug, Clone)]
+pub struct Message {
+    headers: Vec<(String, Bytes)>,
+    payload: Bytes,
+    attempt: u32,
+    json: OnceLock<Option<Value>>,
+}
+
+impl Message {
+    /// A message with these headers (names compared without regard to case) and payload; the
+    /// broker's message id is one of the headers (`message-id` for AMQP, `Nats-Msg-Id` for
+    /// JetStream). `attempt` counts from 1.
+    pub fn new(headers: Vec<(String, Bytes)>, payload: impl Into<Bytes>, attempt: u32) -> Self {
+        Self {
+            headers,
+            payload: payload.into(),
+            attempt: attempt.max(1),
+            json: OnceLock::new(),
+        }
+    }
+
+    /// The payload.
+    pub fn payload(&self) -> &Bytes {
+        &self.payload
+    }
+
+    /// The headers, in delivery order.
+    pub fn headers(&self) -> &[(String, Bytes)] {
+        &self.headers
+    }
+
+    /// Which attempt this is, counting from 1 (see `docs/consumers.md` for how each broker
+    /// counts).
+    pub fn attempt(&self) -> u32 {
+        self.attempt
+    }
+
+    /// The payload as JSON, when it parses.
+    pub fn json(&self) -> Option<&Value> {
+        self.json
+            .get_or_init(|| serde_json::from_slice(&self.payload).ok())
+            .as_ref()
+    }
+}
+
+impl KeyInputs for Message {
+    fn header(&self, name: &str) -> Result<Option<&[u8]>, KeySourceError> {
+        let mut found = self
+            .headers
+            .iter()
+            .filter(|(n, _)| n.eq_ignore_ascii_case(name));
+        match (found.next(), found.next()) {
+            (None, _) => Ok(None),
+            (Some((_, v)), None) => Ok(Some(v)),
+            (Some(_), Some(_)) => Err(KeySourceError::Repeated(name.to_owned())),
+        }
+    }
+
+    fn json(&self) -> Option<&Value> {
+        Message::json(self)
+    }
+
+    fn path_param(&self, _name: &str) -> Option<&str> {
+        None
+    }
+
+    fn query(&self, _name: &str) -> Result<Option<&str>, KeySourceError> {
+        Ok(None)
+    }
+}
