@@ -32,6 +32,8 @@ pub mod decide;
 mod error;
 #[cfg(feature = "grpc")]
 pub mod grpc;
+#[cfg(feature = "grpc")]
+mod grpc_status;
 #[cfg(feature = "http")]
 mod http;
 #[cfg(any(feature = "http", feature = "grpc"))]
@@ -40,6 +42,8 @@ mod policy;
 mod retry;
 
 pub use error::ClientError;
+#[cfg(feature = "grpc")]
+pub use grpc_status::IdemStatus;
 #[cfg(feature = "http")]
 pub use http::{
     Call, HttpClient, IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED, Reply, StatusEndpoint, TRACEPARENT,
