@@ -47,6 +47,9 @@ struct Entry {
     handler: Handler,
 }
 
+/// The `route` label of the status endpoint's answers.
+const STATUS_ROUTE: &str = "status";
+
 /// The data-plane application. Cheap to share behind an `Arc`.
 pub struct App {
     entries: Vec<Entry>,
@@ -123,7 +126,14 @@ impl App {
             status,
             trailing_slash: settings.trailing_slash,
             request_id: settings.request_id_header.clone(),
-            metrics: RequestMetrics::new(settings.routes.iter().map(|r| r.name.as_str())),
+            // Route indexes are the routes' in match order, then the status endpoint's.
+            metrics: RequestMetrics::new(
+                settings
+                    .routes
+                    .iter()
+                    .map(|r| r.name.as_str())
+                    .chain(settings.status.is_some().then_some(STATUS_ROUTE)),
+            ),
         })
     }
 
@@ -146,9 +156,10 @@ impl App {
         let method = log.then(|| parts.method.clone());
         let path = log.then(|| parts.uri.path().to_owned());
         let (mut res, route) = match &self.status {
-            Some(status) if status.owns(parts.uri.path(), self.trailing_slash) => {
-                (status.answer(parts).await, self.metrics.no_route())
-            }
+            Some(status) if status.owns(parts.uri.path(), self.trailing_slash) => (
+                status.answer(parts).instrument(span.span().clone()).await,
+                self.entries.len(),
+            ),
             // Routes match the normalised path, and the upstream receives that same path.
             _ => match normalize_uri(&mut parts.uri, self.trailing_slash) {
                 Ok(()) => {
@@ -171,10 +182,11 @@ impl App {
             .unwrap_or(Outcome::Executed(Kept::Stored));
         let elapsed = started.elapsed();
         self.metrics.record(route, outcome, elapsed);
-        let route = self
-            .entries
-            .get(route)
-            .map_or(NO_ROUTE, |e| e.route.name.as_str());
+        let route = match self.entries.get(route) {
+            Some(e) => e.route.name.as_str(),
+            None if route == self.entries.len() && self.status.is_some() => STATUS_ROUTE,
+            None => NO_ROUTE,
+        };
         let status = res.status().as_u16();
         span.finish(route, outcome, status);
         if log {
