@@ -26,6 +26,7 @@ use crate::observe::{RequestSpan, TimedProxy};
 use crate::path::{self, PathRejection, TrailingSlash};
 use crate::protect::layer_config;
 use crate::proxy::{self, HttpClient, Proxy, ResBody};
+use crate::status::StatusEndpoint;
 
 /// The store as the gateway uses it, with the claims this process holds tracked for
 /// shutdown. [`crate::server`] puts any backend behind it, measured
@@ -45,11 +46,16 @@ struct Entry {
     handler: Handler,
 }
 
+/// The `route` label of the status endpoint's answers.
+const STATUS_ROUTE: &str = "status";
+
 /// The data-plane application. Cheap to share behind an `Arc`.
 pub struct App {
     entries: Vec<Entry>,
     /// Where unmatched requests go when `unmatched = "proxy"`.
     fallback: Option<TimedProxy>,
+    /// The status endpoint, answered before any route and never forwarded.
+    status: Option<StatusEndpoint>,
     trailing_slash: TrailingSlash,
     request_id: HeaderName,
     metrics: RequestMetrics,
@@ -108,12 +114,25 @@ impl App {
                 .map(|proxy| TimedProxy::new(proxy, NO_ROUTE)),
             Unmatched::Reject | Unmatched::Protect => None,
         };
+        let status = settings
+            .status
+            .as_ref()
+            .map(|s| StatusEndpoint::new(s, &settings.routes, &engine))
+            .transpose()?;
         Ok(Self {
             entries,
             fallback,
+            status,
             trailing_slash: settings.trailing_slash,
             request_id: settings.request_id_header.clone(),
-            metrics: RequestMetrics::new(settings.routes.iter().map(|r| r.name.as_str())),
+            // Route indexes are the routes' in match order, then the status endpoint's.
+            metrics: RequestMetrics::new(
+                settings
+                    .routes
+                    .iter()
+                    .map(|r| r.name.as_str())
+                    .chain(settings.status.is_some().then_some(STATUS_ROUTE)),
+            ),
         })
     }
 
@@ -134,17 +153,23 @@ impl App {
         append_forwarded_for(&mut parts, peer);
         let method = log.then(|| parts.method.clone());
         let path = log.then(|| parts.uri.path().to_owned());
-        // Routes match the normalised path, and the upstream receives that same path.
-        let (mut res, route) = match normalize_uri(&mut parts.uri, self.trailing_slash) {
-            Ok(()) => {
-                self.route(parts, body)
-                    .instrument(span.span().clone())
-                    .await
-            }
-            Err(rejection) => (
-                proxy::boxed(path_rejected(rejection)),
-                self.metrics.no_route(),
+        let (mut res, route) = match &self.status {
+            Some(status) if status.owns(parts.uri.path(), self.trailing_slash) => (
+                status.answer(parts).instrument(span.span().clone()).await,
+                self.entries.len(),
             ),
+            // Routes match the normalised path, and the upstream receives that same path.
+            _ => match normalize_uri(&mut parts.uri, self.trailing_slash) {
+                Ok(()) => {
+                    self.route(parts, body)
+                        .instrument(span.span().clone())
+                        .await
+                }
+                Err(rejection) => (
+                    proxy::boxed(path_rejected(rejection)),
+                    self.metrics.no_route(),
+                ),
+            },
         };
         // The layer and the branches above attach one to every answer; a missing one would
         // be a bug, counted as an execution rather than hidden.
@@ -155,10 +180,11 @@ impl App {
             .unwrap_or(Outcome::Executed(Kept::Stored));
         let elapsed = started.elapsed();
         self.metrics.record(route, outcome, elapsed);
-        let route = self
-            .entries
-            .get(route)
-            .map_or(NO_ROUTE, |e| e.route.name.as_str());
+        let route = match self.entries.get(route) {
+            Some(e) => e.route.name.as_str(),
+            None if route == self.entries.len() && self.status.is_some() => STATUS_ROUTE,
+            None => NO_ROUTE,
+        };
         let status = res.status().as_u16();
         span.finish(route, outcome, status);
         if log {

@@ -240,6 +240,7 @@ async fn the_dashboard_shows_what_the_admin_api_says_and_settles_records() {
             "store_unavailable",
             "fenced",
             "passthrough",
+            "queried",
         ] {
             t += admin.requests(o).await;
         }

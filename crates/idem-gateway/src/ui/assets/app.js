@@ -9,11 +9,11 @@ const RECORDS_EVERY = 3; // records are listed every third poll
 const STATE_LIMIT = 1000;
 const HISTORY = 60; // samples kept for the chart (5 minutes)
 const OUTCOMES = ["executed", "replayed", "in_flight", "unknown", "mismatch", "refused",
-  "store_unavailable", "fenced", "passthrough"];
+  "store_unavailable", "fenced", "passthrough", "queried"];
 const COLORS = {
   executed: "#2f5bea", replayed: "#12b76a", in_flight: "#7a5af8", unknown: "#f79009",
   mismatch: "#ee46bc", refused: "#667085", store_unavailable: "#d92d20", fenced: "#b54708",
-  passthrough: "#98a2b3",
+  passthrough: "#98a2b3", queried: "#0ba5ec",
 };
 
 const $ = (id) => document.getElementById(id);
