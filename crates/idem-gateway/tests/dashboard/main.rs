@@ -343,6 +343,11 @@ async fn the_dashboard_shows_what_the_admin_api_says_and_settles_records() {
             json!([events]),
         )
         .await;
+        page.run(
+            "document.getElementById('audittable').scrollIntoView({block: 'end'});",
+            json!([]),
+        )
+        .await;
         save_screenshot(&page, "dashboard-audit.png").await;
     } else {
         assert_eq!(api.status, StatusCode::NOT_FOUND);
