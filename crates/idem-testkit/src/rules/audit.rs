@@ -5,6 +5,7 @@ use idem_core::{
     ClaimOutcome, ReleaseKind, Resolution, ResolveOutcome, ScopedKey, SettleOutcome, Store,
     StoredResponse,
 };
+use std::time::Duration;
 
 use crate::ctx::{Ctx, fp};
 use crate::harness::Harness;
@@ -166,6 +167,10 @@ pub async fn audit_query_filters<H: Harness>(h: &H) {
         keys[0].scope.clone().with_principal("tenant-1"),
         keys[0].key.clone(),
     );
+    // Events are ordered by their store time in milliseconds; a store that keeps them in
+    // several streams (one per cluster slot) cannot order two events of one millisecond, so
+    // the newest is made a later one.
+    c.advance(Duration::from_millis(5)).await;
     c.claimed(&tenant).await;
 
     let in_ns = AuditQuery {
