@@ -7,17 +7,21 @@
 //! This crate does no network I/O. Backends (`idem-redis`, `idem-sql`) implement [`Store`];
 //! carriers (`idem-http`, …) drive [`Engine`].
 
+pub mod audit;
 pub mod clock;
 pub mod decide;
 pub mod engine;
 pub mod fingerprint;
 pub mod key;
 pub mod key_source;
+pub mod lock;
 pub mod outcome;
 pub mod record;
 pub mod store;
 mod sync;
+pub mod token;
 
+pub use audit::{AuditEvent, AuditKind, AuditQuery, AuditRetention};
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use engine::{
     Action, Answer, Engine, EngineError, Policy, PolicyBuilder, PolicyError, Reply, Settled,

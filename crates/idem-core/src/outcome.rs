@@ -18,6 +18,7 @@
 //! | [`StoreUnavailable`](Outcome::StoreUnavailable) | did not run: the store failed | a new attempt |
 //! | [`Fenced`](Outcome::Fenced) | started, but a newer holder owns the key; its result was discarded | whatever the newer holder leaves |
 //! | [`Passthrough`](Outcome::Passthrough) | ran without protection (not an idempotent request) | a new run |
+//! | [`Queried`](Outcome::Queried) | did not run: a status query about the key was answered | — |
 
 use std::fmt;
 
@@ -55,6 +56,9 @@ pub enum Outcome {
     /// Not an idempotent request (a safe method, an unprotected route, no key where one is
     /// optional): it ran without a claim.
     Passthrough,
+    /// A status query about a key was answered (the key's state, or its stored answer when
+    /// one was asked for); nothing ran.
+    Queried,
 }
 
 /// What the engine recorded of an execution.
@@ -103,7 +107,7 @@ pub enum Refusal {
 impl Outcome {
     /// A short, stable, lower-case name for metrics labels and logs: `executed`, `replayed`,
     /// `in_flight`, `unknown`, `mismatch`, `refused`, `store_unavailable`, `fenced`,
-    /// `passthrough`.
+    /// `passthrough`, `queried`.
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Executed(_) => "executed",
@@ -115,6 +119,7 @@ impl Outcome {
             Self::StoreUnavailable => "store_unavailable",
             Self::Fenced => "fenced",
             Self::Passthrough => "passthrough",
+            Self::Queried => "queried",
         }
     }
 
@@ -184,6 +189,7 @@ mod tests {
             Outcome::StoreUnavailable,
             Outcome::Fenced,
             Outcome::Passthrough,
+            Outcome::Queried,
         ];
         let mut names: Vec<&str> = all.iter().map(|o| o.as_str()).collect();
         names.sort_unstable();

@@ -12,6 +12,12 @@
 //! | `POST /admin/record/resolve?namespace=&principal=&key=` | settles an unknown (or expired processing) record |
 //! | `DELETE /admin/record?namespace=&principal=&key=` | deletes a record |
 //! | `POST /admin/reload` | reloads routes, policies and certificates (as SIGHUP does) |
+//! | `GET /admin/audit?namespace=&scope=&key=&state=&since=&until=&limit=` | the audit trail, newest first |
+//!
+//! Resolves and deletes are recorded in the audit trail with the actor `admin:<name>`, where
+//! `<name>` is the request's `X-Idem-Actor` header (printable ASCII, at most 64 bytes;
+//! `api` without one). The name is what the caller says: every holder of the admin token may
+//! use any name.
 //!
 //! `principal` is the stored principal (`h:…` for a header credential, the claim for JWTs);
 //! `credential` instead derives it from a credential with
@@ -24,14 +30,15 @@ use std::time::Duration;
 use axum::Router;
 use axum::body::{Body, Bytes};
 use axum::extract::{Query, Request, State};
-use axum::http::{HeaderValue, StatusCode, header};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
+use idem_core::audit::{self, AuditEvent, AuditKind, AuditQuery};
 use idem_core::key::credential_principal;
 use idem_core::{
     Key, ListFilter, Record, RecordState, Resolution, ResolveOutcome, Scope, ScopedKey, StateKind,
-    Store, StoredResponse,
+    Store, StoredResponse, Timestamp,
 };
 use metrics_exporter_prometheus::PrometheusHandle;
 use serde_json::{Value, json};
@@ -40,6 +47,9 @@ use subtle::ConstantTimeEq as _;
 use crate::app::GatewayStore;
 use crate::config::Dur;
 use crate::reload::Live;
+
+/// The header naming who makes a change through the admin API (see the module docs).
+pub const ACTOR_HEADER: &str = "x-idem-actor";
 
 /// Largest resolve body accepted.
 const MAX_RESOLVE_BODY: usize = 4 << 20;
@@ -94,6 +104,7 @@ impl Admin {
             .route("/admin/record", get(get_record).delete(delete))
             .route("/admin/record/resolve", post(resolve))
             .route("/admin/reload", post(reload))
+            .route("/admin/audit", get(audit_trail))
             .fallback(not_found)
             .layer(middleware::from_fn_with_state(Arc::clone(&self), authorize));
         Router::new()
@@ -257,19 +268,29 @@ async fn get_record(State(admin): State<Arc<Admin>>, Query(q): Params) -> Respon
     }
 }
 
-async fn delete(State(admin): State<Arc<Admin>>, Query(q): Params) -> Response {
+async fn delete(State(admin): State<Arc<Admin>>, headers: HeaderMap, Query(q): Params) -> Response {
     let key = match scoped_key(&q) {
         Ok(k) => k,
         Err(e) => return error(StatusCode::BAD_REQUEST, &e),
     };
-    match admin.timed(admin.store.delete(&key)).await {
+    let actor = match actor(&headers) {
+        Ok(a) => a,
+        Err(e) => return error(StatusCode::BAD_REQUEST, &e),
+    };
+    let deleted = audit::acting_as(actor, || admin.timed(admin.store.delete(&key))).await;
+    match deleted {
         Ok(true) => json_answer(StatusCode::OK, &json!({"deleted": true})),
         Ok(false) => error(StatusCode::NOT_FOUND, "no such record"),
         Err(res) => res,
     }
 }
 
-async fn resolve(State(admin): State<Arc<Admin>>, Query(q): Params, body: Body) -> Response {
+async fn resolve(
+    State(admin): State<Arc<Admin>>,
+    headers: HeaderMap,
+    Query(q): Params,
+    body: Body,
+) -> Response {
     let Ok(body) = axum::body::to_bytes(body, MAX_RESOLVE_BODY).await else {
         return error(StatusCode::PAYLOAD_TOO_LARGE, "body larger than 4 MiB");
     };
@@ -281,7 +302,15 @@ async fn resolve(State(admin): State<Arc<Admin>>, Query(q): Params, body: Body) 
         Ok(r) => r,
         Err(e) => return error(StatusCode::BAD_REQUEST, &e),
     };
-    match admin.timed(admin.store.resolve(&key, &resolution)).await {
+    let actor = match actor(&headers) {
+        Ok(a) => a,
+        Err(e) => return error(StatusCode::BAD_REQUEST, &e),
+    };
+    let resolved = audit::acting_as(actor, || {
+        admin.timed(admin.store.resolve(&key, &resolution))
+    })
+    .await;
+    match resolved {
         Ok(ResolveOutcome::Resolved) => json_answer(StatusCode::OK, &json!({"resolved": true})),
         Ok(ResolveOutcome::NotFound) => error(StatusCode::NOT_FOUND, "no such record"),
         Ok(ResolveOutcome::NotResolvable { state }) => error(
@@ -294,6 +323,96 @@ async fn resolve(State(admin): State<Arc<Admin>>, Query(q): Params, body: Body) 
         Ok(_) => error(StatusCode::CONFLICT, "not resolvable"),
         Err(res) => res,
     }
+}
+
+/// Who the trail names for a change made through this request: `admin:<X-Idem-Actor>`.
+fn actor(headers: &HeaderMap) -> Result<String, String> {
+    match headers.get(ACTOR_HEADER) {
+        None => Ok("admin:api".to_owned()),
+        Some(v) => match v.to_str() {
+            Ok(name)
+                if !name.is_empty()
+                    && name.len() <= 64
+                    && name.bytes().all(|b| (0x21..=0x7e).contains(&b)) =>
+            {
+                Ok(format!("admin:{name}"))
+            }
+            _ => Err(format!(
+                "`{ACTOR_HEADER}` must be 1-64 printable ASCII characters without spaces"
+            )),
+        },
+    }
+}
+
+async fn audit_trail(State(admin): State<Arc<Admin>>, Query(q): Params) -> Response {
+    let query = match audit_query(&q) {
+        Ok(query) => query,
+        Err(e) => return error(StatusCode::BAD_REQUEST, &e),
+    };
+    match admin.timed(admin.store.audit(&query)).await {
+        Ok(events) => {
+            let events: Vec<Value> = events.iter().map(event_json).collect();
+            json_answer(StatusCode::OK, &json!({ "events": events }))
+        }
+        Err(res) => res,
+    }
+}
+
+/// The query of `GET /admin/audit`. `scope` is the stored principal (empty for keys
+/// without one); `credential` instead derives it as the data plane does.
+fn audit_query(q: &HashMap<String, String>) -> Result<AuditQuery, String> {
+    let ms = |name: &str| -> Result<Option<Timestamp>, String> {
+        q.get(name)
+            .filter(|v| !v.is_empty())
+            .map(|v| {
+                v.parse::<u64>()
+                    .map(Timestamp)
+                    .map_err(|_| format!("`{name}` must be milliseconds since the epoch"))
+            })
+            .transpose()
+    };
+    let scope = match (q.get("scope"), q.get("credential")) {
+        (Some(_), Some(_)) => return Err("give `scope` or `credential`, not both".into()),
+        (Some(s), None) => Some(s.clone()),
+        (None, Some(c)) => Some(credential_principal(c.as_bytes())),
+        (None, None) => None,
+    };
+    let kind = match q.get("state").map(String::as_str) {
+        None | Some("" | "any") => None,
+        Some(name) => Some(name.parse::<AuditKind>().map_err(|e| e.to_string())?),
+    };
+    let limit = match q.get("limit").map(|s| s.parse::<usize>()) {
+        None => 100,
+        Some(Ok(n)) => n,
+        Some(Err(_)) => return Err("limit must be a number".into()),
+    };
+    let nonempty = |name: &str| q.get(name).filter(|v| !v.is_empty()).cloned();
+    Ok(AuditQuery {
+        namespace: nonempty("namespace"),
+        scope,
+        key: nonempty("key"),
+        kind,
+        since: ms("since")?,
+        until: ms("until")?,
+        limit,
+    })
+}
+
+/// One event as the admin API answers it.
+pub(crate) fn event_json(e: &AuditEvent) -> Value {
+    json!({
+        "at_ms": e.at.as_millis(),
+        "namespace": e.namespace,
+        "scope": e.scope,
+        "key": e.key,
+        "event": e.kind.as_str(),
+        "fence": e.fence,
+        "request_id": e.request_id,
+        "outcome": e.outcome,
+        "status": e.status,
+        "instance": e.instance,
+        "actor": e.actor,
+    })
 }
 
 fn principal_param(q: &HashMap<String, String>) -> Result<Option<String>, String> {
@@ -320,7 +439,7 @@ fn scoped_key(q: &HashMap<String, String>) -> Result<ScopedKey, String> {
     ))
 }
 
-fn resolution(body: &[u8]) -> Result<Resolution, String> {
+pub(crate) fn resolution(body: &[u8]) -> Result<Resolution, String> {
     let v: Value = serde_json::from_slice(body).map_err(|e| format!("body must be JSON: {e}"))?;
     match v.get("outcome").and_then(Value::as_str) {
         Some("release") => Ok(Resolution::Release),

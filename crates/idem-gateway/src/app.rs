@@ -23,6 +23,7 @@ use crate::metrics::{MeteredStore, OutcomeCounters};
 use crate::path::{self, PathRejection, TrailingSlash};
 use crate::protect::layer_config;
 use crate::proxy::{self, Proxy, ResBody};
+use crate::status::StatusEndpoint;
 use crate::upstream::{Clients, UpstreamSpec};
 
 /// The store as the gateway uses it: any backend, measured, with the claims this process
@@ -46,6 +47,8 @@ pub struct App {
     entries: Vec<Entry>,
     /// Where unmatched requests go when `unmatched = "proxy"`.
     fallback: Option<Proxy>,
+    /// The status endpoint, answered before any route and never forwarded.
+    status: Option<StatusEndpoint>,
     trailing_slash: TrailingSlash,
     request_id: HeaderName,
     outcomes: OutcomeCounters,
@@ -102,9 +105,15 @@ impl App {
                 .transpose()?,
             Unmatched::Reject | Unmatched::Protect => None,
         };
+        let status = settings
+            .status
+            .as_ref()
+            .map(|s| StatusEndpoint::new(s, &settings.routes, &engine))
+            .transpose()?;
         Ok(Self {
             entries,
             fallback,
+            status,
             trailing_slash: settings.trailing_slash,
             request_id: settings.request_id_header.clone(),
             outcomes: OutcomeCounters::new(),
@@ -128,10 +137,15 @@ impl App {
         append_forwarded_for(&mut parts, peer);
         let method = log.then(|| parts.method.clone());
         let path = log.then(|| parts.uri.path().to_owned());
-        // Routes match the normalised path, and the upstream receives that same path.
-        let (mut res, route) = match normalize_uri(&mut parts.uri, self.trailing_slash) {
-            Ok(()) => self.route(parts, body).await,
-            Err(rejection) => (proxy::boxed(path_rejected(rejection)), "-"),
+        let (mut res, route) = match &self.status {
+            Some(status) if status.owns(parts.uri.path(), self.trailing_slash) => {
+                (status.answer(parts).await, "status")
+            }
+            // Routes match the normalised path, and the upstream receives that same path.
+            _ => match normalize_uri(&mut parts.uri, self.trailing_slash) {
+                Ok(()) => self.route(parts, body).await,
+                Err(rejection) => (proxy::boxed(path_rejected(rejection)), "-"),
+            },
         };
         // The layer and the branches above attach one to every answer; a missing one would
         // be a bug, counted as an execution rather than hidden.

@@ -198,7 +198,7 @@ impl<S: Store> Store for TrackedStore<S> {
         outcome
     }
 
-    idem_core::forward_store!(|t| &t.inner; renew, get, list, resolve, delete);
+    idem_core::forward_store!(|t| &t.inner; renew, get, list, resolve, delete, audit);
 }
 
 #[cfg(test)]

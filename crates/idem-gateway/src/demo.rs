@@ -116,6 +116,9 @@ fn order_to_pay(path: &str) -> Option<&str> {
     (!id.is_empty() && !id.contains('/')).then_some(id)
 }
 
+/// Where `idem demo` serves the status endpoint.
+pub const STATUS_PATH: &str = "/idem/status";
+
 /// The demo gateway's routes: paying an order is keyed by the order itself (a business key)
 /// unless the client sends a key; everything else by the client's `Idempotency-Key`.
 pub fn routes() -> Vec<crate::config::RawRoute> {

@@ -6,6 +6,7 @@
 pub mod admin;
 pub mod app;
 pub mod claims;
+pub mod cli;
 pub mod config;
 pub mod demo;
 pub mod grpc;
@@ -16,8 +17,11 @@ pub mod path;
 pub mod principal;
 pub mod protect;
 pub mod proxy;
+pub mod reconcile;
 pub mod reload;
+pub mod request;
 pub mod server;
+pub mod status;
 pub mod store;
 #[cfg(test)]
 mod test_support;

@@ -4,7 +4,11 @@
 //! idem demo                      # gateway + built-in sample upstream, embedded SQLite store
 //! idem serve --config idem.toml  # reverse proxy with the configured routes and store
 //! idem check-config --config idem.toml
+//! idem reconcile --config idem.toml [--dry-run] [--json]
+//! idem admin records list --state unknown   # the admin API from a shell (IDEM_ADMIN_TOKEN)
+//! idem admin audit KEY --namespace payments
 //! idem sample-upstream --listen 127.0.0.1:9000
+//! idem request http://127.0.0.1:8080/charge -d '{"amount":1}' --status http://127.0.0.1:8080/idem/status
 //! ```
 //!
 //! See `docs/gateway.md` for the configuration reference and a quick start.
@@ -17,7 +21,7 @@ use clap::{Args, Parser, Subcommand};
 
 use anyhow::Context as _;
 use idem_gateway::config::{self, LogFormat, OverrideAdmin, OverrideLog, Overrides, Settings};
-use idem_gateway::{demo, metrics, server, store};
+use idem_gateway::{cli, demo, metrics, reconcile, request, server, store};
 
 /// mimalloc keeps freed blocks on per-thread lists: a proxy frees on one worker thread much of
 /// what another allocated (buffers, futures, records), where glibc's allocator contends on
@@ -44,6 +48,22 @@ enum Command {
     Demo(ServeArgs),
     /// Check a configuration and explain what it sets up; exits 2 if it is invalid.
     CheckConfig(ServeArgs),
+    /// Send one request with an idempotency key and safe retries (curl-like).
+    Request(request::RequestArgs),
+    /// Check unknown and stuck records against the routes' status webhooks and settle them;
+    /// exits 0 when nothing is left, 3 when some record was left unsettled.
+    Reconcile {
+        #[command(flatten)]
+        serve: ServeArgs,
+        /// Ask the webhooks and print the plan, but change nothing.
+        #[arg(long)]
+        dry_run: bool,
+        /// One JSON object per record instead of lines for people.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Talk to a running gateway's admin API: records and the audit trail.
+    Admin(cli::admin::AdminArgs),
     /// Run only the sample upstream (for experiments and benchmarks).
     SampleUpstream {
         /// Address to listen on.
@@ -119,6 +139,10 @@ impl ServeArgs {
             if raw.routes.as_ref().is_none_or(Vec::is_empty) {
                 raw.routes = Some(demo::routes());
             }
+            // The demo shows the status endpoint too (`idem request --status …`).
+            raw.status.get_or_insert_with(|| config::RawStatus {
+                path: Some(demo::STATUS_PATH.into()),
+            });
         }
         let settings = config::compile(&raw)?;
         store::available(&settings.store).context("`store`")?;
@@ -140,7 +164,40 @@ fn main() -> ExitCode {
         Command::CheckConfig(args) => check_config(&args),
         Command::Serve(args) => serve(&args, false),
         Command::Demo(args) => serve(&args, true),
+        Command::Reconcile {
+            serve,
+            dry_run,
+            json,
+        } => reconcile(&serve, dry_run, json),
+        Command::Admin(args) => {
+            let Some(runtime) = runtime() else {
+                return ExitCode::FAILURE;
+            };
+            ExitCode::from(runtime.block_on(cli::admin::run(args)))
+        }
         Command::SampleUpstream { listen } => sample_upstream(listen),
+        Command::Request(args) => request::run(&args),
+    }
+}
+
+fn reconcile(args: &ServeArgs, dry_run: bool, json: bool) -> ExitCode {
+    let settings = match args.settings(false) {
+        Ok((s, _)) => s,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            return ExitCode::from(2);
+        }
+    };
+    let _ = init_logging(settings.log_format, "warn");
+    let Some(runtime) = runtime() else {
+        return ExitCode::FAILURE;
+    };
+    match runtime.block_on(reconcile::run_once(&settings, dry_run, json)) {
+        Ok(code) => ExitCode::from(code),
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
     }
 }
 

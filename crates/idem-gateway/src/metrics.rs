@@ -180,11 +180,11 @@ impl<S: Store> Store for MeteredStore<S> {
         outcome
     }
 
-    idem_core::forward_store!(|m| &m.inner, around = m; renew, get, list, resolve, delete);
+    idem_core::forward_store!(|m| &m.inner, around = m; renew, get, list, resolve, delete, audit);
 }
 
 /// The label values of `idem_requests_total{outcome}`, in [`outcome_index`] order.
-const OUTCOMES: [&str; 9] = [
+const OUTCOMES: [&str; 10] = [
     "executed",
     "replayed",
     "in_flight",
@@ -194,6 +194,7 @@ const OUTCOMES: [&str; 9] = [
     "store_unavailable",
     "fenced",
     "passthrough",
+    "queried",
 ];
 
 /// The label values of `idem_refusals_total{reason}`, in [`refusal_index`] order.
@@ -298,6 +299,7 @@ mod tests {
             Outcome::StoreUnavailable,
             Outcome::Fenced,
             Outcome::Passthrough,
+            Outcome::Queried,
         ] {
             assert!(outcome_index(o).is_some(), "{o}");
         }

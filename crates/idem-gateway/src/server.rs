@@ -125,9 +125,18 @@ pub async fn run(
     };
     let tls = live.data_tls();
     println!("idem listening on {}://{data_addr}", tls.scheme());
-    tracing::info!(addr = %data_addr, store = %settings.store, routes = settings.routes.len(), "gateway up");
+    tracing::info!(addr = %data_addr, store = %settings.store, routes = settings.routes.len(), instance = %idem_core::audit::this_instance(), "gateway up");
 
     tokio::spawn(reload_on_sighup(Arc::clone(&live)));
+    let reconciler = match settings.reconcile.every {
+        Some(every) => {
+            let reconciler =
+                crate::reconcile::Reconciler::new(&settings, store.clone(), "reconcile:serve")?;
+            tracing::info!(every = ?every, namespaces = ?reconciler.namespaces().collect::<Vec<_>>(), "reconciler on");
+            Some(tokio::spawn(reconciler.run_every(every)))
+        }
+        None => None,
+    };
     tokio::spawn(async move {
         shutdown_signal().await;
         let _ = stop_tx.send(true);
@@ -143,6 +152,9 @@ pub async fn run(
     // in the background: wait for it until the grace ends, then release what is still held.
     drain(&store, stopped_at + grace, settings.store_timeout).await;
     if let Some(t) = admin_task {
+        t.abort();
+    }
+    if let Some(t) = reconciler {
         t.abort();
     }
     tracing::info!("shutdown complete");

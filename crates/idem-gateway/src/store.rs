@@ -203,6 +203,8 @@ pub struct StoreOptions {
     pub prefix: Option<String>,
     /// PostgreSQL / MySQL connections.
     pub pool: u32,
+    /// How much of the audit trail the store keeps.
+    pub audit: idem_core::AuditRetention,
 }
 
 /// Opens the store, optionally behind the local cache of completed responses.
@@ -268,7 +270,7 @@ async fn open_backend(
     available(spec)?;
     match spec {
         StoreSpec::Memory { capacity } => {
-            let store = MemoryStore::new(*capacity);
+            let store = MemoryStore::with_audit(*capacity, idem_core::SystemClock, options.audit);
             store.spawn_sweeper(Duration::from_secs(30));
             Ok(BoxStore::new(store))
         }
@@ -284,7 +286,8 @@ async fn open_backend(
             let store = idem_sql::SqliteStore::open(path)
                 .await
                 .map_err(|e| anyhow::anyhow!("{e}"))?
-                .with_table(table)?;
+                .with_table(table)?
+                .with_audit_retention(options.audit.max_age);
             store.migrate().await.map_err(|e| anyhow::anyhow!("{e}"))?;
             store.spawn_reaper(REAP_EVERY, REAP_BATCH);
             Ok(BoxStore::new(store))
@@ -294,7 +297,8 @@ async fn open_backend(
             let store = idem_sql::PgStore::connect(url, options.pool)
                 .await
                 .map_err(|e| anyhow::anyhow!("{e}"))?;
-            let store = idem_sql::PgStore::with_table(store.pool().clone(), table)?;
+            let store = idem_sql::PgStore::with_table(store.pool().clone(), table)?
+                .with_audit_retention(options.audit.max_age);
             store.migrate().await.map_err(|e| anyhow::anyhow!("{e}"))?;
             store.spawn_reaper(REAP_EVERY, REAP_BATCH);
             Ok(BoxStore::new(store))
@@ -304,14 +308,17 @@ async fn open_backend(
             let store = idem_sql::MySqlStore::connect(url, options.pool)
                 .await
                 .map_err(|e| anyhow::anyhow!("{e}"))?;
-            let store = idem_sql::MySqlStore::with_table(store.pool().clone(), table)?;
+            let store = idem_sql::MySqlStore::with_table(store.pool().clone(), table)?
+                .with_audit_retention(options.audit.max_age);
             store.migrate().await.map_err(|e| anyhow::anyhow!("{e}"))?;
             store.spawn_reaper(REAP_EVERY, REAP_BATCH);
             Ok(BoxStore::new(store))
         }
         #[cfg(feature = "redis")]
         StoreSpec::Redis { url, .. } => {
-            let mut config = idem_redis::RedisConfig::from_url(url)?.op_timeout(op_timeout)?;
+            let mut config = idem_redis::RedisConfig::from_url(url)?
+                .op_timeout(op_timeout)?
+                .audit_max_events(options.audit.max_events)?;
             if let Some(prefix) = &options.prefix {
                 config = config.prefix(prefix.clone())?;
             }

@@ -171,7 +171,7 @@ impl UpstreamSpec {
 }
 
 /// Parses an upstream URL: `(uri, https, h2c)`, with `h2c` rewritten to `http`.
-fn upstream_uri(text: &str) -> anyhow::Result<(Uri, bool, bool)> {
+pub(crate) fn upstream_uri(text: &str) -> anyhow::Result<(Uri, bool, bool)> {
     let text = text.trim();
     let url = url::Url::parse(text).map_err(|e| anyhow!("`{text}` is not a URL ({e})"))?;
     let (https, h2c) = match url.scheme() {

@@ -300,6 +300,16 @@ async fn the_demo_behaves_as_documented() {
     assert!(again.replayed());
     let stats = http.send(Method::GET, &gw.url("/stats"), &[], "").await;
     assert_eq!(stats.json()["executions"], 3, "the order was paid once");
+    // The demo serves the status endpoint: the first charge's key reads completed.
+    let status = http
+        .send(
+            Method::GET,
+            &gw.url(&format!("/idem/status/{k}?route=default")),
+            &[],
+            "",
+        )
+        .await;
+    assert_eq!(status.json()["state"], "completed");
     assert!(
         dir.0.join("idem.db").exists(),
         "the demo keeps its records in the SQLite file"

@@ -1,11 +1,13 @@
 //! The response body the layer returns: the inner service's own body (passed through,
-//! possibly after a buffered prefix) or bytes the layer holds (replays, problems).
+//! possibly after a buffered prefix) or bytes and trailers the layer holds (replays,
+//! problems, buffered answers).
 
 use std::error::Error as StdError;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
+use http::HeaderMap;
 use http_body::{Body, Frame, SizeHint};
 use http_body_util::BodyExt;
 use http_body_util::combinators::UnsyncBoxBody;
@@ -26,7 +28,7 @@ pin_project_lite::pin_project! {
     #[project = KindProj]
     #[derive(Debug)]
     enum Kind<B> {
-        Full { bytes: Option<Bytes> },
+        Full { bytes: Option<Bytes>, trailers: Option<HeaderMap> },
         Inner { prefix: Option<Bytes>, #[pin] inner: B },
     }
 }
@@ -34,10 +36,16 @@ pin_project_lite::pin_project! {
 impl<B> ResponseBody<B> {
     /// A complete body held in memory.
     pub fn full(bytes: impl Into<Bytes>) -> Self {
+        Self::full_with_trailers(bytes, HeaderMap::new())
+    }
+
+    /// A complete body held in memory, then `trailers` (none sent when empty).
+    pub fn full_with_trailers(bytes: impl Into<Bytes>, trailers: HeaderMap) -> Self {
         let bytes: Bytes = bytes.into();
         Self {
             kind: Kind::Full {
                 bytes: (!bytes.is_empty()).then_some(bytes),
+                trailers: (!trailers.is_empty()).then_some(trailers),
             },
         }
     }
@@ -76,7 +84,13 @@ where
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         match self.project().kind.project() {
-            KindProj::Full { bytes } => Poll::Ready(bytes.take().map(|b| Ok(Frame::data(b)))),
+            KindProj::Full { bytes, trailers } => Poll::Ready(
+                bytes
+                    .take()
+                    .map(Frame::data)
+                    .or_else(|| trailers.take().map(Frame::trailers))
+                    .map(Ok),
+            ),
             KindProj::Inner { prefix, inner } => {
                 if let Some(p) = prefix.take() {
                     return Poll::Ready(Some(Ok(Frame::data(p))));
@@ -90,14 +104,14 @@ where
 
     fn is_end_stream(&self) -> bool {
         match &self.kind {
-            Kind::Full { bytes } => bytes.is_none(),
+            Kind::Full { bytes, trailers } => bytes.is_none() && trailers.is_none(),
             Kind::Inner { prefix, inner } => prefix.is_none() && inner.is_end_stream(),
         }
     }
 
     fn size_hint(&self) -> SizeHint {
         match &self.kind {
-            Kind::Full { bytes } => {
+            Kind::Full { bytes, .. } => {
                 SizeHint::with_exact(bytes.as_ref().map_or(0, |b| b.len() as u64))
             }
             Kind::Inner { prefix, inner } => {

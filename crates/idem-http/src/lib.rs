@@ -20,6 +20,7 @@
 //! pluggable behaviour, and [`IdempotencyConfig`] for per-route settings.
 
 mod body;
+pub mod buffer;
 mod config;
 mod idempotency;
 pub mod key;

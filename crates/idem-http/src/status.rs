@@ -3,9 +3,14 @@
 //!
 //! The answer is JSON: `{"key", "namespace", "state", "created_at", "expires_at",
 //! "lease_until"?, "completed_at"?, "status"?}` with times in milliseconds since the Unix
-//! epoch (store clock) and `state` one of `processing`, `completed`, `unknown`, `absent`
-//! (404). The scope includes the caller's principal, so another principal's keys always
-//! read as absent.
+//! epoch (store clock) and `state` one of `processing` (with `Retry-After`), `completed`,
+//! `unknown`, `absent` (404). The scope includes the caller's principal, so another
+//! principal's keys always read as absent.
+//!
+//! With `?answer=1`, a completed key is answered with its stored response instead, exactly as
+//! a retry would replay it (`Idempotent-Replayed: true`); every other state is answered as
+//! above. Every answer carries its [`Outcome`](idem_core::Outcome): `Queried`, `Replayed` for
+//! a stored response, or the refusal.
 
 use std::fmt;
 use std::future::Future;
@@ -16,13 +21,15 @@ use std::task::{Context, Poll};
 use bytes::Bytes;
 use http::{HeaderValue, Method, Request, Response, StatusCode, header};
 use http_body_util::Empty;
-use idem_core::{Engine, RecordState, ScopedKey, Store};
+use idem_core::{Engine, Outcome, RecordState, ScopedKey, Store};
 use serde::Serialize;
 use tower::Service;
 
 use crate::body::ResponseBody;
 use crate::config::IdempotencyConfig;
+use crate::idempotency::{replay, unauthenticated, with_outcome};
 use crate::key::{KeyRejection, parse_key};
+use crate::policy::{FoundKey, IDEMPOTENCY_KEY};
 use crate::problem::Problem;
 
 /// A tower service answering `GET <prefix>/{key}` for one namespace. Mount it with axum's
@@ -112,7 +119,7 @@ impl<St: Store> IdempotencyStatus<St> {
             .into_response();
             res.headers_mut()
                 .insert(header::ALLOW, HeaderValue::from_static("GET, HEAD"));
-            return res;
+            return with_outcome(res, Outcome::Queried);
         }
         let raw = parts
             .uri
@@ -129,18 +136,14 @@ impl<St: Store> IdempotencyStatus<St> {
         };
         let principal = match self.config.principal.principal(parts) {
             Ok(p) => p,
-            Err(r) => {
-                return Problem::new(
-                    StatusCode::UNAUTHORIZED,
-                    "unauthenticated",
-                    "Principal required",
-                    r.0,
-                )
-                .into_response();
-            }
+            Err(r) => return unauthenticated(r.0).into_response(),
         };
         let scoped = ScopedKey::new(self.config.scope_for(principal), key);
-        let limit = self.engine.policy().store_timeout();
+        let limit = self
+            .config
+            .engine_policy()
+            .unwrap_or(self.engine.policy())
+            .store_timeout();
         let record = match tokio::time::timeout(limit, self.engine.store().get(&scoped)).await {
             Ok(Ok(record)) => record,
             Ok(Err(e)) => {
@@ -149,6 +152,19 @@ impl<St: Store> IdempotencyStatus<St> {
             }
             Err(_) => return store_unavailable(&self.config),
         };
+        if wants_answer(parts.uri.query())
+            && let Some(r) = &record
+            && let RecordState::Completed { response, .. } = &r.state
+        {
+            // The stored answer exactly as a retry would get it, key echoed as sent here.
+            let found = FoundKey {
+                key: scoped.key.clone(),
+                echo: HeaderValue::from_str(scoped.key.as_str())
+                    .ok()
+                    .map(|v| (IDEMPOTENCY_KEY, v)),
+            };
+            return replay(response.clone(), &found);
+        }
         let mut body = StatusBody {
             key: scoped.key.as_str(),
             namespace: scoped.scope.namespace(),
@@ -160,13 +176,15 @@ impl<St: Store> IdempotencyStatus<St> {
             status: None,
         };
         let found = record.is_some();
+        let mut in_flight = false;
         if let Some(r) = &record {
             body.state = r.state.kind().as_str();
             body.created_at = Some(r.created_at.as_millis());
             body.expires_at = Some(r.expires_at.as_millis());
             match &r.state {
                 RecordState::Processing { lease_until, .. } => {
-                    body.lease_until = Some(lease_until.as_millis())
+                    in_flight = true;
+                    body.lease_until = Some(lease_until.as_millis());
                 }
                 RecordState::Completed {
                     response,
@@ -185,25 +203,38 @@ impl<St: Store> IdempotencyStatus<St> {
         } else {
             StatusCode::NOT_FOUND
         };
-        res.headers_mut().insert(
+        let headers = res.headers_mut();
+        headers.insert(
             header::CONTENT_TYPE,
             HeaderValue::from_static("application/json"),
         );
-        res.headers_mut()
-            .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
-        res
+        headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+        if in_flight {
+            // Ask again shortly, as a duplicate request would be told to.
+            headers.insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+        }
+        with_outcome(res, Outcome::Queried)
     }
 }
 
+/// Whether the query asks for the stored answer: `answer=1` or `answer=true`.
+fn wants_answer(query: Option<&str>) -> bool {
+    query.is_some_and(|q| {
+        form_urlencoded::parse(q.as_bytes())
+            .any(|(k, v)| k == "answer" && matches!(&*v, "1" | "true"))
+    })
+}
+
 fn store_unavailable(config: &IdempotencyConfig) -> StatusResponse {
-    Problem::new(
+    let res = Problem::new(
         StatusCode::SERVICE_UNAVAILABLE,
         "store-unavailable",
         "Idempotency store unavailable",
         "the idempotency store failed or timed out",
     )
     .retry_after(config.store_retry_after)
-    .into_response()
+    .into_response();
+    with_outcome(res, Outcome::StoreUnavailable)
 }
 
 /// Decodes `%XX` escapes; `None` on a broken escape (a `%` not followed by two hex digits),
@@ -228,5 +259,14 @@ mod tests {
         assert_eq!(percent_decode("a%20b%2F").as_deref(), Some(&b"a b/"[..]));
         assert_eq!(percent_decode("a%2"), None);
         assert_eq!(percent_decode("a%zz"), None);
+    }
+
+    #[test]
+    fn the_answer_is_asked_for_explicitly() {
+        assert!(wants_answer(Some("answer=1")));
+        assert!(wants_answer(Some("route=charge&answer=true")));
+        assert!(!wants_answer(Some("answer=0")));
+        assert!(!wants_answer(Some("answers=1")));
+        assert!(!wants_answer(None));
     }
 }

@@ -47,25 +47,29 @@ impl Kind {
     }
 }
 
-/// Most arguments of one operation (claim has 6).
-const MAX_ARGS: usize = 6;
+/// Most arguments of one operation (claim has 7).
+const MAX_ARGS: usize = 7;
 
 /// One operation: its record key and its single script's arguments, kept in one buffer.
 #[derive(Debug)]
 pub(crate) struct Op {
     kind: Kind,
     key: String,
+    /// The audit stream the operation writes its event to.
+    stream: String,
     buf: Vec<u8>,
     ends: [usize; MAX_ARGS],
     args: usize,
 }
 
 impl Op {
-    /// An operation on the record at `key`; `capacity` sizes the argument buffer.
-    pub(crate) fn new(kind: Kind, key: String, capacity: usize) -> Self {
+    /// An operation on the record at `key` that records its event in `stream`; `capacity`
+    /// sizes the argument buffer.
+    pub(crate) fn new(kind: Kind, key: String, stream: String, capacity: usize) -> Self {
         Self {
             kind,
             key,
+            stream,
             buf: Vec::with_capacity(capacity),
             ends: [0; MAX_ARGS],
             args: 0,
@@ -102,7 +106,7 @@ impl Op {
     }
 
     fn size(&self) -> usize {
-        self.key.len() + self.buf.len()
+        self.key.len() + self.stream.len() + self.buf.len()
     }
 
     /// Whether `reply` (this operation's own reply) says it wrote a claim or a completion,
@@ -149,8 +153,8 @@ pub(crate) async fn run_alone(
     op: &Op,
 ) -> Result<Value, StoreError> {
     let script = scripts.single(op.kind);
-    let mut cmd = script.command(1, op.args, op.size());
-    cmd.arg(op.key.as_bytes());
+    let mut cmd = script.command(2, op.args, op.size());
+    cmd.arg(op.key.as_bytes()).arg(op.stream.as_bytes());
     for a in op.arg_slices() {
         cmd.arg(a);
     }
@@ -355,9 +359,12 @@ impl Batcher {
         let args = 1 + batch.iter().map(|w| w.op.args).sum::<usize>();
         let bytes = batch.iter().map(|w| 1 + w.op.size()).sum();
         let script = self.scripts.batch;
-        let mut cmd: Cmd = script.command(batch.len(), args, bytes);
+        let mut cmd: Cmd = script.command(2 * batch.len(), args, bytes);
         for w in batch {
             cmd.arg(w.op.key.as_bytes());
+        }
+        for w in batch {
+            cmd.arg(w.op.stream.as_bytes());
         }
         let codes: Vec<u8> = batch.iter().map(|w| w.op.kind.code()).collect();
         cmd.arg(codes);

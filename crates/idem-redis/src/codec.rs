@@ -243,7 +243,7 @@ fn write_meta(out: &mut Vec<u8>, key: &ScopedKey, request_id: Option<&str>) {
     }
 }
 
-fn decode_meta(raw: &[u8]) -> Result<(ScopedKey, Option<String>), CodecError> {
+pub(crate) fn decode_meta(raw: &[u8]) -> Result<(ScopedKey, Option<String>), CodecError> {
     let mut at = 0;
     let mut part = || -> Result<Option<String>, CodecError> {
         let len_bytes: [u8; 4] = raw

@@ -55,11 +55,15 @@ pub struct RedisConfig {
     pub(crate) tombstone_ttl: Duration,
     pub(crate) batching: bool,
     pub(crate) batches_in_flight: usize,
+    pub(crate) audit_max_events: usize,
 }
 
 /// Default number of script calls one store keeps in flight before it queues claims and
 /// completions into batches (see [`RedisConfig::batching`]).
 pub const DEFAULT_BATCHES_IN_FLIGHT: usize = 1;
+
+/// Default bound of each audit stream (see [`RedisConfig::audit_max_events`]).
+pub const DEFAULT_AUDIT_MAX_EVENTS: usize = 100_000;
 
 /// Default per-operation timeout.
 pub const DEFAULT_OP_TIMEOUT: Duration = Duration::from_millis(250);
@@ -84,6 +88,7 @@ impl RedisConfig {
             tombstone_ttl: Duration::from_secs(60),
             batching: true,
             batches_in_flight: DEFAULT_BATCHES_IN_FLIGHT,
+            audit_max_events: DEFAULT_AUDIT_MAX_EVENTS,
         })
     }
 
@@ -175,6 +180,19 @@ impl RedisConfig {
     pub fn batching(mut self, on: bool) -> Self {
         self.batching = on;
         self
+    }
+
+    /// Events each audit stream keeps, about (`XADD … MAXLEN ~`): 100 000 by default. There
+    /// is one stream per namespace on one node, and one per namespace and slot on a cluster.
+    ///
+    /// # Errors
+    /// [`RedisConfigError::Zero`] for 0.
+    pub fn audit_max_events(mut self, n: usize) -> Result<Self, RedisConfigError> {
+        if n == 0 {
+            return Err(RedisConfigError::Zero("audit_max_events"));
+        }
+        self.audit_max_events = n;
+        Ok(self)
     }
 
     /// Script calls (lone operations or batches) a store keeps in flight before it queues

@@ -74,11 +74,16 @@
 //! crypto provider: the program using it must install a process-wide rustls provider. The
 //! `idem` gateway does not enable this feature yet, so `rediss://` does not work there.
 
+mod audit;
 mod batch;
 mod codec;
 pub mod config;
+pub mod lock;
 pub mod script;
 mod store;
+pub mod tokens;
 
 pub use config::{Durability, RedisConfig, RedisConfigError, Target};
+pub use lock::{Held, LockError, LockLease, RedisLock};
 pub use store::RedisStore;
+pub use tokens::RedisTokens;

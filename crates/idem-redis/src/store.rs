@@ -4,6 +4,7 @@ use std::fmt;
 use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
+use idem_core::audit::{AuditEvent, AuditQuery};
 use idem_core::record::duration_ms;
 use idem_core::store::{
     ClaimOutcome, ClaimRequest, ListFilter, RenewOutcome, Resolution, ResolveOutcome, SettleOutcome,
@@ -65,12 +66,12 @@ struct Scripts {
 static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
     claim: function_script!(
         "claim",
-        "return claim(KEYS[1], ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6])\n"
+        "return claim(KEYS[1], ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6], KEYS[2], ARGV[7])\n"
     ),
     renew: record_script!("renew"),
     complete: function_script!(
         "complete",
-        "return complete(KEYS[1], ARGV[1], ARGV[2], ARGV[3])\n"
+        "return complete(KEYS[1], ARGV[1], ARGV[2], ARGV[3], KEYS[2], ARGV[4])\n"
     ),
     release: record_script!("release"),
     resolve: record_script!("resolve"),
@@ -112,6 +113,10 @@ struct Shared {
     admin_timeout: Duration,
     durability: Option<Durability>,
     tombstone_ms: Vec<u8>,
+    /// The `MAXLEN ~` of each audit stream, as the scripts take it.
+    audit_max: Vec<u8>,
+    /// This process's instance id, for the events of resolves and deletes.
+    instance: String,
     /// Coalesces claims and completions; `None` on a cluster or when batching is off.
     batcher: Option<Arc<Batcher>>,
 }
@@ -198,6 +203,8 @@ impl RedisStore {
                 admin_timeout: config.admin_timeout,
                 durability: config.durability,
                 tombstone_ms: ms_arg(config.tombstone_ttl),
+                audit_max: config.audit_max_events.to_string().into_bytes(),
+                instance: idem_core::audit::this_instance(),
                 batcher,
             }),
         }
@@ -206,6 +213,11 @@ impl RedisStore {
     /// The connection, for other script users sharing it.
     pub fn connection(&self) -> &Connection {
         &self.shared.conn
+    }
+
+    /// The key prefix.
+    pub(crate) fn prefix(&self) -> &str {
+        &self.shared.prefix
     }
 
     /// The Redis key that holds `key`'s record.
@@ -224,14 +236,17 @@ impl RedisStore {
         self.shared.op_timeout + self.shared.durability.map_or(Duration::ZERO, |d| d.timeout)
     }
 
+    /// Runs a record script on the record `rk` of `key`, with the key's audit stream.
     async fn run(
         &self,
         script: &NamedScript,
+        key: &ScopedKey,
         rk: &str,
         args: &[&[u8]],
     ) -> Result<Value, StoreError> {
+        let stream = self.audit_stream(key);
         script
-            .run(&self.shared.conn, &[rk.as_bytes()], args)
+            .run(&self.shared.conn, &[rk.as_bytes(), stream.as_bytes()], args)
             .await
             .map_err(|e| {
                 tracing::debug!(script = script.name(), error = %e, "redis script failed");
@@ -280,7 +295,8 @@ impl RedisStore {
         let mut op = Op::new(
             Kind::Claim,
             self.record_key(&req.key),
-            2 * 34 + 32 + 2 * 13 + 1 + tail_len,
+            self.audit_stream(&req.key),
+            2 * 34 + 32 + 2 * 13 + 1 + tail_len + 10,
         );
         push_hex(op.buf(), &req.fingerprint.to_bytes());
         op.end_arg();
@@ -297,6 +313,7 @@ impl RedisStore {
         });
         push_meta_tail(op.buf(), &req.key, req.request_id.as_deref());
         op.end_arg();
+        op.arg(&self.shared.audit_max);
         let reply = self.exec(op).await?;
         let outcome = claim_outcome(reply.value, req)?;
         if let ClaimOutcome::Claimed { lease, .. } = &outcome
@@ -305,8 +322,13 @@ impl RedisStore {
             let rk = self.record_key(&req.key);
             // The handler will not run: give the claim back (best effort) so a retry can.
             let token = holder_token(lease.owner, lease.fence);
-            let args: [&[u8]; 3] = [token.as_bytes(), b"r", &self.shared.tombstone_ms];
-            if let Err(undo_err) = self.run(&SCRIPTS.release, &rk, &args).await {
+            let args: [&[u8]; 4] = [
+                token.as_bytes(),
+                b"r",
+                &self.shared.tombstone_ms,
+                &self.shared.audit_max,
+            ];
+            if let Err(undo_err) = self.run(&SCRIPTS.release, &req.key, &rk, &args).await {
                 tracing::warn!(key = %req.key, error = %undo_err, "could not release an uncertain claim; its lease will expire");
             }
             return Err(e);
@@ -355,7 +377,7 @@ impl RedisStore {
     }
 }
 
-fn glob_escape(s: &str) -> String {
+pub(crate) fn glob_escape(s: &str) -> String {
     let mut out = String::with_capacity(s.len());
     for c in s.chars() {
         if matches!(c, '*' | '?' | '[' | ']' | '\\') {
@@ -442,7 +464,12 @@ impl Store for RedisStore {
         let token = holder_token(owner, fence);
         bounded(self.shared.op_timeout, async {
             let reply = self
-                .run(&SCRIPTS.renew, &rk, &[token.as_bytes(), &ms_arg(lease)])
+                .run(
+                    &SCRIPTS.renew,
+                    key,
+                    &rk,
+                    &[token.as_bytes(), &ms_arg(lease)],
+                )
                 .await?;
             let Value::Array(items) = reply else {
                 return Err(malformed("unexpected renew reply"));
@@ -469,13 +496,15 @@ impl Store for RedisStore {
         let mut op = Op::new(
             Kind::Complete,
             self.record_key(key),
-            HOLDER_TOKEN_LEN + 13 + body.len(),
+            self.audit_stream(key),
+            HOLDER_TOKEN_LEN + 13 + body.len() + 10,
         );
         push_holder_token(op.buf(), owner, fence);
         op.end_arg();
         push_ms(op.buf(), ttl);
         op.end_arg();
         op.arg(&body);
+        op.arg(&self.shared.audit_max);
         drop(body);
         bounded(self.write_limit(), async {
             let reply = self.exec(op).await?;
@@ -501,10 +530,15 @@ impl Store for RedisStore {
         } else {
             b"r"
         };
-        let args: [&[u8]; 3] = [token.as_bytes(), kind, &self.shared.tombstone_ms];
+        let args: [&[u8]; 4] = [
+            token.as_bytes(),
+            kind,
+            &self.shared.tombstone_ms,
+            &self.shared.audit_max,
+        ];
         let rk = self.record_key(key);
         bounded(self.shared.op_timeout, async {
-            settle_outcome(&self.run(&SCRIPTS.release, &rk, &args).await?)
+            settle_outcome(&self.run(&SCRIPTS.release, key, &rk, &args).await?)
         })
         .await
     }
@@ -545,12 +579,22 @@ impl Store for RedisStore {
             Resolution::Complete { response, ttl } => (b"c", ms_arg(*ttl), response.encode()),
             _ => (b"r", b"1".to_vec(), Vec::new()),
         };
+        let actor = idem_core::audit::current_actor().unwrap_or_default();
         bounded(self.shared.op_timeout, async {
             let reply = self
                 .run(
                     &SCRIPTS.resolve,
+                    key,
                     &rk,
-                    &[mode, &ttl, &body, &self.shared.tombstone_ms],
+                    &[
+                        mode,
+                        &ttl,
+                        &body,
+                        &self.shared.tombstone_ms,
+                        &self.shared.audit_max,
+                        actor.as_bytes(),
+                        self.shared.instance.as_bytes(),
+                    ],
                 )
                 .await?;
             let Value::Array(items) = reply else {
@@ -573,15 +617,23 @@ impl Store for RedisStore {
 
     async fn delete(&self, key: &ScopedKey) -> Result<bool, StoreError> {
         let rk = self.record_key(key);
+        let actor = idem_core::audit::current_actor().unwrap_or_default();
+        let args: [&[u8]; 4] = [
+            &self.shared.tombstone_ms,
+            &self.shared.audit_max,
+            actor.as_bytes(),
+            self.shared.instance.as_bytes(),
+        ];
         bounded(self.shared.op_timeout, async {
-            match self
-                .run(&SCRIPTS.delete, &rk, &[&self.shared.tombstone_ms])
-                .await?
-            {
+            match self.run(&SCRIPTS.delete, key, &rk, &args).await? {
                 Value::Int(n) => Ok(n == 1),
                 _ => Err(malformed("unexpected delete reply")),
             }
         })
         .await
+    }
+
+    async fn audit(&self, query: &AuditQuery) -> Result<Vec<AuditEvent>, StoreError> {
+        bounded(self.shared.admin_timeout, self.read_audit(query)).await
     }
 }

@@ -15,6 +15,7 @@ use crate::statements::{Param, Stmt};
 pub enum Value<'q> {
     /// A `BLOB` / `bytea`.
     Bytes(&'q [u8]),
+    OptBytes(Option<&'q [u8]>),
     /// Text.
     Text(&'q str),
     /// Text or `NULL`.
@@ -92,6 +93,7 @@ where
     for<'q> D::Arguments<'q>: IntoArguments<'q, D>,
     usize: ColumnIndex<D::Row>,
     for<'q> &'q [u8]: Encode<'q, D> + Type<D>,
+    for<'q> Option<&'q [u8]>: Encode<'q, D>,
     for<'q> &'q str: Encode<'q, D> + Type<D>,
     for<'q> Option<&'q str>: Encode<'q, D>,
     for<'q> i64: Encode<'q, D>,
@@ -176,6 +178,7 @@ fn bind<'a, D>(stmt: &'a Stmt, args: &'a Args<'a>) -> Query<'a, D, D::Arguments<
 where
     D: Database,
     for<'q> &'q [u8]: Encode<'q, D> + Type<D>,
+    for<'q> Option<&'q [u8]>: Encode<'q, D>,
     for<'q> &'q str: Encode<'q, D> + Type<D>,
     for<'q> Option<&'q str>: Encode<'q, D>,
     for<'q> i64: Encode<'q, D>,
@@ -194,6 +197,7 @@ where
         debug_assert!(value.is_some(), "no value for parameter {param:?}");
         query = match value {
             Some(Value::Bytes(v)) => query.bind(v),
+            Some(Value::OptBytes(v)) => query.bind(v),
             Some(Value::Text(v)) => query.bind(v),
             Some(Value::OptText(v)) => query.bind(v),
             Some(Value::Int(v)) => query.bind(v),

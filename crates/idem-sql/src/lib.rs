@@ -50,14 +50,19 @@
     allow(unused)
 )]
 
+mod audit;
 pub mod backstop;
 mod dialect;
 mod driver;
+#[cfg(feature = "postgres")]
+pub mod lock;
 mod reaper;
 mod record;
 mod statements;
 mod store;
 mod table;
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+mod tokens;
 mod tx;
 
 pub use dialect::Dialect;
@@ -67,6 +72,10 @@ pub use dialect::mysql::{self, MySqlStore};
 pub use dialect::postgres::{self, PgStore};
 #[cfg(feature = "sqlite")]
 pub use dialect::sqlite::{self, SqliteStore};
+#[cfg(feature = "postgres")]
+pub use lock::{PgHeld, PgLock};
 pub use store::SqlStore;
 pub use table::{DEFAULT_TABLE, TableName, TableNameError};
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+pub use tokens::{DEFAULT_TOKEN_TABLE, SqlTokens, TokenDialect};
 pub use tx::{InTxError, TxOutcome};

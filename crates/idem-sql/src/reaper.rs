@@ -12,7 +12,9 @@ use crate::statements::Param;
 impl<D: Dialect> SqlStore<D> {
     /// Deletes expired rows (tombstones included), `batch` at a time, until a batch comes back
     /// short. Each batch is its own short statement, so other writers wait at most one batch
-    /// (PostgreSQL skips rows another statement holds). Returns how many rows were deleted.
+    /// (PostgreSQL skips rows another statement holds). Then deletes audit events older than
+    /// the audit retention, in batches the same way. Returns how many record rows were
+    /// deleted.
     ///
     /// # Errors
     /// [`StoreError::Unavailable`] when the database failed; rows deleted before stay deleted.
@@ -26,6 +28,19 @@ impl<D: Dialect> SqlStore<D> {
                 .map_err(StoreError::unavailable)?
                 .rows();
             total += done;
+            if done < u64::from(batch) {
+                break;
+            }
+        }
+        let args = [
+            (Param::Age, Value::Int(crate::record::ms(self.audit_age))),
+            (Param::Limit, Value::Int(i64::from(batch))),
+        ];
+        loop {
+            let done = D::execute(On::Pool(&self.writer), &self.sql.audit_reap, &args)
+                .await
+                .map_err(StoreError::unavailable)?
+                .rows();
             if done < u64::from(batch) {
                 return Ok(total);
             }

@@ -60,11 +60,11 @@ pub(crate) struct ClaimRow {
     record: RawRecord,
 }
 
-fn text<D: Sql>(row: &D::Row, i: usize) -> Result<String, sqlx::Error> {
+pub(crate) fn text<D: Sql>(row: &D::Row, i: usize) -> Result<String, sqlx::Error> {
     D::get::<D::Text>(row, i).map(Into::into)
 }
 
-fn opt_text<D: Sql>(row: &D::Row, i: usize) -> Result<Option<String>, sqlx::Error> {
+pub(crate) fn opt_text<D: Sql>(row: &D::Row, i: usize) -> Result<Option<String>, sqlx::Error> {
     Ok(D::get::<Option<D::Text>>(row, i)?.map(Into::into))
 }
 

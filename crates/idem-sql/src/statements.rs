@@ -1,6 +1,7 @@
 //! The statements of one store, compiled once per table from its dialect's templates (see
 //! [`crate::dialect`] for the template syntax), and the statements every dialect shares.
 
+use crate::audit;
 use crate::dialect::{Placeholders, Renewal, Sql};
 use crate::record::COLUMNS;
 use crate::table::TableName;
@@ -38,6 +39,24 @@ pub enum Param {
     Age,
     /// How many rows at most.
     Limit,
+    /// A one-time token's bound payload.
+    Payload,
+    /// Whether a one-time token has a bound payload (0 or 1).
+    Bound,
+    /// How long a spent one-time token is remembered past its expiry, in milliseconds.
+    Retention,
+    /// An audit event's kind code.
+    Event,
+    /// An audit event's outcome.
+    Outcome,
+    /// An audit event's response head (codec version and status).
+    Head,
+    /// Who asked for a change.
+    Actor,
+    /// An audit query's earliest instant (ms).
+    Since,
+    /// An audit query's latest instant (ms).
+    Until,
 }
 
 impl Param {
@@ -58,6 +77,15 @@ impl Param {
             "state" => Self::State,
             "age" => Self::Age,
             "limit" => Self::Limit,
+            "payload" => Self::Payload,
+            "bound" => Self::Bound,
+            "retention" => Self::Retention,
+            "event" => Self::Event,
+            "outcome" => Self::Outcome,
+            "head" => Self::Head,
+            "actor" => Self::Actor,
+            "since" => Self::Since,
+            "until" => Self::Until,
             _ => return None,
         })
     }
@@ -116,23 +144,25 @@ const ON_CONFLICT: &str = "ON CONFLICT (id) DO UPDATE SET
 WHERE r.expires_at <= excluded.state_at
    OR (r.fingerprint = excluded.fingerprint AND r.state = 0 AND r.lease_until <= excluded.state_at)";
 
+// The `verdict` each writing statement leaves says what it did, for the audit triggers (see
+// `crate::audit`).
 const COMPLETE: &str = "UPDATE {t} SET state = 1, response = :response, owner = NULL, lease_until = 0, \
-     state_at = {now}, expires_at = {now} + :ttl, verdict = 0 WHERE {holder}";
+     state_at = {now}, expires_at = {now} + :ttl, verdict = 4 WHERE {holder}";
 const RELEASE_RETRYABLE: &str =
-    "UPDATE {t} SET expires_at = {now}, owner = NULL, response = NULL, verdict = 0 WHERE {holder}";
+    "UPDATE {t} SET expires_at = {now}, owner = NULL, response = NULL, verdict = 5 WHERE {holder}";
 const RELEASE_UNKNOWN: &str = "UPDATE {t} SET state = 2, owner = NULL, lease_until = 0, state_at = {now}, \
-     verdict = 0 WHERE {holder}";
+     verdict = 6 WHERE {holder}";
 const GET: &str = "SELECT {cols} FROM {t} WHERE id = :id AND expires_at > {now}";
 const RESOLVE_COMPLETE: &str = "UPDATE {t} SET state = 1, response = :response, owner = NULL, lease_until = 0, \
-     state_at = {now}, expires_at = {now} + :ttl, verdict = 0 WHERE {resolvable}";
-const RESOLVE_RELEASE: &str = "UPDATE {t} SET expires_at = {now}, owner = NULL, response = NULL, verdict = 0 \
+     state_at = {now}, expires_at = {now} + :ttl, verdict = 7 WHERE {resolvable}";
+const RESOLVE_RELEASE: &str = "UPDATE {t} SET expires_at = {now}, owner = NULL, response = NULL, verdict = 8 \
      WHERE {resolvable}";
 /// Returns `state, lease_until, expires_at, now_ms`.
 const RESOLVE_PROBE: &str =
     "SELECT state, lease_until, expires_at, {now} AS now_ms FROM {t} WHERE id = :id";
-const DELETE: &str = "UPDATE {t} SET expires_at = {now}, owner = NULL, response = NULL, verdict = 0 \
+const DELETE: &str = "UPDATE {t} SET expires_at = {now}, owner = NULL, response = NULL, verdict = 9 \
      WHERE id = :id AND expires_at > {now}";
-const DROP: &str = "DROP TABLE IF EXISTS {t}";
+const DROP: &str = "DROP TABLE IF EXISTS {t}; DROP TABLE IF EXISTS {t}_audit{drop_audit_fn}";
 
 /// One statement in its dialect's spelling, and the parameters it binds, in order.
 #[derive(Debug)]
@@ -169,6 +199,12 @@ pub(crate) struct Statements {
     pub(crate) resolve_probe: Stmt,
     pub(crate) delete: Stmt,
     pub(crate) reap: Stmt,
+    /// Reads the session's `LAST_INSERT_ID()` after a renewal that reports none.
+    pub(crate) renew_read: Option<Stmt>,
+    pub(crate) audit_query: Stmt,
+    pub(crate) audit_fenced: Stmt,
+    pub(crate) audit_settled: Stmt,
+    pub(crate) audit_reap: Stmt,
     /// Parameterless: run as is.
     pub(crate) migrate: String,
     /// Parameterless: run as is.
@@ -193,15 +229,33 @@ impl Statements {
             resolve_probe: stmt(RESOLVE_PROBE),
             delete: stmt(DELETE),
             reap: stmt(D::REAP),
-            migrate: expand::<D>(D::MIGRATE, table),
+            renew_read: match D::RENEW {
+                Renewal::LastInsertId(_) => Some(stmt("SELECT CAST(LAST_INSERT_ID() AS SIGNED)")),
+                Renewal::Returning(_) => None,
+            },
+            audit_query: stmt(&audit::expand_nulls::<D>(audit::QUERY)),
+            audit_fenced: stmt(audit::FENCED_EVENT),
+            audit_settled: stmt(audit::SETTLED_EVENT),
+            audit_reap: stmt(D::AUDIT_REAP),
+            migrate: format!(
+                "{};\n{}",
+                expand::<D>(D::MIGRATE, table)
+                    .trim_end()
+                    .trim_end_matches(';'),
+                expand::<D>(D::AUDIT_MIGRATE, table)
+            ),
             drop: expand::<D>(DROP, table),
         }
     }
 }
 
 /// Fills in a template's fragments, clocks, columns and table.
-fn expand<D: Sql>(template: &str, table: &TableName) -> String {
-    template
+pub(crate) fn expand<D: Sql>(template: &str, table: &TableName) -> String {
+    audit::expand_rows(template)
+        .replace("{head}", D::HEAD)
+        .replace("{dual}", D::DUAL)
+        .replace("{null_blob}", D::NULL_BLOB)
+        .replace("{drop_audit_fn}", D::DROP_AUDIT_FN)
         .replace("{create_table}", CREATE_TABLE)
         .replace("{blob}", D::BLOB)
         .replace("{bigint}", D::BIGINT)
@@ -218,7 +272,7 @@ fn expand<D: Sql>(template: &str, table: &TableName) -> String {
 
 /// Rewrites each `:name` parameter as a placeholder of `style`, and lists what to bind in
 /// order. Text in single quotes and `::` casts are copied as they are.
-fn compile(sql: &str, style: Placeholders) -> Stmt {
+pub(crate) fn compile(sql: &str, style: Placeholders) -> Stmt {
     let mut out = String::with_capacity(sql.len());
     let mut binds: Vec<Param> = Vec::new();
     let mut rest = sql;
@@ -317,7 +371,7 @@ mod tests {
             Param::RequestId,
         ];
         let settle = [Param::Id, Param::Owner, Param::Fence];
-        let uses: [(&Stmt, &[Param]); 13] = [
+        let uses: [(&Stmt, &[Param]); 17] = [
             (all.claim_read.as_ref().unwrap_or(&all.claim), &claim),
             (&all.claim, &claim),
             (
@@ -355,6 +409,41 @@ mod tests {
             (&all.resolve_probe, &[Param::Id]),
             (&all.delete, &[Param::Id]),
             (&all.reap, &[Param::Limit]),
+            (
+                &all.audit_query,
+                &[
+                    Param::Namespace,
+                    Param::Principal,
+                    Param::Key,
+                    Param::Event,
+                    Param::Since,
+                    Param::Until,
+                    Param::Limit,
+                ],
+            ),
+            (
+                &all.audit_fenced,
+                &[
+                    Param::Namespace,
+                    Param::Principal,
+                    Param::Key,
+                    Param::Fence,
+                    Param::Outcome,
+                    Param::Owner,
+                ],
+            ),
+            (
+                &all.audit_settled,
+                &[
+                    Param::Id,
+                    Param::Event,
+                    Param::Outcome,
+                    Param::Head,
+                    Param::Owner,
+                    Param::Actor,
+                ],
+            ),
+            (&all.audit_reap, &[Param::Age, Param::Limit]),
         ];
         for (stmt, supplied) in uses {
             assert!(!stmt.binds.is_empty(), "{}", stmt.sql);

@@ -4,6 +4,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
+use idem_core::audit::{AuditEvent, AuditKind, AuditQuery, AuditRetention};
 use idem_core::{
     ClaimOutcome, ClaimRequest, ListFilter, OwnerId, Record, ReleaseKind, RenewOutcome, Resolution,
     ResolveOutcome, ScopedKey, SettleOutcome, Store, StoreError, StoredResponse,
@@ -11,6 +12,7 @@ use idem_core::{
 use sqlx::Pool;
 use sqlx::pool::PoolOptions;
 
+use crate::audit;
 use crate::dialect::{Dialect, OnePool, Renewal, Written};
 use crate::driver::{On, Value};
 use crate::record::{
@@ -32,6 +34,8 @@ pub struct SqlStore<D: Dialect> {
     pub(crate) reader: Pool<D>,
     pub(crate) table: TableName,
     pub(crate) sql: Arc<Statements>,
+    /// Events older than this are deleted by the reaper.
+    pub(crate) audit_age: Duration,
 }
 
 impl<D: Dialect> Clone for SqlStore<D> {
@@ -41,6 +45,7 @@ impl<D: Dialect> Clone for SqlStore<D> {
             reader: self.reader.clone(),
             table: self.table.clone(),
             sql: self.sql.clone(),
+            audit_age: self.audit_age,
         }
     }
 }
@@ -69,7 +74,56 @@ impl<D: Dialect> SqlStore<D> {
             reader,
             table,
             sql,
+            audit_age: AuditRetention::default().max_age,
         }
+    }
+
+    /// Keeps audit events for `max_age` (default 30 days): the reaper deletes older ones.
+    /// SQL stores bound the trail by age only.
+    #[must_use]
+    pub fn with_audit_retention(mut self, max_age: Duration) -> Self {
+        self.audit_age = max_age;
+        self
+    }
+
+    /// Applies a resolve or delete (`stmt` on `args`) and writes its event in the same
+    /// transaction. True when the statement changed the row.
+    async fn settle_audited(
+        &self,
+        stmt: &Stmt,
+        args: &[(Param, Value<'_>)],
+        event: AuditKind,
+        outcome: Option<&str>,
+        head: Option<&[u8]>,
+    ) -> Result<bool, StoreError> {
+        let mut tx = self.begin().await.map_err(StoreError::unavailable)?;
+        let done = D::execute(On::Conn(&mut *tx), stmt, args)
+            .await
+            .map_err(StoreError::unavailable)?;
+        if done.rows() != 1 {
+            tx.rollback().await.map_err(StoreError::unavailable)?;
+            return Ok(false);
+        }
+        let id = args
+            .iter()
+            .find(|(p, _)| *p == Param::Id)
+            .map(|(_, v)| *v)
+            .ok_or_else(|| StoreError::unavailable("settling statement without an id"))?;
+        let instance = OwnerId::random().to_bytes();
+        let actor = idem_core::audit::current_actor();
+        let event_args = [
+            (Param::Id, id),
+            (Param::Event, Value::Int(i64::from(event.code()))),
+            (Param::Outcome, Value::OptText(outcome)),
+            (Param::Head, Value::OptBytes(head)),
+            (Param::Owner, Value::Bytes(&instance)),
+            (Param::Actor, Value::OptText(actor.as_deref())),
+        ];
+        D::execute(On::Conn(&mut *tx), &self.sql.audit_settled, &event_args)
+            .await
+            .map_err(StoreError::unavailable)?;
+        tx.commit().await.map_err(StoreError::unavailable)?;
+        Ok(true)
     }
 
     /// The table.
@@ -289,10 +343,9 @@ impl<D: Dialect> Store for SqlStore<D> {
             (Param::Fence, Value::Int(fence_param(fence))),
             (Param::Lease, Value::Int(ms(lease))),
         ];
-        let on = On::Pool(&self.writer);
         let deadline = match &self.sql.renew {
             Renewal::Returning(stmt) => {
-                let row = D::fetch_optional(on, stmt, &args)
+                let row = D::fetch_optional(On::Pool(&self.writer), stmt, &args)
                     .await
                     .map_err(StoreError::unavailable)?;
                 row.map(|row| D::int(&row, 0))
@@ -300,16 +353,33 @@ impl<D: Dialect> Store for SqlStore<D> {
                     .map_err(StoreError::unavailable)?
             }
             Renewal::LastInsertId(stmt) => {
-                let done = D::execute(on, stmt, &args)
+                // One connection for both statements: `LAST_INSERT_ID()` is per session.
+                let mut conn = self
+                    .writer
+                    .acquire()
+                    .await
+                    .map_err(StoreError::unavailable)?;
+                let done = D::execute(On::Conn(&mut *conn), stmt, &args)
                     .await
                     .map_err(StoreError::unavailable)?;
                 // The pool reports matched rows, so a renewal within the same millisecond
                 // still counts.
                 if done.rows() == 1 {
-                    let id = done.last_insert_id().ok_or_else(|| {
-                        StoreError::unavailable("the renewal reported no LAST_INSERT_ID")
-                    })?;
-                    Some(i64::try_from(id).unwrap_or(i64::MAX))
+                    match done.last_insert_id().filter(|&id| id > 0) {
+                        Some(id) => Some(i64::try_from(id).unwrap_or(i64::MAX)),
+                        // The audit trigger (a sub-statement) clears the id the server
+                        // reports with the update; the session still has it.
+                        None => {
+                            let read = self.sql.renew_read.as_ref().ok_or_else(|| {
+                                StoreError::unavailable("the renewal reported no LAST_INSERT_ID")
+                            })?;
+                            let row = D::fetch_optional(On::Conn(&mut *conn), read, &[])
+                                .await
+                                .map_err(StoreError::unavailable)?
+                                .ok_or_else(|| StoreError::unavailable("no LAST_INSERT_ID"))?;
+                            Some(D::int(&row, 0).map_err(StoreError::unavailable)?)
+                        }
+                    }
                 } else {
                     None
                 }
@@ -332,7 +402,13 @@ impl<D: Dialect> Store for SqlStore<D> {
         ttl: Duration,
     ) -> Result<SettleOutcome, StoreError> {
         let on = On::Pool(&self.writer);
-        self.complete_on(on, key, owner, fence, response, ttl).await
+        let outcome = self
+            .complete_on(on, key, owner, fence, response, ttl)
+            .await?;
+        if outcome == SettleOutcome::Fenced {
+            self.audit_fenced(key, owner, fence, "complete").await;
+        }
+        Ok(outcome)
     }
 
     async fn release(
@@ -346,13 +422,17 @@ impl<D: Dialect> Store for SqlStore<D> {
             ReleaseKind::Retryable => &self.sql.release_retryable,
             _ => &self.sql.release_unknown,
         };
-        let (id, owner) = (key.digest(), owner.to_bytes());
+        let (id, owner_bytes) = (key.digest(), owner.to_bytes());
         let args = [
             (Param::Id, Value::Bytes(&id)),
-            (Param::Owner, Value::Bytes(&owner)),
+            (Param::Owner, Value::Bytes(&owner_bytes)),
             (Param::Fence, Value::Int(fence_param(fence))),
         ];
-        self.settle(On::Pool(&self.writer), stmt, &args).await
+        let outcome = self.settle(On::Pool(&self.writer), stmt, &args).await?;
+        if outcome == SettleOutcome::Fenced {
+            self.audit_fenced(key, owner, fence, "release").await;
+        }
+        Ok(outcome)
     }
 
     async fn get(&self, key: &ScopedKey) -> Result<Option<Record>, StoreError> {
@@ -396,20 +476,24 @@ impl<D: Dialect> Store for SqlStore<D> {
         let id = key.digest();
         let body;
         let mut args = vec![(Param::Id, Value::Bytes(&id))];
-        let stmt = match resolution {
+        let (stmt, outcome, head) = match resolution {
             Resolution::Complete { response, ttl } => {
                 body = response.encode();
                 args.push((Param::Response, Value::Bytes(&body)));
                 args.push((Param::Ttl, Value::Int(ms(*ttl))));
-                &self.sql.resolve_complete
+                (
+                    &self.sql.resolve_complete,
+                    "complete",
+                    Some(audit::head(&body)),
+                )
             }
-            _ => &self.sql.resolve_release,
+            _ => (&self.sql.resolve_release, "release", None),
         };
         for _ in 0..MAX_RACES {
-            let done = D::execute(On::Pool(&self.writer), stmt, &args)
-                .await
-                .map_err(StoreError::unavailable)?;
-            if done.rows() == 1 {
+            let resolved = self
+                .settle_audited(stmt, &args, AuditKind::Resolved, Some(outcome), head)
+                .await?;
+            if resolved {
                 return Ok(ResolveOutcome::Resolved);
             }
             // The probe binds only the id.
@@ -426,9 +510,11 @@ impl<D: Dialect> Store for SqlStore<D> {
     async fn delete(&self, key: &ScopedKey) -> Result<bool, StoreError> {
         let id = key.digest();
         let args = [(Param::Id, Value::Bytes(&id))];
-        let done = D::execute(On::Pool(&self.writer), &self.sql.delete, &args)
+        self.settle_audited(&self.sql.delete, &args, AuditKind::Deleted, None, None)
             .await
-            .map_err(StoreError::unavailable)?;
-        Ok(done.rows() == 1)
+    }
+
+    async fn audit(&self, query: &AuditQuery) -> Result<Vec<AuditEvent>, StoreError> {
+        self.audit_query(query).await
     }
 }

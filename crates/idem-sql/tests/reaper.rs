@@ -5,9 +5,10 @@ mod common;
 
 use std::time::Duration;
 
+use idem_core::audit::{AuditKind, AuditQuery};
 use idem_core::{
-    ClaimOutcome, ClaimRequest, Fingerprint, Key, OwnerId, ReleaseKind, Scope, ScopedKey, Store,
-    TakeoverPolicy,
+    ClaimOutcome, ClaimRequest, Fingerprint, Key, OwnerId, ReleaseKind, Scope, ScopedKey,
+    SettleOutcome, Store, TakeoverPolicy,
 };
 
 fn req(key: &str, ttl: Duration) -> ClaimRequest {
@@ -36,14 +37,19 @@ async fn fence<S: Store>(store: &S, r: &ClaimRequest) -> u64 {
 /// for the short ones to expire, reaps in batches of 2, and checks what is left.
 async fn check<S: Store>(store: &S, reap: impl AsyncFn(u32) -> u64) {
     let mut old = Vec::new();
+    let mut released = false;
     for i in 0..7 {
-        let r = req(&format!("short-{i}"), Duration::from_millis(20));
+        // The first one lives long enough to be released in time; its tombstone expires at
+        // once.
+        let ttl = Duration::from_millis(if i == 0 { 10_000 } else { 20 });
+        let r = req(&format!("short-{i}"), ttl);
         let f = fence(store, &r).await;
         if i == 0 {
-            store
+            released = store
                 .release(&r.key, r.owner, f, ReleaseKind::Retryable)
                 .await
-                .expect("release");
+                .expect("release")
+                == SettleOutcome::Settled;
         }
         old.push((r, f));
     }
@@ -56,6 +62,32 @@ async fn check<S: Store>(store: &S, reap: impl AsyncFn(u32) -> u64) {
         "every expired row goes, batch after batch"
     );
     assert_eq!(reap(2).await, 0);
+    // The reaper's deletes leave `expired` events, except for a released row, whose release
+    // was recorded when it happened.
+    let expired = store
+        .audit(&AuditQuery {
+            namespace: Some("reaper".into()),
+            kind: Some(AuditKind::Expired),
+            ..AuditQuery::default()
+        })
+        .await
+        .expect("audit");
+    let mut keys: Vec<&str> = expired.iter().map(|e| e.key.as_str()).collect();
+    keys.sort_unstable();
+    let mut want = vec![
+        "short-1", "short-2", "short-3", "short-4", "short-5", "short-6",
+    ];
+    if !released {
+        want.insert(0, "short-0");
+    }
+    assert_eq!(keys, want);
+    for e in &expired {
+        let (_, f) = old
+            .iter()
+            .find(|(r, _)| r.key.key.as_str() == e.key)
+            .expect("a short key");
+        assert_eq!(e.fence, *f, "{e:?}");
+    }
     assert!(
         store.get(&long.key).await.expect("get").is_some(),
         "a live record survives the reaper"

@@ -9,6 +9,7 @@ use std::future::Future;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
+use idem_core::audit::{self, AuditEvent, AuditQuery, AuditRetention, Ring, Step};
 use idem_core::decide::{self, Change};
 use idem_core::{
     ClaimOutcome, ClaimRequest, Clock, ListFilter, ManualClock, OwnerId, Record, RecordState,
@@ -43,11 +44,13 @@ pub enum Bug {
     /// The `hold` policy takes an expired lease over like `reexecute`: a handler whose outcome
     /// is ambiguous runs again.
     HoldTakesOver,
+    /// Resolves and deletes change the record but leave no trace in the audit trail.
+    UnauditedSettlements,
 }
 
 impl Bug {
     /// Every bug, without [`Bug::None`].
-    pub const ALL: [Bug; 9] = [
+    pub const ALL: [Bug; 10] = [
         Bug::CompleteUnconditionally,
         Bug::FenceResetsAfterExpiry,
         Bug::CheckThenSetClaim,
@@ -57,6 +60,7 @@ impl Bug {
         Bug::IgnoresTtl,
         Bug::RenewIgnoresFence,
         Bug::HoldTakesOver,
+        Bug::UnauditedSettlements,
     ];
 }
 
@@ -75,9 +79,19 @@ struct Inner {
     next_seq: u64,
     fence_high: u64,
     ignore_ttl: bool,
+    audit: Ring,
+    audit_seq: u64,
 }
 
 impl Inner {
+    fn record(&mut self, event: Option<AuditEvent>) {
+        if let Some(event) = event {
+            self.audit_seq += 1;
+            self.audit
+                .push(self.audit_seq, event, AuditRetention::default());
+        }
+    }
+
     fn get(&self, key: &ScopedKey) -> Option<&Record> {
         self.records.get(key).map(|(_, r)| r)
     }
@@ -128,11 +142,15 @@ impl BrokenStore {
         &self,
         key: &ScopedKey,
         step: impl FnOnce(Timestamp, Option<&Record>) -> decide::Transition<O>,
+        event: impl FnOnce(&O, Timestamp, Option<&Record>) -> Option<AuditEvent>,
     ) -> O {
         let now = self.clock.now();
         let mut inner = self.lock();
-        let t = step(now, inner.get(key));
+        let previous = inner.get(key);
+        let t = step(now, previous);
+        let event = event(&t.outcome, now, previous);
         inner.write(key, t.change);
+        inner.record(event);
         t.outcome
     }
 
@@ -179,15 +197,27 @@ impl Store for BrokenStore {
             // The await point between read and write (a round trip, in a real store): other
             // claims run here.
             tokio::time::sleep(Duration::from_millis(5)).await;
-            let t = self.decide_claim(self.clock.now(), previous.as_ref(), req, floor);
-            self.lock().write(&req.key, t.change);
+            let now = self.clock.now();
+            let t = self.decide_claim(now, previous.as_ref(), req, floor);
+            let event = audit::event_for(
+                Step::Claim(req, &t.outcome),
+                &req.key,
+                now,
+                previous.as_ref(),
+            );
+            let mut inner = self.lock();
+            inner.write(&req.key, t.change);
+            inner.record(event);
             return Ok(t.outcome);
         }
         let now = self.clock.now();
         let mut inner = self.lock();
         let floor = inner.fence_high + 1;
-        let t = self.decide_claim(now, inner.get(&req.key), req, floor);
+        let previous = inner.get(&req.key);
+        let t = self.decide_claim(now, previous, req, floor);
+        let event = audit::event_for(Step::Claim(req, &t.outcome), &req.key, now, previous);
         inner.write(&req.key, t.change);
+        inner.record(event);
         Ok(t.outcome)
     }
 
@@ -199,16 +229,20 @@ impl Store for BrokenStore {
         lease: Duration,
     ) -> impl Future<Output = Result<RenewOutcome, StoreError>> + Send {
         let bug = self.bug;
-        std::future::ready(Ok(self.apply(key, |now, prev| {
-            let fence = match (bug, prev.map(|r| (&r.state, r.fence))) {
-                (
-                    Bug::RenewIgnoresFence,
-                    Some((RecordState::Processing { owner: o, .. }, current)),
-                ) if *o == owner => current,
-                _ => fence,
-            };
-            decide::renew(now, prev, owner, fence, lease)
-        })))
+        std::future::ready(Ok(self.apply(
+            key,
+            |now, prev| {
+                let fence = match (bug, prev.map(|r| (&r.state, r.fence))) {
+                    (
+                        Bug::RenewIgnoresFence,
+                        Some((RecordState::Processing { owner: o, .. }, current)),
+                    ) if *o == owner => current,
+                    _ => fence,
+                };
+                decide::renew(now, prev, owner, fence, lease)
+            },
+            |_, _, _| None,
+        )))
     }
 
     fn complete(
@@ -220,8 +254,9 @@ impl Store for BrokenStore {
         ttl: Duration,
     ) -> impl Future<Output = Result<SettleOutcome, StoreError>> + Send {
         let bug = self.bug;
-        std::future::ready(Ok(self.apply(key, |now, prev| {
-            match (bug, decide::live(now, prev)) {
+        std::future::ready(Ok(self.apply(
+            key,
+            |now, prev| match (bug, decide::live(now, prev)) {
                 (Bug::CompleteUnconditionally, Some(record)) => {
                     let mut next = record.clone();
                     next.state = RecordState::Completed {
@@ -235,8 +270,18 @@ impl Store for BrokenStore {
                     }
                 }
                 _ => decide::complete(now, prev, owner, fence, response.clone(), ttl),
-            }
-        })))
+            },
+            |&outcome, now, prev| {
+                let status = response.status;
+                let step = Step::Complete {
+                    owner,
+                    fence,
+                    status,
+                    outcome,
+                };
+                audit::event_for(step, key, now, prev)
+            },
+        )))
     }
 
     fn release(
@@ -250,9 +295,19 @@ impl Store for BrokenStore {
             (Bug::UnknownReleaseRemoves, ReleaseKind::Unknown) => ReleaseKind::Retryable,
             _ => kind,
         };
-        std::future::ready(Ok(self.apply(key, |now, prev| {
-            decide::release(now, prev, owner, fence, kind)
-        })))
+        std::future::ready(Ok(self.apply(
+            key,
+            |now, prev| decide::release(now, prev, owner, fence, kind),
+            |&outcome, now, prev| {
+                let step = Step::Release {
+                    owner,
+                    fence,
+                    kind,
+                    outcome,
+                };
+                audit::event_for(step, key, now, prev)
+            },
+        )))
     }
 
     fn get(
@@ -289,33 +344,54 @@ impl Store for BrokenStore {
         resolution: &Resolution,
     ) -> impl Future<Output = Result<ResolveOutcome, StoreError>> + Send {
         let bug = self.bug;
-        std::future::ready(Ok(self.apply(key, |now, prev| {
-            // Pretend the lease has run out by judging it a lease later.
-            let judged_at = match (bug, decide::live(now, prev).map(|r| &r.state)) {
-                (Bug::ResolvesLiveLease, Some(RecordState::Processing { lease_until, .. })) => {
-                    now.max(*lease_until)
+        std::future::ready(Ok(self.apply(
+            key,
+            |now, prev| {
+                // Pretend the lease has run out by judging it a lease later.
+                let judged_at = match (bug, decide::live(now, prev).map(|r| &r.state)) {
+                    (Bug::ResolvesLiveLease, Some(RecordState::Processing { lease_until, .. })) => {
+                        now.max(*lease_until)
+                    }
+                    _ => now,
+                };
+                let mut t = decide::resolve(judged_at, prev, resolution);
+                if let Change::Put(record) = &mut t.change
+                    && let RecordState::Completed { completed_at, .. } = &mut record.state
+                {
+                    *completed_at = now;
                 }
-                _ => now,
-            };
-            let mut t = decide::resolve(judged_at, prev, resolution);
-            if let Change::Put(record) = &mut t.change
-                && let RecordState::Completed { completed_at, .. } = &mut record.state
-            {
-                *completed_at = now;
-            }
-            t
-        })))
+                t
+            },
+            |&outcome, now, prev| match bug {
+                Bug::UnauditedSettlements => None,
+                _ => audit::event_for(Step::Resolve(resolution, outcome), key, now, prev),
+            },
+        )))
     }
 
     fn delete(&self, key: &ScopedKey) -> impl Future<Output = Result<bool, StoreError>> + Send {
         let now = self.clock.now();
         let mut inner = self.lock();
-        let existed = decide::live(now, inner.get(key)).is_some();
+        let previous = decide::live(now, inner.get(key));
+        let existed = previous.is_some();
+        let event = match self.bug {
+            Bug::UnauditedSettlements => None,
+            _ => audit::event_for(Step::Delete { existed }, key, now, previous),
+        };
         inner.write(key, Change::Remove);
+        inner.record(event);
         if self.bug == Bug::FenceResetsAfterExpiry {
             inner.fence_high = 0;
         }
         std::future::ready(Ok(existed))
+    }
+
+    fn audit(
+        &self,
+        query: &AuditQuery,
+    ) -> impl Future<Output = Result<Vec<AuditEvent>, StoreError>> + Send {
+        let found = self.lock().audit.matching(query, query.effective_limit());
+        std::future::ready(Ok(found.into_iter().map(|(_, e)| e).collect()))
     }
 }
 

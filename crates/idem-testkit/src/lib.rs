@@ -51,9 +51,11 @@
 pub mod broken;
 mod ctx;
 pub mod doubles;
+pub mod fault_proxy;
 mod harness;
 pub mod model;
 pub mod rules;
+pub mod tokens;
 
 pub use ctx::{fp, rich_response, unique_namespace};
 pub use doubles::{Calls, CountingStore, Fault, FaultyStore, SlowStore};

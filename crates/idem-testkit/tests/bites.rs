@@ -119,5 +119,14 @@ async fn hold_taking_over_is_caught() {
 #[test]
 fn every_bug_has_a_test_here() {
     // Adding a bug to `Bug::ALL` without a test above should not go unnoticed.
-    assert_eq!(Bug::ALL.len(), 9);
+    assert_eq!(Bug::ALL.len(), 10);
+}
+
+// Bug guarded: operator settlements (resolve, delete) that change a record without leaving
+// an event, so nobody can tell afterwards who settled a payment or how.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unaudited_settlements_are_caught() {
+    let h = BrokenHarness::new(Bug::UnauditedSettlements);
+    assert!(fails(rules::audit_trail_follows_claim_timeout_unknown_resolve(&h)).await);
+    assert!(fails(rules::audit_records_every_change_and_nothing_else(&h)).await);
 }

@@ -63,5 +63,5 @@ impl Store for Forgetful {
         Ok(out)
     }
 
-    idem_core::forward_store!(|f| &f.0; renew, complete, release, get, list, resolve, delete);
+    idem_core::forward_store!(|f| &f.0; renew, complete, release, get, list, resolve, delete, audit);
 }

@@ -86,6 +86,9 @@ pub enum KeySourceError {
     /// A header holds something that is not one valid key (the carrier's reason).
     #[error("the key header `{0}` is not one valid key: {1}")]
     Header(String, String),
+    /// The message holding the key field could not be read (the carrier's reason).
+    #[error("the key field `{0}` cannot be read: {1}")]
+    Unreadable(String, String),
 }
 
 /// One place a key can come from.
@@ -103,6 +106,57 @@ pub enum KeySource {
     Query(String),
     /// Fields joined with literal text: `{path.id}:pay`.
     Template(Template),
+    /// A field of a binary protobuf message (a gRPC request), by field-number path:
+    /// `proto:1.2` is field 2 of the message in field 1. The carrier reads it from the wire
+    /// bytes ([`KeyInputs::proto_field`]).
+    Proto(FieldNumbers),
+}
+
+/// A path of protobuf field numbers: `1.2` is field 2 of the message in field 1.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FieldNumbers {
+    text: String,
+    numbers: Vec<u32>,
+}
+
+/// Largest protobuf field number (2^29 - 1).
+const MAX_FIELD_NUMBER: u32 = (1 << 29) - 1;
+
+impl FieldNumbers {
+    /// Parses `1.2`: field numbers (1 to 2^29 - 1) joined by dots.
+    ///
+    /// # Errors
+    /// [`KeySourceError::BadSource`] for anything else.
+    pub fn parse(text: &str) -> Result<Self, KeySourceError> {
+        let numbers: Option<Vec<u32>> = text
+            .split('.')
+            .map(|n| {
+                n.parse::<u32>()
+                    .ok()
+                    .filter(|n| (1..=MAX_FIELD_NUMBER).contains(n))
+            })
+            .collect();
+        let numbers = numbers.ok_or_else(|| {
+            KeySourceError::BadSource(
+                text.into(),
+                "a protobuf field path is field numbers (1 to 536870911) joined by dots",
+            )
+        })?;
+        Ok(Self {
+            text: text.to_owned(),
+            numbers,
+        })
+    }
+
+    /// The path as written.
+    pub fn as_str(&self) -> &str {
+        &self.text
+    }
+
+    /// The field numbers, outermost first.
+    pub fn numbers(&self) -> &[u32] {
+        &self.numbers
+    }
 }
 
 /// A dot path into a JSON document.
@@ -144,8 +198,8 @@ impl FieldPath {
 }
 
 impl KeySource {
-    /// Parses one source: `header:NAME`, `json:PATH`, `path:NAME`, `query:NAME`, or a
-    /// template (anything holding `{`).
+    /// Parses one source: `header:NAME`, `json:PATH`, `path:NAME`, `query:NAME`,
+    /// `proto:FIELDS`, or a template (anything holding `{`).
     ///
     /// # Errors
     /// [`KeySourceError::BadSource`] naming what is wrong.
@@ -156,7 +210,7 @@ impl KeySource {
         let bad = || {
             KeySourceError::BadSource(
                 text.to_owned(),
-                "write header:NAME, json:PATH, path:NAME, query:NAME or a template such as {path.id}:pay",
+                "write header:NAME, json:PATH, path:NAME, query:NAME, proto:FIELDS or a template such as {path.id}:pay",
             )
         };
         let (kind, name) = text.split_once(':').ok_or_else(bad)?;
@@ -169,6 +223,7 @@ impl KeySource {
             "json" => Self::Json(FieldPath::parse(name)?),
             "path" => Self::Path(name.to_owned()),
             "query" => Self::Query(name.to_owned()),
+            "proto" => Self::Proto(FieldNumbers::parse(name)?),
             _ => return Err(bad()),
         })
     }
@@ -176,7 +231,7 @@ impl KeySource {
     /// Whether this source reads the request body (so the carrier must buffer it first).
     pub fn needs_body(&self) -> bool {
         match self {
-            Self::Json(_) => true,
+            Self::Json(_) | Self::Proto(_) => true,
             Self::Template(t) => t.needs_body(),
             _ => false,
         }
@@ -207,6 +262,7 @@ impl fmt::Display for KeySource {
             Self::Path(name) => write!(f, "path parameter {name}"),
             Self::Query(name) => write!(f, "query parameter {name}"),
             Self::Template(t) => write!(f, "template {}", t.as_str()),
+            Self::Proto(fields) => write!(f, "protobuf field {}", fields.as_str()),
         }
     }
 }
@@ -245,6 +301,17 @@ pub trait KeyInputs {
     /// # Errors
     /// [`KeySourceError::Repeated`] when it is present more than once.
     fn query(&self, name: &str) -> Result<Option<&str>, KeySourceError>;
+
+    /// The scalar at a protobuf field-number path of the request message, as text (a
+    /// string's or bytes' contents; a number in decimal); `Ok(None)` when absent. Carriers
+    /// without protobuf messages keep the default, which finds nothing.
+    ///
+    /// # Errors
+    /// [`KeySourceError::Repeated`], [`KeySourceError::NotScalar`] or
+    /// [`KeySourceError::Unreadable`] naming the field.
+    fn proto_field(&self, _path: &FieldNumbers) -> Result<Option<Cow<'_, [u8]>>, KeySourceError> {
+        Ok(None)
+    }
 }
 
 /// A key and the source it came from.
@@ -389,6 +456,7 @@ fn value<'a>(
             Some(Value::Bool(b)) => Some(Cow::Borrowed(if *b { b"true" } else { b"false" })),
             Some(_) => return Err(KeySourceError::NotScalar(path.as_str().to_owned())),
         },
+        KeySource::Proto(path) => inputs.proto_field(path)?,
         KeySource::Template(_) => return Ok(None),
     };
     match raw {

@@ -1,6 +1,6 @@
 //! Templates: literal text with fields, `{path.id}:pay`.
 
-use super::{FieldPath, KeySource, KeySourceError};
+use super::{FieldNumbers, FieldPath, KeySource, KeySourceError};
 
 /// Literal text with fields: `{path.id}:pay`, `{json.order.id}-{header.x-tenant}`.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -18,8 +18,8 @@ pub(super) enum Part {
 }
 
 impl Template {
-    /// Parses a template. A field is `{header.NAME}`, `{json.PATH}`, `{path.NAME}` or
-    /// `{query.NAME}`; `{{` and `}}` stand for literal braces.
+    /// Parses a template. A field is `{header.NAME}`, `{json.PATH}`, `{path.NAME}`,
+    /// `{query.NAME}` or `{proto.FIELDS}`; `{{` and `}}` stand for literal braces.
     ///
     /// # Errors
     /// [`KeySourceError::BadSource`] naming what is wrong.
@@ -52,7 +52,7 @@ impl Template {
                         parts.push(Part::Literal(std::mem::take(&mut literal)));
                     }
                     parts.push(Part::Field(field_source(&field).ok_or_else(|| {
-                        bad("a field is {header.NAME}, {json.PATH}, {path.NAME} or {query.NAME}")
+                        bad("a field is {header.NAME}, {json.PATH}, {path.NAME}, {query.NAME} or {proto.FIELDS}")
                     })?));
                 }
                 c => literal.push(c),
@@ -89,7 +89,7 @@ impl Template {
     pub(super) fn needs_body(&self) -> bool {
         self.parts
             .iter()
-            .any(|p| matches!(p, Part::Field(KeySource::Json(_))))
+            .any(|p| matches!(p, Part::Field(KeySource::Json(_) | KeySource::Proto(_))))
     }
 }
 
@@ -103,6 +103,7 @@ fn field_source(field: &str) -> Option<KeySource> {
         "json" => KeySource::Json(FieldPath::parse(name).ok()?),
         "path" => KeySource::Path(name.to_owned()),
         "query" => KeySource::Query(name.to_owned()),
+        "proto" => KeySource::Proto(FieldNumbers::parse(name).ok()?),
         _ => return None,
     })
 }

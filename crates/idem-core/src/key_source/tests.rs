@@ -153,3 +153,53 @@ fn source_texts_parse_or_say_why() {
         "header idempotency-key, else JSON field order.id"
     );
 }
+
+/// A request that holds only protobuf fields, by path.
+struct Proto(HashMap<Vec<u32>, Vec<u8>>);
+
+impl KeyInputs for Proto {
+    fn header(&self, _name: &str) -> Result<Option<&[u8]>, KeySourceError> {
+        Ok(None)
+    }
+    fn json(&self) -> Option<&Value> {
+        None
+    }
+    fn path_param(&self, _name: &str) -> Option<&str> {
+        None
+    }
+    fn query(&self, _name: &str) -> Result<Option<&str>, KeySourceError> {
+        Ok(None)
+    }
+    fn proto_field(&self, path: &FieldNumbers) -> Result<Option<Cow<'_, [u8]>>, KeySourceError> {
+        Ok(self.0.get(path.numbers()).map(|v| Cow::Borrowed(&v[..])))
+    }
+}
+
+#[test]
+fn protobuf_fields_by_number_path() {
+    let req = Proto(HashMap::from([(vec![1, 1], b"order 7".to_vec())]));
+    let k = |s: &[&str]| {
+        KeySources::parse(s)
+            .and_then(|s| s.resolve(&req))
+            .map(|f| f.map(|f| f.key.as_str().to_owned()))
+    };
+    assert_eq!(k(&["proto:1.1"]), Ok(Some("order%207".into())));
+    assert_eq!(k(&["{proto.1.1}:pay"]), Ok(Some("order%207:pay".into())));
+    assert_eq!(k(&["proto:2"]), Ok(None));
+    assert!(KeySource::parse("proto:1.2").is_ok_and(|s| s.needs_body()));
+    assert!(Template::parse("{proto.1}").is_ok_and(|t| t.needs_body()));
+    for bad in [
+        "proto:",
+        "proto:0",
+        "proto:1..2",
+        "proto:x",
+        "proto:536870912",
+    ] {
+        assert!(
+            matches!(KeySource::parse(bad), Err(KeySourceError::BadSource(..))),
+            "{bad}"
+        );
+    }
+    // Carriers without protobuf messages find nothing there.
+    assert_eq!(key(&["proto:1"], &Req::default()), Ok(None));
+}

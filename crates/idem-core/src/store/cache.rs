@@ -182,7 +182,7 @@ impl<S: Store> Store for CachedStore<S> {
         self.inner.delete(key)
     }
 
-    crate::forward_store!(|c| &c.inner; renew, get, list);
+    crate::forward_store!(|c| &c.inner; renew, get, list, audit);
 }
 
 #[cfg(test)]

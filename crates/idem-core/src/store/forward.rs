@@ -2,7 +2,7 @@
 //! methods a wrapper does not change, and [`Around`] is what a wrapper runs around each
 //! operation it forwards (a measurement, a count, an injected fault).
 //!
-//! The eight operations are listed once, in a table of their signatures; the wrappers, the
+//! The operations are listed once, in a table of their signatures; the wrappers, the
 //! `Arc` and boxed forms and the object-safe [`DynStore`](super::DynStore) mirror are all
 //! written from it.
 //!
@@ -46,7 +46,7 @@
 //!     }
 //!
 //!     idem_core::forward_store!(|t| &t.inner, around = t;
-//!         renew, complete, release, get, list, resolve, delete);
+//!         renew, complete, release, get, list, resolve, delete, audit);
 //! }
 //!
 //! # fn main() {
@@ -73,7 +73,7 @@ use std::future::Future;
 
 use super::StoreError;
 
-/// One of the eight operations of the [`Store`](super::Store) contract.
+/// One of the operations of the [`Store`](super::Store) contract.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 #[non_exhaustive]
 pub enum StoreOp {
@@ -93,11 +93,13 @@ pub enum StoreOp {
     Resolve,
     /// [`Store::delete`](super::Store::delete).
     Delete,
+    /// [`Store::audit`](super::Store::audit).
+    Audit,
 }
 
 impl StoreOp {
     /// Every operation, in the order the contract declares them.
-    pub const ALL: [StoreOp; 8] = [
+    pub const ALL: [StoreOp; 9] = [
         StoreOp::Claim,
         StoreOp::Renew,
         StoreOp::Complete,
@@ -106,6 +108,7 @@ impl StoreOp {
         StoreOp::List,
         StoreOp::Resolve,
         StoreOp::Delete,
+        StoreOp::Audit,
     ];
 
     /// The method's name (`"claim"`, …), for metric labels and messages.
@@ -119,6 +122,7 @@ impl StoreOp {
             StoreOp::List => "list",
             StoreOp::Resolve => "resolve",
             StoreOp::Delete => "delete",
+            StoreOp::Audit => "audit",
         }
     }
 
@@ -191,7 +195,7 @@ pub trait Around: Send + Sync {
 ///         Ok(ClaimOutcome::Busy { retry_after })
 ///     }
 ///
-///     idem_core::forward_store!(|b| &b.0; renew, complete, release, get, list, resolve, delete);
+///     idem_core::forward_store!(|b| &b.0; renew, complete, release, get, list, resolve, delete, audit);
 /// }
 /// ```
 #[macro_export]
@@ -219,6 +223,7 @@ macro_rules! __store_op {
         $crate::__store_op!($emit { $($ctx)* } list);
         $crate::__store_op!($emit { $($ctx)* } resolve);
         $crate::__store_op!($emit { $($ctx)* } delete);
+        $crate::__store_op!($emit { $($ctx)* } audit);
     };
     ($emit:ident { $($ctx:tt)* } claim) => {
         $crate::$emit! { { $($ctx)* } claim claim_dyn Claim
@@ -269,6 +274,11 @@ macro_rules! __store_op {
     ($emit:ident { $($ctx:tt)* } delete) => {
         $crate::$emit! { { $($ctx)* } delete delete_dyn Delete
             (key: [&] $crate::key::ScopedKey) -> bool }
+    };
+    ($emit:ident { $($ctx:tt)* } audit) => {
+        $crate::$emit! { { $($ctx)* } audit audit_dyn Audit
+            (query: [&] $crate::audit::AuditQuery)
+            -> ::std::vec::Vec<$crate::audit::AuditEvent> }
     };
 }
 
@@ -355,7 +365,8 @@ mod tests {
         assert_eq!(
             names,
             [
-                "claim", "renew", "complete", "release", "get", "list", "resolve", "delete"
+                "claim", "renew", "complete", "release", "get", "list", "resolve", "delete",
+                "audit"
             ]
         );
         for (i, op) in StoreOp::ALL.into_iter().enumerate() {

@@ -27,6 +27,7 @@ pub use cache::CachedStore;
 pub use forward::{Around, StoreFuture, StoreOp};
 pub use memory::MemoryStore;
 
+use crate::audit::{AuditEvent, AuditQuery};
 use crate::fingerprint::Fingerprint;
 use crate::key::ScopedKey;
 use crate::record::{
@@ -286,6 +287,16 @@ pub trait Store: Send + Sync + 'static {
     /// # Errors
     /// [`StoreError`] when the store failed.
     fn delete(&self, key: &ScopedKey) -> impl Future<Output = Result<bool, StoreError>> + Send;
+
+    /// Reads the audit trail: the state changes this store recorded that match `query`,
+    /// newest first (see [`crate::audit`]).
+    ///
+    /// # Errors
+    /// [`StoreError`] when the store failed.
+    fn audit(
+        &self,
+        query: &AuditQuery,
+    ) -> impl Future<Output = Result<Vec<AuditEvent>, StoreError>> + Send;
 }
 
 impl<S: Store> Store for Arc<S> {

@@ -10,7 +10,8 @@ use idem_core::{JsonFields, Policy, Scope, TakeoverPolicy};
 
 use super::settings::{
     AdminSettings, FingerprintBody, FingerprintSettings, JwtKey, JwtSettings, LogFormat,
-    PrincipalSource, Route, RoutePolicy, Settings, StatusSet, Unmatched, UpstreamFailure,
+    PrincipalSource, Route, RoutePolicy, Settings, StatusSet, StatusSettings, Unmatched,
+    UpstreamFailure,
 };
 use super::{
     DEFAULT_LISTEN, DEFAULT_STORE, Methods, RawConfig, RawFingerprint, RawPrincipal, RawRoute,
@@ -44,6 +45,13 @@ pub fn compile(raw: &RawConfig) -> anyhow::Result<Settings> {
             Some(0) => bail!("`store_pool` must be greater than zero"),
             Some(n) => n,
             None => crate::store::SQL_POOL_SIZE,
+        },
+        audit: {
+            let a = audit(raw.audit.as_ref())?;
+            idem_core::AuditRetention {
+                max_events: a.max_events,
+                max_age: a.max_age,
+            }
         },
     };
     let store_timeout = positive(
@@ -201,7 +209,104 @@ pub fn compile(raw: &RawConfig) -> anyhow::Result<Settings> {
         trailing_slash,
         tls: listener::tls(raw.tls.as_ref(), "tls")?,
         limits: listener::limits(raw.limits.as_ref())?,
+        status: status(raw.status.as_ref()).context("`status.path`")?,
+        reconcile: reconcile(raw.reconcile.as_ref())?,
+        audit: audit(raw.audit.as_ref())?,
     })
+}
+
+/// The status endpoint's path: absolute, plain (unreserved characters and `/` only), already
+/// in canonical spelling, and not the root.
+fn status(raw: Option<&super::RawStatus>) -> anyhow::Result<Option<StatusSettings>> {
+    let Some(path) = raw.and_then(|s| s.path.as_deref()) else {
+        return Ok(None);
+    };
+    let trimmed = path.trim().trim_end_matches('/');
+    if !trimmed.starts_with('/') {
+        bail!("`{path}` must start with /");
+    }
+    if !trimmed
+        .bytes()
+        .all(|b| b.is_ascii_alphanumeric() || b"-._~/".contains(&b))
+    {
+        bail!("`{path}` may hold only letters, digits, `-`, `.`, `_`, `~` and `/`");
+    }
+    let normal = crate::path::normalize(trimmed, TrailingSlash::Ignore)
+        .map_err(|e| anyhow!("`{path}`: {e}"))?;
+    if normal != trimmed || normal == "/" {
+        bail!("`{path}` must be a plain path below the root, such as /idem/status");
+    }
+    Ok(Some(StatusSettings {
+        path: normal.into_owned(),
+    }))
+}
+
+fn reconcile(raw: Option<&super::RawReconcile>) -> anyhow::Result<super::ReconcileSettings> {
+    let raw = raw.cloned().unwrap_or_default();
+    let every = match raw.every {
+        Some(d) if d.0.is_zero() => bail!("`reconcile.every` must be greater than zero"),
+        other => other.map(|d| d.0),
+    };
+    Ok(super::ReconcileSettings {
+        every,
+        after: raw.after.map_or(Duration::from_secs(300), |d| d.0),
+        timeout: positive(
+            raw.timeout.map(|d| d.0),
+            Duration::from_secs(10),
+            "reconcile.timeout",
+        )?,
+        limit: match raw.limit {
+            Some(0) => bail!("`reconcile.limit` must be greater than zero"),
+            Some(n) => n.min(10_000),
+            None => 1000,
+        },
+    })
+}
+
+fn audit(raw: Option<&super::RawAudit>) -> anyhow::Result<super::AuditSettings> {
+    let raw = raw.cloned().unwrap_or_default();
+    let defaults = idem_core::AuditRetention::default();
+    Ok(super::AuditSettings {
+        max_events: match raw.max_events {
+            Some(0) => bail!("`audit.max_events` must be greater than zero"),
+            Some(n) => n,
+            None => defaults.max_events,
+        },
+        max_age: positive(raw.max_age.map(|d| d.0), defaults.max_age, "audit.max_age")?,
+    })
+}
+
+/// Checks a status webhook template: a path or an http(s) URL that names `{key}`, with no
+/// placeholder but `{key}`, `{namespace}` and `{principal}`.
+fn status_url(template: &str) -> anyhow::Result<String> {
+    if !template.contains("{key}") {
+        bail!("`{template}` must contain `{{key}}`");
+    }
+    let mut rest = template;
+    while let Some(open) = rest.find('{') {
+        let close = rest[open..]
+            .find('}')
+            .ok_or_else(|| anyhow!("`{template}`: unclosed `{{`"))?;
+        let name = &rest[open + 1..open + close];
+        if !matches!(name, "key" | "namespace" | "principal") {
+            bail!(
+                "`{template}`: unknown placeholder `{{{name}}}`; use {{key}}, {{namespace}} or {{principal}}"
+            );
+        }
+        rest = &rest[open + close + 1..];
+    }
+    let probe = template
+        .replace("{key}", "k")
+        .replace("{namespace}", "n")
+        .replace("{principal}", "p");
+    if probe.starts_with('/') {
+        probe
+            .parse::<http::uri::PathAndQuery>()
+            .map_err(|e| anyhow!("`{template}`: {e}"))?;
+    } else {
+        crate::upstream::upstream_uri(&probe).map_err(|e| anyhow!("`{template}`: {e}"))?;
+    }
+    Ok(template.to_owned())
 }
 
 fn compile_route(
@@ -351,6 +456,10 @@ fn compile_route(
         max_request_body,
         max_stored_response,
         replay_headers,
+        status_url: pick!(status_url)
+            .map(|t| status_url(&t))
+            .transpose()
+            .context("`status_url`")?,
     };
     Ok(Route {
         name,

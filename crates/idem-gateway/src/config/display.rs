@@ -56,6 +56,26 @@ impl fmt::Display for Settings {
             )?,
             None => writeln!(f, "admin:     off")?,
         }
+        let r = &self.reconcile;
+        match r.every {
+            Some(every) => writeln!(
+                f,
+                "reconcile: every {} in serve: unknown records, and processing ones older than {}",
+                Dur(every),
+                Dur(r.after)
+            )?,
+            None => writeln!(
+                f,
+                "reconcile: on demand (`idem reconcile`): unknown records, and processing ones older than {}",
+                Dur(r.after)
+            )?,
+        }
+        writeln!(
+            f,
+            "audit:     at most {} events, none older than {}",
+            self.audit.max_events,
+            Dur(self.audit.max_age)
+        )?;
         writeln!(
             f,
             "shutdown:  drains in-flight requests for up to {}",
@@ -87,6 +107,27 @@ impl fmt::Display for Settings {
                 Unmatched::Proxy => "proxy",
             }
         )?;
+        match &self.status {
+            Some(s) => {
+                let protected: Vec<&str> = self
+                    .routes
+                    .iter()
+                    .filter(|r| r.policy.idempotency)
+                    .map(|r| r.name.as_str())
+                    .collect();
+                writeln!(
+                    f,
+                    "status:    GET {}/{{key}} (never proxied; each caller sees only its own keys, scoped as the route scopes them; ?answer=1 returns a completed key's stored answer){}",
+                    s.path,
+                    match protected.as_slice() {
+                        [] => " - no protected route, every query is refused".to_owned(),
+                        [one] => format!("; route `{one}`"),
+                        many => format!("; pick the route with ?route= ({})", many.join(", ")),
+                    }
+                )?;
+            }
+            None => writeln!(f, "status:    off")?,
+        }
         if self.implicit_route {
             writeln!(
                 f,
@@ -195,6 +236,9 @@ impl fmt::Display for Settings {
                 p.max_stored_response,
                 replay.join(", ")
             )?;
+            if let Some(url) = &p.status_url {
+                writeln!(f, "      reconcile:   asks {url}")?;
+            }
         }
         Ok(())
     }

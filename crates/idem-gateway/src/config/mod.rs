@@ -24,8 +24,9 @@ use crate::upstream::RawUpstream;
 pub use compile::compile;
 pub use listener::{Limits, RawLimits, RawTls, TlsFiles};
 pub use settings::{
-    AdminSettings, FingerprintBody, FingerprintSettings, JwtKey, JwtSettings, LogFormat,
-    PrincipalSource, Route, RoutePolicy, Settings, StatusSet, Unmatched, UpstreamFailure,
+    AdminSettings, AuditSettings, FingerprintBody, FingerprintSettings, JwtKey, JwtSettings,
+    LogFormat, PrincipalSource, ReconcileSettings, Route, RoutePolicy, Settings, StatusSet,
+    StatusSettings, Unmatched, UpstreamFailure,
 };
 pub use units::{ByteSize, Dur};
 
@@ -86,6 +87,44 @@ pub struct RawConfig {
     pub trailing_slash: Option<String>,
     /// `insensitive` (default: route literals match `/CHARGE` too) or `sensitive`.
     pub path_case: Option<String>,
+    /// The status endpoint (off unless `status.path` is set).
+    pub status: Option<RawStatus>,
+    /// Reconciliation of unknown and stuck records (see `docs/operations.md`).
+    pub reconcile: Option<RawReconcile>,
+    /// How much of the audit trail the store keeps.
+    pub audit: Option<RawAudit>,
+}
+
+/// The status endpoint: `GET <path>/{key}` tells a caller what became of its key.
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawStatus {
+    /// Where it answers, e.g. `/idem/status`; unset, there is no status endpoint.
+    pub path: Option<String>,
+}
+
+/// Reconciliation settings: which records, how often (`idem serve`), how long to wait.
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawReconcile {
+    /// Run the reconciler inside `idem serve` this often (default: not at all).
+    pub every: Option<Dur>,
+    /// Processing records older than this count as stuck (default `5m`).
+    pub after: Option<Dur>,
+    /// Timeout of one status webhook call (default `10s`).
+    pub timeout: Option<Dur>,
+    /// Records checked per namespace and state in one pass (default 1000).
+    pub limit: Option<usize>,
+}
+
+/// Audit trail retention.
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawAudit {
+    /// Most events kept (memory: in all; Redis: per stream, about). Default 100 000.
+    pub max_events: Option<usize>,
+    /// Events older than this are dropped (memory and SQL). Default `30d`.
+    pub max_age: Option<Dur>,
 }
 
 /// Logging settings.
@@ -116,6 +155,10 @@ pub struct RawAdmin {
 #[derive(Debug, Clone, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawRoute {
+    /// The upstream's status webhook for reconciliation: a path (on the route's upstream) or
+    /// an absolute URL, with `{key}` (and optionally `{namespace}`, `{principal}`), e.g.
+    /// `/charges?idempotency_key={key}`.
+    pub status_url: Option<String>,
     /// A name for logs and the default namespace.
     pub name: Option<String>,
     /// `POST`, a list such as `["POST", "PUT"]`, or `*` (default).

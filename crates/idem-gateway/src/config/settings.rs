@@ -62,6 +62,42 @@ pub struct Settings {
     pub limits: Limits,
     /// How paths are normalised before matching and forwarding.
     pub trailing_slash: TrailingSlash,
+    /// The status endpoint, if configured.
+    pub status: Option<StatusSettings>,
+    /// Reconciliation of unknown and stuck records.
+    pub reconcile: ReconcileSettings,
+    /// Audit trail retention.
+    pub audit: AuditSettings,
+}
+
+/// The status endpoint.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StatusSettings {
+    /// Its path prefix, normalised, without a trailing slash (`/idem/status`); keys are
+    /// asked for as `<path>/{key}`.
+    pub path: String,
+}
+
+/// Reconciliation of unknown and stuck records.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReconcileSettings {
+    /// How often `idem serve` runs a pass (`None`: never; `idem reconcile` still works).
+    pub every: Option<Duration>,
+    /// Processing records older than this count as stuck.
+    pub after: Duration,
+    /// Timeout of one status webhook call.
+    pub timeout: Duration,
+    /// Records checked per namespace and state in one pass.
+    pub limit: usize,
+}
+
+/// Audit trail retention, as the store applies it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AuditSettings {
+    /// Most events kept.
+    pub max_events: usize,
+    /// Longest an event is kept.
+    pub max_age: Duration,
 }
 
 /// What happens to a request that no route matches.
@@ -151,6 +187,8 @@ pub struct RoutePolicy {
     pub max_stored_response: usize,
     /// Response headers replayed.
     pub replay_headers: Vec<HeaderName>,
+    /// The upstream's status webhook template for reconciliation, if any.
+    pub status_url: Option<String>,
 }
 
 impl RoutePolicy {

@@ -179,3 +179,54 @@ fn a_protected_route_must_name_its_principal() {
         .expect("valid");
     assert!(!s.routes[0].policy.idempotency);
 }
+
+#[test]
+fn status_webhooks_reconcile_and_audit_settings_are_checked() {
+    let base = |route: &str, extra: &str| {
+        format!(
+            r#"
+            upstream = "http://127.0.0.1:9000"
+            {extra}
+            [defaults]
+            principal = {{ from = "none" }}
+            [[routes]]
+            path = "/charges"
+            {route}
+            "#
+        )
+    };
+    let s = compiled(&base(
+        r#"status_url = "/charges?idempotency_key={key}&ns={namespace}""#,
+        "[reconcile]\nevery = \"30s\"\nafter = \"2m\"\n[audit]\nmax_events = 500\nmax_age = \"1d\"",
+    ))
+    .expect("valid");
+    assert_eq!(
+        s.routes[0].policy.status_url.as_deref(),
+        Some("/charges?idempotency_key={key}&ns={namespace}")
+    );
+    assert_eq!(s.reconcile.every, Some(Duration::from_secs(30)));
+    assert_eq!(s.reconcile.after, Duration::from_secs(120));
+    assert_eq!(s.audit.max_events, 500);
+    assert_eq!(s.store_options.audit.max_age, Duration::from_secs(86_400));
+    assert!(
+        s.to_string()
+            .contains("reconcile:   asks /charges?idempotency_key={key}")
+    );
+
+    let defaults = compiled(&base("", "")).expect("valid");
+    assert_eq!(defaults.reconcile.every, None);
+    assert_eq!(defaults.routes[0].policy.status_url, None);
+
+    for (route, extra) in [
+        (r#"status_url = "/charges""#, ""),
+        (r#"status_url = "/charges/{key}/{id}""#, ""),
+        (r#"status_url = "ftp://x/{key}""#, ""),
+        (r#"status_url = "/c/{key}/{key""#, ""),
+        ("", "[reconcile]\nevery = \"0s\""),
+        ("", "[reconcile]\nlimit = 0"),
+        ("", "[audit]\nmax_events = 0"),
+        ("", "[reconcile]\nbogus = 1"),
+    ] {
+        assert!(compiled(&base(route, extra)).is_err(), "{route} {extra}");
+    }
+}

@@ -25,7 +25,7 @@ pub struct ResponseFuture<B: 'static, E: 'static> {
 
 impl<B: 'static, E: 'static> ResponseFuture<B, E> {
     /// A future that may simply be dropped (nothing claimed).
-    pub(crate) fn new(
+    pub fn new(
         fut: impl Future<Output = Result<Response<ResponseBody<B>>, E>> + Send + 'static,
     ) -> Self {
         Self {
@@ -34,8 +34,10 @@ impl<B: 'static, E: 'static> ResponseFuture<B, E> {
         }
     }
 
-    /// A future that must run to completion even if its caller goes away.
-    pub(crate) fn detached_on_drop(
+    /// A future that must run to completion even if its caller goes away: dropped before it
+    /// finishes, the rest of it runs on a spawned task. Other carriers built on this crate
+    /// (the gRPC layer) use it for the same guarantee.
+    pub fn detached_on_drop(
         fut: impl Future<Output = Result<Response<ResponseBody<B>>, E>> + Send + 'static,
     ) -> Self {
         Self {

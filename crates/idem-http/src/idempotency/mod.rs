@@ -39,22 +39,23 @@ use std::fmt;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use bytes::Buf;
-use bytes::{Bytes, BytesMut};
-use http::{HeaderMap, HeaderName, HeaderValue, Request, Response, StatusCode, header};
+use bytes::Bytes;
+use http::{HeaderValue, Request, Response, StatusCode, header};
 use http_body::Body;
-use http_body_util::BodyExt;
 use idem_core::{
     Answer, Engine, Outcome, ReleaseKind, ScopedKey, Settlement, Store, StoredResponse,
 };
 use tower::Service;
 
-pub(crate) use error::{Refused, key_rejection as key_problem};
+pub(crate) use error::{Refused, key_rejection as key_problem, unauthenticated};
 pub use future::ResponseFuture;
 pub use layer::IdempotencyLayer;
 
 use crate::body::{BoxError, ResponseBody};
-use crate::config::{IdempotencyConfig, StreamingResponses};
+use crate::buffer::{
+    BodyFailure, Collected, collect_body, fields_size, header_map, read_body, stored_fields,
+};
+use crate::config::{IdempotencyConfig, NEVER_REPLAYED, StreamingResponses};
 use crate::policy::{FoundKey, IDEMPOTENT_REPLAYED, StoreDecision, X_REQUEST_ID};
 
 pub(crate) struct Shared<St> {
@@ -166,33 +167,6 @@ where
     ResponseFuture::new(std::future::ready(Ok(refused.into_response())))
 }
 
-enum BodyFailure {
-    TooLarge,
-    Unreadable,
-}
-
-/// Buffers a request body of at most `limit` bytes. A body that arrives as one chunk (the
-/// usual case) is kept as that chunk, without a copy or a chunk list.
-async fn read_body<B>(body: B, limit: usize) -> Result<Bytes, BodyFailure>
-where
-    B: Body,
-    B::Error: Into<BoxError>,
-{
-    let mut body = std::pin::pin!(body);
-    let mut chunks = Chunks::default();
-    while let Some(frame) = body.as_mut().frame().await {
-        let frame = frame.map_err(|_| BodyFailure::Unreadable)?;
-        let Ok(mut data) = frame.into_data() else {
-            continue; // trailers take no part in the request
-        };
-        if chunks.len + data.remaining() > limit {
-            return Err(BodyFailure::TooLarge);
-        }
-        chunks.push(data.copy_to_bytes(data.remaining()));
-    }
-    Ok(chunks.into_bytes())
-}
-
 /// What the handler closure hands back through the engine.
 type Handled<B, E> = Result<Response<ResponseBody<B>>, E>;
 
@@ -297,7 +271,7 @@ where
     B: Body<Data = Bytes> + Unpin,
     B::Error: Into<BoxError>,
 {
-    let (head, mut body) = res.into_parts();
+    let (head, body) = res.into_parts();
     if let StoreDecision::Release(kind) = config.store_policy.decide(head.status) {
         return Settlement::release(
             Ok(Response::from_parts(head, ResponseBody::inner(body))),
@@ -323,9 +297,8 @@ where
             ReleaseKind::Retryable,
         );
     }
-    let stored_headers = replay_headers(config, &head.headers);
-    let header_bytes: usize = stored_headers.iter().map(|(n, v)| n.len() + v.len()).sum();
-    let budget = cap.saturating_sub(header_bytes);
+    let stored_headers = stored_fields(&head.headers, |name| config.replays(name));
+    let budget = cap.saturating_sub(fields_size(&stored_headers));
     if exact.is_some_and(|n| n > budget as u64) {
         let stored = omitted(head.status.as_u16(), stored_headers);
         return Settlement::complete(
@@ -334,75 +307,54 @@ where
         );
     }
     // A single-chunk body (the usual case) is kept without copying.
-    let mut chunks = Chunks::default();
-    while let Some(frame) = body.frame().await {
-        let frame = match frame {
-            Ok(frame) => frame,
-            Err(e) => {
-                let e: BoxError = e.into();
-                tracing::warn!(key = %key, error = %e, "response body failed; claim released");
-                return Settlement::release(
-                    Ok(error::response_failed(key).into_response()),
-                    ReleaseKind::Retryable,
-                );
-            }
-        };
-        let Ok(data) = frame.into_data() else {
-            continue;
-        }; // trailers are not kept
-        chunks.push(data);
-        if chunks.len > budget {
+    let (bytes, trailers) = match collect_body(body, budget).await {
+        Collected::Whole { body, trailers } => (body, trailers),
+        Collected::TooLarge { prefix, rest } => {
             // Larger than the cap: this client gets all of it, the record only the head.
             let stored = omitted(head.status.as_u16(), stored_headers);
             return Settlement::complete(
                 Ok(Response::from_parts(
                     head,
-                    ResponseBody::prefixed(chunks.into_bytes(), body),
+                    ResponseBody::prefixed(prefix, rest),
                 )),
                 stored,
             );
         }
+        Collected::Failed(e) => {
+            tracing::warn!(key = %key, error = %e, "response body failed; claim released");
+            return Settlement::release(
+                Ok(error::response_failed(key).into_response()),
+                ReleaseKind::Retryable,
+            );
+        }
+    };
+    // Trailers belong to the answer (checksums, gRPC status): every one is kept, but for
+    // the hop-by-hop and framing fields that belong to one connection.
+    let stored_trailers = stored_fields(&trailers, |name| !NEVER_REPLAYED.contains(name));
+    if bytes.len() + fields_size(&stored_trailers) > budget {
+        let stored = omitted(head.status.as_u16(), stored_headers);
+        return Settlement::complete(
+            Ok(Response::from_parts(
+                head,
+                ResponseBody::full_with_trailers(bytes, trailers),
+            )),
+            stored,
+        );
     }
-    let bytes = chunks.into_bytes();
     let stored = StoredResponse {
         status: head.status.as_u16(),
         headers: stored_headers,
         body: bytes.clone(),
-        trailers: Vec::new(),
+        trailers: stored_trailers,
         body_omitted: false,
     };
     Settlement::complete(
-        Ok(Response::from_parts(head, ResponseBody::full(bytes))),
+        Ok(Response::from_parts(
+            head,
+            ResponseBody::full_with_trailers(bytes, trailers),
+        )),
         stored,
     )
-}
-
-#[derive(Default)]
-struct Chunks {
-    first: Option<Bytes>,
-    rest: BytesMut,
-    len: usize,
-}
-
-impl Chunks {
-    fn push(&mut self, data: Bytes) {
-        self.len += data.len();
-        if self.first.is_none() && self.rest.is_empty() {
-            self.first = Some(data);
-            return;
-        }
-        if let Some(first) = self.first.take() {
-            self.rest.extend_from_slice(&first);
-        }
-        self.rest.extend_from_slice(&data);
-    }
-
-    fn into_bytes(self) -> Bytes {
-        match self.first {
-            Some(first) => first,
-            None => self.rest.freeze(),
-        }
-    }
 }
 
 fn omitted(status: u16, headers: Vec<(String, Bytes)>) -> StoredResponse {
@@ -413,19 +365,6 @@ fn omitted(status: u16, headers: Vec<(String, Bytes)>) -> StoredResponse {
         trailers: Vec::new(),
         body_omitted: true,
     }
-}
-
-fn replay_headers(config: &IdempotencyConfig, headers: &HeaderMap) -> Vec<(String, Bytes)> {
-    headers
-        .iter()
-        .filter(|(name, _)| config.replays(name))
-        .map(|(name, value)| {
-            (
-                name.as_str().to_owned(),
-                Bytes::copy_from_slice(value.as_bytes()),
-            )
-        })
-        .collect()
 }
 
 /// Turns the engine's answer into the response for this caller, with its [`Outcome`].
@@ -456,22 +395,18 @@ fn answer<B, E, St: Store>(
     Ok(with_outcome(res, outcome))
 }
 
-fn replay<B>(stored: StoredResponse, found: &FoundKey) -> Response<ResponseBody<B>> {
+pub(crate) fn replay<B>(stored: StoredResponse, found: &FoundKey) -> Response<ResponseBody<B>> {
     if stored.body_omitted {
         return error::response_not_stored(&found.key, stored.status).into_response();
     }
-    let mut res = Response::new(ResponseBody::full(stored.body));
+    let mut res = Response::new(ResponseBody::full_with_trailers(
+        stored.body,
+        header_map(stored.trailers),
+    ));
     *res.status_mut() =
         StatusCode::from_u16(stored.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    *res.headers_mut() = header_map(stored.headers);
     let headers = res.headers_mut();
-    for (name, value) in stored.headers {
-        if let (Ok(name), Ok(value)) = (
-            HeaderName::from_bytes(name.as_bytes()),
-            HeaderValue::from_maybe_shared(value),
-        ) {
-            headers.append(name, value);
-        }
-    }
     headers.insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
     if let Some((name, value)) = &found.echo {
         headers.insert(name.clone(), value.clone());

@@ -1,10 +1,11 @@
--- claim(key, fp, owner, lease_ms, ttl_ms, hold (0|1), tail ("<meta_len:10>\n<meta>"))
+-- claim(key, fp, owner, lease_ms, ttl_ms, hold (0|1), tail ("<meta_len:10>\n<meta>"),
+--       audit stream, its maxlen)
 -- Replies: the record's value when found completed/unknown/other-fp (the caller decides
 -- replay, unknown or mismatch; a bare string, as a table around it costs the server more than
 -- the rest of a replay); {1, retry_after_ms} busy; {2} held: now unknown;
 -- {3, fence, deadline, takeover}.
 -- Shared by the single claim script and the batch script.
-local function claim(key, fp, owner, lease_ms, ttl_ms, hold, tail)
+local function claim(key, fp, owner, lease_ms, ttl_ms, hold, tail, stream, maxlen)
   local v, s = fetch(key)
   local prev_fence, created, takeover, us = 0, nil, 0, nil
   if s == 't' then
@@ -20,6 +21,7 @@ local function claim(key, fp, owner, lease_ms, ttl_ms, hold, tail)
       return {1, lease - ms}
     end
     if hold == '1' then
+      audit(stream, maxlen, '4', string.sub(v, 38, 57), string.sub(v, 5, 20), meta_of(v), 'o', 'lease_expired')
       redis.call('SET', key, '1 u ' .. string.sub(v, 5, 169) .. ms .. string.sub(v, 183), 'KEEPTTL')
       return {2}
     end
@@ -36,5 +38,6 @@ local function claim(key, fp, owner, lease_ms, ttl_ms, hold, tail)
     '1 p ' .. owner .. ' ' .. fence_text(fence) .. ' ' .. fp .. ' ' .. text(deadline) .. ' '
       .. text(created or ms) .. ' ' .. expires .. SINCE_NONE .. tail,
     'PXAT', expires)
+  audit(stream, maxlen, takeover == 1 and '5' or '1', fence_text(fence), string.sub(owner, 1, 16), string.sub(tail, 12))
   return {3, fence, deadline, takeover}
 end

@@ -1,8 +1,10 @@
--- complete(key, holder token, ttl_ms, response). Replies 1 settled or 0 fenced.
+-- complete(key, holder token, ttl_ms, response, audit stream, its maxlen). Replies 1 settled
+-- or 0 fenced.
 -- Shared by the single complete script and the batch script.
-local function complete(key, token, ttl_ms, response)
+local function complete(key, token, ttl_ms, response, stream, maxlen)
   local v = fetch(key)
   if not holds(v, token) then
+    fenced(stream, maxlen, v, token, 'complete')
     return 0
   end
   local ms = math.floor(now_us() / 1000)
@@ -11,5 +13,6 @@ local function complete(key, token, ttl_ms, response)
   redis.call('SET', key,
     '1 c ' .. string.sub(v, 5, 155) .. expires .. ' ' .. text(ms) .. string.sub(v, 183) .. response,
     'PXAT', expires)
+  audit(stream, maxlen, '2', string.sub(v, 38, 57), string.sub(v, 5, 20), meta_of(v), 's', status_of(response))
   return 1
 end

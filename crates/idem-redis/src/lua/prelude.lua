@@ -70,3 +70,29 @@ local function holds(v, token)
   -- A plain find anchored at 3 compares without cutting a substring out of the record.
   return v ~= nil and string.find(v, token, 3, true) == 3
 end
+
+-- The audit trail: one stream per namespace (per namespace and cluster slot on a cluster),
+-- capped near `maxlen` entries. Fields: e event code (idem-core's AuditKind::code), f fence
+-- (20 digits), n instance (the owner id's first 16 hex digits), m the record's identity part,
+-- then optional o outcome, s status, a actor. The entry id's time is the server clock.
+local function audit(stream, maxlen, kind, fence, instance, meta, ...)
+  redis.call('XADD', stream, 'MAXLEN', '~', maxlen, '*', 'e', kind, 'f', fence, 'n', instance, 'm', meta, ...)
+end
+
+-- A stored record's identity part (namespace, principal, key, request id).
+local function meta_of(v)
+  return string.sub(v, 195, 194 + num(v, 184, 10))
+end
+
+-- A stale holder's settle (`op`) was refused. Recorded while the record still says whose key
+-- it is (a tombstone or a gone record does not).
+local function fenced(stream, maxlen, v, token, op)
+  if v and string.sub(v, 3, 3) ~= 't' then
+    audit(stream, maxlen, '6', string.sub(token, 36, 55), string.sub(token, 3, 18), meta_of(v), 'o', op)
+  end
+end
+
+-- An encoded response's status (bytes 2 and 3).
+local function status_of(response)
+  return string.byte(response, 2) * 256 + string.byte(response, 3)
+end

@@ -10,6 +10,8 @@
 //! - [`Transitions`]: a declared state machine applied with `UPDATE … WHERE state IN (allowed
 //!   sources)`; repeating a transition is a no-op success, an illegal one an error.
 //! - [`optimistic`]: a version-checked update with bounded retries.
+//! - [`fenced`] and [`FencedUpdate`]: a write that lands only with a newer lock fence than the
+//!   row's, so a lock holder that paused past its lease is refused.
 //!
 //! The helpers take the SQL as closures, so they work with any of the three backends and with
 //! the caller's own schema.
@@ -39,11 +41,13 @@
 //! # let _ = order; Ok(()) }
 //! ```
 
+mod fenced;
 mod insert;
 mod optimistic;
 mod transition;
 mod unique;
 
+pub use fenced::{FencedError, FencedUpdate, fenced};
 pub use insert::{InsertOnce, InsertOnceError, Liveness, insert_once};
 pub use optimistic::{OptimisticError, Versioned, optimistic};
 pub use transition::{Applied, TransitionError, Transitions};

@@ -99,7 +99,8 @@ pub trait Sql: Driver + sqlx::Database<QueryResult: Written> {
     /// Extends the holder's lease.
     const RENEW: Renewal<&'static str> = Renewal::Returning(
         "UPDATE {t} SET lease_until = {now} + :lease, \
-         expires_at = {greatest}(expires_at, {now} + :lease) WHERE {holder} RETURNING lease_until",
+         expires_at = {greatest}(expires_at, {now} + :lease), verdict = 10 WHERE {holder} \
+         RETURNING lease_until",
     );
     /// Lists live records, oldest first.
     const LIST: &'static str = "SELECT {cols} FROM {t} WHERE expires_at > {now} \
@@ -110,6 +111,49 @@ pub trait Sql: Driver + sqlx::Database<QueryResult: Written> {
         ORDER BY created_at, id LIMIT :limit";
     /// Deletes at most `:limit` expired rows.
     const REAP: &'static str;
+
+    /// The audit table, its indexes and the triggers that fill it (see [`crate::audit`]);
+    /// `{on_insert}`, `{on_update}`, `{on_delete}` are the event rows, `{acols}` their
+    /// columns. Runs after [`Sql::MIGRATE`] in the same transaction.
+    const AUDIT_MIGRATE: &'static str = r"
+CREATE TABLE IF NOT EXISTS {t}_audit (
+    seq        INTEGER PRIMARY KEY AUTOINCREMENT,
+    at_ms      INTEGER NOT NULL,
+    namespace  TEXT    NOT NULL,
+    principal  TEXT    NOT NULL,
+    idem_key   TEXT    NOT NULL,
+    event      INTEGER NOT NULL,
+    fence      INTEGER NOT NULL,
+    request_id TEXT,
+    outcome    TEXT,
+    head       BLOB,
+    owner      BLOB,
+    actor      TEXT
+);
+CREATE INDEX IF NOT EXISTS {t}_audit_key_idx ON {t}_audit (namespace, idem_key, seq);
+CREATE INDEX IF NOT EXISTS {t}_audit_at_idx ON {t}_audit (at_ms);
+CREATE TRIGGER IF NOT EXISTS {t}_audit_ins AFTER INSERT ON {t}
+    BEGIN INSERT INTO {t}_audit ({acols}) {on_insert}; END;
+CREATE TRIGGER IF NOT EXISTS {t}_audit_upd AFTER UPDATE ON {t}
+    BEGIN INSERT INTO {t}_audit ({acols}) {on_update}; END;
+CREATE TRIGGER IF NOT EXISTS {t}_audit_del AFTER DELETE ON {t}
+    BEGIN INSERT INTO {t}_audit ({acols}) {on_delete}; END;
+";
+    /// Deletes at most `:limit` events older than `:age` ms.
+    const AUDIT_REAP: &'static str = "DELETE FROM {t}_audit WHERE seq IN \
+        (SELECT seq FROM {t}_audit WHERE at_ms < {now} - :age ORDER BY seq LIMIT :limit)";
+    /// A test that text parameter `:{p}` is NULL.
+    const TEXT_NULL: &'static str = ":{p} IS NULL";
+    /// A test that integer parameter `:{p}` is NULL.
+    const INT_NULL: &'static str = ":{p} IS NULL";
+    /// What a `SELECT` without a table needs before its `WHERE`.
+    const DUAL: &'static str = "";
+    /// Appended to the drop statement: what else the audit trail leaves behind.
+    const DROP_AUDIT_FN: &'static str = "";
+    /// A NULL of the bytes column type.
+    const NULL_BLOB: &'static str = "NULL";
+    /// The first three bytes of `NEW.response`.
+    const HEAD: &'static str = "substr(NEW.response, 1, 3)";
 
     /// Run on every connection of a pool the store opens itself.
     const SESSION: &'static [&'static str] = &[];

@@ -65,6 +65,41 @@ CREATE TABLE IF NOT EXISTS {t} (
 ) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4 COLLATE = utf8mb4_bin
 ";
 
+    /// The update trigger runs its insert only for the verdicts it records: an insert of no
+    /// rows inside the trigger would still reset the renewal's `LAST_INSERT_ID`.
+    const AUDIT_MIGRATE: &'static str = r"
+CREATE TABLE IF NOT EXISTS {t}_audit (
+    seq        BIGINT        NOT NULL AUTO_INCREMENT PRIMARY KEY,
+    at_ms      BIGINT        NOT NULL,
+    namespace  VARCHAR(255)  NOT NULL,
+    principal  TEXT          NOT NULL,
+    idem_key   VARCHAR(255)  NOT NULL,
+    event      SMALLINT      NOT NULL,
+    fence      BIGINT        NOT NULL,
+    request_id TEXT          NULL,
+    outcome    TEXT          NULL,
+    head       VARBINARY(3)  NULL,
+    owner      BINARY(16)    NULL,
+    actor      TEXT          NULL,
+    KEY {t}_audit_key_idx (namespace, idem_key, seq),
+    KEY {t}_audit_at_idx (at_ms)
+) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4 COLLATE = utf8mb4_bin;
+CREATE TRIGGER IF NOT EXISTS {t}_audit_ins AFTER INSERT ON {t}
+    FOR EACH ROW INSERT INTO {t}_audit ({acols}) {on_insert};
+CREATE TRIGGER IF NOT EXISTS {t}_audit_upd AFTER UPDATE ON {t}
+    FOR EACH ROW BEGIN
+        IF NEW.verdict BETWEEN 1 AND 6 THEN
+            INSERT INTO {t}_audit ({acols}) {on_update};
+        END IF;
+    END;
+CREATE TRIGGER IF NOT EXISTS {t}_audit_del AFTER DELETE ON {t}
+    FOR EACH ROW INSERT INTO {t}_audit ({acols}) {on_delete};
+";
+    const AUDIT_REAP: &'static str =
+        "DELETE FROM {t}_audit WHERE at_ms < {now} - :age ORDER BY seq LIMIT :limit";
+    const DUAL: &'static str = " FROM DUAL";
+    const HEAD: &'static str = "LEFT(NEW.response, 3)";
+
     /// Every assignment after the first reads the `verdict` it set (left to right).
     const CLAIM: &'static str = r"
 INSERT INTO {t} (id, {cols})
@@ -92,7 +127,7 @@ RETURNING verdict <> 0 AS wrote, {now} AS now_ms, {cols}
 
     const RENEW: Renewal<&'static str> = Renewal::LastInsertId(
         "UPDATE {t} SET lease_until = LAST_INSERT_ID({now} + :lease), \
-         expires_at = GREATEST(expires_at, {now} + :lease) WHERE {holder}",
+         expires_at = GREATEST(expires_at, {now} + :lease), verdict = 10 WHERE {holder}",
     );
 
     const REAP: &'static str =

@@ -60,6 +60,44 @@ UNION ALL
 SELECT false, clk.ms, cur.* FROM cur, clk WHERE NOT EXISTS (SELECT 1 FROM ins)
 ";
 
+    const AUDIT_MIGRATE: &'static str = r"
+CREATE TABLE IF NOT EXISTS {t}_audit (
+    seq        bigint   GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    at_ms      bigint   NOT NULL,
+    namespace  text     NOT NULL,
+    principal  text     NOT NULL,
+    idem_key   text     NOT NULL,
+    event      smallint NOT NULL,
+    fence      bigint   NOT NULL,
+    request_id text,
+    outcome    text,
+    head       bytea,
+    owner      bytea,
+    actor      text
+);
+CREATE INDEX IF NOT EXISTS {t}_audit_key_idx ON {t}_audit (namespace, idem_key, seq);
+CREATE INDEX IF NOT EXISTS {t}_audit_at_idx ON {t}_audit (at_ms);
+CREATE OR REPLACE FUNCTION {t}_audit_fn() RETURNS trigger LANGUAGE plpgsql AS $body$
+BEGIN
+    IF TG_OP = 'INSERT' THEN
+        INSERT INTO {t}_audit ({acols}) {on_insert};
+    ELSIF TG_OP = 'UPDATE' THEN
+        INSERT INTO {t}_audit ({acols}) {on_update};
+    ELSE
+        INSERT INTO {t}_audit ({acols}) {on_delete};
+    END IF;
+    RETURN NULL;
+END
+$body$;
+CREATE OR REPLACE TRIGGER {t}_audit_trg AFTER INSERT OR UPDATE OR DELETE ON {t}
+    FOR EACH ROW EXECUTE FUNCTION {t}_audit_fn();
+";
+    const TEXT_NULL: &'static str = ":{p}::text IS NULL";
+    const INT_NULL: &'static str = ":{p}::bigint IS NULL";
+    const NULL_BLOB: &'static str = "NULL::bytea";
+    const DROP_AUDIT_FN: &'static str = "; DROP FUNCTION IF EXISTS {t}_audit_fn()";
+    const HEAD: &'static str = "substring(NEW.response from 1 for 3)";
+
     /// Typed `NULL` tests: PostgreSQL cannot infer an untyped parameter's type from `IS NULL`.
     const LIST: &'static str = "SELECT {cols} FROM {t} WHERE expires_at > {now} \
         AND (:namespace::text IS NULL OR namespace = :namespace) \

@@ -29,9 +29,10 @@ pub fn mysql_url() -> String {
         .unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".to_owned())
 }
 
-/// A table name nobody else uses.
+/// A table name nobody else uses: the whole owner id, whose high half is random per process
+/// (its low half alone is a per-process counter, which two test processes share).
 pub fn unique_table(prefix: &str) -> String {
-    format!("{prefix}_{:016x}", idem_core::OwnerId::random().0 as u64)
+    format!("{prefix}_{:032x}", idem_core::OwnerId::random().0)
 }
 
 /// Reports a missing server: fails under CI, skips loudly otherwise.
@@ -88,9 +89,13 @@ impl Drop for PgHarness {
         let (url, table) = (self.url.clone(), self.store.table().to_string());
         blocking(move || async move {
             if let Ok(mut c) = sqlx::PgConnection::connect(&url).await {
-                let _ = sqlx::raw_sql(&format!("DROP TABLE IF EXISTS {table}"))
-                    .execute(&mut c)
-                    .await;
+                // The audit table and its trigger function go with the records.
+                let _ = sqlx::raw_sql(&format!(
+                    "DROP TABLE IF EXISTS {table}; DROP TABLE IF EXISTS {table}_audit; \
+                     DROP FUNCTION IF EXISTS {table}_audit_fn()"
+                ))
+                .execute(&mut c)
+                .await;
             }
         });
     }
@@ -141,9 +146,11 @@ impl Drop for MySqlHarness {
         let (url, table) = (self.url.clone(), self.store.table().to_string());
         blocking(move || async move {
             if let Ok(mut c) = sqlx::MySqlConnection::connect(&url).await {
-                let _ = sqlx::raw_sql(&format!("DROP TABLE IF EXISTS {table}"))
-                    .execute(&mut c)
-                    .await;
+                let _ = sqlx::raw_sql(&format!(
+                    "DROP TABLE IF EXISTS {table}; DROP TABLE IF EXISTS {table}_audit"
+                ))
+                .execute(&mut c)
+                .await;
             }
         });
     }

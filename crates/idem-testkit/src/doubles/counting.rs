@@ -12,7 +12,7 @@ use tokio::sync::watch;
 /// granted. Index it by [`StoreOp`]: `calls[StoreOp::Claim]`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Calls {
-    per_op: [usize; 8],
+    per_op: [usize; StoreOp::ALL.len()],
     granted: usize,
 }
 
@@ -105,5 +105,5 @@ impl<S: Store> Store for CountingStore<S> {
     }
 
     idem_core::forward_store!(|s| &s.inner, around = s;
-        renew, complete, release, get, list, resolve, delete);
+        renew, complete, release, get, list, resolve, delete, audit);
 }

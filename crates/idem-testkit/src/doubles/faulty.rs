@@ -39,7 +39,7 @@ impl Fault {
 #[derive(Clone, Debug)]
 pub struct FaultyStore<S> {
     inner: S,
-    faults: Arc<Mutex<[Option<Fault>; 8]>>,
+    faults: Arc<Mutex<[Option<Fault>; StoreOp::ALL.len()]>>,
 }
 
 impl<S: Store> FaultyStore<S> {
@@ -47,7 +47,7 @@ impl<S: Store> FaultyStore<S> {
     pub fn new(inner: S) -> Self {
         Self {
             inner,
-            faults: Arc::new(Mutex::new([None; 8])),
+            faults: Arc::new(Mutex::new([None; StoreOp::ALL.len()])),
         }
     }
 
@@ -92,7 +92,7 @@ impl<S: Store> FaultyStore<S> {
 
     /// Forwards every operation plainly again.
     pub fn clear_all(&self) {
-        *self.lock() = [None; 8];
+        *self.lock() = [None; StoreOp::ALL.len()];
     }
 
     /// The fault `op` suffers now, if any.
@@ -105,7 +105,7 @@ impl<S: Store> FaultyStore<S> {
         &self.inner
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, [Option<Fault>; 8]> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, [Option<Fault>; StoreOp::ALL.len()]> {
         self.faults.lock().unwrap_or_else(PoisonError::into_inner)
     }
 }
@@ -169,5 +169,5 @@ impl<S: Store> Store for FaultyStore<S> {
     }
 
     idem_core::forward_store!(|s| &s.inner, around = s;
-        claim, complete, release, get, list, resolve, delete);
+        claim, complete, release, get, list, resolve, delete, audit);
 }

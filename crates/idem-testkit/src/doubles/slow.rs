@@ -10,7 +10,7 @@ use idem_core::{Store, StoreOp};
 #[derive(Clone, Debug)]
 pub struct SlowStore<S> {
     inner: S,
-    delays: [Duration; 8],
+    delays: [Duration; StoreOp::ALL.len()],
 }
 
 impl<S: Store> SlowStore<S> {
@@ -18,7 +18,7 @@ impl<S: Store> SlowStore<S> {
     pub fn new(inner: S, delay: Duration) -> Self {
         Self {
             inner,
-            delays: [delay; 8],
+            delays: [delay; StoreOp::ALL.len()],
         }
     }
 

@@ -12,6 +12,7 @@
 //! code, which the workspace lints reject.
 
 mod admin;
+mod audit;
 mod claim;
 mod fence;
 mod lifecycle;
@@ -61,6 +62,10 @@ macro_rules! __rules {
                 list_oldest_first_with_limit_and_age,
                 list_orders_reclaimed_key_by_new_age,
                 request_id_kept_on_record;
+            audit:
+                audit_trail_follows_claim_timeout_unknown_resolve,
+                audit_records_every_change_and_nothing_else,
+                audit_query_filters;
             race:
                 race_one_claim_wins,
                 race_one_takeover_wins,
@@ -107,6 +112,6 @@ mod tests {
     fn every_rule_is_named_once() {
         let unique: BTreeSet<&str> = super::ALL.iter().copied().collect();
         assert_eq!(unique.len(), super::ALL.len(), "{:?}", super::ALL);
-        assert_eq!(super::ALL.len(), 30);
+        assert_eq!(super::ALL.len(), 33);
     }
 }

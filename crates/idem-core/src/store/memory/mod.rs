@@ -22,6 +22,9 @@ use std::hash::BuildHasher;
 use std::sync::{Arc, PoisonError, Weak};
 use std::time::Duration;
 
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use crate::audit::{self, AuditEvent, AuditQuery, AuditRetention, Step};
 use crate::clock::{Clock, SystemClock};
 use crate::decide::{self, Change, Transition};
 use crate::key::ScopedKey;
@@ -38,6 +41,12 @@ pub const SHARD_SIZE: usize = 8192;
 /// The most shards a store is split into.
 pub const MAX_SHARDS: usize = 16;
 
+/// The audit trail a memory store keeps unless told otherwise: 10 000 events, 7 days.
+pub const MEMORY_AUDIT: AuditRetention = AuditRetention {
+    max_events: 10_000,
+    max_age: Duration::from_secs(7 * 24 * 3600),
+};
+
 /// A bounded in-memory store. Clones share the same records.
 #[derive(Clone)]
 pub struct MemoryStore {
@@ -50,6 +59,10 @@ struct Shared {
     /// Seeded per store, so key hashes cannot be predicted from outside.
     hasher: foldhash::fast::RandomState,
     shards: Box<[Mutex<Inner>]>,
+    /// How much of the audit trail each shard keeps (its share of the events).
+    audit: AuditRetention,
+    /// Numbers events across shards, so a query can merge them newest first.
+    audit_seq: AtomicU64,
 }
 
 impl MemoryStore {
@@ -60,6 +73,13 @@ impl MemoryStore {
 
     /// A store on a given clock (a [`crate::ManualClock`] in tests).
     pub fn with_clock(capacity: usize, clock: impl Clock) -> Self {
+        Self::with_audit(capacity, clock, MEMORY_AUDIT)
+    }
+
+    /// A store on a given clock that keeps `retention` of its audit trail: at most
+    /// `max_events` events in all (split evenly between shards), none older than `max_age`
+    /// before the newest of its shard.
+    pub fn with_audit(capacity: usize, clock: impl Clock, retention: AuditRetention) -> Self {
         let capacity = capacity.max(1);
         let shards = (capacity / SHARD_SIZE)
             .clamp(1, MAX_SHARDS)
@@ -71,6 +91,11 @@ impl MemoryStore {
                 capacity,
                 hasher: foldhash::fast::RandomState::default(),
                 shards: (0..shards).map(|_| Mutex::new(Inner::default())).collect(),
+                audit: AuditRetention {
+                    max_events: retention.max_events.div_ceil(shards),
+                    max_age: retention.max_age,
+                },
+                audit_seq: AtomicU64::new(0),
             }),
         }
     }
@@ -116,15 +141,20 @@ impl MemoryStore {
         })
     }
 
+    /// Applies the transition `step` decides, and records the event `event` makes of it.
     fn apply<O>(
         &self,
         key: &ScopedKey,
         step: impl FnOnce(Timestamp, Option<&Record>) -> Transition<O>,
+        event: impl FnOnce(&O, Timestamp, Option<&Record>) -> Option<AuditEvent>,
     ) -> O {
         let now = self.shared.clock.now();
         let (hash, _, mut inner) = self.shared.shard(key);
-        let t = step(now, inner.get(hash, key).map(|e| &e.record));
+        let previous = inner.get(hash, key).map(|e| &e.record);
+        let t = step(now, previous);
+        let event = event(&t.outcome, now, previous);
         inner.write(hash, key, t.change);
+        self.shared.record(&mut inner, event);
         t.outcome
     }
 }
@@ -136,6 +166,14 @@ fn lock(shard: &Mutex<Inner>) -> crate::sync::MutexGuard<'_, Inner> {
 }
 
 impl Shared {
+    /// Adds `event` to the locked shard's trail.
+    fn record(&self, inner: &mut Inner, event: Option<AuditEvent>) {
+        for event in std::mem::take(&mut inner.expired).into_iter().chain(event) {
+            let seq = self.audit_seq.fetch_add(1, Ordering::Relaxed);
+            inner.audit.push(seq, event, self.audit);
+        }
+    }
+
     /// The key's hash, its shard's index, and the shard, locked.
     fn shard(&self, key: &ScopedKey) -> (u64, usize, crate::sync::MutexGuard<'_, Inner>) {
         let hash = self.hasher.hash_one(key);
@@ -153,7 +191,15 @@ impl Shared {
 
     fn sweep(&self) -> usize {
         let now = self.clock.now();
-        self.shards.iter().map(|s| lock(s).sweep(now)).sum()
+        self.shards
+            .iter()
+            .map(|s| {
+                let mut inner = lock(s);
+                let swept = inner.sweep(now);
+                self.record(&mut inner, None);
+                swept
+            })
+            .sum()
     }
 }
 
@@ -176,12 +222,14 @@ impl Store for MemoryStore {
         let exists = previous.is_some();
         let floor = inner.fence_high + 1;
         let t = decide::claim(now, previous, req, floor);
+        let event = audit::event_for(Step::Claim(req, &t.outcome), &req.key, now, previous);
         let result = match (&t.change, exists) {
             (Change::Put(_), false) => inner.make_room(now, self.shared.shard_capacity(index)),
             _ => Ok(()),
         };
         let result = result.map(|()| {
             inner.write(hash, &req.key, t.change);
+            self.shared.record(&mut inner, event);
             t.outcome
         });
         drop(inner);
@@ -195,9 +243,11 @@ impl Store for MemoryStore {
         fence: u64,
         lease: Duration,
     ) -> impl Future<Output = Result<RenewOutcome, StoreError>> + Send {
-        ready(Ok(self.apply(key, |now, prev| {
-            decide::renew(now, prev, owner, fence, lease)
-        })))
+        ready(Ok(self.apply(
+            key,
+            |now, prev| decide::renew(now, prev, owner, fence, lease),
+            |_, _, _| None,
+        )))
     }
 
     fn complete(
@@ -210,9 +260,20 @@ impl Store for MemoryStore {
     ) -> impl Future<Output = Result<SettleOutcome, StoreError>> + Send {
         // Kept in exact-size buffers: a slice of a larger buffer would pin all of it.
         let response = response.compacted();
-        ready(Ok(self.apply(key, |now, prev| {
-            decide::complete(now, prev, owner, fence, response, ttl)
-        })))
+        let status = response.status;
+        ready(Ok(self.apply(
+            key,
+            |now, prev| decide::complete(now, prev, owner, fence, response, ttl),
+            |&outcome, now, prev| {
+                let step = Step::Complete {
+                    owner,
+                    fence,
+                    status,
+                    outcome,
+                };
+                audit::event_for(step, key, now, prev)
+            },
+        )))
     }
 
     fn release(
@@ -222,9 +283,19 @@ impl Store for MemoryStore {
         fence: u64,
         kind: ReleaseKind,
     ) -> impl Future<Output = Result<SettleOutcome, StoreError>> + Send {
-        ready(Ok(self.apply(key, |now, prev| {
-            decide::release(now, prev, owner, fence, kind)
-        })))
+        ready(Ok(self.apply(
+            key,
+            |now, prev| decide::release(now, prev, owner, fence, kind),
+            |&outcome, now, prev| {
+                let step = Step::Release {
+                    owner,
+                    fence,
+                    kind,
+                    outcome,
+                };
+                audit::event_for(step, key, now, prev)
+            },
+        )))
     }
 
     fn get(
@@ -264,17 +335,38 @@ impl Store for MemoryStore {
         key: &ScopedKey,
         resolution: &Resolution,
     ) -> impl Future<Output = Result<ResolveOutcome, StoreError>> + Send {
-        ready(Ok(self.apply(key, |now, prev| {
-            decide::resolve(now, prev, resolution)
-        })))
+        ready(Ok(self.apply(
+            key,
+            |now, prev| decide::resolve(now, prev, resolution),
+            |&outcome, now, prev| {
+                audit::event_for(Step::Resolve(resolution, outcome), key, now, prev)
+            },
+        )))
     }
 
     fn delete(&self, key: &ScopedKey) -> impl Future<Output = Result<bool, StoreError>> + Send {
         let now = self.shared.clock.now();
         let (hash, _, mut inner) = self.shared.shard(key);
-        let existed = decide::live(now, inner.get(hash, key).map(|e| &e.record)).is_some();
+        let previous = decide::live(now, inner.get(hash, key).map(|e| &e.record));
+        let existed = previous.is_some();
+        let event = audit::event_for(Step::Delete { existed }, key, now, previous);
         inner.remove(hash, key);
+        self.shared.record(&mut inner, event);
         ready(Ok(existed))
+    }
+
+    fn audit(
+        &self,
+        query: &AuditQuery,
+    ) -> impl Future<Output = Result<Vec<AuditEvent>, StoreError>> + Send {
+        let limit = query.effective_limit();
+        let mut found = Vec::new();
+        for shard in &self.shared.shards {
+            found.extend(lock(shard).audit.matching(query, limit));
+        }
+        found.sort_by_key(|(seq, e)| std::cmp::Reverse((e.at, *seq)));
+        found.truncate(limit);
+        ready(Ok(found.into_iter().map(|(_, e)| e).collect()))
     }
 }
 
@@ -315,6 +407,52 @@ mod tests {
             .await
             .expect("complete");
         assert_eq!(done, SettleOutcome::Settled);
+    }
+
+    #[tokio::test]
+    async fn the_sweep_records_what_expired_and_the_ring_keeps_its_bound() {
+        let clock = ManualClock::new(Timestamp(1_000_000));
+        let retention = AuditRetention {
+            max_events: 3,
+            max_age: Duration::from_secs(3600),
+        };
+        let store = MemoryStore::with_audit(10, clock.clone(), retention);
+        claim_and_complete(&store, "a", Duration::from_secs(5)).await;
+        clock.advance(Duration::from_secs(10));
+        assert_eq!(store.sweep(), 1);
+        let all = store.audit(&AuditQuery::default()).await.expect("audit");
+        let kinds: Vec<_> = all.iter().map(|e| e.kind).collect();
+        use crate::audit::AuditKind::{Claimed, Completed, Expired};
+        assert_eq!(kinds, [Expired, Completed, Claimed]);
+        assert_eq!(
+            all[0].at,
+            Timestamp(1_005_000),
+            "expired when its TTL ran out"
+        );
+        claim_and_complete(&store, "b", Duration::from_secs(5)).await;
+        let all = store.audit(&AuditQuery::default()).await.expect("audit");
+        assert_eq!(all.len(), 3, "bounded: the oldest events went");
+        assert_eq!(all[0].key, "b");
+    }
+
+    #[tokio::test]
+    async fn an_eviction_at_capacity_is_recorded() {
+        let clock = ManualClock::new(Timestamp(1_000_000));
+        let store = MemoryStore::with_clock(1, clock.clone());
+        claim_and_complete(&store, "a", Duration::from_secs(100)).await;
+        claim_and_complete(&store, "b", Duration::from_secs(100)).await;
+        let evicted = store
+            .audit(&AuditQuery {
+                kind: Some(crate::audit::AuditKind::Expired),
+                ..AuditQuery::default()
+            })
+            .await
+            .expect("audit");
+        assert_eq!(evicted.len(), 1);
+        assert_eq!(
+            (evicted[0].key.as_str(), evicted[0].outcome.as_deref()),
+            ("a", Some("evicted"))
+        );
     }
 
     // Bug guarded: a key claimed again over its expired (unswept) record kept the old

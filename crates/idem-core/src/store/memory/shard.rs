@@ -33,6 +33,10 @@ pub(super) struct Inner {
     /// Highest fence ever issued in this shard; outlives every record, so fences never
     /// repeat for any key of the shard.
     pub(super) fence_high: u64,
+    /// This shard's part of the audit trail.
+    pub(super) audit: crate::audit::Ring,
+    /// `expired` events of the last sweep, until the store numbers them into `audit`.
+    pub(super) expired: Vec<crate::audit::AuditEvent>,
 }
 
 /// Stale index entries tolerated beyond the live ones before an index is rebuilt.
@@ -147,6 +151,7 @@ impl Inner {
             records,
             by_expiry,
             expiry_len,
+            expired,
             ..
         } = self;
         while let Some(mut bucket) = by_expiry.first_entry() {
@@ -160,7 +165,8 @@ impl Inner {
                 *expiry_len -= 1;
                 let due = records.find_entry(hash, |e| e.seq == seq && e.record.expires_at == t);
                 if let Ok(found) = due {
-                    found.remove();
+                    let (entry, _) = found.remove();
+                    expired.push(crate::audit::expired(&entry.record));
                     swept += 1;
                 }
                 false
@@ -195,7 +201,13 @@ impl Inner {
         match victim {
             Some((seq, hash)) => {
                 if let Ok(found) = self.records.find_entry(hash, |e| e.seq == seq) {
-                    found.remove();
+                    let (entry, _) = found.remove();
+                    // Removed before the end of its life to make room: recorded as expired
+                    // now, with the reason.
+                    let mut event = crate::audit::expired(&entry.record);
+                    event.at = now;
+                    event.outcome = Some("evicted".into());
+                    self.expired.push(event);
                 }
                 Ok(())
             }

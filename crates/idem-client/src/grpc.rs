@@ -1,0 +1,686 @@
+//! The gRPC client: [`GrpcRetryLayer`], a tower layer for a tonic `Channel` (or any gRPC
+//! client service) that gives every unary call one idempotency key and the shared retry
+//! policy. Use it under a generated client:
+//!
+//! ```text
+//! let channel = tower::ServiceBuilder::new()
+//!     .layer(GrpcRetryLayer::new(RetryPolicy::default()))
+//!     .service(channel);
+//! let mut payments = PaymentsClient::new(channel);
+//! ```
+//!
+//! Each call is one logical operation: its key is the `idempotency-key` metadata the caller
+//! set, or a UUID v7 made for the call, and every attempt sends it, with the call's
+//! `x-request-id` and `traceparent` (made once when absent) and a `grpc-timeout` no longer
+//! than the policy's attempt timeout. The request message is buffered, so only unary calls
+//! (and server-streaming calls whose answer fits in memory) belong behind the layer.
+//!
+//! Classification follows the one table in [`crate::decide`]: `UNAVAILABLE`, and `ABORTED` or
+//! `RESOURCE_EXHAUSTED` with a `RetryInfo`, are retried after the server's delay; a transport
+//! failure after sending, a broken answer, `DEADLINE_EXCEEDED` and `CANCELLED` are ambiguous
+//! and asked about ([`StatusLookup`]); `FAILED_PRECONDITION` with reason `OUTCOME_UNKNOWN`
+//! stops; a replay (`idempotent-replayed: true`) and every other status are the answer.
+//!
+//! When the operation ends without an answer, the call fails with a `tonic::Status` whose
+//! source is the [`ClientError`] (`status.source()`, downcast).
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{HeaderMap, HeaderName, HeaderValue, Request, Response};
+use http_body_util::BodyExt as _;
+use tonic::body::Body;
+use tonic::{Code, Status};
+use tonic_types::StatusExt as _;
+use tower::{Layer, Service, ServiceExt as _};
+
+use crate::decide::{Attempt, KeyState, Later};
+use crate::error::ClientError;
+use crate::ids::{Ids, key_header_value};
+use crate::policy::RetryPolicy;
+use crate::retry;
+
+/// A boxed error, as tower services return them.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// The idempotency key metadata.
+pub const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key");
+const REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");
+const GRPC_TIMEOUT: HeaderName = HeaderName::from_static("grpc-timeout");
+
+/// Asks what became of a key after an ambiguous failure.
+pub trait StatusLookup: Clone + Send + Sync + 'static {
+    /// The state of `key` of the method at `path` (`/pkg.Service/Method`), asked with the
+    /// call's own `metadata` (its credentials scope the key); a completed key comes with its
+    /// stored answer as a response the caller's generated client can decode. `Ok(None)`:
+    /// there is no status service to ask.
+    fn lookup(
+        &self,
+        path: String,
+        key: String,
+        metadata: HeaderMap,
+        timeout: Duration,
+    ) -> LookupFuture;
+}
+
+/// What [`StatusLookup::lookup`] returns.
+pub type LookupFuture =
+    Pin<Box<dyn Future<Output = Result<Option<KeyState<GrpcAnswer>>, ClientError>> + Send>>;
+
+/// No status service: an ambiguous failure ends the call with [`ClientError::Ambiguous`].
+#[derive(Debug, Clone, Copy, Default)]
+pub struct NoStatus;
+
+impl StatusLookup for NoStatus {
+    fn lookup(&self, _: String, _: String, _: HeaderMap, _: Duration) -> LookupFuture {
+        Box::pin(async { Ok(None) })
+    }
+}
+
+/// One whole gRPC answer: head, message bytes (framed as received) and trailers.
+pub struct GrpcAnswer {
+    head: http::response::Parts,
+    body: Bytes,
+    trailers: Option<HeaderMap>,
+    status: Option<Status>,
+}
+
+impl fmt::Debug for GrpcAnswer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("GrpcAnswer")
+            .field("code", &self.status.as_ref().map(Status::code))
+            .field("body_len", &self.body.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl fmt::Display for GrpcAnswer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.status {
+            Some(s) => write!(f, "gRPC {:?}", s.code()),
+            None => f.write_str("gRPC answer without a status"),
+        }
+    }
+}
+
+impl GrpcAnswer {
+    /// An answer from its parts: the response head, the framed message bytes and the
+    /// trailers (`None` for a trailers-only answer, whose status is in the head).
+    pub fn new(head: http::response::Parts, body: Bytes, trailers: Option<HeaderMap>) -> Self {
+        let status = trailers
+            .as_ref()
+            .and_then(Status::from_header_map)
+            .or_else(|| Status::from_header_map(&head.headers));
+        Self {
+            head,
+            body,
+            trailers,
+            status,
+        }
+    }
+
+    /// Whether the server replayed a stored answer.
+    pub fn replayed(&self) -> bool {
+        self.head
+            .headers
+            .get(REPLAYED)
+            .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"true"))
+    }
+
+    /// The gRPC status, when the answer carries one.
+    pub fn status(&self) -> Option<&Status> {
+        self.status.as_ref()
+    }
+
+    /// The response again, body and trailers as received, for the generated client.
+    fn into_response(self) -> Response<Body> {
+        let mut frames = vec![Ok::<_, std::convert::Infallible>(http_body::Frame::data(
+            self.body,
+        ))];
+        if let Some(t) = self.trailers {
+            frames.push(Ok(http_body::Frame::trailers(t)));
+        }
+        let body = http_body_util::StreamBody::new(futures::stream::iter(frames));
+        Response::from_parts(self.head, Body::new(body))
+    }
+}
+
+/// One call, as every attempt sends it.
+struct OneCall {
+    path: String,
+    method: http::Method,
+    uri: http::Uri,
+    version: http::Version,
+    headers: HeaderMap,
+    message: Bytes,
+    key: String,
+    key_value: HeaderValue,
+    ids: Ids,
+}
+
+impl OneCall {
+    /// The request of one attempt: the key, the ids, and a `grpc-timeout` of `timeout`.
+    fn request(&self, timeout: Duration) -> Request<Body> {
+        let mut headers = self.headers.clone();
+        headers.insert(IDEMPOTENCY_KEY, self.key_value.clone());
+        self.ids.stamp(&mut headers);
+        headers.insert(GRPC_TIMEOUT, grpc_timeout(timeout));
+        let mut req = Request::new(Body::new(http_body_util::Full::new(self.message.clone())));
+        *req.method_mut() = self.method.clone();
+        *req.uri_mut() = self.uri.clone();
+        *req.version_mut() = self.version;
+        *req.headers_mut() = headers;
+        req
+    }
+}
+
+/// What an answer means for the loop.
+fn classify(answer: GrpcAnswer) -> Attempt<GrpcAnswer> {
+    if answer.replayed() {
+        return Attempt::Final(answer);
+    }
+    let Some(status) = &answer.status else {
+        return Attempt::Ambiguous("answer without grpc-status".into());
+    };
+    let retry_after = status
+        .get_details_retry_info()
+        .and_then(|info| info.retry_delay);
+    let reason = status
+        .get_details_error_info()
+        .map(|info| info.reason)
+        .unwrap_or_default();
+    match status.code() {
+        Code::Unavailable => Attempt::Retryable {
+            answer,
+            why: Later::Unavailable,
+            retry_after,
+        },
+        Code::Aborted if retry_after.is_some() => Attempt::Retryable {
+            answer,
+            why: Later::InFlight,
+            retry_after,
+        },
+        Code::ResourceExhausted if retry_after.is_some() => Attempt::Retryable {
+            answer,
+            why: Later::Throttled,
+            retry_after,
+        },
+        Code::FailedPrecondition if reason == "OUTCOME_UNKNOWN" => Attempt::OutcomeUnknown(answer),
+        Code::DeadlineExceeded | Code::Cancelled => {
+            Attempt::Ambiguous(format!("server answered {:?}", status.code()))
+        }
+        _ => Attempt::Final(answer),
+    }
+}
+
+/// A failure before any answer: safe to retry only when the connection was refused.
+fn transport_failure<T>(e: &(dyn std::error::Error + 'static)) -> Attempt<T> {
+    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(err) = source {
+        if let Some(io) = err.downcast_ref::<std::io::Error>()
+            && io.kind() == std::io::ErrorKind::ConnectionRefused
+        {
+            return Attempt::NotSent(format!("connect failed: {e}"));
+        }
+        source = err.source();
+    }
+    Attempt::Ambiguous(format!("transport failed: {e}"))
+}
+
+/// `grpc-timeout` for `d`, in milliseconds (at most 8 digits, as the spec allows).
+fn grpc_timeout(d: Duration) -> HeaderValue {
+    let ms = d.as_millis().clamp(1, 99_999_999);
+    HeaderValue::from_str(&format!("{ms}m")).unwrap_or(HeaderValue::from_static("1000m"))
+}
+
+/// A gRPC status standing for a [`ClientError`], which it carries as its source.
+fn status_for(e: ClientError) -> Status {
+    let code = match &e {
+        ClientError::Invalid(_) => Code::InvalidArgument,
+        ClientError::OutcomeUnknown { .. } | ClientError::ResponseNotStored { .. } => {
+            Code::FailedPrecondition
+        }
+        ClientError::DeadlineExceeded { .. } => Code::DeadlineExceeded,
+        ClientError::AttemptsExhausted { .. } => Code::Unavailable,
+        _ => Code::Unknown,
+    };
+    let mut status = Status::new(code, e.to_string());
+    status.set_source(Arc::new(e));
+    status
+}
+
+/// Gives every call one key and the shared retry policy.
+#[derive(Debug, Clone)]
+pub struct GrpcRetryLayer<L = NoStatus> {
+    policy: Arc<RetryPolicy>,
+    status: L,
+}
+
+impl GrpcRetryLayer {
+    /// A layer retrying under `policy`, with no status service.
+    pub fn new(policy: RetryPolicy) -> Self {
+        Self {
+            policy: Arc::new(policy),
+            status: NoStatus,
+        }
+    }
+}
+
+impl<L> GrpcRetryLayer<L> {
+    /// Asks `status` after every ambiguous failure.
+    pub fn status<M: StatusLookup>(self, status: M) -> GrpcRetryLayer<M> {
+        GrpcRetryLayer {
+            policy: self.policy,
+            status,
+        }
+    }
+}
+
+impl<S, L: Clone> Layer<S> for GrpcRetryLayer<L> {
+    type Service = GrpcRetry<S, L>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        GrpcRetry {
+            inner,
+            policy: Arc::clone(&self.policy),
+            status: self.status.clone(),
+        }
+    }
+}
+
+/// The service [`GrpcRetryLayer`] builds.
+#[derive(Debug, Clone)]
+pub struct GrpcRetry<S, L> {
+    inner: S,
+    policy: Arc<RetryPolicy>,
+    status: L,
+}
+
+impl<S, L, B> Service<Request<B>> for GrpcRetry<S, L>
+where
+    S: Service<Request<Body>, Response = Response<Body>> + Clone + Send + Sync + 'static,
+    S::Future: Send,
+    S::Error: Into<BoxError>,
+    L: StatusLookup,
+    B: http_body::Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<BoxError>,
+{
+    type Response = Response<Body>;
+    type Error = BoxError;
+    type Future = Pin<Box<dyn Future<Output = Result<Response<Body>, BoxError>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx).map_err(Into::into)
+    }
+
+    fn call(&mut self, req: Request<B>) -> Self::Future {
+        let clone = self.inner.clone();
+        let inner = std::mem::replace(&mut self.inner, clone);
+        let policy = Arc::clone(&self.policy);
+        let status = self.status.clone();
+        Box::pin(async move {
+            match operation(inner, &policy, status, req).await {
+                Ok(res) => Ok(res),
+                Err(e) => Err(Box::new(status_for(e)) as BoxError),
+            }
+        })
+    }
+}
+
+async fn operation<S, L, B>(
+    inner: S,
+    policy: &RetryPolicy,
+    status: L,
+    req: Request<B>,
+) -> Result<Response<Body>, ClientError>
+where
+    S: Service<Request<Body>, Response = Response<Body>> + Clone + Send + Sync + 'static,
+    S::Future: Send,
+    S::Error: Into<BoxError>,
+    L: StatusLookup,
+    B: http_body::Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<BoxError>,
+{
+    let (parts, body) = req.into_parts();
+    let message = body
+        .collect()
+        .await
+        .map_err(|e| ClientError::Invalid(format!("request body: {}", e.into())))?
+        .to_bytes();
+    let mut headers = parts.headers;
+    let key = match headers.remove(IDEMPOTENCY_KEY) {
+        Some(v) => v
+            .to_str()
+            .map_err(|_| ClientError::Invalid("the idempotency-key is not text".into()))?
+            .trim()
+            .to_owned(),
+        None => uuid::Uuid::now_v7().to_string(),
+    };
+    idem_core::Key::new(key.clone())
+        .map_err(|e| ClientError::Invalid(format!("key `{key}`: {e}")))?;
+    let key_value = key_header_value(&key)
+        .ok_or_else(|| ClientError::Invalid(format!("key `{key}` cannot be sent")))?;
+    let ids = Ids::for_operation(&headers);
+    let call = Arc::new(OneCall {
+        path: parts.uri.path().to_owned(),
+        method: parts.method,
+        uri: parts.uri,
+        version: parts.version,
+        headers,
+        message,
+        key: key.clone(),
+        key_value,
+        ids,
+    });
+    // The closures own what they use (an `Arc` of the call), so the call's future is `Send`.
+    let for_send = Arc::clone(&call);
+    let send = move |_: u32, timeout: Duration| {
+        let req = for_send.request(timeout);
+        let svc = inner.clone();
+        async move {
+            let answer = tokio::time::timeout(timeout, async move {
+                let res = match svc.oneshot(req).await {
+                    Ok(res) => res,
+                    Err(e) => {
+                        let e: BoxError = e.into();
+                        return transport_failure(&*e);
+                    }
+                };
+                let (head, body) = res.into_parts();
+                match body.collect().await {
+                    Ok(collected) => {
+                        let trailers = collected.trailers().cloned();
+                        classify(GrpcAnswer::new(head, collected.to_bytes(), trailers))
+                    }
+                    Err(e) => Attempt::Ambiguous(format!("answer cut off: {e}")),
+                }
+            })
+            .await;
+            answer.unwrap_or_else(|_| Attempt::Ambiguous("timed out".into()))
+        }
+    };
+    let lookup = move |timeout: Duration| {
+        let mut h = call.headers.clone();
+        call.ids.stamp(&mut h);
+        status.lookup(call.path.clone(), call.key.clone(), h, timeout)
+    };
+    let done = retry::run(policy, &key, send, lookup).await?;
+    Ok(done.answer.into_response())
+}
+
+#[cfg(test)]
+mod tests {
+    use tonic_types::{ErrorDetails, StatusExt as _};
+
+    use super::*;
+
+    fn answer(status: Status, replayed: bool) -> GrpcAnswer {
+        let mut head = Response::new(()).into_parts().0;
+        if replayed {
+            head.headers
+                .insert(REPLAYED, HeaderValue::from_static("true"));
+        }
+        let mut trailers = HeaderMap::new();
+        status.add_header(&mut trailers).expect("status headers");
+        GrpcAnswer::new(head, Bytes::new(), Some(trailers))
+    }
+
+    fn with(code: Code, details: ErrorDetails) -> Status {
+        Status::with_error_details(code, "m", details)
+    }
+
+    fn kind(a: &Attempt<GrpcAnswer>) -> &'static str {
+        match a {
+            Attempt::NotSent(_) => "not_sent",
+            Attempt::Ambiguous(_) => "ambiguous",
+            Attempt::Retryable { why, .. } => why.as_str(),
+            Attempt::OutcomeUnknown(_) => "unknown",
+            Attempt::Final(_) => "final",
+        }
+    }
+
+    #[test]
+    fn statuses_are_classified_by_the_table() {
+        let retry = || ErrorDetails::with_retry_info(Some(Duration::from_millis(300)));
+        let info = |reason: &str| ErrorDetails::with_error_info(reason, "idem.dev", []);
+        for (status, replayed, expect) in [
+            (Status::ok(""), false, "final"),
+            (Status::invalid_argument("bad"), false, "final"),
+            (Status::permission_denied("no"), false, "final"),
+            (Status::internal("boom"), false, "final"),
+            (Status::unavailable("down"), false, "unavailable"),
+            (with(Code::Aborted, retry()), false, "in_flight"),
+            (Status::aborted("conflict"), false, "final"),
+            (with(Code::ResourceExhausted, retry()), false, "throttled"),
+            (Status::resource_exhausted("too large"), false, "final"),
+            (
+                with(Code::FailedPrecondition, info("OUTCOME_UNKNOWN")),
+                false,
+                "unknown",
+            ),
+            (
+                with(Code::FailedPrecondition, info("KEY_REUSED")),
+                false,
+                "final",
+            ),
+            (Status::deadline_exceeded("slow"), false, "ambiguous"),
+            (Status::cancelled("gone"), false, "ambiguous"),
+            // A replay is the answer, whatever its code.
+            (Status::unavailable("stored"), true, "final"),
+        ] {
+            let label = format!("{:?} replayed={replayed}", status.code());
+            assert_eq!(kind(&classify(answer(status, replayed))), expect, "{label}");
+        }
+        let a = classify(answer(with(Code::Aborted, retry()), false));
+        assert!(matches!(
+            a,
+            Attempt::Retryable { retry_after: Some(d), .. } if d == Duration::from_millis(300)
+        ));
+        // No status anywhere: the answer is broken, not final.
+        let head = Response::new(()).into_parts().0;
+        assert_eq!(
+            kind(&classify(GrpcAnswer::new(head, Bytes::new(), None))),
+            "ambiguous"
+        );
+    }
+
+    #[test]
+    fn refused_connections_are_not_sent() {
+        let refused = std::io::Error::from(std::io::ErrorKind::ConnectionRefused);
+        assert_eq!(kind(&transport_failure::<GrpcAnswer>(&refused)), "not_sent");
+        let reset = std::io::Error::from(std::io::ErrorKind::ConnectionReset);
+        assert_eq!(kind(&transport_failure::<GrpcAnswer>(&reset)), "ambiguous");
+    }
+
+    /// What the scripted server answers to one attempt.
+    enum Reply {
+        Status(Status),
+        Message(&'static str),
+        Reset,
+    }
+
+    type Seen = Arc<std::sync::Mutex<Vec<HeaderMap>>>;
+
+    /// A gRPC server stand-in answering `script` in order and recording each attempt's
+    /// metadata.
+    fn server(
+        script: Vec<Reply>,
+    ) -> (
+        impl Service<Request<Body>, Response = Response<Body>, Error = BoxError, Future: Send>
+        + Clone
+        + Send
+        + Sync
+        + 'static,
+        Seen,
+    ) {
+        let seen: Seen = Arc::default();
+        let script = Arc::new(std::sync::Mutex::new(std::collections::VecDeque::from(
+            script,
+        )));
+        let record = Arc::clone(&seen);
+        let svc = tower::service_fn(move |req: Request<Body>| {
+            record.lock().expect("lock").push(req.headers().clone());
+            let next = script.lock().expect("lock").pop_front();
+            async move {
+                match next {
+                    Some(Reply::Status(status)) => Ok(status.into_http()),
+                    Some(Reply::Message(text)) => Ok(message(text, false)),
+                    Some(Reply::Reset) | None => Err(Box::new(std::io::Error::from(
+                        std::io::ErrorKind::ConnectionReset,
+                    )) as BoxError),
+                }
+            }
+        });
+        (svc, seen)
+    }
+
+    /// An OK answer carrying `text` as its (unframed, for the test) message.
+    fn message(text: &'static str, replayed: bool) -> Response<Body> {
+        let mut trailers = HeaderMap::new();
+        Status::ok("")
+            .add_header(&mut trailers)
+            .expect("status headers");
+        let mut head = Response::new(()).into_parts().0;
+        if replayed {
+            head.headers
+                .insert(REPLAYED, HeaderValue::from_static("true"));
+        }
+        GrpcAnswer::new(head, Bytes::from_static(text.as_bytes()), Some(trailers)).into_response()
+    }
+
+    /// A status service stand-in that says the key completed with `text`.
+    #[derive(Clone)]
+    struct Completed(&'static str);
+
+    impl StatusLookup for Completed {
+        fn lookup(&self, _: String, _: String, _: HeaderMap, _: Duration) -> LookupFuture {
+            let text = self.0;
+            Box::pin(async move {
+                let (head, body) = message(text, true).into_parts();
+                let collected = body.collect().await.expect("body");
+                let trailers = collected.trailers().cloned();
+                Ok(Some(KeyState::Completed(GrpcAnswer::new(
+                    head,
+                    collected.to_bytes(),
+                    trailers,
+                ))))
+            })
+        }
+    }
+
+    fn policy() -> RetryPolicy {
+        RetryPolicy::default()
+            .jitter(crate::policy::Jitter::None)
+            .initial_backoff(Duration::from_millis(1))
+    }
+
+    fn call() -> Request<Body> {
+        let mut req = Request::new(Body::new(http_body_util::Full::new(Bytes::from_static(
+            b"charge",
+        ))));
+        *req.uri_mut() = "http://svc/pkg.Payments/Charge".parse().expect("uri");
+        req
+    }
+
+    async fn body_of(res: Response<Body>) -> (Bytes, Option<HeaderMap>) {
+        let collected = res.into_body().collect().await.expect("body");
+        let trailers = collected.trailers().cloned();
+        (collected.to_bytes(), trailers)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn one_key_for_every_attempt_of_a_call() {
+        let (svc, seen) = server(vec![
+            Reply::Status(Status::unavailable("store down")),
+            Reply::Message("charged"),
+        ]);
+        let svc = GrpcRetryLayer::new(policy()).layer(svc);
+        let res = svc.oneshot(call()).await.expect("an answer");
+        let (body, trailers) = body_of(res).await;
+        assert_eq!(body, "charged");
+        assert_eq!(trailers.expect("trailers")["grpc-status"], "0");
+        let seen = seen.lock().expect("lock");
+        assert_eq!(seen.len(), 2);
+        assert_eq!(seen[0][IDEMPOTENCY_KEY], seen[1][IDEMPOTENCY_KEY]);
+        assert_eq!(seen[0]["x-request-id"], seen[1]["x-request-id"]);
+        assert!(seen[0].contains_key(GRPC_TIMEOUT));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_ambiguous_failure_asks_the_status_service() {
+        let (svc, seen) = server(vec![Reply::Reset, Reply::Message("second run")]);
+        let layer = GrpcRetryLayer::new(policy()).status(Completed("first run"));
+        let res = layer.layer(svc).oneshot(call()).await.expect("an answer");
+        assert_eq!(
+            body_of(res).await.0,
+            "first run",
+            "the stored answer, not a rerun"
+        );
+        assert_eq!(seen.lock().expect("lock").len(), 1);
+
+        // Without a status service the caller is told the outcome cannot be known.
+        let (svc, seen) = server(vec![Reply::Reset, Reply::Message("second run")]);
+        let err = GrpcRetryLayer::new(policy())
+            .layer(svc)
+            .oneshot(call())
+            .await
+            .expect_err("ambiguous");
+        let status = err.downcast::<Status>().expect("a status");
+        let source = std::error::Error::source(&*status).expect("source");
+        assert!(matches!(
+            source.downcast_ref::<ClientError>(),
+            Some(ClientError::Ambiguous { .. })
+        ));
+        assert_eq!(seen.lock().expect("lock").len(), 1, "not sent again");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn unknown_outcomes_and_final_answers_are_not_retried() {
+        let unknown = Status::with_error_details(
+            Code::FailedPrecondition,
+            "unknown",
+            ErrorDetails::with_error_info("OUTCOME_UNKNOWN", "idem.dev", []),
+        );
+        let (svc, seen) = server(vec![Reply::Status(unknown), Reply::Message("never")]);
+        let err = GrpcRetryLayer::new(policy())
+            .layer(svc)
+            .oneshot(call())
+            .await
+            .expect_err("unknown");
+        assert_eq!(
+            err.downcast::<Status>().expect("a status").code(),
+            Code::FailedPrecondition
+        );
+        assert_eq!(seen.lock().expect("lock").len(), 1);
+
+        let (svc, seen) = server(vec![
+            Reply::Status(Status::invalid_argument("bad amount")),
+            Reply::Message("never"),
+        ]);
+        let res = GrpcRetryLayer::new(policy())
+            .layer(svc)
+            .oneshot(call())
+            .await
+            .expect("the answer");
+        let status = Status::from_header_map(res.headers()).expect("trailers-only status");
+        assert_eq!(status.code(), Code::InvalidArgument);
+        assert_eq!(seen.lock().expect("lock").len(), 1);
+    }
+
+    #[test]
+    fn errors_become_statuses_that_carry_them() {
+        let s = status_for(ClientError::OutcomeUnknown { key: "k".into() });
+        assert_eq!(s.code(), Code::FailedPrecondition);
+        let source = std::error::Error::source(&s).expect("source");
+        assert!(matches!(
+            source.downcast_ref::<ClientError>(),
+            Some(ClientError::OutcomeUnknown { .. })
+        ));
+        assert_eq!(grpc_timeout(Duration::from_secs(2)), "2000m");
+    }
+}

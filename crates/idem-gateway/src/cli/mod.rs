@@ -1,0 +1,3 @@
+//! Command-line clients of the gateway's own APIs.
+
+pub mod admin;

@@ -1,0 +1,220 @@
+//! The gateway's status endpoint: `GET <status.path>/{key}` tells a caller what became of its
+//! key (absent, processing, completed, unknown), and with `?answer=1` returns a completed
+//! key's stored answer, so a client that timed out can ask before it retries.
+//!
+//! A key is looked up exactly as the route that protects it stores it: the route's namespace
+//! and the principal its principal source finds in this request (the same headers, the same
+//! JWT checks). `?route=NAME` or `?namespace=NS` picks the route; with one protected route
+//! neither is needed. The answers themselves are idem-http's [`IdempotencyStatus`].
+//!
+//! Requests under the path are always answered here and never forwarded, whatever their
+//! method or spelling: a spelling other than the configured one is refused, not proxied.
+
+use std::borrow::Cow;
+
+use bytes::Bytes;
+use http::request::Parts;
+use http::{Request, Response, StatusCode};
+use http_body_util::Empty;
+use idem_core::{Engine, Outcome, Refusal};
+use idem_http::{IdempotencyStatus, Problem};
+use tower::ServiceExt as _;
+
+use crate::app::GatewayStore;
+use crate::config::{Route, StatusSettings};
+use crate::path::{self, TrailingSlash};
+use crate::protect::layer_config;
+use crate::proxy::{self, ResBody};
+
+/// The status endpoint of one configuration.
+pub struct StatusEndpoint {
+    prefix: String,
+    routes: Vec<StatusRoute>,
+}
+
+struct StatusRoute {
+    name: String,
+    namespace: String,
+    service: IdempotencyStatus<GatewayStore>,
+}
+
+impl std::fmt::Debug for StatusEndpoint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let names: Vec<&str> = self.routes.iter().map(|r| r.name.as_str()).collect();
+        f.debug_struct("StatusEndpoint")
+            .field("prefix", &self.prefix)
+            .field("routes", &names)
+            .finish()
+    }
+}
+
+impl StatusEndpoint {
+    /// The endpoint at `settings.path` for the protected ones among `routes`.
+    ///
+    /// # Errors
+    /// A route policy the layer refuses (already refused when the configuration compiled).
+    pub fn new(
+        settings: &StatusSettings,
+        routes: &[Route],
+        engine: &Engine<GatewayStore>,
+    ) -> anyhow::Result<Self> {
+        let mut list = Vec::new();
+        for route in routes.iter().filter(|r| r.policy.idempotency) {
+            let config = layer_config(&route.policy)?;
+            list.push(StatusRoute {
+                name: route.name.clone(),
+                namespace: route.policy.namespace.clone(),
+                service: IdempotencyStatus::new(engine, config, &settings.path),
+            });
+        }
+        Ok(Self {
+            prefix: settings.path.clone(),
+            routes: list,
+        })
+    }
+
+    /// Whether a request for `raw` (the path as sent) belongs to the endpoint: the path as
+    /// sent, or its normalised spelling in any letter case, is the endpoint's path or below.
+    pub fn owns(&self, raw: &str, trailing: TrailingSlash) -> bool {
+        if under(raw, &self.prefix, false) {
+            return true;
+        }
+        match path::normalize(raw, trailing) {
+            Ok(normal) => under(&normal, &self.prefix, true),
+            Err(_) => false,
+        }
+    }
+
+    /// Answers one status request.
+    pub async fn answer(&self, parts: Parts) -> Response<ResBody> {
+        let raw = parts.uri.path();
+        let rest = raw
+            .strip_prefix(self.prefix.as_str())
+            .and_then(|r| r.strip_prefix('/'));
+        if !rest.is_some_and(|r| !r.is_empty() && !r.contains('/')) {
+            return refused(
+                StatusCode::BAD_REQUEST,
+                "status-path",
+                "Status path malformed",
+                format!(
+                    "ask for a key as GET {}/{{key}}, with the key percent-encoded as one path segment",
+                    self.prefix
+                ),
+                Refusal::BadTarget,
+            );
+        }
+        let route = match self.pick(parts.uri.query()) {
+            Ok(route) => route,
+            Err(detail) => {
+                return refused(
+                    StatusCode::BAD_REQUEST,
+                    "status-route",
+                    "Status route not chosen",
+                    detail,
+                    Refusal::NoRoute,
+                );
+            }
+        };
+        let req = Request::from_parts(parts, Empty::<Bytes>::new());
+        match route.service.clone().oneshot(req).await {
+            Ok(res) => proxy::boxed(res),
+            Err(never) => match never {},
+        }
+    }
+
+    /// The route a query names (`route=` or `namespace=`), or the only protected one.
+    fn pick(&self, query: Option<&str>) -> Result<&StatusRoute, String> {
+        let mut by_name = None;
+        let mut by_namespace = None;
+        for (k, v) in form_urlencoded::parse(query.unwrap_or("").as_bytes()) {
+            match &*k {
+                "route" => by_name = Some(v),
+                "namespace" => by_namespace = Some(v),
+                _ => {}
+            }
+        }
+        let names = || {
+            let names: Vec<&str> = self.routes.iter().map(|r| r.name.as_str()).collect();
+            if names.is_empty() {
+                "none".to_owned()
+            } else {
+                names.join(", ")
+            }
+        };
+        match (by_name, by_namespace) {
+            (Some(name), None) => self.routes.iter().find(|r| r.name == *name).ok_or_else(|| {
+                format!(
+                    "no protected route is named `{name}`; the protected routes are: {}",
+                    names()
+                )
+            }),
+            (None, Some(ns)) => {
+                let mut found = self.routes.iter().filter(|r| r.namespace == *ns);
+                match (found.next(), found.next()) {
+                    (Some(route), None) => Ok(route),
+                    (None, _) => Err(format!("no protected route uses the namespace `{ns}`")),
+                    (Some(_), Some(_)) => Err(format!(
+                        "several routes use the namespace `{ns}`, each with its own principal source; name one with ?route= ({})",
+                        names()
+                    )),
+                }
+            }
+            (Some(_), Some(_)) => Err("give `route` or `namespace`, not both".to_owned()),
+            (None, None) => match self.routes.as_slice() {
+                [only] => Ok(only),
+                _ => Err(format!(
+                    "name the route whose key this is with ?route= (one of: {})",
+                    names()
+                )),
+            },
+        }
+    }
+}
+
+/// Whether `path` is `prefix` or below it.
+fn under(path: &str, prefix: &str, ignore_case: bool) -> bool {
+    let Some(head) = path.get(..prefix.len()) else {
+        return false;
+    };
+    let same = if ignore_case {
+        head.eq_ignore_ascii_case(prefix)
+    } else {
+        head == prefix
+    };
+    same && matches!(path.as_bytes().get(prefix.len()), None | Some(b'/'))
+}
+
+#[cold]
+fn refused(
+    status: StatusCode,
+    slug: &'static str,
+    title: &'static str,
+    detail: impl Into<Cow<'static, str>>,
+    why: Refusal,
+) -> Response<ResBody> {
+    let mut res = proxy::problem(Problem::new(
+        status,
+        slug,
+        title,
+        detail.into().into_owned(),
+    ));
+    res.extensions_mut().insert(Outcome::Refused(why));
+    proxy::boxed(res)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_endpoint_owns_every_spelling_of_its_path() {
+        let at = |p: &str| under(p, "/idem/status", false);
+        assert!(at("/idem/status"));
+        assert!(at("/idem/status/k-1"));
+        assert!(!at("/idem/statusx"));
+        assert!(!at("/idem"));
+        let any_case = |p: &str| under(p, "/idem/status", true);
+        assert!(any_case("/IDEM/Status/k"));
+        assert!(!any_case("/idem/stat"));
+    }
+}

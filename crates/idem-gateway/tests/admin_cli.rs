@@ -1,0 +1,184 @@
+//! `idem admin` through the real binary against a running gateway: tables for people,
+//! `--json` for scripts, and exit codes that tell done (0) from failed (1), bad usage (2),
+//! not found (3) and refused (4).
+
+mod common;
+
+use std::process::Command;
+
+use common::{ADMIN_TOKEN, Gateway, Http, TempDir, Upstream, bin, key};
+use http::StatusCode;
+use serde_json::Value;
+
+fn config(upstream: &str) -> String {
+    format!(
+        r#"
+upstream = "{upstream}"
+store = "memory:"
+
+[admin]
+listen = "127.0.0.1:0"
+token = "{ADMIN_TOKEN}"
+
+[defaults]
+namespace = "payments"
+principal = {{ from = "none" }}
+
+[[routes]]
+name = "charge"
+path = "/charges"
+timeout = "1s"
+upstream_failure = "hold"
+"#
+    )
+}
+
+/// Runs `idem admin --url … ARGS` with `IDEM_ADMIN_TOKEN` set to `token` (unset for `None`);
+/// answers the exit code and stdout.
+fn admin(gw: &Gateway, token: Option<&str>, args: &[&str]) -> (i32, String) {
+    let url = format!("http://{}", gw.admin.expect("admin listener"));
+    let mut cmd = Command::new(bin());
+    cmd.arg("admin").args(["--url", &url]).args(args);
+    cmd.env_remove("IDEM_ADMIN_TOKEN");
+    if let Some(t) = token {
+        cmd.env("IDEM_ADMIN_TOKEN", t);
+    }
+    let out = cmd.output().expect("run idem admin");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operator_finds_settles_and_audits_an_unknown_payment() {
+    let up = Upstream::start().await;
+    let gw = Gateway::start(&config(&up.url()), &[]);
+    let http = Http::new();
+    let k = key();
+    let r = http
+        .post(&gw.url("/charges?delay_ms=3000"), Some(&k), "{}")
+        .await;
+    assert_eq!(r.status, StatusCode::GATEWAY_TIMEOUT);
+    let t = Some(ADMIN_TOKEN);
+
+    // Finding it: a table, and JSON.
+    let (code, table) = admin(&gw, t, &["records", "list", "--state", "unknown"]);
+    assert_eq!(code, 0, "{table}");
+    assert!(table.starts_with("STATE"), "{table}");
+    let row = table
+        .lines()
+        .find(|l| l.contains(&k))
+        .expect("row of the key");
+    assert!(
+        row.starts_with("unknown") && row.contains("payments"),
+        "{row}"
+    );
+    let (code, out) = admin(&gw, t, &["--json", "records", "list", "--state", "unknown"]);
+    assert_eq!(code, 0);
+    let listed: Value = serde_json::from_str(&out).expect("json");
+    assert!(
+        listed["records"]
+            .as_array()
+            .expect("records")
+            .iter()
+            .any(|r| r["key"] == k.as_str())
+    );
+    let (code, shown) = admin(&gw, t, &["records", "get", &k, "-n", "payments"]);
+    assert_eq!(code, 0);
+    assert!(shown.contains("unknown since"), "{shown}");
+
+    // Not found, refused, bad usage, failed.
+    assert_eq!(
+        admin(&gw, t, &["records", "get", "nope", "-n", "payments"]).0,
+        3
+    );
+    assert_eq!(
+        admin(&gw, Some("wrong-token-wrong-token"), &["records", "list"]).0,
+        4
+    );
+    assert_eq!(admin(&gw, None, &["records", "list"]).0, 2);
+    assert_eq!(
+        admin(&gw, t, &["records", "resolve", &k, "-n", "payments"]).0,
+        2,
+        "neither --complete nor --release"
+    );
+    let (code, _) = {
+        let mut cmd = Command::new(bin());
+        cmd.args(["admin", "--url", "http://127.0.0.1:9", "records", "list"])
+            .env("IDEM_ADMIN_TOKEN", ADMIN_TOKEN);
+        let out = cmd.output().expect("run");
+        (out.status.code().unwrap_or(-1), ())
+    };
+    assert_eq!(code, 1, "nothing listens there");
+
+    // Settling it, with the token from a file.
+    let dir = TempDir::new("admin-cli");
+    let file = dir.0.join("token");
+    std::fs::write(&file, format!("{ADMIN_TOKEN}\n")).expect("token file");
+    let file = file.display().to_string();
+    let (code, out) = admin(
+        &gw,
+        None,
+        &[
+            "--token-file",
+            &file,
+            "--actor",
+            "ann",
+            "records",
+            "resolve",
+            &k,
+            "-n",
+            "payments",
+            "--complete",
+            "201",
+            "--body",
+            r#"{"charged":true}"#,
+            "--header",
+            "content-type: application/json",
+        ],
+    );
+    assert_eq!(code, 0, "{out}");
+    let replay = http
+        .post(&gw.url("/charges?delay_ms=3000"), Some(&k), "{}")
+        .await;
+    assert_eq!(replay.status, StatusCode::CREATED);
+    assert_eq!(replay.json()["charged"], true);
+    // A completed record is not resolvable: refused.
+    assert_eq!(
+        admin(
+            &gw,
+            t,
+            &["records", "resolve", &k, "-n", "payments", "--release"]
+        )
+        .0,
+        4
+    );
+
+    // Its trail.
+    let (code, trail) = admin(&gw, t, &["audit", &k, "-n", "payments"]);
+    assert_eq!(code, 0);
+    let events: Vec<&str> = trail
+        .lines()
+        .skip(1)
+        .filter_map(|l| l.split_whitespace().nth(1))
+        .collect();
+    assert_eq!(events, ["resolved", "unknown", "claimed"], "{trail}");
+    assert!(trail.contains("admin:ann"), "{trail}");
+    let (code, out) = admin(&gw, t, &["--json", "audit", &k, "-n", "payments"]);
+    assert_eq!(code, 0);
+    let json: Value = serde_json::from_str(&out).expect("json");
+    assert_eq!(json["events"][0]["event"], "resolved");
+    assert_eq!(json["events"][0]["status"], 201);
+
+    // Deleting: once found, then not.
+    assert_eq!(
+        admin(&gw, t, &["records", "delete", &k, "-n", "payments"]).0,
+        0
+    );
+    assert_eq!(
+        admin(&gw, t, &["records", "delete", &k, "-n", "payments"]).0,
+        3
+    );
+    assert_eq!(up.seen.count("/charges"), 1);
+}

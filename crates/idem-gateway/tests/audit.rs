@@ -1,0 +1,144 @@
+//! The audit trail through the real `idem` binary: what an operator sees at
+//! `GET /admin/audit` after a payment's outcome became unknown and was settled.
+
+mod common;
+
+use common::{ADMIN_TOKEN, Gateway, Http, TempDir, Upstream, key};
+use http::{Method, StatusCode};
+use serde_json::Value;
+
+fn config(upstream: &str, db: &str) -> String {
+    format!(
+        r#"
+upstream = "{upstream}"
+store = "sqlite:{db}"
+
+[admin]
+listen = "127.0.0.1:0"
+token = "{ADMIN_TOKEN}"
+
+[defaults]
+namespace = "payments"
+principal = {{ from = "none" }}
+
+[[routes]]
+name = "charge"
+path = "/charges"
+timeout = "1s"
+upstream_failure = "hold"
+"#
+    )
+}
+
+async fn admin(http: &Http, gw: &Gateway, method: Method, path: &str, body: &str) -> common::Reply {
+    let auth = format!("Bearer {ADMIN_TOKEN}");
+    http.send(
+        method,
+        &gw.admin_url(path),
+        &[("authorization", &auth), ("x-idem-actor", "ann")],
+        body,
+    )
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_trail_of_a_key_through_claim_timeout_unknown_resolve() {
+    let dir = TempDir::new("audit");
+    let db = dir.0.join("idem.db");
+    let up = Upstream::start().await;
+    let gw = Gateway::start(&config(&up.url(), &db.display().to_string()), &[]);
+    let http = Http::new();
+    let k = key();
+
+    // The upstream takes longer than the route's timeout: the outcome is unknown.
+    let r = http
+        .post(
+            &gw.url("/charges?delay_ms=3000"),
+            Some(&k),
+            r#"{"amount":100}"#,
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::GATEWAY_TIMEOUT);
+    let retry = http
+        .post(
+            &gw.url("/charges?delay_ms=3000"),
+            Some(&k),
+            r#"{"amount":100}"#,
+        )
+        .await;
+    assert_eq!(retry.problem_type(), "outcome-unknown");
+
+    // The operator settles it: the charge went through.
+    let resolved = admin(
+        &http,
+        &gw,
+        Method::POST,
+        &format!("/admin/record/resolve?namespace=payments&key={k}"),
+        r#"{"outcome":"complete","status":201,"body":"{\"charged\":true}"}"#,
+    )
+    .await;
+    assert_eq!(resolved.status, StatusCode::OK, "{:?}", resolved.body);
+
+    let trail = admin(
+        &http,
+        &gw,
+        Method::GET,
+        &format!("/admin/audit?namespace=payments&key={k}"),
+        "",
+    )
+    .await;
+    assert_eq!(trail.status, StatusCode::OK, "{:?}", trail.body);
+    let events = trail.json()["events"].as_array().cloned().expect("events");
+    let names: Vec<&str> = events.iter().filter_map(|e| e["event"].as_str()).collect();
+    assert_eq!(names, ["resolved", "unknown", "claimed"], "{events:#?}");
+    let (resolve, unknown, claim) = (&events[0], &events[1], &events[2]);
+    for e in &events {
+        assert_eq!(e["namespace"], "payments");
+        assert_eq!(e["scope"], "");
+        assert_eq!(e["key"], k.as_str());
+        assert_eq!(e["fence"], claim["fence"]);
+        assert!(e["at_ms"].as_u64().is_some_and(|t| t > 0));
+    }
+    assert!(
+        claim["request_id"]
+            .as_str()
+            .is_some_and(|id| !id.is_empty())
+    );
+    assert!(claim["instance"].as_str().is_some_and(|i| i.len() == 16));
+    assert_eq!(claim["actor"], Value::Null);
+    assert_eq!(unknown["outcome"], "ambiguous");
+    assert_eq!(unknown["instance"], claim["instance"]);
+    assert_eq!(resolve["outcome"], "complete");
+    assert_eq!(resolve["status"], 201);
+    assert_eq!(resolve["actor"], "admin:ann");
+    assert!(claim["at_ms"].as_u64() <= resolve["at_ms"].as_u64());
+
+    // Filters: by event and time; a bad filter is a clear 400.
+    let unknowns = admin(
+        &http,
+        &gw,
+        Method::GET,
+        "/admin/audit?namespace=payments&state=unknown",
+        "",
+    )
+    .await;
+    let only: Vec<Value> = unknowns.json()["events"]
+        .as_array()
+        .cloned()
+        .expect("events");
+    assert_eq!(only.len(), 1);
+    assert_eq!(only[0]["key"], k.as_str());
+    let later = format!(
+        "/admin/audit?namespace=payments&since={}",
+        resolve["at_ms"].as_u64().expect("at") + 1
+    );
+    let none = admin(&http, &gw, Method::GET, &later, "").await;
+    assert_eq!(none.json()["events"], serde_json::json!([]));
+    let bad = admin(&http, &gw, Method::GET, "/admin/audit?state=maybe", "").await;
+    assert_eq!(bad.status, StatusCode::BAD_REQUEST);
+    let unauthorized = http
+        .send(Method::GET, &gw.admin_url("/admin/audit"), &[], "")
+        .await;
+    assert_eq!(unauthorized.status, StatusCode::UNAUTHORIZED);
+    assert_eq!(up.seen.count("/charges"), 1);
+}

@@ -1,0 +1,293 @@
+//! The status endpoint through the real `idem` binary: off by default, never proxied, scoped
+//! by the caller's principal exactly as the route's records are, answering absent, processing,
+//! completed (and the stored answer with `?answer=1`) and unknown.
+
+mod common;
+
+use std::process::Command;
+
+use common::{Gateway, Http, TempDir, Upstream, bin, key};
+use http::{Method, StatusCode};
+
+fn config(upstream: &str, status: bool) -> String {
+    format!(
+        r#"
+upstream = "{upstream}"
+store = "memory:"
+unmatched = "proxy"
+{}
+
+[defaults]
+principal = {{ from = "header", header = "x-api-key" }}
+upstream_failure = "hold"
+timeout = "2s"
+
+[[routes]]
+name = "charge"
+method = "POST"
+path = "/charge/*"
+
+[[routes]]
+name = "refund"
+method = "POST"
+path = "/refund/*"
+namespace = "refunds"
+
+[[routes]]
+name = "open"
+method = "POST"
+path = "/open/*"
+principal = {{ from = "none" }}
+"#,
+        if status {
+            "[status]\npath = \"/idem/status/\""
+        } else {
+            ""
+        }
+    )
+}
+
+async fn get(http: &Http, gw: &Gateway, path: &str, who: Option<&str>) -> common::Reply {
+    let headers: Vec<(&str, &str)> = who.map(|w| ("x-api-key", w)).into_iter().collect();
+    http.send(Method::GET, &gw.url(path), &headers, "").await
+}
+
+async fn post(http: &Http, gw: &Gateway, path: &str, key: &str, who: &str) -> common::Reply {
+    http.send(
+        Method::POST,
+        &gw.url(path),
+        &[
+            ("idempotency-key", key),
+            ("x-api-key", who),
+            ("content-type", "application/json"),
+        ],
+        r#"{"amount":100}"#,
+    )
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn off_by_default_the_path_is_an_upstream_path() {
+    let up = Upstream::start().await;
+    let gw = Gateway::start(&config(&up.url(), false), &[]);
+    let http = Http::new();
+    let r = get(&http, &gw, "/idem/status/k-1?route=charge", Some("alice")).await;
+    assert_eq!(r.status, StatusCode::CREATED, "the upstream answered");
+    assert_eq!(up.seen.count("/idem/status/k-1"), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_reads_absent_then_completed_and_its_answer_replays() {
+    let up = Upstream::start().await;
+    let gw = Gateway::start(&config(&up.url(), true), &[]);
+    let http = Http::new();
+    let k = key();
+    let at = format!("/idem/status/{k}?route=charge");
+
+    let r = get(&http, &gw, &at, Some("alice")).await;
+    assert_eq!(r.status, StatusCode::NOT_FOUND);
+    assert_eq!(r.json()["state"], "absent");
+    assert_eq!(r.json()["key"], k.as_str());
+    assert_eq!(r.json()["namespace"], "charge");
+
+    let first = post(&http, &gw, "/charge/a", &k, "alice").await;
+    assert_eq!(first.status, StatusCode::CREATED);
+
+    let r = get(&http, &gw, &at, Some("alice")).await;
+    assert_eq!(r.status, StatusCode::OK);
+    assert_eq!(r.json()["state"], "completed");
+    assert_eq!(r.json()["status"], 201);
+
+    // The stored answer, byte for byte, marked as a replay; the upstream does not run again.
+    let r = get(&http, &gw, &format!("{at}&answer=1"), Some("alice")).await;
+    assert_eq!(r.status, StatusCode::CREATED);
+    assert_eq!(r.body, first.body);
+    assert!(r.replayed());
+    assert_eq!(r.header("idempotency-key"), Some(k.as_str()));
+    assert_eq!(up.seen.total(), 1);
+
+    // Another caller's view of the same key: absent, never alice's answer.
+    let r = get(&http, &gw, &format!("{at}&answer=1"), Some("bob")).await;
+    assert_eq!(r.status, StatusCode::NOT_FOUND);
+    assert_eq!(r.json()["state"], "absent");
+    // No credential where the route requires one: refused like the route refuses it.
+    let r = get(&http, &gw, &at, None).await;
+    assert_eq!(r.status, StatusCode::UNAUTHORIZED);
+    // Another namespace: absent.
+    let r = get(
+        &http,
+        &gw,
+        &format!("/idem/status/{k}?route=refund"),
+        Some("alice"),
+    )
+    .await;
+    assert_eq!(r.json()["state"], "absent");
+    let r = get(
+        &http,
+        &gw,
+        &format!("/idem/status/{k}?namespace=charge"),
+        Some("alice"),
+    )
+    .await;
+    assert_eq!(r.json()["state"], "completed");
+    assert_eq!(up.seen.total(), 1, "no status query was proxied");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_flight_and_unknown_keys_say_so() {
+    let up = Upstream::start().await;
+    let gw = Gateway::start(&config(&up.url(), true), &[]);
+    let http = Http::new();
+
+    let k = key();
+    let pending = {
+        let arrived = up.seen.arrived.notified();
+        tokio::pin!(arrived);
+        arrived.as_mut().enable();
+        let (http, url, k) = (
+            http.clone(),
+            gw.url("/charge/slow?delay_ms=1500"),
+            k.clone(),
+        );
+        let pending = tokio::spawn(async move {
+            http.send(
+                Method::POST,
+                &url,
+                &[("idempotency-key", &k), ("x-api-key", "alice")],
+                "{}",
+            )
+            .await
+        });
+        arrived.await;
+        pending
+    };
+    let at = format!("/idem/status/{k}?route=charge&answer=1");
+    let r = get(&http, &gw, &at, Some("alice")).await;
+    assert_eq!(r.status, StatusCode::OK);
+    assert_eq!(r.json()["state"], "processing");
+    assert_eq!(r.header("retry-after"), Some("1"));
+    assert!(r.json()["lease_until"].as_u64().is_some());
+    let first = pending.await.expect("join");
+    let r = get(&http, &gw, &at, Some("alice")).await;
+    assert_eq!(r.body, first.body, "once done, the stored answer");
+
+    // The upstream resets after the request was sent: the gateway holds the key as unknown.
+    let k = key();
+    let r = post(&http, &gw, "/charge/reset", &k, "alice").await;
+    assert_eq!(r.status, StatusCode::BAD_GATEWAY);
+    let r = get(
+        &http,
+        &gw,
+        &format!("/idem/status/{k}?route=charge&answer=1"),
+        Some("alice"),
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::OK);
+    assert_eq!(r.json()["state"], "unknown");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nothing_under_the_path_is_ever_proxied() {
+    let up = Upstream::start().await;
+    let gw = Gateway::start(&config(&up.url(), true), &[]);
+    let http = Http::new();
+    let k = key();
+    // Two protected routes with principals: the route must be named.
+    let r = get(&http, &gw, &format!("/idem/status/{k}"), Some("alice")).await;
+    assert_eq!(r.status, StatusCode::BAD_REQUEST);
+    assert_eq!(r.problem_type(), "status-route");
+    let r = get(
+        &http,
+        &gw,
+        &format!("/idem/status/{k}?route=nope"),
+        Some("alice"),
+    )
+    .await;
+    assert_eq!(r.problem_type(), "status-route");
+    // Other spellings, other methods and a missing key are answered, not forwarded.
+    for (method, path) in [
+        (Method::GET, format!("/IDEM/status/{k}?route=charge")),
+        (Method::GET, format!("/idem//status/{k}?route=charge")),
+        (Method::GET, format!("/idem/./status/{k}?route=charge")),
+        (Method::GET, "/idem/status".to_owned()),
+        (Method::GET, "/idem/status/".to_owned()),
+        (Method::GET, format!("/idem/status/{k}/more?route=charge")),
+        (Method::POST, format!("/idem/status/{k}?route=charge")),
+        (Method::DELETE, format!("/idem/status/{k}?route=charge")),
+    ] {
+        let r = http
+            .send(
+                method.clone(),
+                &gw.url(&path),
+                &[("x-api-key", "alice")],
+                "",
+            )
+            .await;
+        assert!(
+            r.status == StatusCode::BAD_REQUEST || r.status == StatusCode::METHOD_NOT_ALLOWED,
+            "{method} {path}: {}",
+            r.status
+        );
+    }
+    // A key holding `/` travels percent-encoded.
+    let slashed = "order/42";
+    let r = post(&http, &gw, "/charge/x", slashed, "alice").await;
+    assert_eq!(r.status, StatusCode::CREATED);
+    let r = get(
+        &http,
+        &gw,
+        "/idem/status/order%2F42?route=charge",
+        Some("alice"),
+    )
+    .await;
+    assert_eq!(r.json()["state"], "completed");
+    assert_eq!(up.seen.total(), 1, "only the charge reached the upstream");
+    // The route without a principal answers everyone.
+    let k = key();
+    let r = http
+        .send(
+            Method::POST,
+            &gw.url("/open/x"),
+            &[("idempotency-key", &k)],
+            "{}",
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::CREATED);
+    let r = get(&http, &gw, &format!("/idem/status/{k}?route=open"), None).await;
+    assert_eq!(r.json()["state"], "completed");
+}
+
+#[test]
+fn check_config_shows_the_endpoint() {
+    let dir = TempDir::new("status-check");
+    let path = dir.0.join("idem.toml");
+    let run = |text: &str| {
+        std::fs::write(&path, text).expect("write");
+        Command::new(bin())
+            .args(["check-config", "--config"])
+            .arg(&path)
+            .output()
+            .expect("run")
+    };
+    let out = run(&config("http://127.0.0.1:9", true));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}");
+    assert!(
+        text.contains("status:    GET /idem/status/{key}")
+            && text.contains("?route= (charge, refund, open)"),
+        "{text}"
+    );
+    let out = run(&config("http://127.0.0.1:9", false));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("status:    off"));
+    for bad in ["idem/status", "/", "/idem/{key}", "/idem/../x", "/a%20b"] {
+        let out = run(&format!(
+            "{}\n[status]\npath = \"{bad}\"\n",
+            config("http://127.0.0.1:9", false)
+        ));
+        assert_eq!(out.status.code(), Some(2), "{bad}");
+        assert!(
+            String::from_utf8_lossy(&out.stderr).contains("status.path"),
+            "{bad}"
+        );
+    }
+}

@@ -1,0 +1,51 @@
+//! idem's gRPC carrier: a tower layer that gives a tonic server's unary methods the
+//! idempotency-key semantics of `docs/design.md`, on top of [`idem_core::Engine`], and a
+//! status service a caller asks after a timeout. `docs/grpc.md` is the guide.
+//!
+//! ```
+//! use idem_core::{Engine, MemoryStore, Policy};
+//! use idem_grpc::{GrpcIdempotencyConfig, GrpcIdempotencyLayer, MethodConfig};
+//! use idem_http::HeaderPrincipal;
+//!
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let engine = Engine::new(MemoryStore::new(100_000), Policy::default());
+//! let charge = MethodConfig::new("payments.charge")?
+//!     .principal(HeaderPrincipal::new(http::HeaderName::from_static("x-api-key")).required());
+//! let config = GrpcIdempotencyConfig::new().method("/payments.v1.Payments/Charge", charge)?;
+//! let layer = GrpcIdempotencyLayer::new(&engine, config);
+//! // tonic::transport::Server::builder()
+//! //     .layer(layer.clone())
+//! //     .add_service(PaymentsServer::new(payments))
+//! //     .add_service(layer.status_service())
+//! //     .serve(addr)
+//! # let _ = layer; Ok(()) }
+//! ```
+//!
+//! Calls to methods that are not configured, streaming ones included, pass through
+//! unprotected.
+
+pub mod codes;
+mod config;
+mod idempotency;
+mod status;
+mod wire;
+
+pub use codes::{ERROR_DOMAIN, GrpcStorePolicy, StoreDeterministic};
+pub use config::{
+    DEFAULT_MAX_REQUEST, DEFAULT_MAX_STORED_RESPONSE, DEFAULT_REPLAY_METADATA,
+    GrpcIdempotencyConfig, IDEMPOTENCY_KEY, MethodConfig, MethodConfigError,
+};
+pub use idempotency::{GrpcIdempotency, GrpcIdempotencyLayer};
+pub use status::StatusService;
+
+/// The status service's messages and its generated server and client
+/// (`proto/idem/status/v1/status.proto`, compiled by `build.rs` with protox).
+#[allow(
+    missing_docs,
+    unreachable_pub,
+    missing_debug_implementations,
+    clippy::all
+)]
+pub mod proto {
+    include!(concat!(env!("OUT_DIR"), "/idem.status.v1.rs"));
+}

@@ -1,0 +1,5 @@
+-- KEYS[1] the lock; ARGV: holder ('owner|fence'). Compare-and-delete: 1 when it was ours.
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('DEL', KEYS[1])
+end
+return 0

@@ -1,0 +1,225 @@
+//! The audit trail: every state change leaves one event, in order, with who and what.
+
+use idem_core::audit::{self, AuditEvent, AuditKind, AuditQuery, instance_of};
+use idem_core::{
+    ClaimOutcome, ReleaseKind, Resolution, ResolveOutcome, ScopedKey, SettleOutcome, Store,
+    StoredResponse,
+};
+
+use crate::ctx::{Ctx, fp};
+use crate::harness::Harness;
+
+impl<H: Harness> Ctx<'_, H> {
+    async fn audit(&self, query: &AuditQuery) -> Vec<AuditEvent> {
+        self.store
+            .audit(query)
+            .await
+            .unwrap_or_else(|e| panic!("audit {query:?}: store error: {e}"))
+    }
+
+    async fn trail(&self, key: &ScopedKey) -> Vec<AuditEvent> {
+        self.audit(&AuditQuery::for_key(key)).await
+    }
+}
+
+fn kinds(events: &[AuditEvent]) -> Vec<AuditKind> {
+    events.iter().map(|e| e.kind).collect()
+}
+
+/// The trail of a key through claim → lease runs out under `hold` → unknown → resolve:
+/// three events, newest first, each with its fence, request id, instance and actor.
+pub async fn audit_trail_follows_claim_timeout_unknown_resolve<H: Harness>(h: &H) {
+    let c = Ctx::new(h, "audit-trail").await;
+    let k = c.key("k");
+    let mut first = c.hold_req(&k, fp(1));
+    first.request_id = Some("req-first".into());
+    let ClaimOutcome::Claimed { lease, .. } = c.claim(&first).await else {
+        panic!("first claim of {k} not granted");
+    };
+    c.wait_out_lease().await;
+    let mut retry = c.hold_req(&k, fp(1));
+    retry.request_id = Some("req-retry".into());
+    assert_eq!(c.claim(&retry).await, ClaimOutcome::Unknown);
+    let response = StoredResponse::new(201, "settled");
+    let resolution = Resolution::Complete {
+        response,
+        ttl: c.ttl,
+    };
+    let resolved = audit::acting_as("rule:operator", || c.resolve(&k, &resolution)).await;
+    assert_eq!(resolved, ResolveOutcome::Resolved);
+
+    let trail = c.trail(&k).await;
+    assert_eq!(
+        kinds(&trail),
+        [AuditKind::Resolved, AuditKind::Unknown, AuditKind::Claimed],
+        "trail of {k}: {trail:#?}"
+    );
+    let (resolve, unknown, claim) = (&trail[0], &trail[1], &trail[2]);
+    for e in &trail {
+        assert_eq!(e.namespace, c.ns);
+        assert_eq!(e.scope, "");
+        assert_eq!(e.key, "k");
+        assert_eq!(
+            e.fence, lease.fence,
+            "every event concerns the one claim: {e:?}"
+        );
+    }
+    assert_eq!(claim.request_id.as_deref(), Some("req-first"));
+    assert_eq!(claim.instance, Some(instance_of(first.owner)));
+    assert_eq!(claim.actor, None);
+    assert_eq!(unknown.outcome.as_deref(), Some("lease_expired"));
+    assert_eq!(resolve.outcome.as_deref(), Some("complete"));
+    assert_eq!(resolve.status, Some(201));
+    assert_eq!(resolve.actor.as_deref(), Some("rule:operator"));
+    assert!(
+        claim.at <= unknown.at && unknown.at <= resolve.at,
+        "times go forward: {trail:#?}"
+    );
+}
+
+/// Completion, both releases, a takeover, a fenced settle and a delete each leave their
+/// event; reads, renewals, busy claims and replays leave none.
+pub async fn audit_records_every_change_and_nothing_else<H: Harness>(h: &H) {
+    let c = Ctx::new(h, "audit-changes").await;
+
+    let done = c.key("done");
+    let d = c.claimed(&done).await;
+    c.renew(&done, d.owner, d.fence, c.lease).await;
+    c.busy(&done).await;
+    c.complete(&done, &d, &StoredResponse::new(202, "ok")).await;
+    assert!(matches!(
+        c.claim_fp(&done, fp(1)).await,
+        ClaimOutcome::Done { .. }
+    ));
+    c.get(&done).await;
+    let trail = c.trail(&done).await;
+    assert_eq!(
+        kinds(&trail),
+        [AuditKind::Completed, AuditKind::Claimed],
+        "{trail:#?}"
+    );
+    assert_eq!(trail[0].status, Some(202));
+    assert_eq!(trail[0].instance, Some(instance_of(d.owner)));
+
+    let freed = c.key("freed");
+    let f = c.claimed(&freed).await;
+    c.release(&freed, &f, ReleaseKind::Retryable).await;
+    let g = c.claimed(&freed).await;
+    c.release(&freed, &g, ReleaseKind::Unknown).await;
+    assert!(audit::acting_as("rule:cleaner", || c.delete(&freed)).await);
+    let trail = c.trail(&freed).await;
+    assert_eq!(
+        kinds(&trail),
+        [
+            AuditKind::Deleted,
+            AuditKind::Unknown,
+            AuditKind::Claimed,
+            AuditKind::Released,
+            AuditKind::Claimed
+        ],
+        "{trail:#?}"
+    );
+    assert_eq!(trail[0].actor.as_deref(), Some("rule:cleaner"));
+    assert_eq!(trail[1].outcome.as_deref(), Some("ambiguous"));
+    assert_eq!(trail[3].outcome.as_deref(), Some("retryable"));
+    assert_eq!((trail[3].fence, trail[1].fence), (f.fence, g.fence));
+
+    let stale = c.key("stale");
+    let old = c.claimed(&stale).await;
+    c.wait_out_lease().await;
+    let new = c.taken_over(&c.req(&stale, fp(1))).await;
+    assert_eq!(
+        c.complete_as(
+            &stale,
+            old.owner,
+            old.fence,
+            &StoredResponse::new(200, "late")
+        )
+        .await,
+        SettleOutcome::Fenced
+    );
+    let trail = c.trail(&stale).await;
+    assert_eq!(
+        kinds(&trail),
+        [AuditKind::Fenced, AuditKind::TakenOver, AuditKind::Claimed],
+        "{trail:#?}"
+    );
+    assert_eq!(
+        trail[0].fence, old.fence,
+        "fenced names the stale caller's fence"
+    );
+    assert_eq!(trail[0].outcome.as_deref(), Some("complete"));
+    assert_eq!(trail[1].fence, new.fence);
+}
+
+/// Queries filter by namespace, principal, key, kind and time, and keep to the limit.
+pub async fn audit_query_filters<H: Harness>(h: &H) {
+    let c = Ctx::new(h, "audit-query").await;
+    let mut keys = Vec::new();
+    for name in ["a", "b", "c"] {
+        let k = c.key(name);
+        let l = c.claimed(&k).await;
+        c.complete(&k, &l, &StoredResponse::new(200, name)).await;
+        keys.push(k);
+    }
+    let tenant = ScopedKey::new(
+        keys[0].scope.clone().with_principal("tenant-1"),
+        keys[0].key.clone(),
+    );
+    c.claimed(&tenant).await;
+
+    let in_ns = AuditQuery {
+        namespace: Some(c.ns.clone()),
+        ..AuditQuery::default()
+    };
+    let all = c.audit(&in_ns).await;
+    assert_eq!(all.len(), 7, "{all:#?}");
+    assert!(all.windows(2).all(|w| w[0].at >= w[1].at), "newest first");
+    assert_eq!(all[0].scope, "tenant-1");
+
+    let completed = c
+        .audit(&AuditQuery {
+            kind: Some(AuditKind::Completed),
+            ..in_ns.clone()
+        })
+        .await;
+    assert_eq!(completed.len(), 3);
+    assert!(completed.iter().all(|e| e.scope.is_empty()));
+    let no_principal = c
+        .audit(&AuditQuery {
+            scope: Some(String::new()),
+            ..in_ns.clone()
+        })
+        .await;
+    assert_eq!(no_principal.len(), 6);
+    assert_eq!(c.audit(&AuditQuery::for_key(&tenant)).await.len(), 1);
+    let limited = c
+        .audit(&AuditQuery {
+            limit: 2,
+            ..in_ns.clone()
+        })
+        .await;
+    assert_eq!(limited, all[..2]);
+
+    let oldest = all[all.len() - 1].at;
+    let newest = all[0].at;
+    let before = c
+        .audit(&AuditQuery {
+            until: Some(oldest),
+            ..in_ns.clone()
+        })
+        .await;
+    assert!(!before.is_empty() && before.iter().all(|e| e.at <= oldest));
+    let after = c
+        .audit(&AuditQuery {
+            since: Some(newest),
+            ..in_ns.clone()
+        })
+        .await;
+    assert!(!after.is_empty() && after.iter().all(|e| e.at >= newest));
+    let elsewhere = AuditQuery {
+        namespace: Some(format!("{}-other", c.ns)),
+        ..AuditQuery::default()
+    };
+    assert!(c.audit(&elsewhere).await.is_empty());
+}
