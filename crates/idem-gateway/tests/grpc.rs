@@ -143,7 +143,6 @@ async fn grpc_passes_through_an_unprotected_route_with_its_trailers() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs idem-http's trailer support (responses keep their trailers), not yet merged"]
 async fn grpc_unary_through_a_protected_route_runs_once_and_replays() {
     let (addr, executions, task) = upstream().await;
     let gw = Gateway::start(&config(addr), &[]);

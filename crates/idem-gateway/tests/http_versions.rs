@@ -343,7 +343,6 @@ async fn expect_100_continue() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs idem-http's trailer support (responses keep their trailers), not yet merged"]
 async fn protected_trailers_reach_the_client_and_the_replay() {
     let up = RawUpstream::start().await;
     let gw = Gateway::start(&config(up.addr), &[]);
