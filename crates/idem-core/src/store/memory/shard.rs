@@ -14,14 +14,14 @@ use crate::store::StoreError;
 #[derive(Default)]
 pub(super) struct Inner {
     /// Entries found by the key's hash (computed once per operation) and the key itself.
-    /// Boxed: a record is a few hundred bytes, and moving it into the table (and every
-    /// record again on each growth) showed in profiles; a pointer moves cheaply.
+    /// Boxed: a record is a few hundred bytes, and the table moves every record on each
+    /// growth; a pointer moves cheaply.
     pub(super) records: HashTable<Box<Entry>>,
     /// Insertion order, oldest first: (seq, key hash). Kept lazily: removing a record
     /// leaves its pair behind, and a pair counts only while an entry with that hash still
     /// has that seq. Stale pairs are dropped when they reach the front, or all at once when
-    /// they outnumber the records. So an insert or a removal is O(1) here (an ordered map
-    /// cost a fresh request about a microsecond, in profiles of a growing store).
+    /// they outnumber the records. So an insert or a removal is O(1) here, where an
+    /// ordered map would cost O(log n) per fresh request.
     pub(super) by_age: VecDeque<(u64, u64)>,
     /// Expiry times, bucketed by second: second -> (expires_at, seq, key hash). Lazy in the
     /// same way: a record whose expiry moved or that was removed leaves its old triple,
