@@ -19,13 +19,10 @@
 use std::fmt;
 use std::time::Duration;
 
-use anyhow::bail;
+use anyhow::{Context, bail};
 use bytes::Bytes;
 use http::{Method, Request, StatusCode, Uri};
-use http_body_util::{BodyExt, Empty};
-use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::TokioExecutor;
+use http_body_util::BodyExt;
 use idem_core::audit;
 use idem_core::{
     Key, ListFilter, Record, Resolution, ResolveOutcome, Scope, ScopedKey, StateKind, Store,
@@ -33,6 +30,8 @@ use idem_core::{
 use serde_json::{Value, json};
 
 use crate::config::{ReconcileSettings, Settings};
+use crate::upstream::{Clients, HttpClient, RawUpstream, UpstreamSpec};
+use idem_http::RequestBody;
 
 /// Largest webhook answer read.
 const MAX_ANSWER: usize = 4 << 20;
@@ -48,6 +47,9 @@ struct Hook {
     base: Option<Uri>,
     /// How long a completed record is kept, unless the webhook says otherwise.
     ttl: Duration,
+    /// The client that reaches the webhook: the route's upstream client (its TLS trust, client
+    /// certificate and HTTP version) for a path, or one made from an absolute URL's origin.
+    client: Option<HttpClient>,
 }
 
 /// What the reconciler does (or, in a dry run, would do) with one record.
@@ -127,7 +129,6 @@ pub struct Reconciler<S> {
     store: S,
     hooks: Vec<Hook>,
     settings: ReconcileSettings,
-    client: Client<HttpConnector, Empty<Bytes>>,
     actor: String,
 }
 
@@ -149,20 +150,27 @@ impl<S: Store> Reconciler<S> {
     /// Two routes of one namespace name different webhooks.
     pub fn new(settings: &Settings, store: S, actor: impl Into<String>) -> anyhow::Result<Self> {
         let mut hooks: Vec<Hook> = Vec::new();
+        let mut clients = Clients::new(settings.reconcile.timeout, 1);
         for route in &settings.routes {
             let Some(template) = &route.policy.status_url else {
                 continue;
             };
+            let upstream = route.upstream.as_ref().or(settings.upstream.as_ref());
+            let spec =
+                if template.starts_with('/') {
+                    upstream.cloned()
+                } else {
+                    Some(origin_spec(template).with_context(|| {
+                        format!("route `{}`: status_url `{template}`", route.name)
+                    })?)
+                };
             let hook = Hook {
                 route: route.name.clone(),
                 namespace: route.policy.namespace.clone(),
                 template: template.clone(),
-                base: route
-                    .upstream
-                    .as_ref()
-                    .or(settings.upstream.as_ref())
-                    .map(|u| u.uri.clone()),
+                base: upstream.map(|u| u.uri.clone()),
                 ttl: route.policy.engine.record_ttl(),
+                client: spec.as_ref().map(|s| clients.get(s)),
             };
             match hooks.iter().find(|h| h.namespace == hook.namespace) {
                 Some(other) if other.template != hook.template || other.base != hook.base => bail!(
@@ -175,13 +183,10 @@ impl<S: Store> Reconciler<S> {
                 None => hooks.push(hook),
             }
         }
-        let mut connector = HttpConnector::new();
-        connector.set_connect_timeout(Some(settings.reconcile.timeout));
         Ok(Self {
             store,
             hooks,
             settings: settings.reconcile,
-            client: Client::builder(TokioExecutor::new()).build(connector),
             actor: actor.into(),
         })
     }
@@ -282,11 +287,14 @@ impl<S: Store> Reconciler<S> {
             .method(Method::GET)
             .uri(url.clone())
             .header(http::header::ACCEPT, "application/json")
-            .body(Empty::<Bytes>::new())
+            .body(RequestBody::from(Bytes::new()))
             .map_err(|e| format!("webhook request: {e}"))?;
+        let client = hook
+            .client
+            .as_ref()
+            .ok_or_else(|| format!("route `{}` has no client for its webhook", hook.route))?;
         let call = async {
-            let res = self
-                .client
+            let res = client
                 .request(req)
                 .await
                 .map_err(|e| format!("webhook {url}: {e}"))?;
@@ -376,6 +384,23 @@ fn webhook_url(hook: &Hook, key: &ScopedKey) -> Result<Uri, String> {
     };
     full.parse::<Uri>()
         .map_err(|e| format!("webhook URL `{full}`: {e}"))
+}
+
+/// The upstream settings for an absolute webhook URL: its scheme and authority (`https` is
+/// verified against the system roots, as an `https` upstream without a CA file is).
+fn origin_spec(template: &str) -> anyhow::Result<UpstreamSpec> {
+    let rest = template
+        .strip_prefix("https://")
+        .map(|r| ("https", r))
+        .or_else(|| template.strip_prefix("http://").map(|r| ("http", r)));
+    let Some((scheme, rest)) = rest else {
+        bail!("must be a path or an http:// or https:// URL");
+    };
+    let authority = rest.split(['/', '?', '#']).next().unwrap_or("");
+    if authority.contains('{') {
+        bail!("placeholders belong in the path or query, not the host");
+    }
+    UpstreamSpec::compile(&RawUpstream::Url(format!("{scheme}://{authority}")))
 }
 
 /// Percent-encodes everything but RFC 3986's unreserved characters.
@@ -470,6 +495,7 @@ mod tests {
             template: "/charges?idempotency_key={key}&ns={namespace}".into(),
             base: Some("http://127.0.0.1:9000/api/".parse().expect("uri")),
             ttl: Duration::from_secs(60),
+            client: None,
         };
         let key = scoped_key("payments", None, "a&c=d/?#").expect("key");
         assert_eq!(
@@ -485,5 +511,16 @@ mod tests {
             webhook_url(&absolute, &key).expect("url").to_string(),
             "http://status.local/k/a%26c%3Dd%2F%3F%23"
         );
+    }
+
+    #[test]
+    fn absolute_webhooks_get_a_client_for_their_origin() {
+        let plain = origin_spec("http://status.local:8080/k/{key}?x=1").expect("http");
+        assert_eq!(plain.uri.to_string(), "http://status.local:8080/");
+        assert!(plain.tls.is_none());
+        let tls = origin_spec("https://status.example/k/{key}").expect("https");
+        assert!(tls.tls.is_some(), "https webhooks are verified with TLS");
+        assert!(origin_spec("https://{principal}.example/k").is_err());
+        assert!(origin_spec("ftp://status.example/k").is_err());
     }
 }

@@ -121,12 +121,22 @@ async fn tls_upstream(pki: &Pki, client_ca: Option<&Path>) -> TlsUpstream {
                 let svc = hyper::service::service_fn(move |req: Request<hyper::body::Incoming>| {
                     let count = Arc::clone(&count);
                     async move {
+                        // The status webhook: every charge it is asked about happened.
+                        if req.method() == http::Method::GET {
+                            let text = r#"{"outcome":"complete","status":201,"headers":{"content-type":"application/json"},"body":"{\"reconciled\":true}"}"#;
+                            return Ok(Response::new(Full::new(Bytes::from(text))));
+                        }
+                        // `stall`: acts, then answers later than the gateway waits.
+                        let stall = req.headers().contains_key("stall");
                         let body = req.into_body().collect().await?.to_bytes();
                         let n = count.fetch_add(1, Ordering::SeqCst) + 1;
                         let text = format!(
                             r#"{{"execution":{n},"body":{}}}"#,
                             serde_json::Value::String(String::from_utf8_lossy(&body).into())
                         );
+                        if stall {
+                            tokio::time::sleep(Duration::from_secs(3)).await;
+                        }
                         let mut res = Response::new(Full::new(Bytes::from(text)));
                         *res.status_mut() = StatusCode::CREATED;
                         res.headers_mut()
@@ -258,4 +268,73 @@ async fn an_untrusted_upstream_is_a_clear_502_and_the_key_stays_free() {
     assert_eq!(retried.status, StatusCode::CREATED, "{:?}", retried.body);
     assert!(!retried.replayed());
     assert_eq!(up.executions.load(Ordering::SeqCst), before + 1);
+}
+
+/// Reconciliation asks a status webhook on an `https` upstream with the route's upstream
+/// client: the same CA file and client certificate that the proxied requests use.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reconciliation_reaches_an_https_webhook_with_the_upstreams_tls_settings() {
+    let dir = TempDir::new("up-tls-reconcile");
+    let pki = issue(&dir.0, "r");
+    let up = tls_upstream(&pki, Some(&pki.ca_file)).await;
+    let cfg = format!(
+        r#"
+store = "sqlite:{db}"
+[defaults]
+principal = {{ from = "none" }}
+[[routes]]
+name = "charge"
+method = "POST"
+path = "/charge"
+timeout = "500ms"
+upstream_failure = "hold"
+status_url = "/charges?idempotency_key={{key}}"
+upstream = {{ url = "https://{addr}", ca_file = "{ca}", client_cert_file = "{cert}", client_key_file = "{pkey}" }}
+"#,
+        db = dir.0.join("idem.db").display(),
+        addr = up.addr,
+        ca = pki.ca_file.display(),
+        cert = pki.client_cert.display(),
+        pkey = pki.client_key.display(),
+    );
+    let gw = Gateway::start(&cfg, &[]);
+    let http = Http::new();
+    let k = key();
+    let lost = http
+        .send(
+            http::Method::POST,
+            &gw.url("/charge"),
+            &[("idempotency-key", k.as_str()), ("stall", "1")],
+            "{}",
+        )
+        .await;
+    assert_eq!(lost.status, StatusCode::GATEWAY_TIMEOUT, "{:?}", lost.body);
+    assert_eq!(up.executions.load(Ordering::SeqCst), 1, "it acted");
+
+    let out = std::process::Command::new(bin())
+        .arg("reconcile")
+        .arg("--config")
+        .arg(gw.config_path())
+        .arg("--json")
+        .output()
+        .expect("run idem reconcile");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let item: serde_json::Value = text
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .find(|i| i["key"] == k.as_str())
+        .unwrap_or_else(|| {
+            panic!(
+                "no item for the key: {text}\n{}",
+                String::from_utf8_lossy(&out.stderr)
+            )
+        });
+    assert_eq!(item["action"], "complete", "{item}");
+    assert_eq!(item["applied"], true, "{item}");
+
+    let retry = http.post(&gw.url("/charge"), Some(&k), "{}").await;
+    assert_eq!(retry.status, StatusCode::CREATED, "{:?}", retry.body);
+    assert!(retry.replayed());
+    assert_eq!(retry.json()["reconciled"], true);
+    assert_eq!(up.executions.load(Ordering::SeqCst), 1, "never run twice");
 }
