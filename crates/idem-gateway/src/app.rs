@@ -153,6 +153,10 @@ impl App {
         let request_id = request_id(&mut parts, &self.request_id);
         let span = RequestSpan::new(&request_id);
         append_forwarded_for(&mut parts, peer);
+        // The scheme is what this gateway saw, never what a client claims.
+        parts
+            .headers
+            .insert(crate::proxy::X_FORWARDED_PROTO, peer.proto.clone());
         let method = log.then(|| parts.method.clone());
         let path = log.then(|| parts.uri.path().to_owned());
         let (mut res, route) = match &self.status {
@@ -354,19 +358,33 @@ fn no_route() -> proxy::Upstream {
     res
 }
 
-/// The client end of one connection, with its `X-Forwarded-For` entry rendered once.
+/// The client end of one connection, with its `X-Forwarded-For` entry rendered once and the
+/// scheme it reached the gateway by (`X-Forwarded-Proto`).
 #[derive(Debug, Clone)]
 pub struct Peer {
     ip: HeaderValue,
+    proto: HeaderValue,
 }
 
 impl Peer {
-    /// The peer at `remote`.
+    /// The peer at `remote`, over plain TCP.
     pub fn new(remote: SocketAddr) -> Self {
         // An IP address always renders as a valid header value.
         let ip = HeaderValue::from_str(&remote.ip().to_string())
             .unwrap_or(HeaderValue::from_static("unknown"));
-        Self { ip }
+        Self {
+            ip,
+            proto: HeaderValue::from_static("http"),
+        }
+    }
+
+    /// The same peer, over TLS when `tls` is true.
+    #[must_use]
+    pub fn over_tls(mut self, tls: bool) -> Self {
+        if tls {
+            self.proto = HeaderValue::from_static("https");
+        }
+        self
     }
 }
 

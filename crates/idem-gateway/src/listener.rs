@@ -127,8 +127,8 @@ pub trait MakeService: Send + Sync + 'static {
         + Send
         + 'static;
 
-    /// The service for a connection from `remote`.
-    fn make(&self, remote: SocketAddr) -> Self::Service;
+    /// The service for a connection from `remote`; `tls` says whether it came over TLS.
+    fn make(&self, remote: SocketAddr, tls: bool) -> Self::Service;
 }
 
 /// Accepts on `listener` until `stop` turns true, then asks every open connection to finish
@@ -213,7 +213,7 @@ impl<M: MakeService> Connection<M> {
         match acceptor {
             None => {
                 let io = Tracked::new(stream, Arc::clone(&activity));
-                self.serve(io, activity).await;
+                self.serve(io, activity, false).await;
             }
             Some(acceptor) => {
                 // A handshake is bounded like a request head: a client that stalls in it
@@ -232,17 +232,17 @@ impl<M: MakeService> Connection<M> {
                     }
                 };
                 let io = Tracked::new(io, Arc::clone(&activity));
-                self.serve(io, activity).await;
+                self.serve(io, activity, true).await;
             }
         }
     }
 
-    async fn serve<I>(self, io: Tracked<I>, activity: Arc<Activity>)
+    async fn serve<I>(self, io: Tracked<I>, activity: Arc<Activity>, tls: bool)
     where
         I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
     {
         let service = Counted {
-            inner: self.make.make(self.remote),
+            inner: self.make.make(self.remote, tls),
             activity: Arc::clone(&activity),
         };
         let conn = self

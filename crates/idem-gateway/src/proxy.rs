@@ -321,9 +321,13 @@ impl Proxy {
         }) {
             parts.headers.insert(X_FORWARDED_HOST, host);
         }
-        parts
-            .headers
-            .insert(X_FORWARDED_PROTO, HeaderValue::from_static("http"));
+        // The data plane set it from the client's connection; other callers reach the
+        // upstream as plain HTTP clients.
+        if !parts.headers.contains_key(X_FORWARDED_PROTO) {
+            parts
+                .headers
+                .insert(X_FORWARDED_PROTO, HeaderValue::from_static("http"));
+        }
         if let Some(host) = &p.host {
             parts.headers.insert(header::HOST, host.clone());
         }
@@ -418,7 +422,7 @@ pub fn restore_shown_status<B>(res: &mut Response<B>) {
 }
 
 const X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
-const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
+pub(crate) const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
 
 impl ProxyInner {
     /// The upstream URI for a request to `uri`: the upstream's scheme and authority, its path

@@ -214,11 +214,11 @@ impl listener::MakeService for DataPlane {
     type Body = ResBody;
     type Service = DataService;
 
-    fn make(&self, remote: SocketAddr) -> DataService {
+    fn make(&self, remote: SocketAddr, tls: bool) -> DataService {
         DataService {
             live: Arc::clone(&self.live),
             requests: Arc::clone(&self.requests),
-            peer: Arc::new(Peer::new(remote)),
+            peer: Arc::new(Peer::new(remote).over_tls(tls)),
         }
     }
 }
@@ -255,7 +255,7 @@ impl listener::MakeService for AdminPlane {
     type Body = ResBody;
     type Service = AdminService;
 
-    fn make(&self, _remote: SocketAddr) -> AdminService {
+    fn make(&self, _remote: SocketAddr, _tls: bool) -> AdminService {
         AdminService(self.0.clone())
     }
 }

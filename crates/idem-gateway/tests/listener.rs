@@ -131,6 +131,13 @@ async fn tls_listener_serves_and_reloads_its_certificate() {
     let (_, again, _) = tls_post(gw.addr, &first.ca, &k).await.expect("TLS replay");
     assert_eq!(again, body, "the replay over TLS is the first answer");
     assert_eq!(up.seen.count("/charge"), 1);
+    assert_eq!(
+        up.seen.headers.lock()[0]
+            .get("x-forwarded-proto")
+            .map(|v| v.as_bytes().to_vec()),
+        Some(b"https".to_vec()),
+        "the upstream is told the client came over TLS"
+    );
     let first_cert = cert;
 
     // Plain HTTP to the TLS port gets no answer.

@@ -394,6 +394,27 @@ async fn request_ids_are_propagated_or_made() {
     // The upstream is told who asked.
     let headers = up.seen.headers.lock();
     assert!(headers[0].get("x-forwarded-for").is_some());
+    assert_eq!(
+        headers[0].get("x-forwarded-proto").map(|v| v.as_bytes()),
+        Some(&b"http"[..])
+    );
+    drop(headers);
+    // A client cannot claim a scheme it did not use.
+    http.send(
+        Method::POST,
+        &gw.url("/rid"),
+        &[("idempotency-key", &key()), ("x-forwarded-proto", "https")],
+        "{}",
+    )
+    .await;
+    let headers = up.seen.headers.lock();
+    assert_eq!(
+        headers
+            .last()
+            .and_then(|h| h.get("x-forwarded-proto"))
+            .map(|v| v.as_bytes()),
+        Some(&b"http"[..])
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
