@@ -151,7 +151,7 @@ impl App {
         let (mut parts, body) = req.into_parts();
         let grpc = crate::grpc::is_grpc(&parts.headers);
         let request_id = request_id(&mut parts, &self.request_id);
-        let span = RequestSpan::new(&request_id);
+        let span = RequestSpan::new(&request_id, &parts.headers);
         append_forwarded_for(&mut parts, peer);
         // The scheme is what this gateway saw, never what a client claims.
         parts

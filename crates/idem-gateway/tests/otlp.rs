@@ -21,6 +21,8 @@ use tokio::net::TcpListener;
 /// One exported span: its name, kind and attributes (values rendered as text).
 #[derive(Debug, Clone)]
 struct Span {
+    trace_id: Vec<u8>,
+    parent_span_id: Vec<u8>,
     name: String,
     kind: u64,
     attributes: Vec<(String, String)>,
@@ -149,7 +151,14 @@ fn read_export(msg: &[u8], into: &mut Received) {
                         _ => None,
                     })
                     .unwrap_or(0);
+                let bytes = |field| {
+                    submessages(span, field)
+                        .first()
+                        .map_or(Vec::new(), |b| b.to_vec())
+                };
                 into.spans.push(Span {
+                    trace_id: bytes(1),
+                    parent_span_id: bytes(4),
                     name: text(span, 5).unwrap_or_default(),
                     kind,
                     attributes: submessages(span, 9)
@@ -258,6 +267,22 @@ path = "/charge"
     assert!(again.replayed());
     let missing = http.send(Method::POST, &gw.url("/charge"), &[], "{}").await;
     assert_eq!(missing.status, StatusCode::BAD_REQUEST);
+    // A caller's W3C trace context: the gateway's span joins that trace under that span.
+    let traced = http
+        .send(
+            Method::POST,
+            &gw.url("/charge"),
+            &[
+                ("idempotency-key", &key()),
+                (
+                    "traceparent",
+                    "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+                ),
+            ],
+            "{}",
+        )
+        .await;
+    assert_eq!(traced.status, StatusCode::CREATED);
 
     // Spans are batched; shutting down exports what is left.
     gw.term();
@@ -275,7 +300,21 @@ path = "/charge"
         .iter()
         .filter(|s| s.attr("outcome").is_some())
         .collect();
-    assert_eq!(requests.len(), 3, "one span per request: {:?}", got.spans);
+    assert_eq!(requests.len(), 4, "one span per request: {:?}", got.spans);
+    let child: Vec<&&Span> = requests
+        .iter()
+        .filter(|s| !s.parent_span_id.is_empty())
+        .collect();
+    assert_eq!(
+        child.len(),
+        1,
+        "only the traced request has a parent: {requests:?}"
+    );
+    assert_eq!(
+        hex::encode(&child[0].trace_id),
+        "4bf92f3577b34da6a3ce929d0e0e4736"
+    );
+    assert_eq!(hex::encode(&child[0].parent_span_id), "00f067aa0ba902b7");
     let digest = ScopedKey::new(
         Scope::new("otlp").expect("namespace"),
         Key::new(k.clone()).expect("key"),
@@ -287,7 +326,10 @@ path = "/charge"
             .find(|s| s.attr("outcome") == Some(o))
             .unwrap_or_else(|| panic!("no {o} span: {requests:?}"))
     };
-    let executed = by_outcome("executed");
+    let executed = requests
+        .iter()
+        .find(|s| s.attr("outcome") == Some("executed") && s.parent_span_id.is_empty())
+        .expect("the untraced first request");
     assert_eq!(executed.name, "request");
     assert_eq!(executed.kind, 2, "SPAN_KIND_SERVER");
     assert_eq!(executed.attr("route"), Some("charge"));
