@@ -392,13 +392,14 @@ async fn request_ids_are_propagated_or_made() {
     );
     assert!(gw.logged(&made).await, "the request id is logged");
     // The upstream is told who asked.
-    let headers = up.seen.headers.lock();
-    assert!(headers[0].get("x-forwarded-for").is_some());
-    assert_eq!(
-        headers[0].get("x-forwarded-proto").map(|v| v.as_bytes()),
-        Some(&b"http"[..])
-    );
-    drop(headers);
+    {
+        let headers = up.seen.headers.lock();
+        assert!(headers[0].get("x-forwarded-for").is_some());
+        assert_eq!(
+            headers[0].get("x-forwarded-proto").map(|v| v.as_bytes()),
+            Some(&b"http"[..])
+        );
+    }
     // A client cannot claim a scheme it did not use.
     http.send(
         Method::POST,
