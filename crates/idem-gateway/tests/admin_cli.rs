@@ -182,3 +182,68 @@ async fn an_operator_finds_settles_and_audits_an_unknown_payment() {
     );
     assert_eq!(up.seen.count("/charges"), 1);
 }
+
+/// An admin listener behind TLS: `idem admin` verifies it against `--ca-file` and refuses it
+/// without (the private CA is not among the system roots).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_https_admin_listener_is_reached_with_its_ca_file() {
+    let up = Upstream::start().await;
+    let dir = TempDir::new("admin-tls");
+    let pki = common::pki::issue(&dir.0, "admin");
+    let cfg = config(&up.url()).replace(
+        &format!("token = \"{ADMIN_TOKEN}\"\n"),
+        &format!(
+            "token = \"{ADMIN_TOKEN}\"\ntls = {{ cert_file = \"{}\", key_file = \"{}\" }}\n",
+            pki.server_cert.display(),
+            pki.server_key.display()
+        ),
+    );
+    let gw = Gateway::start(&cfg, &[]);
+    let url = format!("https://{}", gw.admin.expect("admin listener"));
+    let run = |extra: &[&str]| {
+        let out = Command::new(bin())
+            .arg("admin")
+            .args(["--url", &url])
+            .args(extra)
+            .args(["records", "list"])
+            .env("IDEM_ADMIN_TOKEN", ADMIN_TOKEN)
+            .env_remove("IDEM_ADMIN_CA_FILE")
+            .output()
+            .expect("run idem admin");
+        (
+            out.status.code().unwrap_or(-1),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let ca = pki.ca_file.display().to_string();
+    let (code, out, err) = run(&["--ca-file", &ca]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.starts_with("STATE"), "{out}");
+    let (code, _, err) = run(&[]);
+    assert_eq!(code, 1, "an unverifiable listener is a failure: {err}");
+    // Plain HTTP to the TLS listener gets no answer either.
+    let plain = Command::new(bin())
+        .arg("admin")
+        .args(["--url", &url.replace("https://", "http://")])
+        .args(["--timeout", "2s", "records", "list"])
+        .env("IDEM_ADMIN_TOKEN", ADMIN_TOKEN)
+        .output()
+        .expect("run idem admin");
+    assert_eq!(plain.status.code(), Some(1));
+    let (code, _, err) = {
+        let out = Command::new(bin())
+            .arg("admin")
+            .args(["--url", "ftp://127.0.0.1:1", "records", "list"])
+            .env("IDEM_ADMIN_TOKEN", ADMIN_TOKEN)
+            .output()
+            .expect("run idem admin");
+        (
+            out.status.code().unwrap_or(-1),
+            (),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("http:// or https://"), "{err}");
+}

@@ -15,7 +15,7 @@ use common::{Gateway, Http, TempDir, key};
 use http::{HeaderMap, Method, Request, Response, StatusCode, Version};
 use http_body_util::{BodyExt, Full, StreamBody};
 use hyper_util::rt::{TokioExecutor, TokioIo};
-use rustls::pki_types::{CertificateDer, ServerName};
+use rustls::pki_types::ServerName;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
@@ -299,30 +299,16 @@ async fn an_http11_upgrade_is_carried_through_an_unprotected_route() {
 async fn h2_by_alpn_on_the_tls_listener() {
     let up = upstream(false).await;
     let dir = TempDir::new("h2-tls");
-    let ca_key = rcgen::KeyPair::generate().expect("ca key");
-    let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).expect("params");
-    ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
-    let ca = ca_params.self_signed(&ca_key).expect("ca");
-    let issuer = rcgen::Issuer::new(ca_params, ca_key);
-    let key_pair = rcgen::KeyPair::generate().expect("key");
-    let cert = rcgen::CertificateParams::new(vec!["127.0.0.1".to_owned()])
-        .expect("params")
-        .signed_by(&key_pair, &issuer)
-        .expect("cert");
-    let (cert_file, key_file) = (dir.0.join("gw.crt"), dir.0.join("gw.key"));
-    std::fs::write(&cert_file, cert.pem()).expect("write");
-    std::fs::write(&key_file, key_pair.serialize_pem()).expect("write");
+    let pki = common::pki::issue(&dir.0, "gw");
     let tls = format!(
         r#"tls = {{ cert_file = "{}", key_file = "{}" }}"#,
-        cert_file.display(),
-        key_file.display()
+        pki.server_cert.display(),
+        pki.server_key.display()
     );
     let gw = Gateway::start(&config(&format!("http://{}", up.addr), &tls), &[]);
 
     let mut roots = rustls::RootCertStore::empty();
-    roots
-        .add(CertificateDer::from(ca.der().to_vec()))
-        .expect("root");
+    roots.add(pki.ca.clone()).expect("root");
     let mut client = rustls::ClientConfig::builder_with_provider(Arc::new(
         rustls::crypto::ring::default_provider(),
     ))

@@ -4,12 +4,12 @@
 
 mod common;
 
-use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use common::pki::{Pki, issue};
 use common::{ADMIN_TOKEN, Gateway, Http, TempDir, Upstream, key};
 use http::{Method, Request, StatusCode};
 use http_body_util::{BodyExt, Full};
@@ -17,38 +17,6 @@ use hyper_util::rt::TokioIo;
 use rustls::pki_types::{CertificateDer, ServerName};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
-
-/// A private CA and a certificate it signed for 127.0.0.1, as PEM files in `dir`.
-struct Pki {
-    ca: CertificateDer<'static>,
-    cert_file: std::path::PathBuf,
-    key_file: std::path::PathBuf,
-}
-
-fn issue(dir: &Path, name: &str) -> Pki {
-    let ca_key = rcgen::KeyPair::generate().expect("ca key");
-    let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).expect("ca params");
-    ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
-    ca_params
-        .distinguished_name
-        .push(rcgen::DnType::CommonName, format!("idem test CA {name}"));
-    let ca = ca_params.self_signed(&ca_key).expect("ca cert");
-    let issuer = rcgen::Issuer::new(ca_params, ca_key);
-    let key = rcgen::KeyPair::generate().expect("key");
-    let params =
-        rcgen::CertificateParams::new(vec!["127.0.0.1".to_owned(), "localhost".to_owned()])
-            .expect("params");
-    let cert = params.signed_by(&key, &issuer).expect("cert");
-    let cert_file = dir.join(format!("{name}.crt"));
-    let key_file = dir.join(format!("{name}.key"));
-    std::fs::write(&cert_file, cert.pem()).expect("write cert");
-    std::fs::write(&key_file, key.serialize_pem()).expect("write key");
-    Pki {
-        ca: ca.der().clone(),
-        cert_file,
-        key_file,
-    }
-}
 
 /// Sends one POST over TLS, trusting only `ca`; returns the status, the body and the
 /// certificate the server presented.
@@ -113,8 +81,8 @@ tls = {{ cert_file = "{}", key_file = "{}" }}
 [defaults]
 principal = {{ from = "none" }}
 "#,
-        pki.cert_file.display(),
-        pki.key_file.display()
+        pki.server_cert.display(),
+        pki.server_key.display()
     )
 }
 
@@ -148,8 +116,8 @@ async fn tls_listener_serves_and_reloads_its_certificate() {
 
     // A renewed certificate (from another CA) is picked up on SIGHUP by new connections.
     let second = issue(&dir.0, "second");
-    std::fs::copy(&second.cert_file, &first.cert_file).expect("replace cert");
-    std::fs::copy(&second.key_file, &first.key_file).expect("replace key");
+    std::fs::copy(&second.server_cert, &first.server_cert).expect("replace cert");
+    std::fs::copy(&second.server_key, &first.server_key).expect("replace key");
     gw.hup();
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {

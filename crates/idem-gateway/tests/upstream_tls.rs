@@ -5,12 +5,13 @@
 mod common;
 
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use common::pki::{Pki, issue};
 use common::{Gateway, Http, TempDir, bin, key};
 use http::{Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
@@ -18,51 +19,6 @@ use hyper_util::rt::TokioIo;
 use rustls::pki_types::pem::PemObject as _;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use tokio::net::TcpListener;
-
-/// A CA, a server certificate for 127.0.0.1 and a client certificate it signed, as files.
-struct Pki {
-    ca_file: PathBuf,
-    server_cert: PathBuf,
-    server_key: PathBuf,
-    client_cert: PathBuf,
-    client_key: PathBuf,
-}
-
-fn issue(dir: &Path, name: &str) -> Pki {
-    let ca_key = rcgen::KeyPair::generate().expect("ca key");
-    let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).expect("ca params");
-    ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
-    ca_params.distinguished_name.push(
-        rcgen::DnType::CommonName,
-        format!("idem upstream CA {name}"),
-    );
-    let ca = ca_params.self_signed(&ca_key).expect("ca cert");
-    let issuer = rcgen::Issuer::new(ca_params, ca_key);
-    let write = |file: &str, text: String| {
-        let path = dir.join(format!("{name}-{file}"));
-        std::fs::write(&path, text).expect("write pem");
-        path
-    };
-    let server_key = rcgen::KeyPair::generate().expect("key");
-    let server = rcgen::CertificateParams::new(vec!["127.0.0.1".to_owned()])
-        .expect("params")
-        .signed_by(&server_key, &issuer)
-        .expect("server cert");
-    let client_key = rcgen::KeyPair::generate().expect("key");
-    let mut client_params =
-        rcgen::CertificateParams::new(vec!["idem-gateway".to_owned()]).expect("params");
-    client_params.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ClientAuth];
-    let client = client_params
-        .signed_by(&client_key, &issuer)
-        .expect("client cert");
-    Pki {
-        ca_file: write("ca.crt", ca.pem()),
-        server_cert: write("server.crt", server.pem()),
-        server_key: write("server.key", server_key.serialize_pem()),
-        client_cert: write("client.crt", client.pem()),
-        client_key: write("client.key", client_key.serialize_pem()),
-    }
-}
 
 /// A TLS upstream: counts executions, answers 201 with a body naming the execution. With
 /// `client_ca`, it refuses clients without a certificate from that CA.

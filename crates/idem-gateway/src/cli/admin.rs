@@ -2,7 +2,8 @@
 //! the audit trail of a key, as tables for people or JSON for scripts (`--json`).
 //!
 //! The token comes from `IDEM_ADMIN_TOKEN` or `--token-file` (its first line); the address
-//! from `--url` or `IDEM_ADMIN_URL`. Changes are recorded in the audit trail as
+//! from `--url` or `IDEM_ADMIN_URL`. An `https://` admin listener is verified against the
+//! system roots and `--ca-file` (or `IDEM_ADMIN_CA_FILE`). Changes are recorded in the audit trail as
 //! `admin:<actor>` (`--actor`, default `cli`).
 //!
 //! Exit codes: 0 done; 1 failed (unreachable, server error, unreadable answer); 2 bad usage
@@ -14,12 +15,12 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use bytes::Bytes;
 use clap::{Args, Subcommand};
 use http::{Method, Request, StatusCode};
-use http_body_util::{BodyExt, Full};
-use hyper_util::client::legacy::Client;
-use hyper_util::rt::TokioExecutor;
+use http_body_util::BodyExt;
+use idem_http::RequestBody;
 use serde_json::{Value, json};
 
 use crate::admin::ACTOR_HEADER;
+use crate::upstream::{Clients, RawUpstream, RawUpstreamTable, UpstreamSpec};
 
 /// Exit code: done.
 pub const EXIT_OK: u8 = 0;
@@ -35,9 +36,12 @@ pub const EXIT_REFUSED: u8 = 4;
 /// `idem admin`'s arguments.
 #[derive(Debug, Args)]
 pub struct AdminArgs {
-    /// The admin listener, e.g. http://127.0.0.1:9090.
+    /// The admin listener, e.g. http://127.0.0.1:9090 or https://admin.internal:9090.
     #[arg(long, env = "IDEM_ADMIN_URL", default_value = "http://127.0.0.1:9090")]
     url: String,
+    /// PEM certificates trusted besides the system roots, for an https:// admin listener.
+    #[arg(long, env = "IDEM_ADMIN_CA_FILE")]
+    ca_file: Option<std::path::PathBuf>,
     /// A file whose first line is the admin token (else `IDEM_ADMIN_TOKEN`).
     #[arg(long)]
     token_file: Option<std::path::PathBuf>,
@@ -176,6 +180,19 @@ struct Answer {
     body: Value,
 }
 
+/// How to reach the admin listener at `base`: plain HTTP, or TLS verified against the system
+/// roots and `ca_file`.
+fn admin_spec(base: &str, ca_file: Option<std::path::PathBuf>) -> anyhow::Result<UpstreamSpec> {
+    if !base.starts_with("http://") && !base.starts_with("https://") {
+        anyhow::bail!("must be the http:// or https:// address of the admin listener");
+    }
+    UpstreamSpec::compile(&RawUpstream::Table(RawUpstreamTable {
+        url: base.to_owned(),
+        ca_file,
+        ..RawUpstreamTable::default()
+    }))
+}
+
 /// Runs `idem admin …` and answers the exit code (see the module docs).
 pub async fn run(args: AdminArgs) -> u8 {
     let token = match token(&args) {
@@ -186,11 +203,13 @@ pub async fn run(args: AdminArgs) -> u8 {
         }
     };
     let base = args.url.trim_end_matches('/').to_owned();
-    if !base.starts_with("http://") {
-        eprintln!("error: `--url` must be an http:// address of the admin listener");
-        return EXIT_USAGE;
-    }
-    let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
+    let client = match admin_spec(&base, args.ca_file.clone()) {
+        Ok(spec) => Clients::new(args.timeout, 1).get(&spec),
+        Err(e) => {
+            eprintln!("error: `--url`: {e:#}");
+            return EXIT_USAGE;
+        }
+    };
     let call = |method: Method, path: &str, query: &[(&str, String)], body: Option<Value>| {
         let mut url = format!("{base}{path}");
         if !query.is_empty() {
@@ -207,7 +226,7 @@ pub async fn run(args: AdminArgs) -> u8 {
             .header(http::header::AUTHORIZATION, format!("Bearer {token}"))
             .header(ACTOR_HEADER, args.actor.as_str())
             .header(http::header::CONTENT_TYPE, "application/json")
-            .body(Full::new(Bytes::from(
+            .body(RequestBody::from(Bytes::from(
                 body.map(|b| b.to_string()).unwrap_or_default(),
             )));
         let client = client.clone();

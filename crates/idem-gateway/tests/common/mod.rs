@@ -6,6 +6,8 @@
     missing_debug_implementations
 )]
 
+pub mod pki;
+
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
