@@ -27,6 +27,9 @@ use crate::path::{self, PathRejection, TrailingSlash};
 use crate::protect::layer_config;
 use crate::proxy::{self, Proxy, ResBody};
 use crate::status::StatusEndpoint;
+use crate::tokens::{
+    Counters, GatewayTokens, TokenCheck, TokenGate, TokenIssuer, TokenKey, TokenNote,
+};
 use crate::upstream::{Clients, UpstreamSpec};
 
 /// The store as the gateway uses it, with the claims this process holds tracked for
@@ -37,9 +40,14 @@ pub type GatewayStore = TrackedStore<BoxStore>;
 
 type Protected = Idempotency<TimedProxy, GatewayStore>;
 
+/// A token route's layer: keyed by the token, with the gate that consumes it in front of
+/// the proxy.
+type TokenProtected = Idempotency<TokenGate, GatewayStore>;
+
 enum Handler {
     Plain(TimedProxy),
     Protected(Protected),
+    Token(TokenProtected, TokenCheck),
 }
 
 struct Entry {
@@ -57,6 +65,9 @@ pub struct App {
     fallback: Option<TimedProxy>,
     /// The status endpoint, answered before any route and never forwarded.
     status: Option<StatusEndpoint>,
+    /// The token routes' issue endpoints with their routes' indexes, answered before any
+    /// route and never forwarded.
+    issuers: Vec<(usize, TokenIssuer)>,
     trailing_slash: TrailingSlash,
     request_id: HeaderName,
     metrics: RequestMetrics,
@@ -75,16 +86,32 @@ impl App {
     /// or the demo upstream's address).
     ///
     /// # Errors
-    /// A route without any upstream, or a policy the layer refuses.
+    /// A route without any upstream, a policy the layer refuses, or a token route (which
+    /// needs [`App::with_tokens`]).
     pub fn new(
         settings: &Settings,
         store: GatewayStore,
         upstream: Option<&UpstreamSpec>,
         clients: &mut Clients,
     ) -> anyhow::Result<Self> {
+        Self::with_tokens(settings, store, upstream, clients, None)
+    }
+
+    /// As [`App::new`], with the token store token routes issue into and consume from.
+    ///
+    /// # Errors
+    /// As [`App::new`]; a token route without `tokens`.
+    pub fn with_tokens(
+        settings: &Settings,
+        store: GatewayStore,
+        upstream: Option<&UpstreamSpec>,
+        clients: &mut Clients,
+        tokens: Option<&GatewayTokens>,
+    ) -> anyhow::Result<Self> {
         let engine = Engine::new(store, Policy::default());
         let mut entries = Vec::with_capacity(settings.routes.len());
-        for route in &settings.routes {
+        let mut issuers = Vec::new();
+        for (index, route) in settings.routes.iter().enumerate() {
             let target = route
                 .upstream
                 .as_ref()
@@ -93,7 +120,28 @@ impl App {
             let p = &route.policy;
             let client = clients.get(target);
             let timeout = p.engine.handler_timeout().saturating_sub(HANDLER_BACKSTOP);
-            let handler = if p.idempotency {
+            let handler = if let Some(t) = p.token.as_ref().filter(|_| p.idempotency) {
+                let tokens = tokens.ok_or_else(|| {
+                    anyhow::anyhow!("route `{}` has token mode but no token store is open", route.name)
+                })?;
+                let counters = Counters::new(&route.name);
+                let issuer = TokenIssuer::new(route, tokens.clone(), counters.clone())?;
+                let proxy = Proxy::new(client, target, timeout, Some(p.max_stored_response))?;
+                let gate = TokenGate {
+                    inner: TimedProxy::new(proxy, &route.name),
+                    tokens: tokens.clone(),
+                    header: t.header.clone(),
+                    namespace: issuer.namespace().clone(),
+                    principal: p.principal.clone(),
+                    counters: counters.clone(),
+                };
+                let config = layer_config(p)?.key(TokenKey {
+                    header: t.header.clone(),
+                });
+                let layer = IdempotencyLayer::new(&engine, config);
+                issuers.push((index, issuer));
+                Handler::Token(layer.layer(gate), TokenCheck::new(t, counters))
+            } else if p.idempotency {
                 // Buffer protected responses inside the upstream timeout, so a reset mid-body
                 // is classified like any other failure after sending.
                 let proxy = Proxy::new(client, target, timeout, Some(p.max_stored_response))?;
@@ -124,6 +172,7 @@ impl App {
             entries,
             fallback,
             status,
+            issuers,
             trailing_slash: settings.trailing_slash,
             request_id: settings.request_id_header.clone(),
             // Route indexes are the routes' in match order, then the status endpoint's.
@@ -155,8 +204,17 @@ impl App {
         append_forwarded_for(&mut parts, peer);
         let method = log.then(|| parts.method.clone());
         let path = log.then(|| parts.uri.path().to_owned());
-        let (mut res, route) = match &self.status {
-            Some(status) if status.owns(parts.uri.path(), self.trailing_slash) => (
+        let issuer = self
+            .issuers
+            .iter()
+            .find(|(_, i)| i.owns(parts.uri.path(), self.trailing_slash));
+        let (mut res, route) = match (&self.status, issuer) {
+            // An issue path is answered here whatever its method, and never forwarded.
+            (_, Some((index, issuer))) => (
+                issuer.answer(&parts).instrument(span.span().clone()).await,
+                *index,
+            ),
+            (Some(status), None) if status.owns(parts.uri.path(), self.trailing_slash) => (
                 status.answer(parts).instrument(span.span().clone()).await,
                 self.entries.len(),
             ),
@@ -198,7 +256,10 @@ impl App {
                 route,
                 status,
                 outcome = outcome.as_str(),
-                detail = detail(outcome),
+                detail = res
+                    .extensions()
+                    .get::<TokenNote>()
+                    .map_or_else(|| detail(outcome), |n| n.0.as_str()),
                 micros = u64::try_from(elapsed.as_micros()).unwrap_or(u64::MAX),
                 "request"
             );
@@ -251,22 +312,22 @@ impl App {
                 route,
                 handler: Handler::Protected(svc),
             }) => {
-                let mut res = match svc.clone().call(req).await {
+                let res = match svc.clone().call(req).await {
                     Ok(res) => res,
                     Err(never) => match never {},
                 };
-                proxy::restore_shown_status(&mut res);
-                let held = matches!(
-                    res.extensions().get::<Outcome>(),
-                    Some(Outcome::Replayed | Outcome::Executed(Kept::Stored))
-                );
-                let cap = if held {
-                    route.policy.max_stored_response
-                } else {
-                    0
-                };
-                trailers.prepare(proxy::boxed(res), cap).await
+                protected_answer(res, route, trailers).await
             }
+            Some(Entry {
+                route,
+                handler: Handler::Token(svc, check),
+            }) => match check.check(req.method(), req.headers()) {
+                Err(refused) => refused,
+                Ok(()) => match svc.clone().call(req).await {
+                    Ok(res) => protected_answer(res, route, trailers).await,
+                    Err(refusal) => check.refused(refusal),
+                },
+            },
         };
         (res, index)
     }
@@ -291,6 +352,30 @@ impl App {
             .record(self.metrics.no_route(), outcome, Duration::ZERO);
         proxy::boxed(res)
     }
+}
+
+/// A protected route's answer as sent: the status the layer showed restored, and trailers
+/// prepared for the client (a held answer within the route's stored size).
+async fn protected_answer<B>(
+    mut res: Response<idem_http::ResponseBody<B>>,
+    route: &Route,
+    trailers: proxy::TrailerClient,
+) -> Response<ResBody>
+where
+    B: http_body::Body<Data = bytes::Bytes> + Send + 'static,
+    B::Error: Into<idem_http::BoxError>,
+{
+    proxy::restore_shown_status(&mut res);
+    let held = matches!(
+        res.extensions().get::<Outcome>(),
+        Some(Outcome::Replayed | Outcome::Executed(Kept::Stored))
+    );
+    let cap = if held {
+        route.policy.max_stored_response
+    } else {
+        0
+    };
+    trailers.prepare(proxy::boxed(res), cap).await
 }
 
 /// The part of an outcome the access log adds to its name: what was kept of an execution,

@@ -26,6 +26,7 @@ pub mod request;
 pub mod server;
 pub mod status;
 pub mod store;
+pub mod tokens;
 #[cfg(test)]
 mod test_support;
 pub mod ui;
