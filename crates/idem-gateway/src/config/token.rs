@@ -17,11 +17,11 @@ use crate::path::TrailingSlash;
 use crate::store::StoreSpec;
 
 /// The header a token travels in unless `token.header` says otherwise.
-pub const DEFAULT_TOKEN_HEADER: &str = "idempotency-token";
+const DEFAULT_TOKEN_HEADER: &str = "idempotency-token";
 /// How long an issued token stays usable unless `token.ttl` says otherwise.
-pub const DEFAULT_TOKEN_TTL: Duration = Duration::from_secs(15 * 60);
+const DEFAULT_TOKEN_TTL: Duration = Duration::from_secs(15 * 60);
 /// Issues per principal unless `token.rate` says otherwise.
-pub const DEFAULT_TOKEN_RATE: &str = "20/min";
+const DEFAULT_TOKEN_RATE: &str = "20/min";
 
 /// A route's token mode as written.
 #[derive(Debug, Clone, Default, Deserialize, Serialize)]

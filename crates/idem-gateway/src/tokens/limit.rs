@@ -16,7 +16,7 @@ use parking_lot::Mutex;
 use crate::config::Rate;
 
 /// Principals one limiter tracks at most.
-pub const DEFAULT_CAPACITY: usize = 100_000;
+pub(super) const DEFAULT_CAPACITY: usize = 100_000;
 
 /// Pruning walks every entry, so it runs at most this often while the limiter is full.
 const PRUNE_EVERY: Duration = Duration::from_secs(1);
