@@ -47,7 +47,12 @@ type TokenProtected = Idempotency<TokenGate, GatewayStore>;
 enum Handler {
     Plain(TimedProxy),
     Protected(Protected),
-    Token(TokenProtected, TokenCheck),
+    Token(Box<TokenHandler>),
+}
+
+struct TokenHandler {
+    svc: TokenProtected,
+    check: TokenCheck,
 }
 
 struct Entry {
@@ -122,7 +127,10 @@ impl App {
             let timeout = p.engine.handler_timeout().saturating_sub(HANDLER_BACKSTOP);
             let handler = if let Some(t) = p.token.as_ref().filter(|_| p.idempotency) {
                 let tokens = tokens.ok_or_else(|| {
-                    anyhow::anyhow!("route `{}` has token mode but no token store is open", route.name)
+                    anyhow::anyhow!(
+                        "route `{}` has token mode but no token store is open",
+                        route.name
+                    )
                 })?;
                 let counters = Counters::new(&route.name);
                 let issuer = TokenIssuer::new(route, tokens.clone(), counters.clone())?;
@@ -140,7 +148,10 @@ impl App {
                 });
                 let layer = IdempotencyLayer::new(&engine, config);
                 issuers.push((index, issuer));
-                Handler::Token(layer.layer(gate), TokenCheck::new(t, counters))
+                Handler::Token(Box::new(TokenHandler {
+                    svc: layer.layer(gate),
+                    check: TokenCheck::new(t, counters),
+                }))
             } else if p.idempotency {
                 // Buffer protected responses inside the upstream timeout, so a reset mid-body
                 // is classified like any other failure after sending.
@@ -320,12 +331,12 @@ impl App {
             }
             Some(Entry {
                 route,
-                handler: Handler::Token(svc, check),
-            }) => match check.check(req.method(), req.headers()) {
-                Err(refused) => refused,
-                Ok(()) => match svc.clone().call(req).await {
+                handler: Handler::Token(token),
+            }) => match token.check.refusal(req.method(), req.headers()) {
+                Some(refused) => refused,
+                None => match token.svc.clone().call(req).await {
                     Ok(res) => protected_answer(res, route, trailers).await,
-                    Err(refusal) => check.refused(refusal),
+                    Err(refusal) => token.check.refused(refusal),
                 },
             },
         };

@@ -26,8 +26,8 @@ pub mod request;
 pub mod server;
 pub mod status;
 pub mod store;
-pub mod tokens;
 #[cfg(test)]
 mod test_support;
+pub mod tokens;
 pub mod ui;
 pub mod upstream;

@@ -120,7 +120,12 @@ impl Live {
             *self.tokens.lock() = Some(opened.clone());
             tokens = Some(opened);
         }
-        let app = build_app(&next, &self.store, tokens.as_ref(), self.demo_upstream.as_ref())?;
+        let app = build_app(
+            &next,
+            &self.store,
+            tokens.as_ref(),
+            self.demo_upstream.as_ref(),
+        )?;
         let data = crate::listener::server_config_opt(next.tls.as_ref())?;
         let admin =
             crate::listener::server_config_opt(next.admin.as_ref().and_then(|a| a.tls.as_ref()))?;

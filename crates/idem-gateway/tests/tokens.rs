@@ -77,7 +77,11 @@ async fn issue(http: &Http, gw: &Gateway, path: &str, principal: &str) -> (Strin
     let body = r.json();
     let token = body["token"].as_str().expect("token").to_owned();
     assert_eq!(token.len(), 64);
-    assert!(body["expires_at"].as_str().is_some_and(|s| s.ends_with('Z')));
+    assert!(
+        body["expires_at"]
+            .as_str()
+            .is_some_and(|s| s.ends_with('Z'))
+    );
     assert!(body["header"].as_str().is_some());
     (token, r)
 }
@@ -114,10 +118,17 @@ async fn suite(store: &str, extra: &str) {
     let (t, _) = issue(&http, &gw, "/checkout/token", "alice").await;
     issued.push(t.clone());
     let r = http
-        .send(Method::GET, &gw.url("/checkout/token"), &[("x-api-key", "alice")], "")
+        .send(
+            Method::GET,
+            &gw.url("/checkout/token"),
+            &[("x-api-key", "alice")],
+            "",
+        )
         .await;
     problem(&r, StatusCode::METHOD_NOT_ALLOWED, "method-not-allowed");
-    let r = http.send(Method::POST, &gw.url("/checkout/token"), &[], "").await;
+    let r = http
+        .send(Method::POST, &gw.url("/checkout/token"), &[], "")
+        .await;
     problem(&r, StatusCode::UNAUTHORIZED, "unauthenticated");
     assert_eq!(up.seen.total(), 0, "the issue path reached the upstream");
 
@@ -141,10 +152,8 @@ async fn suite(store: &str, extra: &str) {
     let (t, _) = issue(&http, &gw, "/checkout/token", "alice").await;
     issued.push(t.clone());
     let url = "/checkout/race?delay_ms=300";
-    let replies: Vec<Reply> = futures::future::join_all(
-        (0..50).map(|_| submit(&http, &gw, url, "alice", &t)),
-    )
-    .await;
+    let replies: Vec<Reply> =
+        futures::future::join_all((0..50).map(|_| submit(&http, &gw, url, "alice", &t))).await;
     assert_eq!(up.seen.count("/checkout/race"), 1);
     let executed = replies
         .iter()
@@ -160,7 +169,12 @@ async fn suite(store: &str, extra: &str) {
     // Refusals, each a clear problem, none forwarded.
     let before = up.seen.total();
     let r = http
-        .send(Method::POST, &gw.url("/checkout/pay"), &[("x-api-key", "alice")], "{}")
+        .send(
+            Method::POST,
+            &gw.url("/checkout/pay"),
+            &[("x-api-key", "alice")],
+            "{}",
+        )
         .await;
     problem(&r, StatusCode::PRECONDITION_REQUIRED, "token-missing");
     let r = submit(&http, &gw, "/checkout/pay", "alice", "not-a-token").await;
@@ -195,7 +209,11 @@ async fn suite(store: &str, extra: &str) {
         )
         .await;
     problem(&r, StatusCode::FORBIDDEN, "token-unknown");
-    assert_eq!(up.seen.total(), before, "a refused token reached the upstream");
+    assert_eq!(
+        up.seen.total(),
+        before,
+        "a refused token reached the upstream"
+    );
     let r = submit(&http, &gw, "/checkout/pay2", "alice", &t).await;
     assert_eq!(r.status, StatusCode::CREATED);
     assert_eq!(up.seen.count("/checkout/pay2"), 1);
@@ -235,7 +253,12 @@ async fn suite(store: &str, extra: &str) {
         issued.push(t);
     }
     let r = http
-        .send(Method::POST, &gw.url("/limited/token"), &[("x-api-key", "alice")], "")
+        .send(
+            Method::POST,
+            &gw.url("/limited/token"),
+            &[("x-api-key", "alice")],
+            "",
+        )
         .await;
     problem(&r, StatusCode::TOO_MANY_REQUESTS, "token-rate-limited");
     let wait: u64 = r
@@ -250,7 +273,12 @@ async fn suite(store: &str, extra: &str) {
     // no key twice.
     for _ in 0..2 {
         let r = http
-            .send(Method::POST, &gw.url("/keyed/pay"), &[("x-api-key", "alice")], "{}")
+            .send(
+                Method::POST,
+                &gw.url("/keyed/pay"),
+                &[("x-api-key", "alice")],
+                "{}",
+            )
             .await;
         assert_eq!(r.status, StatusCode::CREATED);
     }
@@ -312,7 +340,11 @@ async fn token_routes_on_redis() {
         return;
     }
     let prefix = format!("idem-gw-tokens-{}:", uuid::Uuid::now_v7().simple());
-    suite("redis://127.0.0.1:6379", &format!("store_prefix = \"{prefix}\"")).await;
+    suite(
+        "redis://127.0.0.1:6379",
+        &format!("store_prefix = \"{prefix}\""),
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -320,7 +352,10 @@ async fn token_routes_on_postgres() {
     if !service_up(POSTGRES, "PostgreSQL").await {
         return;
     }
-    let table = format!("gw_tokens_{}", &uuid::Uuid::now_v7().simple().to_string()[20..]);
+    let table = format!(
+        "gw_tokens_{}",
+        &uuid::Uuid::now_v7().simple().to_string()[20..]
+    );
     let _drop = PgTables(vec![table.clone(), format!("{table}_tokens")]);
     suite(PG_URL, &format!("store_table = \"{table}\"")).await;
 }
@@ -352,8 +387,7 @@ fn check_config(toml: &str) -> (bool, String) {
         .expect("run idem");
     (
         out.status.success(),
-        String::from_utf8_lossy(&out.stderr).into_owned()
-            + &String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr).into_owned() + &String::from_utf8_lossy(&out.stdout),
     )
 }
 
@@ -383,7 +417,10 @@ token = {token}
             route("sqlite:./x.db", r#"{ issue = "/checkout/token" }"#, ""),
             "route `checkout`: token mode needs a store that keeps tokens",
         ),
-        (route("memory:", "{ ttl = \"1m\" }", ""), "`token.issue` is required"),
+        (
+            route("memory:", "{ ttl = \"1m\" }", ""),
+            "`token.issue` is required",
+        ),
         (
             route("memory:", r#"{ issue = "checkout/token" }"#, ""),
             "must start with /",
@@ -397,7 +434,11 @@ token = {token}
             "`token.ttl` must be between",
         ),
         (
-            route("memory:", r#"{ issue = "/t", header = "authorization" }"#, ""),
+            route(
+                "memory:",
+                r#"{ issue = "/t", header = "authorization" }"#,
+                "",
+            ),
             "`token.header`",
         ),
         (
@@ -423,11 +464,11 @@ token = {token}
         ok
     );
     let (success, out) = check_config(&twice);
-    assert!(!success && out.contains("already route `checkout`'s issue path"), "{out}");
-    let defaults = ok.replace(
-        "[defaults]\n",
-        "[defaults]\ntoken = { issue = \"/t\" }\n",
+    assert!(
+        !success && out.contains("already route `checkout`'s issue path"),
+        "{out}"
     );
+    let defaults = ok.replace("[defaults]\n", "[defaults]\ntoken = { issue = \"/t\" }\n");
     let (success, out) = check_config(&defaults);
     assert!(!success && out.contains("`defaults.token`"), "{out}");
 }

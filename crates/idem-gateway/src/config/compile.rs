@@ -494,11 +494,7 @@ fn compile_route(
         "max_stored_response",
     )?;
 
-    let token = r
-        .token
-        .as_ref()
-        .map(super::token::compile)
-        .transpose()?;
+    let token = r.token.as_ref().map(super::token::compile).transpose()?;
     let (key, key_path_params) = if token.is_some() {
         // The token header is the key; the key fields (the route's or `defaults`') do not
         // apply, and setting them on the route is a mistake worth naming.
@@ -508,7 +504,9 @@ fn compile_route(
             ("key_required", r.key_required.is_some()),
         ] {
             if set {
-                bail!("`{field}`: a route with `token` takes its key from the token header; remove `{field}`");
+                bail!(
+                    "`{field}`: a route with `token` takes its key from the token header; remove `{field}`"
+                );
             }
         }
         if !idempotency {

@@ -9,9 +9,9 @@ mod key;
 mod listener;
 mod settings;
 mod telemetry;
-mod token;
 #[cfg(test)]
 mod tests;
+mod token;
 mod units;
 
 use std::path::{Path, PathBuf};
@@ -31,7 +31,7 @@ pub use settings::{
     StatusSettings, Unmatched, UpstreamFailure,
 };
 pub use telemetry::{OtelSettings, RawOtel};
-pub use token::{RawToken, Rate, TokenSettings, supports_tokens};
+pub use token::{Rate, RawToken, TokenSettings, supports_tokens};
 pub use units::{ByteSize, Dur};
 
 /// The default data listener.

@@ -111,7 +111,9 @@ impl fmt::Display for Rate {
 /// The first problem found, naming the field.
 pub(super) fn compile(raw: &RawToken) -> anyhow::Result<TokenSettings> {
     let issue = raw.issue.as_deref().ok_or_else(|| {
-        anyhow!("`token.issue` is required: the path where POST issues a token, e.g. /checkout/token")
+        anyhow!(
+            "`token.issue` is required: the path where POST issues a token, e.g. /checkout/token"
+        )
     })?;
     let issue = issue_path(issue).map_err(|e| anyhow!("`token.issue`: {e}"))?;
     let header = raw.header.as_deref().unwrap_or(DEFAULT_TOKEN_HEADER);
@@ -121,7 +123,9 @@ pub(super) fn compile(raw: &RawToken) -> anyhow::Result<TokenSettings> {
         header.as_str(),
         "authorization" | "cookie" | "host" | "content-length" | "transfer-encoding" | "connection"
     ) {
-        bail!("`token.header`: `{header}` is taken by HTTP itself; pick a header of its own, such as Idempotency-Token");
+        bail!(
+            "`token.header`: `{header}` is taken by HTTP itself; pick a header of its own, such as Idempotency-Token"
+        );
     }
     let ttl = raw.ttl.map_or(DEFAULT_TOKEN_TTL, |d| d.0);
     if ttl.is_zero() || ttl > idem_core::token::MAX_TTL {
@@ -220,20 +224,65 @@ mod tests {
     #[test]
     fn rates_parse_units_and_durations() {
         let r = |t: &str| Rate::parse(t).expect(t);
-        assert_eq!(r("20/min"), Rate { count: 20, per: Duration::from_secs(60) });
-        assert_eq!(r("5/s"), Rate { count: 5, per: Duration::from_secs(1) });
-        assert_eq!(r(" 100 / hour "), Rate { count: 100, per: Duration::from_secs(3600) });
-        assert_eq!(r("3/10s"), Rate { count: 3, per: Duration::from_secs(10) });
+        assert_eq!(
+            r("20/min"),
+            Rate {
+                count: 20,
+                per: Duration::from_secs(60)
+            }
+        );
+        assert_eq!(
+            r("5/s"),
+            Rate {
+                count: 5,
+                per: Duration::from_secs(1)
+            }
+        );
+        assert_eq!(
+            r(" 100 / hour "),
+            Rate {
+                count: 100,
+                per: Duration::from_secs(3600)
+            }
+        );
+        assert_eq!(
+            r("3/10s"),
+            Rate {
+                count: 3,
+                per: Duration::from_secs(10)
+            }
+        );
         assert_eq!(r("20/min").to_string(), "20/1m");
-        for bad in ["", "20", "0/min", "-1/min", "x/min", "20/fortnight", "20/0s", "1/2d", "2000000/s"] {
+        for bad in [
+            "",
+            "20",
+            "0/min",
+            "-1/min",
+            "x/min",
+            "20/fortnight",
+            "20/0s",
+            "1/2d",
+            "2000000/s",
+        ] {
             assert!(Rate::parse(bad).is_err(), "{bad}");
         }
     }
 
     #[test]
     fn issue_paths_are_plain() {
-        assert_eq!(issue_path("/checkout/token").expect("ok"), "/checkout/token");
-        for bad in ["checkout/token", "/", "/a//b", "/a/../b", "/a b", "/a?x=1", "/a/"] {
+        assert_eq!(
+            issue_path("/checkout/token").expect("ok"),
+            "/checkout/token"
+        );
+        for bad in [
+            "checkout/token",
+            "/",
+            "/a//b",
+            "/a/../b",
+            "/a b",
+            "/a?x=1",
+            "/a/",
+        ] {
             assert!(issue_path(bad).is_err(), "{bad}");
         }
     }

@@ -38,8 +38,8 @@ use crate::config::{PrincipalSource, Route, TokenSettings};
 use crate::path::{self, TrailingSlash};
 use crate::proxy::{self, ResBody};
 
-pub use gate::{TokenGate, TokenRefusal};
 pub(crate) use gate::TokenKey;
+pub use gate::{TokenGate, TokenRefusal};
 pub use limit::Limiter;
 pub use store::GatewayTokens;
 
@@ -174,22 +174,20 @@ impl TokenCheck {
         }
     }
 
-    /// Refuses an unsafe request without exactly one well-formed token, or with an
-    /// `Idempotency-Key` besides it. Safe methods pass (the layer forwards them unprotected).
-    ///
-    /// # Errors
-    /// The refusal to answer.
-    pub fn check(&self, method: &Method, headers: &HeaderMap) -> Result<(), Response<ResBody>> {
+    /// The refusal of an unsafe request without exactly one well-formed token, or with an
+    /// `Idempotency-Key` besides it; `None` lets the request on. Safe methods pass (the layer
+    /// forwards them unprotected).
+    pub fn refusal(&self, method: &Method, headers: &HeaderMap) -> Option<Response<ResBody>> {
         if matches!(*method, Method::GET | Method::HEAD | Method::OPTIONS) {
-            return Ok(());
+            return None;
         }
         if self.header != IDEMPOTENCY_KEY && headers.contains_key(IDEMPOTENCY_KEY) {
-            return Err(self.refuse(TokenEvent::WithKey));
+            return Some(self.refuse(TokenEvent::WithKey));
         }
         match gate::presented(headers, &self.header) {
-            gate::Presented::Token(_) => Ok(()),
-            gate::Presented::Missing => Err(self.refuse(TokenEvent::Missing)),
-            gate::Presented::Malformed => Err(self.refuse(TokenEvent::Malformed)),
+            gate::Presented::Token(_) => None,
+            gate::Presented::Missing => Some(self.refuse(TokenEvent::Missing)),
+            gate::Presented::Malformed => Some(self.refuse(TokenEvent::Malformed)),
         }
     }
 
@@ -342,7 +340,10 @@ impl TokenIssuer {
                 StatusCode::METHOD_NOT_ALLOWED,
                 "method-not-allowed",
                 "Method not allowed",
-                format!("POST {} issues a token; nothing else is answered here", self.issue),
+                format!(
+                    "POST {} issues a token; nothing else is answered here",
+                    self.issue
+                ),
             ));
             res.headers_mut()
                 .insert(header::ALLOW, HeaderValue::from_static("POST"));
@@ -376,7 +377,11 @@ impl TokenIssuer {
                 "this caller asked for tokens faster than the route allows; retry after the time given",
             )
             .retry_after(wait);
-            return answer(problem, Outcome::Refused(Refusal::Token), TokenEvent::RateLimited);
+            return answer(
+                problem,
+                Outcome::Refused(Refusal::Token),
+                TokenEvent::RateLimited,
+            );
         }
         let scope = match principal {
             Some(p) => self.namespace.clone().with_principal(p),
@@ -417,7 +422,10 @@ impl TokenIssuer {
         let mut res = Response::new(ResponseBody::full(Bytes::from(body.to_string())));
         *res.status_mut() = StatusCode::CREATED;
         let h = res.headers_mut();
-        h.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        h.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
         h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
         res.extensions_mut().insert(Outcome::Queried);
         res.extensions_mut().insert(TokenNote(TokenEvent::Issued));

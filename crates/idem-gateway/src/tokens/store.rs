@@ -84,8 +84,11 @@ impl GatewayTokens {
         timeout: Duration,
     ) -> anyhow::Result<Self> {
         crate::store::available(spec)?;
-        match tokio::time::timeout(timeout.max(Duration::from_secs(10)), open(spec, options, timeout))
-            .await
+        match tokio::time::timeout(
+            timeout.max(Duration::from_secs(10)),
+            open(spec, options, timeout),
+        )
+        .await
         {
             Ok(result) => result,
             Err(_) => bail!("token store {spec}: no answer while connecting"),
@@ -108,7 +111,11 @@ impl GatewayTokens {
     /// # Errors
     /// The store failed or did not answer within the timeout: the token may or may not be
     /// consumed, so it must be treated as used.
-    pub async fn consume(&self, scope: &Scope, token: &Token) -> Result<ConsumeOutcome, StoreError> {
+    pub async fn consume(
+        &self,
+        scope: &Scope,
+        token: &Token,
+    ) -> Result<ConsumeOutcome, StoreError> {
         match tokio::time::timeout(self.timeout, self.inner.consume(scope, token)).await {
             Ok(r) => r,
             Err(_) => Err(StoreError::Timeout(self.timeout)),
