@@ -65,6 +65,12 @@ impl GatewayTokens {
         Self::wrap(MemoryTokens::new(capacity), timeout, "memory")
     }
 
+    /// Tokens kept by `store`, every call bounded by `timeout` ([`GatewayTokens::open`]
+    /// picks the store from the gateway's store URL; this is for embedding and tests).
+    pub fn from_store(store: impl TokenStore, timeout: Duration) -> Self {
+        Self::wrap(store, timeout, "custom")
+    }
+
     fn wrap(store: impl TokenStore, timeout: Duration, kind: &'static str) -> Self {
         Self {
             inner: Arc::new(store),
