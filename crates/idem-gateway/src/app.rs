@@ -215,10 +215,7 @@ impl App {
         append_forwarded_for(&mut parts, peer);
         let method = log.then(|| parts.method.clone());
         let path = log.then(|| parts.uri.path().to_owned());
-        let issuer = self
-            .issuers
-            .iter()
-            .find(|(_, i)| i.owns(parts.uri.path(), self.trailing_slash));
+        let issuer = self.issuer(parts.uri.path());
         let (mut res, route) = match (&self.status, issuer) {
             // An issue path is answered here whatever its method, and never forwarded.
             (_, Some((index, issuer))) => (
@@ -285,6 +282,18 @@ impl App {
 }
 
 impl App {
+    /// The token route whose issue path `raw` (the path as sent) is, in its spelling as sent
+    /// or normalised in any letter case.
+    fn issuer(&self, raw: &str) -> Option<&(usize, TokenIssuer)> {
+        if self.issuers.is_empty() {
+            return None;
+        }
+        let normal = path::normalize(raw, self.trailing_slash).ok();
+        self.issuers
+            .iter()
+            .find(|(_, i)| i.owns(raw, normal.as_deref()))
+    }
+
     /// Finds the request's route and answers through it: the layer, a plain proxy, the
     /// unmatched proxy, or 404. Also says which route answered (its index, or
     /// [`RequestMetrics::no_route`]).

@@ -1,31 +1,21 @@
 //! Token routes through the real `idem serve` binary: the gateway issues one-time tokens at a
 //! route's issue path (never forwarded), and the token header replaces the idempotency key.
-//! One suite runs on the memory store, on Redis and on PostgreSQL (the last two need their
-//! servers on the standard local ports: a missing one fails under CI and skips loudly
-//! otherwise).
+//! One suite runs on the memory store, on Redis, on PostgreSQL and on MariaDB (the servers on
+//! their standard local ports: a missing one fails under CI and skips loudly otherwise).
 
 mod common;
 
 use std::collections::HashSet;
-use std::net::SocketAddr;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU8, Ordering};
 use std::time::{Duration, SystemTime};
 
 use common::{ADMIN_TOKEN, Gateway, Http, Reply, Upstream, ci, reachable};
 use http::{Method, StatusCode};
-use hyper_util::rt::{TokioExecutor, TokioIo};
-use idem_core::{BoxStore, MemoryStore};
-use idem_gateway::app::{self, App};
-use idem_gateway::claims::TrackedStore;
-use idem_gateway::metrics::MeteredStore;
-use idem_gateway::tokens::GatewayTokens;
-use idem_gateway::upstream::Clients;
-use tokio::net::TcpListener;
 
 const REDIS: &str = "127.0.0.1:6379";
 const POSTGRES: &str = "127.0.0.1:5432";
 const PG_URL: &str = "postgres://postgres@127.0.0.1:5432/test";
+const MYSQL: &str = "127.0.0.1:3306";
+const MYSQL_URL: &str = "mysql://root@127.0.0.1:3306/test";
 
 async fn service_up(addr: &str, name: &str) -> bool {
     if reachable(addr).await {
@@ -371,6 +361,19 @@ async fn token_routes_on_postgres() {
     suite(PG_URL, &format!("store_table = \"{table}\"")).await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn token_routes_on_mariadb() {
+    if !service_up(MYSQL, "MariaDB").await {
+        return;
+    }
+    let table = format!(
+        "gw_tokens_{}",
+        &uuid::Uuid::now_v7().simple().to_string()[20..]
+    );
+    let _drop = MysqlTables(vec![table.clone(), format!("{table}_tokens")]);
+    suite(MYSQL_URL, &format!("store_table = \"{table}\"")).await;
+}
+
 /// The test's tables, dropped when the test ends, passed or not (best effort: a leftover
 /// table only costs space).
 struct PgTables(Vec<String>);
@@ -380,6 +383,20 @@ impl Drop for PgTables {
         for t in &self.0 {
             let _ = std::process::Command::new("psql")
                 .args([PG_URL, "-qc", &format!("DROP TABLE IF EXISTS {t}")])
+                .output();
+        }
+    }
+}
+
+/// As [`PgTables`], on MariaDB.
+struct MysqlTables(Vec<String>);
+
+impl Drop for MysqlTables {
+    fn drop(&mut self) {
+        for t in &self.0 {
+            let _ = std::process::Command::new("mysql")
+                .args(["-h", "127.0.0.1", "-u", "root", "test", "-e"])
+                .arg(format!("DROP TABLE IF EXISTS {t}"))
                 .output();
         }
     }
@@ -484,263 +501,8 @@ token = {token}
     assert!(!success && out.contains("`defaults.token`"), "{out}");
 }
 
-/// Token routes reload like any route: a reload can turn token mode on (the token store is
-/// opened then), and tokens issued before a reload are still usable after it, even on the
-/// in-process memory store.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn token_mode_reloads_and_tokens_outlive_reloads() {
-    let up = Upstream::start().await;
-    let keyed = config(&up.url(), "memory:", "")
-        .replace(
-            "token = { issue = \"/checkout/token\", ttl = \"15m\", rate = \"1000/min\" }",
-            "",
-        )
-        .replace("token = { header = \"x-form-token\", issue = \"/quick/token\", ttl = \"300ms\", rate = \"1000/min\" }", "")
-        .replace("token = { issue = \"/limited/token\", rate = \"2/min\" }", "");
-    assert!(!keyed.contains("token = {"), "{keyed}");
-    let gw = Gateway::start(&keyed, &[]);
-    let http = Http::new();
-    let reload = |gw: &Gateway| {
-        let http = http.clone();
-        let url = gw.admin_url("/admin/reload");
-        async move {
-            let auth = format!("Bearer {ADMIN_TOKEN}");
-            let r = http
-                .send(Method::POST, &url, &[("authorization", &auth)], "")
-                .await;
-            assert_eq!(
-                r.status,
-                StatusCode::OK,
-                "{}",
-                String::from_utf8_lossy(&r.body)
-            );
-        }
-    };
-    // Without token mode the issue path is just a path of the route: a keyless POST is
-    // refused for its missing key, and nothing issues tokens.
-    let r = http
-        .send(
-            Method::POST,
-            &gw.url("/checkout/token"),
-            &[("x-api-key", "alice")],
-            "",
-        )
-        .await;
-    problem(&r, StatusCode::BAD_REQUEST, "key-missing");
-
-    std::fs::write(gw.config_path(), config(&up.url(), "memory:", "")).expect("write");
-    reload(&gw).await;
-    let (t, _) = issue(&http, &gw, "/checkout/token", "alice").await;
-    let r = http
-        .send(
-            Method::POST,
-            &gw.url("/checkout/pay"),
-            &[("x-api-key", "alice")],
-            "{}",
-        )
-        .await;
-    problem(&r, StatusCode::PRECONDITION_REQUIRED, "token-missing");
-
-    // Another reload (a changed rate) keeps the token store: the token issued before works.
-    let slower = config(&up.url(), "memory:", "").replace("1000/min", "500/min");
-    std::fs::write(gw.config_path(), slower).expect("write");
-    reload(&gw).await;
-    let r = submit(&http, &gw, "/checkout/pay", "alice", &t).await;
-    assert_eq!(
-        r.status,
-        StatusCode::CREATED,
-        "{}",
-        String::from_utf8_lossy(&r.body)
-    );
-    assert_eq!(up.seen.count("/checkout/pay"), 1);
-}
-
-/// Two gateways on one Redis store behave as one: a token issued by one is consumed once
-/// across both, whichever receives the submits.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn two_gateways_share_tokens_on_redis() {
-    if !service_up(REDIS, "Redis").await {
-        return;
-    }
-    let up = Upstream::start().await;
-    let prefix = format!("idem-gw-tokens-{}:", uuid::Uuid::now_v7().simple());
-    let toml = config(
-        &up.url(),
-        "redis://127.0.0.1:6379",
-        &format!("store_prefix = \"{prefix}\""),
-    );
-    let (a, b) = (Gateway::start(&toml, &[]), Gateway::start(&toml, &[]));
-    let http = Http::new();
-    let (t, _) = issue(&http, &a, "/checkout/token", "alice").await;
-    let url = "/checkout/shared?delay_ms=300";
-    let replies: Vec<Reply> = futures::future::join_all((0..20).map(|i| {
-        let gw = if i % 2 == 0 { &a } else { &b };
-        submit(&http, gw, url, "alice", &t)
-    }))
-    .await;
-    assert_eq!(up.seen.count("/checkout/shared"), 1);
-    for r in &replies {
-        let ok = (r.status == StatusCode::CREATED)
-            || (r.status == StatusCode::CONFLICT && r.problem_type() == "in-flight");
-        assert!(ok, "{} {}", r.status, String::from_utf8_lossy(&r.body));
-    }
-    // Once done, either gateway replays it.
-    let r = submit(&http, &b, url, "alice", &t).await;
-    assert!(r.replayed());
-}
-
-/// A token store whose consume fails on demand: before touching the token (`FAIL_BEFORE`), or
-/// after consuming it, as when the answer is lost on the way back (`FAIL_AFTER`).
-struct Flaky {
-    inner: idem_core::token::MemoryTokens,
-    mode: Arc<AtomicU8>,
-}
-
-const WORKS: u8 = 0;
-const FAIL_BEFORE: u8 = 1;
-const FAIL_AFTER: u8 = 2;
-
-impl idem_core::token::TokenStore for Flaky {
-    async fn issue(
-        &self,
-        req: &idem_core::token::IssueRequest,
-    ) -> Result<idem_core::token::Issued, idem_core::StoreError> {
-        self.inner.issue(req).await
-    }
-
-    async fn consume(
-        &self,
-        scope: &idem_core::Scope,
-        token: &idem_core::token::Token,
-        presented: Option<&[u8]>,
-    ) -> Result<idem_core::token::ConsumeOutcome, idem_core::StoreError> {
-        let injected = || idem_core::StoreError::unavailable("injected failure");
-        match self.mode.load(Ordering::SeqCst) {
-            FAIL_BEFORE => Err(injected()),
-            FAIL_AFTER => {
-                let _ = self.inner.consume(scope, token, presented).await;
-                Err(injected())
-            }
-            _ => self.inner.consume(scope, token, presented).await,
-        }
-    }
-
-    async fn inspect(
-        &self,
-        scope: &idem_core::Scope,
-        token: &idem_core::token::Token,
-    ) -> Result<idem_core::token::TokenState, idem_core::StoreError> {
-        self.inner.inspect(scope, token).await
-    }
-}
-
-/// The gateway's data plane in this process over a [`Flaky`] token store.
-async fn flaky_gateway(upstream: &str, mode: Arc<AtomicU8>) -> SocketAddr {
-    let raw = idem_gateway::config::from_toml(&config(upstream, "memory:", "")).expect("toml");
-    let settings = idem_gateway::config::compile(&raw).expect("valid");
-    let store = TrackedStore::new(BoxStore::new(MeteredStore::new(BoxStore::new(
-        MemoryStore::new(10_000),
-    ))));
-    let tokens = GatewayTokens::from_store(
-        Flaky {
-            inner: idem_core::token::MemoryTokens::new(10_000),
-            mode,
-        },
-        Duration::from_secs(1),
-    );
-    let mut clients = Clients::new(Duration::from_secs(1), 8);
-    let app = Arc::new(
-        App::with_tokens(
-            &settings,
-            store,
-            settings.upstream.as_ref(),
-            &mut clients,
-            Some(&tokens),
-        )
-        .expect("app"),
-    );
-    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-    let addr = listener.local_addr().expect("addr");
-    tokio::spawn(async move {
-        let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
-        loop {
-            let Ok((stream, remote)) = listener.accept().await else {
-                continue;
-            };
-            let conn = builder
-                .serve_connection(TokioIo::new(stream), app::service(Arc::clone(&app), remote))
-                .into_owned();
-            tokio::spawn(conn);
-        }
-    });
-    addr
-}
-
-/// A store failure during the consume forwards nothing and releases the claim: a retry with
-/// the same token runs if the token was not used, and gets 409 token-used if it was (the
-/// token may be spent, so it is treated as used; never run twice, never run unrecorded).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_failed_consume_forwards_nothing_and_a_retry_is_judged_by_the_token() {
-    let up = Upstream::start().await;
-    let mode = Arc::new(AtomicU8::new(WORKS));
-    let addr = flaky_gateway(&up.url(), Arc::clone(&mode)).await;
-    let http = Http::new();
-    let url = |p: &str| format!("http://{addr}{p}");
-    let headers = |t: &str| {
-        [
-            ("x-api-key", "alice".to_owned()),
-            ("idempotency-token", t.to_owned()),
-        ]
-    };
-    let send = |t: String| {
-        let (http, u) = (http.clone(), url("/checkout/pay"));
-        async move {
-            let h = headers(&t);
-            let h: Vec<(&str, &str)> = h.iter().map(|(k, v)| (*k, v.as_str())).collect();
-            http.send(Method::POST, &u, &h, "{}").await
-        }
-    };
-    let token = || async {
-        let r = http
-            .send(
-                Method::POST,
-                &url("/checkout/token"),
-                &[("x-api-key", "alice")],
-                "",
-            )
-            .await;
-        assert_eq!(r.status, StatusCode::CREATED);
-        r.json()["token"].as_str().expect("token").to_owned()
-    };
-
-    // Failed before the token was touched: 503, nothing forwarded; the retry runs once.
-    let t = token().await;
-    mode.store(FAIL_BEFORE, Ordering::SeqCst);
-    let r = send(t.clone()).await;
-    problem(
-        &r,
-        StatusCode::SERVICE_UNAVAILABLE,
-        "token-store-unavailable",
-    );
-    assert!(r.header("retry-after").is_some());
-    assert_eq!(up.seen.total(), 0);
-    mode.store(WORKS, Ordering::SeqCst);
-    let r = send(t.clone()).await;
-    assert_eq!(r.status, StatusCode::CREATED);
-    assert_eq!(up.seen.total(), 1);
-
-    // Failed after the token was consumed: 503, nothing forwarded; the retry is refused as
-    // used, and the upstream never runs for it.
-    let t = token().await;
-    mode.store(FAIL_AFTER, Ordering::SeqCst);
-    let r = send(t.clone()).await;
-    problem(
-        &r,
-        StatusCode::SERVICE_UNAVAILABLE,
-        "token-store-unavailable",
-    );
-    mode.store(WORKS, Ordering::SeqCst);
-    let r = send(t).await;
-    problem(&r, StatusCode::CONFLICT, "token-used");
-    assert_eq!(up.seen.total(), 1);
-}
+// Further cases, in files of their own (the crate root resolves paths from `tests/`).
+#[path = "tokens/faults.rs"]
+mod faults;
+#[path = "tokens/processes.rs"]
+mod processes;

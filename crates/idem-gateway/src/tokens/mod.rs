@@ -35,7 +35,6 @@ use idem_http::{Problem, ResponseBody};
 use metrics::Counter;
 
 use crate::config::{PrincipalSource, Route, TokenSettings};
-use crate::path::{self, TrailingSlash};
 use crate::proxy::{self, ResBody};
 
 pub(crate) use gate::TokenKey;
@@ -326,11 +325,11 @@ impl TokenIssuer {
         &self.namespace
     }
 
-    /// Whether a request for `raw` (the path as sent) is for this endpoint: the path, or its
-    /// normalised spelling in any letter case, is the issue path.
-    pub fn owns(&self, raw: &str, trailing: TrailingSlash) -> bool {
-        raw == self.issue
-            || path::normalize(raw, trailing).is_ok_and(|n| n.eq_ignore_ascii_case(&self.issue))
+    /// Whether a request for `raw` (the path as sent; `normal`, its normalised spelling if
+    /// it has one) is for this endpoint: either is the issue path, the latter in any letter
+    /// case.
+    pub fn owns(&self, raw: &str, normal: Option<&str>) -> bool {
+        raw == self.issue || normal.is_some_and(|n| n.eq_ignore_ascii_case(&self.issue))
     }
 
     /// Answers one request to the issue path.
