@@ -27,9 +27,7 @@ use crate::path::{self, PathRejection, TrailingSlash};
 use crate::protect::layer_config;
 use crate::proxy::{self, Proxy, ResBody};
 use crate::status::StatusEndpoint;
-use crate::tokens::{
-    Counters, GatewayTokens, TokenCheck, TokenGate, TokenIssuer, TokenKey, TokenNote,
-};
+use crate::tokens::{GatewayTokens, TokenIssuer, TokenNote, TokenRoute};
 use crate::upstream::{Clients, UpstreamSpec};
 
 /// The store as the gateway uses it, with the claims this process holds tracked for
@@ -40,19 +38,10 @@ pub type GatewayStore = TrackedStore<BoxStore>;
 
 type Protected = Idempotency<TimedProxy, GatewayStore>;
 
-/// A token route's layer: keyed by the token, with the gate that consumes it in front of
-/// the proxy.
-type TokenProtected = Idempotency<TokenGate, GatewayStore>;
-
 enum Handler {
     Plain(TimedProxy),
     Protected(Protected),
-    Token(Box<TokenHandler>),
-}
-
-struct TokenHandler {
-    svc: TokenProtected,
-    check: TokenCheck,
+    Token(Box<TokenRoute>),
 }
 
 struct Entry {
@@ -132,26 +121,11 @@ impl App {
                         route.name
                     )
                 })?;
-                let counters = Counters::new(&route.name);
-                let issuer = TokenIssuer::new(route, tokens.clone(), counters.clone())?;
                 let proxy = Proxy::new(client, target, timeout, Some(p.max_stored_response))?;
-                let gate = TokenGate {
-                    inner: TimedProxy::new(proxy, &route.name),
-                    tokens: tokens.clone(),
-                    header: t.header.clone(),
-                    namespace: issuer.namespace().clone(),
-                    principal: p.principal.clone(),
-                    counters: counters.clone(),
-                };
-                let config = layer_config(p)?.key(TokenKey {
-                    header: t.header.clone(),
-                });
-                let layer = IdempotencyLayer::new(&engine, config);
+                let proxy = TimedProxy::new(proxy, &route.name);
+                let (token_route, issuer) = TokenRoute::build(route, t, &engine, proxy, tokens)?;
                 issuers.push((index, issuer));
-                Handler::Token(Box::new(TokenHandler {
-                    svc: layer.layer(gate),
-                    check: TokenCheck::new(t, counters),
-                }))
+                Handler::Token(Box::new(token_route))
             } else if p.idempotency {
                 // Buffer protected responses inside the upstream timeout, so a reset mid-body
                 // is classified like any other failure after sending.

@@ -29,18 +29,71 @@ use bytes::Bytes;
 use http::request::Parts;
 use http::{HeaderMap, HeaderName, HeaderValue, Method, Response, StatusCode, header};
 use idem_core::token::{IssueRequest, Token};
-use idem_core::{Outcome, Refusal, Scope};
+use idem_core::{Engine, Outcome, Refusal, Scope};
 use idem_http::policy::ExtractPrincipal;
-use idem_http::{Problem, ResponseBody};
+use idem_http::{Idempotency, IdempotencyLayer, Problem, ResponseBody};
 use metrics::Counter;
+use tower::Layer as _;
 
+use crate::app::GatewayStore;
 use crate::config::{PrincipalSource, Route, TokenSettings};
+use crate::observe::TimedProxy;
+use crate::protect::layer_config;
 use crate::proxy::{self, ResBody};
 
-pub(crate) use gate::TokenKey;
+use gate::TokenKey;
 pub use gate::{TokenGate, TokenRefusal};
 pub use limit::Limiter;
 pub use store::GatewayTokens;
+
+/// A token route's handler: idem-http's layer keyed by the token, over the gate that
+/// consumes it in front of the proxy, and the check made before the layer.
+pub struct TokenRoute {
+    /// The layer.
+    pub svc: Idempotency<TokenGate, GatewayStore>,
+    /// The check before it.
+    pub check: TokenCheck,
+}
+
+impl std::fmt::Debug for TokenRoute {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TokenRoute")
+            .field("check", &self.check)
+            .finish_non_exhaustive()
+    }
+}
+
+impl TokenRoute {
+    /// The handler of `route` (with token mode `t`) over `proxy`, and its issue endpoint.
+    ///
+    /// # Errors
+    /// A policy the layer refuses or an invalid namespace (both refused when the
+    /// configuration compiled).
+    pub fn build(
+        route: &Route,
+        t: &TokenSettings,
+        engine: &Engine<GatewayStore>,
+        proxy: TimedProxy,
+        tokens: &GatewayTokens,
+    ) -> anyhow::Result<(Self, TokenIssuer)> {
+        let counters = Counters::new(&route.name);
+        let issuer = TokenIssuer::new(route, tokens.clone(), counters.clone())?;
+        let gate = TokenGate {
+            inner: proxy,
+            tokens: tokens.clone(),
+            header: t.header.clone(),
+            namespace: issuer.namespace().clone(),
+            principal: route.policy.principal.clone(),
+            counters: counters.clone(),
+        };
+        let config = layer_config(&route.policy)?.key(TokenKey {
+            header: t.header.clone(),
+        });
+        let svc = IdempotencyLayer::new(engine, config).layer(gate);
+        let check = TokenCheck::new(t, counters);
+        Ok((Self { svc, check }, issuer))
+    }
+}
 
 /// What became of a token request, the `outcome` label of `idem_tokens_total`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
