@@ -269,6 +269,57 @@ mod tests {
     }
 
     #[test]
+    fn routes_compile_their_token_mode() {
+        let s = crate::config::compile(
+            &crate::config::from_toml(
+                r#"
+                upstream = "http://127.0.0.1:9"
+                store = "memory:"
+                [defaults]
+                principal = { from = "none" }
+                key_required = false
+                [[routes]]
+                name = "checkout"
+                path = "/checkout/*"
+                [routes.token]
+                issue = "/checkout/token"
+                [[routes]]
+                name = "form"
+                path = "/form"
+                token = { header = "X-Form-Token", issue = "/form/token", ttl = "1h", rate = "5/s" }
+                [[routes]]
+                name = "plain"
+                path = "/*"
+                "#,
+            )
+            .expect("toml"),
+        )
+        .expect("valid");
+        let checkout = s.routes[0].policy.token.as_ref().expect("token mode");
+        assert_eq!(checkout.header.as_str(), "idempotency-token");
+        assert_eq!(checkout.issue, "/checkout/token");
+        assert_eq!(checkout.ttl, DEFAULT_TOKEN_TTL);
+        assert_eq!(
+            checkout.rate,
+            Rate::parse(DEFAULT_TOKEN_RATE).expect("rate")
+        );
+        // The token is always required, whatever `defaults` says of keys.
+        assert!(s.routes[0].policy.key_required);
+        let form = s.routes[1].policy.token.as_ref().expect("token mode");
+        assert_eq!(form.header.as_str(), "x-form-token");
+        assert_eq!(form.ttl, Duration::from_secs(3600));
+        assert_eq!(
+            form.rate,
+            Rate {
+                count: 5,
+                per: Duration::from_secs(1)
+            }
+        );
+        assert!(s.routes[2].policy.token.is_none());
+        assert!(!s.routes[2].policy.key_required);
+    }
+
+    #[test]
     fn issue_paths_are_plain() {
         assert_eq!(
             issue_path("/checkout/token").expect("ok"),
