@@ -102,6 +102,9 @@ pub enum Refusal {
     BadTarget,
     /// The server is at its limit of requests in progress.
     Overloaded,
+    /// A one-time token was missing, malformed, unknown, expired or already used, or its
+    /// issue was refused (the gateway's token routes).
+    Token,
 }
 
 impl Outcome {
@@ -132,7 +135,7 @@ impl Outcome {
 impl Refusal {
     /// A short, stable, lower-case name: `key_missing`, `key_malformed`, `key_multiple`,
     /// `unauthenticated`, `body_too_large`, `body_unreadable`, `response_not_stored`,
-    /// `no_route`, `bad_target`, `overloaded`.
+    /// `no_route`, `bad_target`, `overloaded`, `token`.
     pub fn as_str(self) -> &'static str {
         match self {
             Self::KeyMissing => "key_missing",
@@ -145,6 +148,7 @@ impl Refusal {
             Self::NoRoute => "no_route",
             Self::BadTarget => "bad_target",
             Self::Overloaded => "overloaded",
+            Self::Token => "token",
         }
     }
 }

@@ -27,6 +27,7 @@ use crate::path::{self, PathRejection, TrailingSlash};
 use crate::protect::layer_config;
 use crate::proxy::{self, Proxy, ResBody};
 use crate::status::StatusEndpoint;
+use crate::tokens::{GatewayTokens, TokenIssuer, TokenNote, TokenRoute};
 use crate::upstream::{Clients, UpstreamSpec};
 
 /// The store as the gateway uses it, with the claims this process holds tracked for
@@ -40,6 +41,7 @@ type Protected = Idempotency<TimedProxy, GatewayStore>;
 enum Handler {
     Plain(TimedProxy),
     Protected(Protected),
+    Token(Box<TokenRoute>),
 }
 
 struct Entry {
@@ -57,6 +59,9 @@ pub struct App {
     fallback: Option<TimedProxy>,
     /// The status endpoint, answered before any route and never forwarded.
     status: Option<StatusEndpoint>,
+    /// The token routes' issue endpoints with their routes' indexes, answered before any
+    /// route and never forwarded.
+    issuers: Vec<(usize, TokenIssuer)>,
     trailing_slash: TrailingSlash,
     request_id: HeaderName,
     metrics: RequestMetrics,
@@ -75,16 +80,32 @@ impl App {
     /// or the demo upstream's address).
     ///
     /// # Errors
-    /// A route without any upstream, or a policy the layer refuses.
+    /// A route without any upstream, a policy the layer refuses, or a token route (which
+    /// needs [`App::with_tokens`]).
     pub fn new(
         settings: &Settings,
         store: GatewayStore,
         upstream: Option<&UpstreamSpec>,
         clients: &mut Clients,
     ) -> anyhow::Result<Self> {
+        Self::with_tokens(settings, store, upstream, clients, None)
+    }
+
+    /// As [`App::new`], with the token store token routes issue into and consume from.
+    ///
+    /// # Errors
+    /// As [`App::new`]; a token route without `tokens`.
+    pub fn with_tokens(
+        settings: &Settings,
+        store: GatewayStore,
+        upstream: Option<&UpstreamSpec>,
+        clients: &mut Clients,
+        tokens: Option<&GatewayTokens>,
+    ) -> anyhow::Result<Self> {
         let engine = Engine::new(store, Policy::default());
         let mut entries = Vec::with_capacity(settings.routes.len());
-        for route in &settings.routes {
+        let mut issuers = Vec::new();
+        for (index, route) in settings.routes.iter().enumerate() {
             let target = route
                 .upstream
                 .as_ref()
@@ -93,7 +114,19 @@ impl App {
             let p = &route.policy;
             let client = clients.get(target);
             let timeout = p.engine.handler_timeout().saturating_sub(HANDLER_BACKSTOP);
-            let handler = if p.idempotency {
+            let handler = if let Some(t) = p.token.as_ref().filter(|_| p.idempotency) {
+                let tokens = tokens.ok_or_else(|| {
+                    anyhow::anyhow!(
+                        "route `{}` has token mode but no token store is open",
+                        route.name
+                    )
+                })?;
+                let proxy = Proxy::new(client, target, timeout, Some(p.max_stored_response))?;
+                let proxy = TimedProxy::new(proxy, &route.name);
+                let (token_route, issuer) = TokenRoute::build(route, t, &engine, proxy, tokens)?;
+                issuers.push((index, issuer));
+                Handler::Token(Box::new(token_route))
+            } else if p.idempotency {
                 // Buffer protected responses inside the upstream timeout, so a reset mid-body
                 // is classified like any other failure after sending.
                 let proxy = Proxy::new(client, target, timeout, Some(p.max_stored_response))?;
@@ -124,6 +157,7 @@ impl App {
             entries,
             fallback,
             status,
+            issuers,
             trailing_slash: settings.trailing_slash,
             request_id: settings.request_id_header.clone(),
             // Route indexes are the routes' in match order, then the status endpoint's.
@@ -159,8 +193,14 @@ impl App {
             .insert(crate::proxy::X_FORWARDED_PROTO, peer.proto.clone());
         let method = log.then(|| parts.method.clone());
         let path = log.then(|| parts.uri.path().to_owned());
-        let (mut res, route) = match &self.status {
-            Some(status) if status.owns(parts.uri.path(), self.trailing_slash) => (
+        let issuer = self.issuer(parts.uri.path());
+        let (mut res, route) = match (&self.status, issuer) {
+            // An issue path is answered here whatever its method, and never forwarded.
+            (_, Some((index, issuer))) => (
+                issuer.answer(&parts).instrument(span.span().clone()).await,
+                *index,
+            ),
+            (Some(status), None) if status.owns(parts.uri.path(), self.trailing_slash) => (
                 status.answer(parts).instrument(span.span().clone()).await,
                 self.entries.len(),
             ),
@@ -202,7 +242,10 @@ impl App {
                 route,
                 status,
                 outcome = outcome.as_str(),
-                detail = detail(outcome),
+                detail = res
+                    .extensions()
+                    .get::<TokenNote>()
+                    .map_or_else(|| detail(outcome), |n| n.0.as_str()),
                 micros = u64::try_from(elapsed.as_micros()).unwrap_or(u64::MAX),
                 "request"
             );
@@ -217,6 +260,18 @@ impl App {
 }
 
 impl App {
+    /// The token route whose issue path `raw` (the path as sent) is, in its spelling as sent
+    /// or normalised in any letter case.
+    fn issuer(&self, raw: &str) -> Option<&(usize, TokenIssuer)> {
+        if self.issuers.is_empty() {
+            return None;
+        }
+        let normal = path::normalize(raw, self.trailing_slash).ok();
+        self.issuers
+            .iter()
+            .find(|(_, i)| i.owns(raw, normal.as_deref()))
+    }
+
     /// Finds the request's route and answers through it: the layer, a plain proxy, the
     /// unmatched proxy, or 404. Also says which route answered (its index, or
     /// [`RequestMetrics::no_route`]).
@@ -255,22 +310,22 @@ impl App {
                 route,
                 handler: Handler::Protected(svc),
             }) => {
-                let mut res = match svc.clone().call(req).await {
+                let res = match svc.clone().call(req).await {
                     Ok(res) => res,
                     Err(never) => match never {},
                 };
-                proxy::restore_shown_status(&mut res);
-                let held = matches!(
-                    res.extensions().get::<Outcome>(),
-                    Some(Outcome::Replayed | Outcome::Executed(Kept::Stored))
-                );
-                let cap = if held {
-                    route.policy.max_stored_response
-                } else {
-                    0
-                };
-                trailers.prepare(proxy::boxed(res), cap).await
+                protected_answer(res, route, trailers).await
             }
+            Some(Entry {
+                route,
+                handler: Handler::Token(token),
+            }) => match token.check.refusal(req.method(), req.headers()) {
+                Some(refused) => refused,
+                None => match token.svc.clone().call(req).await {
+                    Ok(res) => protected_answer(res, route, trailers).await,
+                    Err(refusal) => token.check.refused(refusal),
+                },
+            },
         };
         (res, index)
     }
@@ -295,6 +350,30 @@ impl App {
             .record(self.metrics.no_route(), outcome, Duration::ZERO);
         proxy::boxed(res)
     }
+}
+
+/// A protected route's answer as sent: the status the layer showed restored, and trailers
+/// prepared for the client (a held answer within the route's stored size).
+async fn protected_answer<B>(
+    mut res: Response<idem_http::ResponseBody<B>>,
+    route: &Route,
+    trailers: proxy::TrailerClient,
+) -> Response<ResBody>
+where
+    B: http_body::Body<Data = bytes::Bytes> + Send + 'static,
+    B::Error: Into<idem_http::BoxError>,
+{
+    proxy::restore_shown_status(&mut res);
+    let held = matches!(
+        res.extensions().get::<Outcome>(),
+        Some(Outcome::Replayed | Outcome::Executed(Kept::Stored))
+    );
+    let cap = if held {
+        route.policy.max_stored_response
+    } else {
+        0
+    };
+    trailers.prepare(proxy::boxed(res), cap).await
 }
 
 /// The part of an outcome the access log adds to its name: what was kept of an execution,

@@ -28,5 +28,6 @@ pub mod status;
 pub mod store;
 #[cfg(test)]
 mod test_support;
+pub mod tokens;
 pub mod ui;
 pub mod upstream;

@@ -171,7 +171,7 @@ const OUTCOMES: [&str; 10] = [
 ];
 
 /// The label values of `idem_refusals_total{reason}`, in [`refusal_index`] order.
-const REFUSALS: [&str; 10] = [
+const REFUSALS: [&str; 11] = [
     "key_missing",
     "key_malformed",
     "key_multiple",
@@ -182,6 +182,7 @@ const REFUSALS: [&str; 10] = [
     "no_route",
     "bad_target",
     "overloaded",
+    "token",
 ];
 
 fn outcome_index(o: Outcome) -> Option<usize> {
@@ -311,6 +312,7 @@ mod tests {
             Refusal::NoRoute,
             Refusal::BadTarget,
             Refusal::Overloaded,
+            Refusal::Token,
         ] {
             assert!(refusal_index(r).is_some(), "{r:?}");
         }

@@ -17,6 +17,7 @@ use arc_swap::ArcSwap;
 use crate::app::{App, GatewayStore};
 use crate::config::Settings;
 use crate::listener::Tls;
+use crate::tokens::GatewayTokens;
 use crate::upstream::{Clients, UpstreamSpec};
 
 /// Reads the configuration again, from wherever it first came from.
@@ -32,6 +33,9 @@ pub struct Live {
     /// The built-in demo upstream's address, standing in for a missing `upstream`.
     demo_upstream: Option<UpstreamSpec>,
     load: LoadSettings,
+    /// The token store, opened when the first token route appears and kept from then on
+    /// (issued tokens outlive reloads). Set only while `reloading` is held.
+    tokens: parking_lot::Mutex<Option<GatewayTokens>>,
     /// One reload at a time.
     reloading: tokio::sync::Mutex<()>,
 }
@@ -46,14 +50,16 @@ impl Live {
     /// The running state for `settings` over `store`.
     ///
     /// # Errors
-    /// A route that cannot be built, or certificates that cannot be read.
+    /// A route that cannot be built (a token route without `tokens`), or certificates that
+    /// cannot be read.
     pub fn new(
         settings: Settings,
         store: GatewayStore,
+        tokens: Option<GatewayTokens>,
         demo_upstream: Option<UpstreamSpec>,
         load: LoadSettings,
     ) -> anyhow::Result<Self> {
-        let app = build_app(&settings, &store, demo_upstream.as_ref())?;
+        let app = build_app(&settings, &store, tokens.as_ref(), demo_upstream.as_ref())?;
         let data_tls = Arc::new(Tls::new(settings.tls.as_ref())?);
         let admin_tls = Arc::new(Tls::new(
             settings.admin.as_ref().and_then(|a| a.tls.as_ref()),
@@ -66,6 +72,7 @@ impl Live {
             store,
             demo_upstream,
             load,
+            tokens: parking_lot::Mutex::new(tokens),
             reloading: tokio::sync::Mutex::new(()),
         })
     }
@@ -106,7 +113,19 @@ impl Live {
         let now = self.settings();
         restart_only(&now, &next)?;
         // Build everything before swapping anything.
-        let app = build_app(&next, &self.store, self.demo_upstream.as_ref())?;
+        let mut tokens = self.tokens.lock().clone();
+        if tokens.is_none() && next.routes.iter().any(|r| r.policy.token.is_some()) {
+            let opened =
+                GatewayTokens::open(&next.store, &next.store_options, next.store_timeout).await?;
+            *self.tokens.lock() = Some(opened.clone());
+            tokens = Some(opened);
+        }
+        let app = build_app(
+            &next,
+            &self.store,
+            tokens.as_ref(),
+            self.demo_upstream.as_ref(),
+        )?;
         let data = crate::listener::server_config_opt(next.tls.as_ref())?;
         let admin =
             crate::listener::server_config_opt(next.admin.as_ref().and_then(|a| a.tls.as_ref()))?;
@@ -122,6 +141,7 @@ impl Live {
 fn build_app(
     settings: &Settings,
     store: &GatewayStore,
+    tokens: Option<&GatewayTokens>,
     demo_upstream: Option<&UpstreamSpec>,
 ) -> anyhow::Result<App> {
     let mut clients = Clients::new(
@@ -129,7 +149,7 @@ fn build_app(
         settings.upstream_pool_max_idle,
     );
     let upstream = settings.upstream.as_ref().or(demo_upstream);
-    App::new(settings, store.clone(), upstream, &mut clients)
+    App::with_tokens(settings, store.clone(), upstream, &mut clients, tokens)
 }
 
 /// Refuses changes a running process cannot make in place.

@@ -30,6 +30,7 @@ use crate::health::Scrape;
 use crate::metrics::MeteredStore;
 use crate::proxy::ResBody;
 use crate::reload::{Live, LoadSettings};
+use crate::tokens::GatewayTokens;
 use crate::upstream::UpstreamSpec;
 use crate::{demo, listener, store};
 
@@ -89,9 +90,24 @@ pub async fn run(
                 .context("demo upstream address")?,
         ));
     }
+    // Token routes issue into and consume from a token store next to the records.
+    let tokens = if settings.routes.iter().any(|r| r.policy.token.is_some()) {
+        Some(
+            GatewayTokens::open(
+                &settings.store,
+                &settings.store_options,
+                settings.store_timeout,
+            )
+            .await
+            .with_context(|| format!("cannot open the token store of {}", settings.store))?,
+        )
+    } else {
+        None
+    };
     let live = Arc::new(Live::new(
         settings.clone(),
         store.clone(),
+        tokens,
         demo_upstream,
         load,
     )?);

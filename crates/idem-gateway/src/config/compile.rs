@@ -179,6 +179,7 @@ pub fn compile(raw: &RawConfig) -> anyhow::Result<Settings> {
         ("name", defaults.name.is_some()),
         ("method", defaults.method.is_some()),
         ("path", defaults.path.is_some()),
+        ("token", defaults.token.is_some()),
     ] {
         if set {
             bail!(
@@ -234,6 +235,8 @@ pub fn compile(raw: &RawConfig) -> anyhow::Result<Settings> {
         }
         routes.push(route);
     }
+    let status = status(raw.status.as_ref()).context("`status.path`")?;
+    super::token::check_routes(&routes, &store, status.as_ref())?;
     let relays = crate::relay::compile(raw.relay.as_deref().unwrap_or_default(), &routes)?;
     Ok(Settings {
         listen,
@@ -261,7 +264,7 @@ pub fn compile(raw: &RawConfig) -> anyhow::Result<Settings> {
         trailing_slash,
         tls: listener::tls(raw.tls.as_ref(), "tls")?,
         limits: listener::limits(raw.limits.as_ref())?,
-        status: status(raw.status.as_ref()).context("`status.path`")?,
+        status,
         reconcile: reconcile(raw.reconcile.as_ref())?,
         audit: audit(raw.audit.as_ref())?,
         relays,
@@ -491,14 +494,36 @@ fn compile_route(
         "max_stored_response",
     )?;
 
-    let key =
-        super::key::sources(pick!(key_header).as_deref(), pick!(key).as_ref()).context("`key`")?;
-    let key_path_params = super::key::check_path_params(&key, &pattern).context("`key`")?;
+    let token = r.token.as_ref().map(super::token::compile).transpose()?;
+    let (key, key_path_params) = if token.is_some() {
+        // The token header is the key; the key fields (the route's or `defaults`') do not
+        // apply, and setting them on the route is a mistake worth naming.
+        for (field, set) in [
+            ("key", r.key.is_some()),
+            ("key_header", r.key_header.is_some()),
+            ("key_required", r.key_required.is_some()),
+        ] {
+            if set {
+                bail!(
+                    "`{field}`: a route with `token` takes its key from the token header; remove `{field}`"
+                );
+            }
+        }
+        if !idempotency {
+            bail!("`token` needs idempotency: remove `idempotency = false` or `token`");
+        }
+        (super::key::sources(None, None).context("`key`")?, false)
+    } else {
+        let key = super::key::sources(pick!(key_header).as_deref(), pick!(key).as_ref())
+            .context("`key`")?;
+        let params = super::key::check_path_params(&key, &pattern).context("`key`")?;
+        (key, params)
+    };
     let policy = RoutePolicy {
         idempotency,
         key,
         key_path_params,
-        key_required: pick!(key_required).unwrap_or(true),
+        key_required: token.is_some() || pick!(key_required).unwrap_or(true),
         namespace,
         principal,
         fingerprint,
@@ -513,6 +538,7 @@ fn compile_route(
             .map(|t| status_url(&t))
             .transpose()
             .context("`status_url`")?,
+        token,
     };
     Ok(Route {
         name,

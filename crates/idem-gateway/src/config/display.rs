@@ -192,16 +192,26 @@ impl fmt::Display for Settings {
                 writeln!(f, "      idempotency: off (plain proxy)")?;
                 continue;
             }
-            writeln!(
-                f,
-                "      key:         {} ({})",
-                p.key,
-                if p.key_required {
-                    "required on POST/PUT/PATCH/DELETE"
-                } else {
-                    "optional"
-                }
-            )?;
+            match &p.token {
+                Some(t) => writeln!(
+                    f,
+                    "      token:       header {} replaces the key (required on POST/PUT/PATCH/DELETE); POST {} issues one, valid {}, at most {} per principal (never proxied)",
+                    t.header,
+                    t.issue,
+                    Dur(t.ttl),
+                    t.rate
+                )?,
+                None => writeln!(
+                    f,
+                    "      key:         {} ({})",
+                    p.key,
+                    if p.key_required {
+                        "required on POST/PUT/PATCH/DELETE"
+                    } else {
+                        "optional"
+                    }
+                )?,
+            }
             writeln!(f, "      namespace:   {}", p.namespace)?;
             let principal = match &p.principal {
                 PrincipalSource::None => {

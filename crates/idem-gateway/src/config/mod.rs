@@ -11,6 +11,7 @@ mod settings;
 mod telemetry;
 #[cfg(test)]
 mod tests;
+mod token;
 mod units;
 
 use std::path::{Path, PathBuf};
@@ -30,6 +31,7 @@ pub use settings::{
     StatusSettings, Unmatched, UpstreamFailure,
 };
 pub use telemetry::{OtelSettings, RawOtel};
+pub use token::{Rate, RawToken, TokenSettings, supports_tokens};
 pub use units::{ByteSize, Dur};
 
 /// The default data listener.
@@ -227,6 +229,9 @@ pub struct RawRoute {
     pub max_stored_response: Option<ByteSize>,
     /// Response headers replayed besides the body (default: content-type and a few more).
     pub replay_headers: Option<Vec<String>>,
+    /// Token mode: the gateway issues one-time tokens at `issue`, and the token header
+    /// replaces the idempotency key on this route (not in `defaults`).
+    pub token: Option<RawToken>,
 }
 
 /// One key source or several, tried in order.

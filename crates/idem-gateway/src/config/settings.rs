@@ -199,6 +199,8 @@ pub struct RoutePolicy {
     pub replay_headers: Vec<HeaderName>,
     /// The upstream's status webhook template for reconciliation, if any.
     pub status_url: Option<String>,
+    /// Token mode: the token header replaces the key, and the gateway issues tokens.
+    pub token: Option<super::TokenSettings>,
 }
 
 impl RoutePolicy {
