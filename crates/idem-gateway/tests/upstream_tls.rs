@@ -233,26 +233,17 @@ async fn reconciliation_reaches_an_https_webhook_with_the_upstreams_tls_settings
     let dir = TempDir::new("up-tls-reconcile");
     let pki = issue(&dir.0, "r");
     let up = tls_upstream(&pki, Some(&pki.ca_file)).await;
-    let cfg = format!(
-        r#"
-store = "sqlite:{db}"
-[defaults]
-principal = {{ from = "none" }}
-[[routes]]
-name = "charge"
-method = "POST"
-path = "/charge"
-timeout = "500ms"
-upstream_failure = "hold"
-status_url = "/charges?idempotency_key={{key}}"
-upstream = {{ url = "https://{addr}", ca_file = "{ca}", client_cert_file = "{cert}", client_key_file = "{pkey}" }}
-"#,
-        db = dir.0.join("idem.db").display(),
-        addr = up.addr,
-        ca = pki.ca_file.display(),
-        cert = pki.client_cert.display(),
-        pkey = pki.client_key.display(),
-    );
+    // The usual TLS route, on a store `idem reconcile` shares, holding what times out.
+    let cfg = config(up.addr, &pki.ca_file, Some(&pki))
+        .replace(
+            r#"store = "memory:""#,
+            &format!(r#"store = "sqlite:{}""#, dir.0.join("idem.db").display()),
+        )
+        .replace(
+            "path = \"/charge\"\n",
+            "path = \"/charge\"\ntimeout = \"500ms\"\nupstream_failure = \"hold\"\nstatus_url = \"/charges?idempotency_key={key}\"\n",
+        );
+    assert!(cfg.contains("status_url"), "{cfg}");
     let gw = Gateway::start(&cfg, &[]);
     let http = Http::new();
     let k = key();
