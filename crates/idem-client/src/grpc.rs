@@ -11,9 +11,15 @@
 //!
 //! Each call is one logical operation: its key is the `idempotency-key` metadata the caller
 //! set, or a UUID v7 made for the call, and every attempt sends it, with the call's
-//! `x-request-id` and `traceparent` (made once when absent) and a `grpc-timeout` no longer
-//! than the policy's attempt timeout. The request message is buffered, so only unary calls
+//! `x-request-id` and `traceparent` (made once when absent) and a `grpc-timeout` of what is
+//! left of the operation's deadline. The request message is buffered, so only unary calls
 //! (and server-streaming calls whose answer fits in memory) belong behind the layer.
+//!
+//! The attempt timeout is how long the layer waits for one attempt's answer, not the
+//! server's deadline: past it the layer asks the status service, and a slow handler that is
+//! left to finish is found completed there. Sending the attempt timeout as the deadline
+//! would have the server cancel every slow run when the attempt gives up, so a handler
+//! slower than the attempt timeout would never finish.
 //!
 //! Classification follows the one table in [`crate::decide`]: `UNAVAILABLE`, and `ABORTED` or
 //! `RESOURCE_EXHAUSTED` with a `RetryInfo`, are retried after the server's delay; a transport
@@ -164,12 +170,13 @@ struct OneCall {
 }
 
 impl OneCall {
-    /// The request of one attempt: the key, the ids, and a `grpc-timeout` of `timeout`.
-    fn request(&self, timeout: Duration) -> Request<Body> {
+    /// The request of one attempt: the key, the ids, and a `grpc-timeout` of `deadline` (what
+    /// is left of the operation's deadline).
+    fn request(&self, deadline: Duration) -> Request<Body> {
         let mut headers = self.headers.clone();
         headers.insert(IDEMPOTENCY_KEY, self.key_value.clone());
         self.ids.stamp(&mut headers);
-        headers.insert(GRPC_TIMEOUT, grpc_timeout(timeout));
+        headers.insert(GRPC_TIMEOUT, grpc_timeout(deadline));
         let mut req = Request::new(Body::new(http_body_util::Full::new(self.message.clone())));
         *req.method_mut() = self.method.clone();
         *req.uri_mut() = self.uri.clone();
@@ -346,6 +353,9 @@ where
     B: http_body::Body<Data = Bytes> + Send + 'static,
     B::Error: Into<BoxError>,
 {
+    // The operation's end as the server is told it; `retry::run` starts its own clock just
+    // after this one, so the server never waits past the loop's deadline.
+    let ends = tokio::time::Instant::now() + policy.overall_deadline();
     let (parts, body) = req.into_parts();
     let message = body
         .collect()
@@ -380,7 +390,8 @@ where
     // The closures own what they use (an `Arc` of the call), so the call's future is `Send`.
     let for_send = Arc::clone(&call);
     let send = move |_: u32, timeout: Duration| {
-        let req = for_send.request(timeout);
+        let left = ends.saturating_duration_since(tokio::time::Instant::now());
+        let req = for_send.request(left.max(timeout));
         let svc = inner.clone();
         async move {
             let answer = tokio::time::timeout(timeout, async move {
@@ -608,7 +619,10 @@ mod tests {
         assert_eq!(seen.len(), 2);
         assert_eq!(seen[0][IDEMPOTENCY_KEY], seen[1][IDEMPOTENCY_KEY]);
         assert_eq!(seen[0]["x-request-id"], seen[1]["x-request-id"]);
-        assert!(seen[0].contains_key(GRPC_TIMEOUT));
+        // The server is told what is left of the operation's deadline (30 s), not the
+        // attempt timeout (10 s): a slow run is left to finish and found by the status query.
+        assert_eq!(seen[0][GRPC_TIMEOUT], "30000m");
+        assert_eq!(seen[1][GRPC_TIMEOUT], "29999m", "one backoff of 1 ms later");
     }
 
     #[tokio::test(start_paused = true)]
