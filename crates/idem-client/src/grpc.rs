@@ -143,6 +143,12 @@ impl GrpcAnswer {
         self.status.as_ref()
     }
 
+    /// The response head and the body bytes.
+    #[cfg(feature = "http")]
+    pub(crate) fn parts(&self) -> (&http::response::Parts, &Bytes) {
+        (&self.head, &self.body)
+    }
+
     /// The response again, body and trailers as received, for the generated client.
     fn into_response(self) -> Response<Body> {
         let mut frames = vec![Ok::<_, std::convert::Infallible>(http_body::Frame::data(
@@ -194,13 +200,27 @@ fn classify(answer: GrpcAnswer) -> Attempt<GrpcAnswer> {
     let Some(status) = &answer.status else {
         return Attempt::Ambiguous("answer without grpc-status".into());
     };
+    // idem-grpc says "retry after" with a `RetryInfo`; the idem gateway, answering a gRPC
+    // call for an HTTP upstream's key, with `retry-after` metadata (delta-seconds).
     let retry_after = status
         .get_details_retry_info()
-        .and_then(|info| info.retry_delay);
+        .and_then(|info| info.retry_delay)
+        .or_else(|| {
+            answer
+                .head
+                .headers
+                .get(http::header::RETRY_AFTER)
+                .and_then(|v| v.to_str().ok())
+                .and_then(crate::decide::retry_after_secs)
+        });
+    // idem-grpc names the reason in an `ErrorInfo`; the gateway in its documented
+    // `grpc-message` (`idem <problem>: <detail>`).
     let reason = status
         .get_details_error_info()
         .map(|info| info.reason)
         .unwrap_or_default();
+    let unknown =
+        reason == "OUTCOME_UNKNOWN" || status.message().starts_with("idem outcome-unknown:");
     match status.code() {
         Code::Unavailable => Attempt::Retryable {
             answer,
@@ -217,7 +237,7 @@ fn classify(answer: GrpcAnswer) -> Attempt<GrpcAnswer> {
             why: Later::Throttled,
             retry_after,
         },
-        Code::FailedPrecondition if reason == "OUTCOME_UNKNOWN" => Attempt::OutcomeUnknown(answer),
+        Code::FailedPrecondition if unknown => Attempt::OutcomeUnknown(answer),
         Code::DeadlineExceeded | Code::Cancelled => {
             Attempt::Ambiguous(format!("server answered {:?}", status.code()))
         }
@@ -492,6 +512,24 @@ mod tests {
             a,
             Attempt::Retryable { retry_after: Some(d), .. } if d == Duration::from_millis(300)
         ));
+        // The gateway's dialect: in flight is `ABORTED` with `retry-after` metadata, an
+        // unknown outcome is named in `grpc-message`.
+        let mut head = Response::new(()).into_parts().0;
+        head.headers
+            .insert(http::header::RETRY_AFTER, HeaderValue::from_static("2"));
+        let mut trailers = HeaderMap::new();
+        Status::aborted("idem in-flight: key k is being processed")
+            .add_header(&mut trailers)
+            .expect("status headers");
+        let a = classify(GrpcAnswer::new(head, Bytes::new(), Some(trailers)));
+        assert!(matches!(
+            a,
+            Attempt::Retryable { why: Later::InFlight, retry_after: Some(d), .. } if d == Duration::from_secs(2)
+        ));
+        let gw_unknown = Status::failed_precondition("idem outcome-unknown: resolve key k first");
+        assert_eq!(kind(&classify(answer(gw_unknown, false))), "unknown");
+        let service_own = Status::failed_precondition("outcome-unknown: not ours");
+        assert_eq!(kind(&classify(answer(service_own, false))), "final");
         // No status anywhere: the answer is broken, not final.
         let head = Response::new(()).into_parts().0;
         assert_eq!(
