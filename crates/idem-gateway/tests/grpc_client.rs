@@ -7,7 +7,8 @@
 //! Every scenario ends with exactly one execution (counted at the upstream when the handler
 //! starts) and the client holding the first answer: the answer lost after the upstream
 //! acted; the call reset before it reached the gateway; the call held until after its
-//! retry; the upstream slower than the client waits. The unsafe client (a new key per
+//! retry; the upstream slower than the client waits; two callers sending one key at once
+//! (the gateway's `ABORTED` + `retry-after` is waited out). The unsafe client (a new key per
 //! attempt) runs twice in the first of them.
 
 mod common;
@@ -108,8 +109,17 @@ impl Drop for StoreGuard {
             }
             Self::Postgres(table) => {
                 let mut c = Command::new("psql");
-                c.args(["-h", "127.0.0.1", "-U", "postgres", "-d", "test", "-q", "-c"])
-                    .arg(format!("DROP TABLE IF EXISTS {table}, {table}_audit"));
+                c.args([
+                    "-h",
+                    "127.0.0.1",
+                    "-U",
+                    "postgres",
+                    "-d",
+                    "test",
+                    "-q",
+                    "-c",
+                ])
+                .arg(format!("DROP TABLE IF EXISTS {table}, {table}_audit"));
                 c
             }
         };
@@ -284,7 +294,10 @@ async fn scenarios(kind: StoreKind) {
         .await
         .expect("an answer");
     assert_first_answer(&reply, &s);
-    assert!(replayed(&reply), "the stored answer, from the status endpoint");
+    assert!(
+        replayed(&reply),
+        "the stored answer, from the status endpoint"
+    );
     assert_eq!(p.applied().await, [H2Fault::ResetAfterAnswer]);
     drop(s);
 
@@ -316,7 +329,10 @@ async fn scenarios(kind: StoreKind) {
         .await
         .expect("an answer");
     assert_first_answer(&reply, &s);
-    assert!(p.settled(Duration::from_secs(10)).await, "the late call was answered");
+    assert!(
+        p.settled(Duration::from_secs(10)).await,
+        "the late call was answered"
+    );
     assert_eq!(
         p.applied().await,
         [H2Fault::Delay(Duration::from_millis(1500)), H2Fault::Pass],
@@ -335,7 +351,27 @@ async fn scenarios(kind: StoreKind) {
         .await
         .expect("an answer");
     assert_first_answer(&reply, &s);
-    assert!(replayed(&reply), "the stored answer, from the status endpoint");
+    assert!(
+        replayed(&reply),
+        "the stored answer, from the status endpoint"
+    );
+    drop(s);
+
+    // 5. Two callers send one operation (one key) at once: the gateway answers the second
+    //    `ABORTED` with `retry-after`, which the client waits out, then gets the replay.
+    let Some(s) = setup(kind, Duration::from_millis(800)).await else {
+        return;
+    };
+    let key = uuid::Uuid::now_v7().to_string();
+    let (mut a, mut b) = (
+        retrying(channel_to(s.gw.addr), Duration::from_secs(5)),
+        retrying(channel_to(s.gw.addr), Duration::from_secs(5)),
+    );
+    let (ra, rb) = tokio::join!(a.charge(charge(Some(&key))), b.charge(charge(Some(&key))));
+    let (ra, rb) = (ra.expect("an answer"), rb.expect("an answer"));
+    assert_first_answer(&ra, &s);
+    assert_eq!(ra.get_ref(), rb.get_ref(), "both hold the one answer");
+    assert!(replayed(&ra) != replayed(&rb), "one ran, one was replayed");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -63,7 +63,8 @@ pub enum H2Fault {
 pub type Matcher = Arc<dyn Fn(&http::request::Parts) -> bool + Send + Sync>;
 
 /// A whole message body: its data in one frame, then its trailers.
-type Whole = StreamBody<futures::stream::Iter<std::vec::IntoIter<Result<Frame<Bytes>, Infallible>>>>;
+type Whole =
+    StreamBody<futures::stream::Iter<std::vec::IntoIter<Result<Frame<Bytes>, Infallible>>>>;
 
 fn whole(data: Bytes, trailers: Option<HeaderMap>) -> Whole {
     let mut frames = Vec::with_capacity(2);
@@ -342,7 +343,10 @@ mod tests {
                         counter.fetch_add(1, Ordering::SeqCst);
                         let mut t = HeaderMap::new();
                         t.insert("grpc-status", http::HeaderValue::from_static("0"));
-                        Ok::<_, Infallible>(Response::new(whole(Bytes::from_static(b"ok"), Some(t))))
+                        Ok::<_, Infallible>(Response::new(whole(
+                            Bytes::from_static(b"ok"),
+                            Some(t),
+                        )))
                     }
                 });
                 tokio::spawn(

@@ -157,9 +157,10 @@ pub(crate) fn read_state(
         }
         _ => {}
     }
-    let json: Option<serde_json::Value> = (matches!(status, StatusCode::OK | StatusCode::NOT_FOUND))
-        .then(|| serde_json::from_slice(body).ok())
-        .flatten();
+    let json: Option<serde_json::Value> =
+        (matches!(status, StatusCode::OK | StatusCode::NOT_FOUND))
+            .then(|| serde_json::from_slice(body).ok())
+            .flatten();
     let Some(json) = json.filter(|j| j.get("key").and_then(|k| k.as_str()) == Some(key)) else {
         let text = String::from_utf8_lossy(body);
         let text: String = text.chars().take(200).collect();
