@@ -215,7 +215,8 @@ async fn unsafe_client(
         if let Ok(Ok(reply)) = tokio::time::timeout(wait, client.lookup(req)).await {
             return Some(reply.into_inner());
         }
-        tokio::time::sleep(Duration::from_millis(20)).await;
+        // Long enough for a cancelled run's claim to be released before the next attempt.
+        tokio::time::sleep(Duration::from_millis(100)).await;
     }
     None
 }
