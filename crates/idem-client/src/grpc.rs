@@ -12,7 +12,8 @@
 //! Each call is one logical operation: its key is the `idempotency-key` metadata the caller
 //! set, or a UUID v7 made for the call, and every attempt sends it, with the call's
 //! `x-request-id` and `traceparent` (made once when absent) and a `grpc-timeout` of what is
-//! left of the operation's deadline. The request message is buffered, so only unary calls
+//! left of the operation's deadline: the policy's, or the call's own (`Request::set_timeout`)
+//! when that is shorter. The request message is buffered, so only unary calls
 //! (and server-streaming calls whose answer fits in memory) belong behind the layer.
 //!
 //! The attempt timeout is how long the layer waits for one attempt's answer, not the
@@ -265,6 +266,25 @@ fn grpc_timeout(d: Duration) -> HeaderValue {
     HeaderValue::from_str(&format!("{ms}m")).unwrap_or(HeaderValue::from_static("1000m"))
 }
 
+/// The duration of a `grpc-timeout` value (at most 8 digits and a unit), if well formed.
+fn parse_grpc_timeout(v: &HeaderValue) -> Option<Duration> {
+    let v = v.to_str().ok()?;
+    let (digits, unit) = v.split_at(v.len().checked_sub(1)?);
+    if digits.is_empty() || digits.len() > 8 || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let n: u64 = digits.parse().ok()?;
+    Some(match unit {
+        "H" => Duration::from_secs(n * 3600),
+        "M" => Duration::from_secs(n * 60),
+        "S" => Duration::from_secs(n),
+        "m" => Duration::from_millis(n),
+        "u" => Duration::from_micros(n),
+        "n" => Duration::from_nanos(n),
+        _ => return None,
+    })
+}
+
 /// A gRPC status standing for a [`ClientError`], which it carries as its source.
 fn status_for(e: ClientError) -> Status {
     let code = match &e {
@@ -373,10 +393,24 @@ where
     B: http_body::Body<Data = Bytes> + Send + 'static,
     B::Error: Into<BoxError>,
 {
+    let (mut parts, body) = req.into_parts();
+    // A deadline the caller set on the call (`Request::set_timeout`) bounds the whole
+    // operation, retries and status queries included.
+    let callers = parts
+        .headers
+        .remove(GRPC_TIMEOUT)
+        .and_then(|v| parse_grpc_timeout(&v));
+    let bounded;
+    let policy = match callers {
+        Some(d) if d < policy.overall_deadline() => {
+            bounded = policy.clone().deadline(d);
+            &bounded
+        }
+        _ => policy,
+    };
     // The operation's end as the server is told it; `retry::run` starts its own clock just
     // after this one, so the server never waits past the loop's deadline.
     let ends = tokio::time::Instant::now() + policy.overall_deadline();
-    let (parts, body) = req.into_parts();
     let message = body
         .collect()
         .await
@@ -664,6 +698,35 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
+    async fn the_callers_own_deadline_bounds_the_operation() {
+        let (svc, seen) = server(vec![
+            Reply::Status(Status::unavailable("store down")),
+            Reply::Status(Status::unavailable("store down")),
+            Reply::Status(Status::unavailable("store down")),
+        ]);
+        let mut req = call();
+        req.headers_mut()
+            .insert(GRPC_TIMEOUT, HeaderValue::from_static("2S"));
+        // Backoffs of 1.5 s then 3 s (no jitter): the second wait would pass the caller's 2 s.
+        let policy = policy().initial_backoff(Duration::from_millis(1500));
+        let err = GrpcRetryLayer::new(policy)
+            .layer(svc)
+            .oneshot(req)
+            .await
+            .expect_err("past the caller's deadline");
+        assert_eq!(
+            err.downcast::<Status>().expect("a status").code(),
+            Code::DeadlineExceeded
+        );
+        let seen = seen.lock().expect("lock");
+        assert_eq!(seen.len(), 2, "no attempt past the caller's deadline");
+        assert_eq!(
+            seen[0][GRPC_TIMEOUT], "2000m",
+            "the caller's deadline, not the policy's"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
     async fn an_ambiguous_failure_asks_the_status_service() {
         let (svc, seen) = server(vec![Reply::Reset, Reply::Message("second run")]);
         let layer = GrpcRetryLayer::new(policy()).status(Completed("first run"));
@@ -734,5 +797,16 @@ mod tests {
             Some(ClientError::OutcomeUnknown { .. })
         ));
         assert_eq!(grpc_timeout(Duration::from_secs(2)), "2000m");
+        for (v, d) in [
+            ("2S", Some(Duration::from_secs(2))),
+            ("1500m", Some(Duration::from_millis(1500))),
+            ("1H", Some(Duration::from_secs(3600))),
+            ("123456789m", None),
+            ("S", None),
+            ("5x", None),
+            ("-1S", None),
+        ] {
+            assert_eq!(parse_grpc_timeout(&HeaderValue::from_static(v)), d, "{v}");
+        }
     }
 }
