@@ -293,7 +293,7 @@ async fn postgres_store_every_fault_ends_in_one_execution() {
             "-q",
             "-c",
         ])
-        .arg(format!("DROP TABLE IF EXISTS {table}"))
+        .arg(format!("DROP TABLE IF EXISTS {table}, {table}_audit"))
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .status();
