@@ -11,9 +11,16 @@
 //!
 //! Each call is one logical operation: its key is the `idempotency-key` metadata the caller
 //! set, or a UUID v7 made for the call, and every attempt sends it, with the call's
-//! `x-request-id` and `traceparent` (made once when absent) and a `grpc-timeout` no longer
-//! than the policy's attempt timeout. The request message is buffered, so only unary calls
+//! `x-request-id` and `traceparent` (made once when absent) and a `grpc-timeout` of what is
+//! left of the operation's deadline: the policy's, or the call's own (`Request::set_timeout`)
+//! when that is shorter. The request message is buffered, so only unary calls
 //! (and server-streaming calls whose answer fits in memory) belong behind the layer.
+//!
+//! The attempt timeout is how long the layer waits for one attempt's answer, not the
+//! server's deadline: past it the layer asks the status service, and a slow handler that is
+//! left to finish is found completed there. Sending the attempt timeout as the deadline
+//! would have the server cancel every slow run when the attempt gives up, so a handler
+//! slower than the attempt timeout would never finish.
 //!
 //! Classification follows the one table in [`crate::decide`]: `UNAVAILABLE`, and `ABORTED` or
 //! `RESOURCE_EXHAUSTED` with a `RetryInfo`, are retried after the server's delay; a transport
@@ -137,6 +144,12 @@ impl GrpcAnswer {
         self.status.as_ref()
     }
 
+    /// The response head and the body bytes.
+    #[cfg(feature = "http")]
+    pub(crate) fn parts(&self) -> (&http::response::Parts, &Bytes) {
+        (&self.head, &self.body)
+    }
+
     /// The response again, body and trailers as received, for the generated client.
     fn into_response(self) -> Response<Body> {
         let mut frames = vec![Ok::<_, std::convert::Infallible>(http_body::Frame::data(
@@ -164,12 +177,13 @@ struct OneCall {
 }
 
 impl OneCall {
-    /// The request of one attempt: the key, the ids, and a `grpc-timeout` of `timeout`.
-    fn request(&self, timeout: Duration) -> Request<Body> {
+    /// The request of one attempt: the key, the ids, and a `grpc-timeout` of `deadline` (what
+    /// is left of the operation's deadline).
+    fn request(&self, deadline: Duration) -> Request<Body> {
         let mut headers = self.headers.clone();
         headers.insert(IDEMPOTENCY_KEY, self.key_value.clone());
         self.ids.stamp(&mut headers);
-        headers.insert(GRPC_TIMEOUT, grpc_timeout(timeout));
+        headers.insert(GRPC_TIMEOUT, grpc_timeout(deadline));
         let mut req = Request::new(Body::new(http_body_util::Full::new(self.message.clone())));
         *req.method_mut() = self.method.clone();
         *req.uri_mut() = self.uri.clone();
@@ -187,13 +201,27 @@ fn classify(answer: GrpcAnswer) -> Attempt<GrpcAnswer> {
     let Some(status) = &answer.status else {
         return Attempt::Ambiguous("answer without grpc-status".into());
     };
+    // idem-grpc says "retry after" with a `RetryInfo`; the idem gateway, answering a gRPC
+    // call for an HTTP upstream's key, with `retry-after` metadata (delta-seconds).
     let retry_after = status
         .get_details_retry_info()
-        .and_then(|info| info.retry_delay);
+        .and_then(|info| info.retry_delay)
+        .or_else(|| {
+            answer
+                .head
+                .headers
+                .get(http::header::RETRY_AFTER)
+                .and_then(|v| v.to_str().ok())
+                .and_then(crate::decide::retry_after_secs)
+        });
+    // idem-grpc names the reason in an `ErrorInfo`; the gateway in its documented
+    // `grpc-message` (`idem <problem>: <detail>`).
     let reason = status
         .get_details_error_info()
         .map(|info| info.reason)
         .unwrap_or_default();
+    let unknown =
+        reason == "OUTCOME_UNKNOWN" || status.message().starts_with("idem outcome-unknown:");
     match status.code() {
         Code::Unavailable => Attempt::Retryable {
             answer,
@@ -210,7 +238,7 @@ fn classify(answer: GrpcAnswer) -> Attempt<GrpcAnswer> {
             why: Later::Throttled,
             retry_after,
         },
-        Code::FailedPrecondition if reason == "OUTCOME_UNKNOWN" => Attempt::OutcomeUnknown(answer),
+        Code::FailedPrecondition if unknown => Attempt::OutcomeUnknown(answer),
         Code::DeadlineExceeded | Code::Cancelled => {
             Attempt::Ambiguous(format!("server answered {:?}", status.code()))
         }
@@ -236,6 +264,25 @@ fn transport_failure<T>(e: &(dyn std::error::Error + 'static)) -> Attempt<T> {
 fn grpc_timeout(d: Duration) -> HeaderValue {
     let ms = d.as_millis().clamp(1, 99_999_999);
     HeaderValue::from_str(&format!("{ms}m")).unwrap_or(HeaderValue::from_static("1000m"))
+}
+
+/// The duration of a `grpc-timeout` value (at most 8 digits and a unit), if well formed.
+fn parse_grpc_timeout(v: &HeaderValue) -> Option<Duration> {
+    let v = v.to_str().ok()?;
+    let (digits, unit) = v.split_at(v.len().checked_sub(1)?);
+    if digits.is_empty() || digits.len() > 8 || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let n: u64 = digits.parse().ok()?;
+    Some(match unit {
+        "H" => Duration::from_secs(n * 3600),
+        "M" => Duration::from_secs(n * 60),
+        "S" => Duration::from_secs(n),
+        "m" => Duration::from_millis(n),
+        "u" => Duration::from_micros(n),
+        "n" => Duration::from_nanos(n),
+        _ => return None,
+    })
 }
 
 /// A gRPC status standing for a [`ClientError`], which it carries as its source.
@@ -346,7 +393,24 @@ where
     B: http_body::Body<Data = Bytes> + Send + 'static,
     B::Error: Into<BoxError>,
 {
-    let (parts, body) = req.into_parts();
+    let (mut parts, body) = req.into_parts();
+    // A deadline the caller set on the call (`Request::set_timeout`) bounds the whole
+    // operation, retries and status queries included.
+    let callers = parts
+        .headers
+        .remove(GRPC_TIMEOUT)
+        .and_then(|v| parse_grpc_timeout(&v));
+    let bounded;
+    let policy = match callers {
+        Some(d) if d < policy.overall_deadline() => {
+            bounded = policy.clone().deadline(d);
+            &bounded
+        }
+        _ => policy,
+    };
+    // The operation's end as the server is told it; `retry::run` starts its own clock just
+    // after this one, so the server never waits past the loop's deadline.
+    let ends = tokio::time::Instant::now() + policy.overall_deadline();
     let message = body
         .collect()
         .await
@@ -380,7 +444,8 @@ where
     // The closures own what they use (an `Arc` of the call), so the call's future is `Send`.
     let for_send = Arc::clone(&call);
     let send = move |_: u32, timeout: Duration| {
-        let req = for_send.request(timeout);
+        let left = ends.saturating_duration_since(tokio::time::Instant::now());
+        let req = for_send.request(left.max(timeout));
         let svc = inner.clone();
         async move {
             let answer = tokio::time::timeout(timeout, async move {
@@ -414,273 +479,4 @@ where
 }
 
 #[cfg(test)]
-mod tests {
-    use tonic_types::{ErrorDetails, StatusExt as _};
-
-    use super::*;
-
-    fn answer(status: Status, replayed: bool) -> GrpcAnswer {
-        let mut head = Response::new(()).into_parts().0;
-        if replayed {
-            head.headers
-                .insert(REPLAYED, HeaderValue::from_static("true"));
-        }
-        let mut trailers = HeaderMap::new();
-        status.add_header(&mut trailers).expect("status headers");
-        GrpcAnswer::new(head, Bytes::new(), Some(trailers))
-    }
-
-    fn with(code: Code, details: ErrorDetails) -> Status {
-        Status::with_error_details(code, "m", details)
-    }
-
-    fn kind(a: &Attempt<GrpcAnswer>) -> &'static str {
-        match a {
-            Attempt::NotSent(_) => "not_sent",
-            Attempt::Ambiguous(_) => "ambiguous",
-            Attempt::Retryable { why, .. } => why.as_str(),
-            Attempt::OutcomeUnknown(_) => "unknown",
-            Attempt::Final(_) => "final",
-        }
-    }
-
-    #[test]
-    fn statuses_are_classified_by_the_table() {
-        let retry = || ErrorDetails::with_retry_info(Some(Duration::from_millis(300)));
-        let info = |reason: &str| ErrorDetails::with_error_info(reason, "idem.dev", []);
-        for (status, replayed, expect) in [
-            (Status::ok(""), false, "final"),
-            (Status::invalid_argument("bad"), false, "final"),
-            (Status::permission_denied("no"), false, "final"),
-            (Status::internal("boom"), false, "final"),
-            (Status::unavailable("down"), false, "unavailable"),
-            (with(Code::Aborted, retry()), false, "in_flight"),
-            (Status::aborted("conflict"), false, "final"),
-            (with(Code::ResourceExhausted, retry()), false, "throttled"),
-            (Status::resource_exhausted("too large"), false, "final"),
-            (
-                with(Code::FailedPrecondition, info("OUTCOME_UNKNOWN")),
-                false,
-                "unknown",
-            ),
-            (
-                with(Code::FailedPrecondition, info("KEY_REUSED")),
-                false,
-                "final",
-            ),
-            (Status::deadline_exceeded("slow"), false, "ambiguous"),
-            (Status::cancelled("gone"), false, "ambiguous"),
-            // A replay is the answer, whatever its code.
-            (Status::unavailable("stored"), true, "final"),
-        ] {
-            let label = format!("{:?} replayed={replayed}", status.code());
-            assert_eq!(kind(&classify(answer(status, replayed))), expect, "{label}");
-        }
-        let a = classify(answer(with(Code::Aborted, retry()), false));
-        assert!(matches!(
-            a,
-            Attempt::Retryable { retry_after: Some(d), .. } if d == Duration::from_millis(300)
-        ));
-        // No status anywhere: the answer is broken, not final.
-        let head = Response::new(()).into_parts().0;
-        assert_eq!(
-            kind(&classify(GrpcAnswer::new(head, Bytes::new(), None))),
-            "ambiguous"
-        );
-    }
-
-    #[test]
-    fn refused_connections_are_not_sent() {
-        let refused = std::io::Error::from(std::io::ErrorKind::ConnectionRefused);
-        assert_eq!(kind(&transport_failure::<GrpcAnswer>(&refused)), "not_sent");
-        let reset = std::io::Error::from(std::io::ErrorKind::ConnectionReset);
-        assert_eq!(kind(&transport_failure::<GrpcAnswer>(&reset)), "ambiguous");
-    }
-
-    /// What the scripted server answers to one attempt.
-    enum Reply {
-        Status(Status),
-        Message(&'static str),
-        Reset,
-    }
-
-    type Seen = Arc<std::sync::Mutex<Vec<HeaderMap>>>;
-
-    /// A gRPC server stand-in answering `script` in order and recording each attempt's
-    /// metadata.
-    fn server(
-        script: Vec<Reply>,
-    ) -> (
-        impl Service<Request<Body>, Response = Response<Body>, Error = BoxError, Future: Send>
-        + Clone
-        + Send
-        + Sync
-        + 'static,
-        Seen,
-    ) {
-        let seen: Seen = Arc::default();
-        let script = Arc::new(std::sync::Mutex::new(std::collections::VecDeque::from(
-            script,
-        )));
-        let record = Arc::clone(&seen);
-        let svc = tower::service_fn(move |req: Request<Body>| {
-            record.lock().expect("lock").push(req.headers().clone());
-            let next = script.lock().expect("lock").pop_front();
-            async move {
-                match next {
-                    Some(Reply::Status(status)) => Ok(status.into_http()),
-                    Some(Reply::Message(text)) => Ok(message(text, false)),
-                    Some(Reply::Reset) | None => Err(Box::new(std::io::Error::from(
-                        std::io::ErrorKind::ConnectionReset,
-                    )) as BoxError),
-                }
-            }
-        });
-        (svc, seen)
-    }
-
-    /// An OK answer carrying `text` as its (unframed, for the test) message.
-    fn message(text: &'static str, replayed: bool) -> Response<Body> {
-        let mut trailers = HeaderMap::new();
-        Status::ok("")
-            .add_header(&mut trailers)
-            .expect("status headers");
-        let mut head = Response::new(()).into_parts().0;
-        if replayed {
-            head.headers
-                .insert(REPLAYED, HeaderValue::from_static("true"));
-        }
-        GrpcAnswer::new(head, Bytes::from_static(text.as_bytes()), Some(trailers)).into_response()
-    }
-
-    /// A status service stand-in that says the key completed with `text`.
-    #[derive(Clone)]
-    struct Completed(&'static str);
-
-    impl StatusLookup for Completed {
-        fn lookup(&self, _: String, _: String, _: HeaderMap, _: Duration) -> LookupFuture {
-            let text = self.0;
-            Box::pin(async move {
-                let (head, body) = message(text, true).into_parts();
-                let collected = body.collect().await.expect("body");
-                let trailers = collected.trailers().cloned();
-                Ok(Some(KeyState::Completed(GrpcAnswer::new(
-                    head,
-                    collected.to_bytes(),
-                    trailers,
-                ))))
-            })
-        }
-    }
-
-    fn policy() -> RetryPolicy {
-        RetryPolicy::default()
-            .jitter(crate::policy::Jitter::None)
-            .initial_backoff(Duration::from_millis(1))
-    }
-
-    fn call() -> Request<Body> {
-        let mut req = Request::new(Body::new(http_body_util::Full::new(Bytes::from_static(
-            b"charge",
-        ))));
-        *req.uri_mut() = "http://svc/pkg.Payments/Charge".parse().expect("uri");
-        req
-    }
-
-    async fn body_of(res: Response<Body>) -> (Bytes, Option<HeaderMap>) {
-        let collected = res.into_body().collect().await.expect("body");
-        let trailers = collected.trailers().cloned();
-        (collected.to_bytes(), trailers)
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn one_key_for_every_attempt_of_a_call() {
-        let (svc, seen) = server(vec![
-            Reply::Status(Status::unavailable("store down")),
-            Reply::Message("charged"),
-        ]);
-        let svc = GrpcRetryLayer::new(policy()).layer(svc);
-        let res = svc.oneshot(call()).await.expect("an answer");
-        let (body, trailers) = body_of(res).await;
-        assert_eq!(body, "charged");
-        assert_eq!(trailers.expect("trailers")["grpc-status"], "0");
-        let seen = seen.lock().expect("lock");
-        assert_eq!(seen.len(), 2);
-        assert_eq!(seen[0][IDEMPOTENCY_KEY], seen[1][IDEMPOTENCY_KEY]);
-        assert_eq!(seen[0]["x-request-id"], seen[1]["x-request-id"]);
-        assert!(seen[0].contains_key(GRPC_TIMEOUT));
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn an_ambiguous_failure_asks_the_status_service() {
-        let (svc, seen) = server(vec![Reply::Reset, Reply::Message("second run")]);
-        let layer = GrpcRetryLayer::new(policy()).status(Completed("first run"));
-        let res = layer.layer(svc).oneshot(call()).await.expect("an answer");
-        assert_eq!(
-            body_of(res).await.0,
-            "first run",
-            "the stored answer, not a rerun"
-        );
-        assert_eq!(seen.lock().expect("lock").len(), 1);
-
-        // Without a status service the caller is told the outcome cannot be known.
-        let (svc, seen) = server(vec![Reply::Reset, Reply::Message("second run")]);
-        let err = GrpcRetryLayer::new(policy())
-            .layer(svc)
-            .oneshot(call())
-            .await
-            .expect_err("ambiguous");
-        let status = err.downcast::<Status>().expect("a status");
-        let source = std::error::Error::source(&*status).expect("source");
-        assert!(matches!(
-            source.downcast_ref::<ClientError>(),
-            Some(ClientError::Ambiguous { .. })
-        ));
-        assert_eq!(seen.lock().expect("lock").len(), 1, "not sent again");
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn unknown_outcomes_and_final_answers_are_not_retried() {
-        let unknown = Status::with_error_details(
-            Code::FailedPrecondition,
-            "unknown",
-            ErrorDetails::with_error_info("OUTCOME_UNKNOWN", "idem.dev", []),
-        );
-        let (svc, seen) = server(vec![Reply::Status(unknown), Reply::Message("never")]);
-        let err = GrpcRetryLayer::new(policy())
-            .layer(svc)
-            .oneshot(call())
-            .await
-            .expect_err("unknown");
-        assert_eq!(
-            err.downcast::<Status>().expect("a status").code(),
-            Code::FailedPrecondition
-        );
-        assert_eq!(seen.lock().expect("lock").len(), 1);
-
-        let (svc, seen) = server(vec![
-            Reply::Status(Status::invalid_argument("bad amount")),
-            Reply::Message("never"),
-        ]);
-        let res = GrpcRetryLayer::new(policy())
-            .layer(svc)
-            .oneshot(call())
-            .await
-            .expect("the answer");
-        let status = Status::from_header_map(res.headers()).expect("trailers-only status");
-        assert_eq!(status.code(), Code::InvalidArgument);
-        assert_eq!(seen.lock().expect("lock").len(), 1);
-    }
-
-    #[test]
-    fn errors_become_statuses_that_carry_them() {
-        let s = status_for(ClientError::OutcomeUnknown { key: "k".into() });
-        assert_eq!(s.code(), Code::FailedPrecondition);
-        let source = std::error::Error::source(&s).expect("source");
-        assert!(matches!(
-            source.downcast_ref::<ClientError>(),
-            Some(ClientError::OutcomeUnknown { .. })
-        ));
-        assert_eq!(grpc_timeout(Duration::from_secs(2)), "2000m");
-    }
-}
+mod tests;

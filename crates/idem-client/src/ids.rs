@@ -36,6 +36,8 @@ impl Ids {
         Self { request_id, trace }
     }
 
+    /// The operation's request id (the HTTP client reports it on its reply).
+    #[cfg(feature = "http")]
     pub(crate) fn request_id(&self) -> &str {
         self.request_id.to_str().unwrap_or("")
     }

@@ -32,6 +32,8 @@ pub mod decide;
 mod error;
 #[cfg(feature = "grpc")]
 pub mod grpc;
+#[cfg(all(feature = "grpc", feature = "http"))]
+mod grpc_gateway;
 #[cfg(feature = "grpc")]
 mod grpc_status;
 #[cfg(feature = "http")]
@@ -42,6 +44,8 @@ mod policy;
 mod retry;
 
 pub use error::ClientError;
+#[cfg(all(feature = "grpc", feature = "http"))]
+pub use grpc_gateway::GatewayStatus;
 #[cfg(feature = "grpc")]
 pub use grpc_status::IdemStatus;
 #[cfg(feature = "http")]

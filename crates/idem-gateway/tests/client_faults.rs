@@ -267,8 +267,21 @@ async fn redis_store_every_fault_ends_in_one_execution() {
     if !service_up("127.0.0.1:6379", "Redis").await {
         return;
     }
-    let prefix = format!("store_prefix = \"{}:\"", unique("idem-client-faults"));
-    scenarios("redis://127.0.0.1:6379", &prefix).await;
+    let prefix = format!("{}:", unique("idem-client-faults"));
+    scenarios(
+        "redis://127.0.0.1:6379",
+        &format!("store_prefix = \"{prefix}\""),
+    )
+    .await;
+    // The records and audit streams under the test's prefix.
+    let _ = Command::new("redis-cli")
+        .args(["-h", "127.0.0.1", "-p", "6379", "EVAL"])
+        .arg("for _, k in ipairs(redis.call('KEYS', ARGV[1])) do redis.call('DEL', k) end")
+        .arg("0")
+        .arg(format!("{prefix}*"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -293,7 +306,7 @@ async fn postgres_store_every_fault_ends_in_one_execution() {
             "-q",
             "-c",
         ])
-        .arg(format!("DROP TABLE IF EXISTS {table}"))
+        .arg(format!("DROP TABLE IF EXISTS {table}, {table}_audit"))
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .status();

@@ -6,6 +6,8 @@
 //! It works on bytes, not on a protocol: for HTTP/1 it reads the request head (and the body
 //! its `Content-Length` announces) before it decides, so a fault hits a whole request; an
 //! HTTP/2 connection (gRPC) is one request stream to it, and a fault hits the connection.
+//! To fault one HTTP/2 call (lose its answer after the server acted), use
+//! [`h2_fault`](crate::h2_fault).
 //!
 //! ```no_run
 //! use idem_testkit::fault_proxy::{Fault, FaultProxy};

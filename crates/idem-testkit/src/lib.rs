@@ -52,6 +52,7 @@ pub mod broken;
 mod ctx;
 pub mod doubles;
 pub mod fault_proxy;
+pub mod h2_fault;
 mod harness;
 pub mod model;
 pub mod redis_server;

@@ -7,7 +7,7 @@
 //! attempt). After an ambiguous failure the client asks the configured [`StatusEndpoint`]
 //! before it decides (see [`decide`](crate::decide)).
 
-mod status;
+pub(crate) mod status;
 
 use std::fmt;
 use std::sync::Arc;
@@ -379,7 +379,7 @@ fn classify(answer: Answer) -> Attempt<Answer> {
         .and_then(|v| v.to_str().ok())
         .and_then(retry_after_secs);
     match answer.status.as_u16() {
-        409 => match problem_type(&answer).as_deref() {
+        409 => match problem_type(&answer.headers, &answer.body).as_deref() {
             Some(IN_FLIGHT) => Attempt::Retryable {
                 answer,
                 why: Later::InFlight,
@@ -404,12 +404,12 @@ fn classify(answer: Answer) -> Attempt<Answer> {
 }
 
 /// The `type` of a problem+json answer.
-fn problem_type(answer: &Answer) -> Option<String> {
-    let ct = answer.headers.get(CONTENT_TYPE)?.to_str().ok()?;
+fn problem_type(headers: &HeaderMap, body: &[u8]) -> Option<String> {
+    let ct = headers.get(CONTENT_TYPE)?.to_str().ok()?;
     if !ct.trim_start().starts_with("application/problem+json") {
         return None;
     }
-    let v: serde_json::Value = serde_json::from_slice(&answer.body).ok()?;
+    let v: serde_json::Value = serde_json::from_slice(body).ok()?;
     v.get("type")?.as_str().map(str::to_owned)
 }
 

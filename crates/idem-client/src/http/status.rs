@@ -112,10 +112,6 @@ impl StatusEndpoint {
 
 /// What a status answer says.
 fn read(key: &str, answer: Answer) -> Result<KeyState<Answer>, ClientError> {
-    let refused = |detail: String| ClientError::StatusQuery {
-        key: key.to_owned(),
-        detail,
-    };
     if answer
         .headers
         .get(IDEMPOTENT_REPLAYED)
@@ -123,11 +119,38 @@ fn read(key: &str, answer: Answer) -> Result<KeyState<Answer>, ClientError> {
     {
         return Ok(KeyState::Completed(answer));
     }
-    match answer.status.as_u16() {
+    read_state(key, answer.status, &answer.headers, &answer.body).map(no_answer)
+}
+
+/// A state without a stored answer, as any carrier's [`KeyState`].
+pub(crate) fn no_answer<T>(state: KeyState<std::convert::Infallible>) -> KeyState<T> {
+    match state {
+        KeyState::Absent => KeyState::Absent,
+        KeyState::InFlight { retry_after } => KeyState::InFlight { retry_after },
+        KeyState::Unknown => KeyState::Unknown,
+        KeyState::Unavailable(why) => KeyState::Unavailable(why),
+        KeyState::Completed(never) => match never {},
+    }
+}
+
+/// What a status answer that is not a stored answer (no `Idempotent-Replayed: true`) says
+/// about `key`: the gateway's JSON state, a failure of the query (asked again), or an error
+/// when it is not a status of this key at all. Shared by the HTTP and gRPC clients.
+pub(crate) fn read_state(
+    key: &str,
+    status: StatusCode,
+    headers: &HeaderMap,
+    body: &[u8],
+) -> Result<KeyState<std::convert::Infallible>, ClientError> {
+    let refused = |detail: String| ClientError::StatusQuery {
+        key: key.to_owned(),
+        detail,
+    };
+    match status.as_u16() {
         429 | 502 | 503 | 504 => {
-            return Ok(KeyState::Unavailable(format!("HTTP {}", answer.status)));
+            return Ok(KeyState::Unavailable(format!("HTTP {status}")));
         }
-        409 if problem_type(&answer).as_deref() == Some(NOT_STORED) => {
+        409 if problem_type(headers, body).as_deref() == Some(NOT_STORED) => {
             return Err(ClientError::ResponseNotStored {
                 key: key.to_owned(),
             });
@@ -135,19 +158,18 @@ fn read(key: &str, answer: Answer) -> Result<KeyState<Answer>, ClientError> {
         _ => {}
     }
     let json: Option<serde_json::Value> =
-        (matches!(answer.status, StatusCode::OK | StatusCode::NOT_FOUND))
-            .then(|| serde_json::from_slice(&answer.body).ok())
+        (matches!(status, StatusCode::OK | StatusCode::NOT_FOUND))
+            .then(|| serde_json::from_slice(body).ok())
             .flatten();
     let Some(json) = json.filter(|j| j.get("key").and_then(|k| k.as_str()) == Some(key)) else {
-        let text = String::from_utf8_lossy(&answer.body);
+        let text = String::from_utf8_lossy(body);
         let text: String = text.chars().take(200).collect();
-        return Err(refused(format!("HTTP {}: {text}", answer.status)));
+        return Err(refused(format!("HTTP {status}: {text}")));
     };
     match json.get("state").and_then(|s| s.as_str()) {
         Some("absent") => Ok(KeyState::Absent),
         Some("processing") => Ok(KeyState::InFlight {
-            retry_after: answer
-                .headers
+            retry_after: headers
                 .get(RETRY_AFTER)
                 .and_then(|v| v.to_str().ok())
                 .and_then(retry_after_secs),
