@@ -42,6 +42,7 @@ use crate::protect::layer_config;
 use crate::proxy::{self, ResBody};
 
 use gate::TokenKey;
+pub(crate) use gate::{Presented, presented, record_key};
 pub use gate::{TokenGate, TokenRefusal};
 pub use limit::Limiter;
 pub use store::GatewayTokens;
