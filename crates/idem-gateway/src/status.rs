@@ -7,6 +7,12 @@
 //! JWT checks). `?route=NAME` or `?namespace=NS` picks the route; with one protected route
 //! neither is needed. The answers themselves are idem-http's [`IdempotencyStatus`].
 //!
+//! A token route's record key is a one-way digest of the token, which its client does not
+//! know, so for such a route the client asks with the token instead: `GET <status.path>` (no
+//! key segment) with the token in the route's token header. The endpoint computes the record
+//! key the route uses and answers as for any key, in the caller's scope. The token is taken
+//! from the header only, never from the URL (URLs end up in logs), and is never echoed.
+//!
 //! Requests under the path are always answered here and never forwarded, whatever their
 //! method or spelling: a spelling other than the configured one is refused, not proxied.
 
@@ -14,7 +20,8 @@ use std::borrow::Cow;
 
 use bytes::Bytes;
 use http::request::Parts;
-use http::{Request, Response, StatusCode};
+use http::uri::PathAndQuery;
+use http::{HeaderName, Request, Response, StatusCode, Uri};
 use http_body_util::Empty;
 use idem_core::{Engine, Outcome, Refusal};
 use idem_http::{IdempotencyStatus, Problem};
@@ -25,6 +32,7 @@ use crate::config::{Route, StatusSettings};
 use crate::path::{self, TrailingSlash};
 use crate::protect::layer_config;
 use crate::proxy::{self, ResBody};
+use crate::tokens::{Presented, presented, record_key};
 
 /// The status endpoint of one configuration.
 pub struct StatusEndpoint {
@@ -35,6 +43,8 @@ pub struct StatusEndpoint {
 struct StatusRoute {
     name: String,
     namespace: String,
+    /// The token header, for a route in token mode.
+    token: Option<HeaderName>,
     service: IdempotencyStatus<GatewayStore>,
 }
 
@@ -64,6 +74,7 @@ impl StatusEndpoint {
             list.push(StatusRoute {
                 name: route.name.clone(),
                 namespace: route.policy.namespace.clone(),
+                token: route.policy.token.as_ref().map(|t| t.header.clone()),
                 service: IdempotencyStatus::new(engine, config, &settings.path),
             });
         }
@@ -86,22 +97,29 @@ impl StatusEndpoint {
     }
 
     /// Answers one status request.
-    pub async fn answer(&self, parts: Parts) -> Response<ResBody> {
-        let raw = parts.uri.path();
-        let rest = raw
-            .strip_prefix(self.prefix.as_str())
-            .and_then(|r| r.strip_prefix('/'));
-        if !rest.is_some_and(|r| !r.is_empty() && !r.contains('/')) {
+    pub async fn answer(&self, mut parts: Parts) -> Response<ResBody> {
+        if has_param(parts.uri.query(), "token") {
             return refused(
                 StatusCode::BAD_REQUEST,
-                "status-path",
-                "Status path malformed",
-                format!(
-                    "ask for a key as GET {}/{{key}}, with the key percent-encoded as one path segment",
-                    self.prefix
-                ),
+                "status-token",
+                "Token in the URL",
+                "send the token in the route's token header, never in the URL (URLs are kept in logs and histories)",
                 Refusal::BadTarget,
             );
+        }
+        let after = parts.uri.path().strip_prefix(self.prefix.as_str());
+        let key = after
+            .and_then(|r| r.strip_prefix('/'))
+            .is_some_and(|r| !r.is_empty() && !r.contains('/'));
+        // The bare path asks with a token, if one of a token route's headers is present.
+        let bare = matches!(after, Some("" | "/"))
+            && self.routes.iter().any(|r| {
+                r.token
+                    .as_ref()
+                    .is_some_and(|h| parts.headers.contains_key(h))
+            });
+        if !key && !bare {
+            return self.path_refused(None);
         }
         let route = match self.pick(parts.uri.query()) {
             Ok(route) => route,
@@ -115,11 +133,81 @@ impl StatusEndpoint {
                 );
             }
         };
+        let token = route
+            .token
+            .as_ref()
+            .filter(|h| parts.headers.contains_key(*h));
+        let by_token = match (key, token) {
+            (true, None) => false,
+            (false, Some(header)) => {
+                let Some(uri) = self.record_uri(&parts, header) else {
+                    return refused(
+                        StatusCode::BAD_REQUEST,
+                        "status-token",
+                        "Token malformed",
+                        format!(
+                            "`{header}` must hold exactly one token of 64 lowercase hex digits, as the route's issue path gave it"
+                        ),
+                        Refusal::BadTarget,
+                    );
+                };
+                // The status service needs the record key only; the token goes no further.
+                parts.headers.remove(header);
+                parts.uri = uri;
+                true
+            }
+            (true, Some(header)) => return self.path_refused(Some(header)),
+            (false, None) => return self.path_refused(None),
+        };
         let req = Request::from_parts(parts, Empty::<Bytes>::new());
-        match route.service.clone().oneshot(req).await {
-            Ok(res) => proxy::boxed(res),
+        let mut res = match route.service.clone().oneshot(req).await {
+            Ok(res) => res,
             Err(never) => match never {},
+        };
+        if by_token {
+            // A stored answer is replayed as the token route replays it: no key echoed.
+            res.headers_mut().remove("idempotency-key");
         }
+        proxy::boxed(res)
+    }
+
+    /// The URI asking for the record key of the token in `header` (`<prefix>/tok-…`, the
+    /// query kept); `None` if the header does not hold exactly one well-formed token.
+    fn record_uri(&self, parts: &Parts, header: &HeaderName) -> Option<Uri> {
+        let Presented::Token(token) = presented(&parts.headers, header) else {
+            return None;
+        };
+        let key = record_key(&token)?;
+        let path = match parts.uri.query() {
+            Some(q) => format!("{}/{key}?{q}", self.prefix),
+            None => format!("{}/{key}", self.prefix),
+        };
+        PathAndQuery::try_from(path).ok().map(Uri::from)
+    }
+
+    /// The refusal of a path that names no key (or a key and, in `both`, a token too).
+    fn path_refused(&self, both: Option<&HeaderName>) -> Response<ResBody> {
+        let detail = match both {
+            Some(h) => format!(
+                "ask with a key in the path or with the token in `{h}`, not both: GET {}?route=NAME with the token asks about a token route's request",
+                self.prefix
+            ),
+            None if self.routes.iter().any(|r| r.token.is_some()) => format!(
+                "ask for a key as GET {p}/{{key}}, with the key percent-encoded as one path segment, or about a token route's request as GET {p}?route=NAME with the token in the route's token header",
+                p = self.prefix
+            ),
+            None => format!(
+                "ask for a key as GET {}/{{key}}, with the key percent-encoded as one path segment",
+                self.prefix
+            ),
+        };
+        refused(
+            StatusCode::BAD_REQUEST,
+            "status-path",
+            "Status path malformed",
+            detail,
+            Refusal::BadTarget,
+        )
     }
 
     /// The route a query names (`route=` or `namespace=`), or the only protected one.
@@ -169,6 +257,11 @@ impl StatusEndpoint {
             },
         }
     }
+}
+
+/// Whether `query` holds the parameter `name`.
+fn has_param(query: Option<&str>, name: &str) -> bool {
+    query.is_some_and(|q| form_urlencoded::parse(q.as_bytes()).any(|(k, _)| k == name))
 }
 
 /// Whether `path` is `prefix` or below it.

@@ -23,7 +23,7 @@ mod limit;
 mod store;
 
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
 use http::request::Parts;
@@ -42,6 +42,7 @@ use crate::protect::layer_config;
 use crate::proxy::{self, ResBody};
 
 use gate::TokenKey;
+pub(crate) use gate::{Presented, presented, record_key};
 pub use gate::{TokenGate, TokenRefusal};
 pub use limit::Limiter;
 pub use store::GatewayTokens;
@@ -367,7 +368,7 @@ impl TokenIssuer {
             ttl: t.ttl,
             namespace: Scope::new(p.namespace.clone())?,
             principal: p.principal.clone(),
-            limiter: Limiter::new(t.rate, limit::DEFAULT_CAPACITY),
+            limiter: Limiter::new(t.rate, limit::DEFAULT_CAPACITY)?,
             tokens,
             counters,
         })
@@ -420,7 +421,7 @@ impl TokenIssuer {
                 );
             }
         };
-        if let Err(wait) = self.limiter.check(principal.as_deref(), Instant::now()) {
+        if let Err(wait) = self.limiter.check(principal.as_deref()) {
             self.counters.count(TokenEvent::RateLimited);
             let problem = Problem::new(
                 StatusCode::TOO_MANY_REQUESTS,
