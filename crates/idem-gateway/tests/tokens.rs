@@ -440,6 +440,13 @@ token = {token}
     let (success, out) = check_config(&ok);
     assert!(success, "{out}");
     assert!(out.contains("POST /checkout/token issues one"), "{out}");
+    let with_status = format!("{ok}\n[status]\npath = \"/idem/status\"\n");
+    let (success, out) = check_config(&with_status);
+    assert!(success, "{out}");
+    assert!(
+        out.contains("GET /idem/status?route=checkout with the token in `idempotency-token`"),
+        "{out}"
+    );
     for (toml, says) in [
         (
             route("sqlite:./x.db", r#"{ issue = "/checkout/token" }"#, ""),

@@ -160,6 +160,15 @@ impl fmt::Display for Settings {
                         many => format!("; pick the route with ?route= ({})", many.join(", ")),
                     }
                 )?;
+                for r in &self.routes {
+                    if let Some(t) = &r.policy.token {
+                        writeln!(
+                            f,
+                            "           GET {}?route={} with the token in `{}` asks about a request of token route `{}`",
+                            s.path, r.name, t.header, r.name
+                        )?;
+                    }
+                }
             }
             None => writeln!(f, "status:    off")?,
         }
