@@ -7,23 +7,11 @@ mod common;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{ADMIN_TOKEN, Gateway, Http, TempDir, Upstream, ci, key, reachable, spare_port};
+use common::{
+    ADMIN_TOKEN, Gateway, Http, MYSQL, MYSQL_URL, PG_URL, POSTGRES, REDIS, TempDir, Upstream, ci,
+    key, reachable, service_up, spare_port,
+};
 use http::{Method, StatusCode};
-
-const REDIS: &str = "127.0.0.1:6379";
-const POSTGRES: &str = "127.0.0.1:5432";
-const PG_URL: &str = "postgres://postgres@127.0.0.1:5432/test";
-const MYSQL: &str = "127.0.0.1:3306";
-const MYSQL_URL: &str = "mysql://root@127.0.0.1:3306/test";
-
-async fn service_up(addr: &str, name: &str) -> bool {
-    if reachable(addr).await {
-        return true;
-    }
-    assert!(!ci(), "{name} is not running on {addr}");
-    eprintln!("SKIPPED: {name} is not running on {addr}");
-    false
-}
 
 fn config(upstream: &str, store: &str, extra: &str) -> String {
     format!(

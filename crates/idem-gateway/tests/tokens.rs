@@ -8,23 +8,11 @@ mod common;
 use std::collections::HashSet;
 use std::time::{Duration, SystemTime};
 
-use common::{ADMIN_TOKEN, Gateway, Http, Reply, Upstream, ci, reachable};
+use common::{
+    ADMIN_TOKEN, Gateway, Http, MYSQL, MYSQL_URL, PG_URL, POSTGRES, REDIS, Reply, Upstream,
+    service_up,
+};
 use http::{Method, StatusCode};
-
-const REDIS: &str = "127.0.0.1:6379";
-const POSTGRES: &str = "127.0.0.1:5432";
-const PG_URL: &str = "postgres://postgres@127.0.0.1:5432/test";
-const MYSQL: &str = "127.0.0.1:3306";
-const MYSQL_URL: &str = "mysql://root@127.0.0.1:3306/test";
-
-async fn service_up(addr: &str, name: &str) -> bool {
-    if reachable(addr).await {
-        return true;
-    }
-    assert!(!ci(), "{name} is not running on {addr}");
-    eprintln!("SKIPPED: {name} is not running on {addr}");
-    false
-}
 
 fn config(upstream: &str, store: &str, extra: &str) -> String {
     format!(

@@ -544,6 +544,24 @@ pub fn ci() -> bool {
     std::env::var_os("CI").is_some()
 }
 
+/// The shared services the store variants of the tests use.
+pub const REDIS: &str = "127.0.0.1:6379";
+pub const POSTGRES: &str = "127.0.0.1:5432";
+pub const PG_URL: &str = "postgres://postgres@127.0.0.1:5432/test";
+pub const MYSQL: &str = "127.0.0.1:3306";
+pub const MYSQL_URL: &str = "mysql://root@127.0.0.1:3306/test";
+
+/// Whether `name` answers at `addr`. In CI a service that is down fails the test; elsewhere
+/// the test says it skipped and returns.
+pub async fn service_up(addr: &str, name: &str) -> bool {
+    if reachable(addr).await {
+        return true;
+    }
+    assert!(!ci(), "{name} is not running on {addr}");
+    eprintln!("SKIPPED: {name} is not running on {addr}");
+    false
+}
+
 /// Whether something accepts TCP connections at `addr`.
 pub async fn reachable(addr: &str) -> bool {
     matches!(
