@@ -14,12 +14,14 @@ use std::time::Duration;
 use async_nats::HeaderMap;
 use async_nats::jetstream::consumer::PullConsumer;
 use common::kill::{ChildArgs, HangAfter, hang_here, run_child_until_point};
-use common::unguarded::{self, OnStoreError, PaperedOver};
+use common::outage::{Broker, store_outage};
+use common::unguarded;
 use common::*;
 use futures::StreamExt;
 use idem_core::key_source::KeySources;
 use idem_core::{Engine, Key, Policy, ScopedKey, StateKind, Store};
-use idem_mq::Stats;
+use idem_mq::{Processor, Stats, Work};
+use idem_redis::RedisStore;
 use idem_mq::nats::{NatsConsumer, NatsPublisher, default_keys};
 use idem_sql::PgStore;
 use tokio::task::JoinHandle;
@@ -172,67 +174,47 @@ async fn poison_message_dead_lettered_others_flow() {
     f.cleanup().await;
 }
 
-/// Published while the store is down: m-0, m-1, m-2, then m-0 again.
-const DURING_OUTAGE: [&str; 4] = ["m-0", "m-1", "m-2", "m-0"];
+/// JetStream streams for the store-outage scenario.
+struct Nats;
 
-async fn publish_outage(f: &JsStream) {
-    for id in DURING_OUTAGE {
+impl Broker for Nats {
+    type Source = JsStream;
+
+    async fn source(&self, what: &str) -> (JsStream, String) {
+        let f = stream(what).await;
+        let name = f.name.clone();
+        (f, name)
+    }
+
+    async fn publish(&self, f: &JsStream, id: &str) {
         publish_order(f, id, 1).await;
+    }
+
+    fn keys(&self) -> KeySources {
+        order_id()
+    }
+
+    async fn start<W: Work<RedisStore>>(&self, f: &JsStream, p: Processor<RedisStore, W>) -> Running {
+        start_nats(f, p).await
+    }
+
+    async fn left(&self, f: &JsStream) -> u64 {
+        let mut consumer = f.consumer().await;
+        let info = consumer.info().await.unwrap();
+        info.num_pending + info.num_ack_pending as u64
+    }
+
+    async fn cleanup(&self, f: JsStream) {
+        f.cleanup().await;
     }
 }
 
 /// The store down while messages arrive: nothing runs, nothing is acknowledged; after it
-/// comes back each message takes effect once. A consumer that papers over the store's
-/// failures breaks this in the same outage: running anyway runs the duplicate twice, acking
-/// unrun loses every message.
+/// comes back each message takes effect once (papering over the store's failures instead
+/// runs the duplicate twice, or loses every message: `common::outage`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn store_down_no_effect_no_ack_then_once_each() {
-    let mut redis = PrivateRedis::start();
-    let mut setups = Vec::new();
-    for what in ["n_down_anyway", "n_down_unrun", "n_down"] {
-        let f = stream(what).await;
-        // Each engine connects while the store is up.
-        setups.push((redis_engine_at(&redis.url(), &f.name).await, f, PerKey::default()));
-    }
-    let [(anyway_e, anyway_f, anyway), (unrun_e, unrun_f, unrun), (engine, f, seen)] =
-        <[_; 3]>::try_from(setups).ok().unwrap();
-    redis.kill();
-
-    let work = PaperedOver(per_payload(&anyway), OnStoreError::RunAnyway);
-    let r = start_nats(&anyway_f, processor(anyway_e, order_id(), fast(4, 4), work)).await;
-    publish_outage(&anyway_f).await;
-    assert!(eventually(WAIT, || async { Stats::get(&r.stats().acked) == 4 }).await);
-    r.stop().await;
-    assert_eq!(anyway.lock().unwrap().get("m-0"), Some(&2), "run anyway: the duplicate ran twice");
-    anyway_f.cleanup().await;
-
-    let work = PaperedOver(per_payload(&unrun), OnStoreError::AckUnrun);
-    let r = start_nats(&unrun_f, processor(unrun_e, order_id(), fast(4, 4), work)).await;
-    publish_outage(&unrun_f).await;
-    assert!(eventually(WAIT, || async { Stats::get(&r.stats().acked) == 4 }).await);
-    r.stop().await;
-    assert!(unrun.lock().unwrap().is_empty());
-    let pending = unrun_f.consumer().await.info().await.unwrap().num_pending;
-    assert_eq!(pending, 0, "ack unrun: all gone, none took effect");
-    unrun_f.cleanup().await;
-
-    let running = start_nats(&f, processor(engine, order_id(), fast(4, 4), per_payload(&seen))).await;
-    publish_outage(&f).await;
-    assert!(
-        eventually(WAIT, || async { Stats::get(&running.stats().store_unavailable) >= 8 }).await
-    );
-    assert!(seen.lock().unwrap().is_empty(), "nothing runs while the store is down");
-    assert_eq!(Stats::get(&running.stats().acked), 0, "nothing is acknowledged");
-    redis.restart();
-    // The store's connection comes back on its own reconnect schedule.
-    let recovered =
-        eventually(Duration::from_secs(60), || async { Stats::get(&running.stats().acked) >= 4 }).await;
-    assert!(recovered, "acked {} of 4", Stats::get(&running.stats().acked));
-    let seen = seen.lock().unwrap().clone();
-    assert_eq!(seen.len(), 3);
-    assert!(seen.values().all(|n| *n == 1), "{seen:?}");
-    running.stop().await;
-    f.cleanup().await;
+    store_outage(&Nats).await;
 }
 
 // ---- Kill scenarios: the consumer runs in a child process (`common::kill`), SIGKILLed at a

@@ -12,13 +12,15 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use common::kill::{ChildArgs, HangAfter, hang_here, run_child_until_point};
-use common::unguarded::{self, OnStoreError, PaperedOver};
+use common::outage::{Broker, store_outage};
+use common::unguarded;
 use common::*;
 use futures::StreamExt;
 use idem_core::key_source::KeySources;
 use idem_core::{Engine, Key, Policy, ScopedKey, StateKind, Store};
 use idem_mq::rabbitmq::{RabbitConsumer, default_keys};
-use idem_mq::{InTx, Stats};
+use idem_mq::{InTx, Processor, Stats, Work};
+use idem_redis::RedisStore;
 use idem_sql::PgStore;
 use lapin::Connection;
 use lapin::options::{BasicAckOptions, BasicConsumeOptions, BasicNackOptions, BasicQosOptions};
@@ -234,59 +236,42 @@ async fn key_from_payload_field() {
     running.stop().await;
 }
 
-/// m-0 … m-4, then m-0 again: published while the consumer's store is down.
-const DURING_OUTAGE: [&str; 6] = ["m-0", "m-1", "m-2", "m-3", "m-4", "m-0"];
+/// RabbitMQ queues for the store-outage scenario.
+struct Rabbit(Arc<Connection>);
+
+impl Broker for Rabbit {
+    type Source = String;
+
+    async fn source(&self, what: &str) -> (String, String) {
+        let q = queue(&self.0, what).await;
+        (q.clone(), q)
+    }
+
+    async fn publish(&self, q: &String, id: &str) {
+        publish_with_id(&self.0, q, id, id, 1).await;
+    }
+
+    fn keys(&self) -> KeySources {
+        default_keys()
+    }
+
+    async fn start<W: Work<RedisStore>>(&self, q: &String, p: Processor<RedisStore, W>) -> Running {
+        start_rabbit(&self.0, p, q)
+    }
+
+    async fn left(&self, q: &String) -> u64 {
+        u64::from(queue_ready(&self.0, q).await)
+    }
+
+    async fn cleanup(&self, _: String) {} // the queues expire unused
+}
 
 /// The store down while messages arrive: nothing runs and nothing is acknowledged; after it
-/// comes back every message takes effect once. A consumer that papers over the store's
-/// failures breaks this in the same outage: running anyway runs the duplicate twice, acking
-/// unrun loses every message.
+/// comes back every message takes effect once (papering over the store's failures instead
+/// runs the duplicate twice, or loses every message: `common::outage`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn store_down_no_effect_no_ack_then_once_each() {
-    let conn = connect().await;
-    let mut redis = PrivateRedis::start();
-    let mut setups = Vec::new();
-    for what in ["down_anyway", "down_unrun", "down_idem"] {
-        let q = queue(&conn, what).await;
-        // Each engine connects while the store is up.
-        setups.push((redis_engine_at(&redis.url(), &q).await, q, PerKey::default()));
-    }
-    let [(anyway_e, anyway_q, anyway), (unrun_e, unrun_q, unrun), (engine, q, seen)] =
-        <[_; 3]>::try_from(setups).ok().unwrap();
-    redis.kill();
-
-    let work = PaperedOver(per_payload(&anyway), OnStoreError::RunAnyway);
-    let r = start_rabbit(&conn, processor(anyway_e, default_keys(), fast(4, 4), work), &anyway_q);
-    publish_each(&conn, &anyway_q, &DURING_OUTAGE).await;
-    assert!(eventually(WAIT, || async { Stats::get(&r.stats().acked) == 6 }).await);
-    r.stop().await;
-    assert_eq!(anyway.lock().unwrap().get("m-0"), Some(&2), "run anyway: the duplicate ran twice");
-
-    let work = PaperedOver(per_payload(&unrun), OnStoreError::AckUnrun);
-    let r = start_rabbit(&conn, processor(unrun_e, default_keys(), fast(4, 4), work), &unrun_q);
-    publish_each(&conn, &unrun_q, &DURING_OUTAGE).await;
-    assert!(eventually(WAIT, || async { Stats::get(&r.stats().acked) == 6 }).await);
-    r.stop().await;
-    assert!(unrun.lock().unwrap().is_empty());
-    assert_eq!(queue_ready(&conn, &unrun_q).await, 0, "ack unrun: all gone, none took effect");
-
-    let running = start_rabbit(&conn, processor(engine, default_keys(), fast(4, 4), per_payload(&seen)), &q);
-    publish_each(&conn, &q, &DURING_OUTAGE).await;
-    assert!(
-        eventually(WAIT, || async { Stats::get(&running.stats().store_unavailable) >= 12 }).await
-    );
-    assert!(seen.lock().unwrap().is_empty(), "nothing runs while the store is down");
-    assert_eq!(Stats::get(&running.stats().acked), 0, "nothing is acknowledged");
-    redis.restart();
-    // The store's connection comes back on its own reconnect schedule.
-    let recovered =
-        eventually(Duration::from_secs(60), || async { Stats::get(&running.stats().acked) >= 6 }).await;
-    assert!(recovered, "acked {} of 6", Stats::get(&running.stats().acked));
-    let seen = seen.lock().unwrap().clone();
-    assert_eq!(seen.len(), 5);
-    assert!(seen.values().all(|n| *n == 1), "{seen:?}");
-    assert_eq!(queue_ready(&conn, &q).await, 0);
-    running.stop().await;
+    store_outage(&Rabbit(connect().await)).await;
 }
 
 /// Graceful shutdown: stop consuming, finish the message in progress and acknowledge it.

@@ -5,6 +5,7 @@
 #![allow(dead_code, unreachable_pub, missing_docs, clippy::unwrap_used)]
 
 pub mod kill;
+pub mod outage;
 pub mod unguarded;
 
 use std::process::{Child, Command, Stdio};
@@ -60,12 +61,16 @@ pub async fn redis_engine(prefix: &str) -> Engine<RedisStore> {
 }
 
 pub async fn redis_engine_at(url: &str, prefix: &str) -> Engine<RedisStore> {
+    redis_engine_with(url, prefix, Policy::default()).await
+}
+
+pub async fn redis_engine_with(url: &str, prefix: &str, policy: Policy) -> Engine<RedisStore> {
     let config = RedisConfig::from_url(url)
         .unwrap()
         .prefix(format!("{prefix}:"))
         .unwrap();
     let store = RedisStore::connect(config).await.unwrap();
-    Engine::new(store, Policy::default())
+    Engine::new(store, policy)
 }
 
 /// A processor in scope `orders.paid` with the given key sources.
