@@ -13,17 +13,16 @@ use std::time::Duration;
 
 use async_nats::HeaderMap;
 use async_nats::jetstream::consumer::PullConsumer;
-use common::kill::{ChildArgs, HangAfter, hang_here, run_child_until_point};
+use common::kill::{ChildArgs, hang_here, run_child_until_point};
 use common::outage::{Broker, store_outage};
 use common::unguarded;
 use common::*;
 use futures::StreamExt;
 use idem_core::key_source::KeySources;
-use idem_core::{Engine, Key, Policy, ScopedKey, StateKind, Store};
+use idem_core::{Key, ScopedKey, StateKind, Store};
 use idem_mq::{Processor, Stats, Work};
 use idem_redis::RedisStore;
 use idem_mq::nats::{NatsConsumer, NatsPublisher, default_keys};
-use idem_sql::PgStore;
 use tokio::task::JoinHandle;
 
 const WINDOW: Duration = Duration::from_secs(1);
@@ -241,18 +240,12 @@ async fn child_consumer() {
     let args = ChildArgs::from_env();
     let (js, pull) = attach(&args.source).await;
     let pool = sqlx::PgPool::connect(PG_URL).await.unwrap();
-    let l = args.ledger.clone();
-    let idem = |work| idem_consumer(&pool, &args, work);
     match args.mode.as_str() {
         // Without idem: the effect commits, the process dies before the ack.
         "plain_after_effect" => {
             let mut messages = pull.messages().await.unwrap();
             let m = messages.next().await.unwrap().unwrap();
-            sqlx::query(&format!("INSERT INTO {l} (order_id, amount) VALUES ($1, 100)"))
-                .bind(String::from_utf8_lossy(&m.payload).into_owned())
-                .execute(&pool)
-                .await
-                .unwrap();
+            args.credit_plain(&pool, &m.payload).await;
             hang_here::<()>().await;
         }
         // Without idem: ack first (confirmed by the server), the process dies before the
@@ -265,36 +258,16 @@ async fn child_consumer() {
         }
         // idem, same transaction: dies after the commit, before the ack.
         "idem_after_commit" => {
-            let work = HangAfter(idem_mq::InTx::new(tx_handler(move |tx, m| {
-                let l = l.clone();
-                Box::pin(async move { credit(tx, &l, m).await })
-            })));
-            idem(work).run(&js, &pull, futures::future::pending()).await.unwrap();
+            let consumer = NatsConsumer::new(args.processor(&pool, order_id(), args.after_commit()), format!("{}.dead", args.source));
+            consumer.run(&js, &pull, futures::future::pending()).await.unwrap();
         }
         // idem, same transaction: dies after the write, before the commit.
         "idem_before_commit" => {
-            let work = idem_mq::InTx::new(tx_handler(move |tx, m| {
-                let l = l.clone();
-                Box::pin(async move {
-                    credit(tx, &l, m).await?;
-                    hang_here().await
-                })
-            }));
-            idem_consumer(&pool, &args, work).run(&js, &pull, futures::future::pending()).await.unwrap();
+            let consumer = NatsConsumer::new(args.processor(&pool, order_id(), args.before_commit()), format!("{}.dead", args.source));
+            consumer.run(&js, &pull, futures::future::pending()).await.unwrap();
         }
         other => panic!("unknown child mode {other}"),
     }
-}
-
-/// The child's idem consumer: same transaction, records in `args.records`.
-fn idem_consumer<W: idem_mq::Work<PgStore>>(
-    pool: &sqlx::PgPool,
-    args: &ChildArgs,
-    work: W,
-) -> NatsConsumer<PgStore, W> {
-    let store = PgStore::with_table(pool.clone(), &args.records).unwrap();
-    let p = processor(Engine::new(store, Policy::default()), order_id(), fast(1, 1), work);
-    NatsConsumer::new(p, format!("{}.dead", args.source))
 }
 
 /// A stream (redelivering after 2 s) holding one message, `order`, and a ledger.

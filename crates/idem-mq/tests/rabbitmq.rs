@@ -11,17 +11,16 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use common::kill::{ChildArgs, HangAfter, hang_here, run_child_until_point};
+use common::kill::{ChildArgs, hang_here, run_child_until_point};
 use common::outage::{Broker, store_outage};
 use common::unguarded;
 use common::*;
 use futures::StreamExt;
 use idem_core::key_source::KeySources;
-use idem_core::{Engine, Key, Policy, ScopedKey, StateKind, Store};
+use idem_core::{Key, ScopedKey, StateKind, Store};
 use idem_mq::rabbitmq::{RabbitConsumer, default_keys};
-use idem_mq::{InTx, Processor, Stats, Work};
+use idem_mq::{Processor, Stats, Work};
 use idem_redis::RedisStore;
-use idem_sql::PgStore;
 use lapin::Connection;
 use lapin::options::{BasicAckOptions, BasicConsumeOptions, BasicNackOptions, BasicQosOptions};
 use lapin::types::{AMQPValue, FieldTable};
@@ -305,17 +304,11 @@ async fn child_consumer() {
     let args = ChildArgs::from_env();
     let conn = amqp().await;
     let pool = sqlx::PgPool::connect(PG_URL).await.unwrap();
-    let idem = |work| idem_consumer(&pool, &args, work);
-    let l = args.ledger.clone();
     match args.mode.as_str() {
         // Without idem: the effect commits, the process dies before the ack.
         "plain_after_effect" => {
             let (_ch, d) = first_delivery(&conn, &args.source).await;
-            sqlx::query(&format!("INSERT INTO {l} (order_id, amount) VALUES ($1, 100)"))
-                .bind(String::from_utf8_lossy(&d.data).into_owned())
-                .execute(&pool)
-                .await
-                .unwrap();
+            args.credit_plain(&pool, &d.data).await;
             hang_here::<()>().await;
         }
         // Without idem: ack first, the process dies before the effect.
@@ -326,36 +319,16 @@ async fn child_consumer() {
         }
         // idem, same transaction: dies after the commit, before the ack.
         "idem_after_commit" => {
-            let work = HangAfter(InTx::new(tx_handler(move |tx, m| {
-                let l = l.clone();
-                Box::pin(async move { credit(tx, &l, m).await })
-            })));
-            idem(work).run(&conn, futures::future::pending()).await.unwrap();
+            let consumer = RabbitConsumer::new(args.processor(&pool, default_keys(), args.after_commit()), args.source.as_str());
+            consumer.run(&conn, futures::future::pending()).await.unwrap();
         }
         // idem, same transaction: dies after the write, before the commit.
         "idem_before_commit" => {
-            let work = InTx::new(tx_handler(move |tx, m| {
-                let l = l.clone();
-                Box::pin(async move {
-                    credit(tx, &l, m).await?;
-                    hang_here().await
-                })
-            }));
-            idem_consumer(&pool, &args, work).run(&conn, futures::future::pending()).await.unwrap();
+            let consumer = RabbitConsumer::new(args.processor(&pool, default_keys(), args.before_commit()), args.source.as_str());
+            consumer.run(&conn, futures::future::pending()).await.unwrap();
         }
         other => panic!("unknown child mode {other}"),
     }
-}
-
-/// The child's idem consumer: same transaction, records in `args.records`.
-fn idem_consumer<W: idem_mq::Work<PgStore>>(
-    pool: &sqlx::PgPool,
-    args: &ChildArgs,
-    work: W,
-) -> RabbitConsumer<PgStore, W> {
-    let store = PgStore::with_table(pool.clone(), &args.records).unwrap();
-    let p = processor(Engine::new(store, Policy::default()), default_keys(), fast(1, 1), work);
-    RabbitConsumer::new(p, args.source.as_str())
 }
 
 /// The first delivery of `queue` without idem (and its channel, kept open).

@@ -5,11 +5,13 @@
 
 use std::time::Duration;
 
-use idem_core::{Engine, Fingerprint, ScopedKey, Store};
-use idem_mq::{Message, RunResult, Work};
+use idem_core::key_source::KeySources;
+use idem_core::{Engine, Fingerprint, Policy, ScopedKey, Store};
+use idem_mq::{InTx, Message, Processor, RunResult, Work};
+use idem_sql::PgStore;
 use tokio::io::AsyncBufReadExt;
 
-use super::{Ledger, WAIT};
+use super::{Ledger, WAIT, credit, fast, processor, tx_handler};
 
 const MODE: &str = "IDEM_MQ_CHILD";
 const SOURCE: &str = "IDEM_MQ_SOURCE";
@@ -37,6 +39,54 @@ impl ChildArgs {
             ledger: var(LEDGER),
             records: var(RECORDS),
         }
+    }
+}
+
+impl ChildArgs {
+    /// The child's idem processor: same transaction, records in `records`, one message at a
+    /// time.
+    pub fn processor<W: Work<PgStore>>(
+        &self,
+        pool: &sqlx::PgPool,
+        keys: KeySources,
+        work: W,
+    ) -> Processor<PgStore, W> {
+        let store = PgStore::with_table(pool.clone(), &self.records).unwrap();
+        processor(Engine::new(store, Policy::default()), keys, fast(1, 1), work)
+    }
+
+    /// Credits the ledger in the inbox's transaction, then (the commit done) hangs before
+    /// the ack.
+    pub fn after_commit(&self) -> HangAfter<InTx<PgStore>> {
+        let l = self.ledger.clone();
+        HangAfter(InTx::new(tx_handler(move |tx, m| {
+            let l = l.clone();
+            Box::pin(async move { credit(tx, &l, m).await })
+        })))
+    }
+
+    /// Credits the ledger in the inbox's transaction and hangs before the commit.
+    pub fn before_commit(&self) -> InTx<PgStore> {
+        let l = self.ledger.clone();
+        InTx::new(tx_handler(move |tx, m| {
+            let l = l.clone();
+            Box::pin(async move {
+                credit(tx, &l, m).await?;
+                hang_here().await
+            })
+        }))
+    }
+
+    /// Without idem: credits `payload` on `pool`, as a consumer without an inbox does.
+    pub async fn credit_plain(&self, pool: &sqlx::PgPool, payload: &[u8]) {
+        sqlx::query(&format!(
+            "INSERT INTO {} (order_id, amount) VALUES ($1, 100)",
+            self.ledger
+        ))
+        .bind(String::from_utf8_lossy(payload).into_owned())
+        .execute(pool)
+        .await
+        .unwrap();
     }
 }
 
