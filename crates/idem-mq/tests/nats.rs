@@ -19,7 +19,7 @@ use common::unguarded;
 use common::*;
 use futures::StreamExt;
 use idem_core::key_source::KeySources;
-use idem_core::{Key, ScopedKey, StateKind, Store};
+use idem_core::{Key, StateKind};
 use idem_mq::{Processor, Stats, Work};
 use idem_redis::RedisStore;
 use idem_mq::nats::{NatsConsumer, NatsPublisher, default_keys};
@@ -162,13 +162,7 @@ async fn poison_message_dead_lettered_others_flow() {
     assert_eq!(reason.as_deref(), Some("exhausted"));
     assert!(eventually(WAIT, || async { ok.load(Ordering::SeqCst) == 5 }).await);
     assert_eq!(attempts.load(Ordering::SeqCst), 3);
-    let record = engine
-        .store()
-        .get(&ScopedKey::new(scope("orders.paid"), Key::new("poison").unwrap()))
-        .await
-        .unwrap()
-        .expect("record kept for an operator");
-    assert_eq!(record.state.kind(), StateKind::Unknown);
+    assert_eq!(state_of(&engine, "poison").await, Some(StateKind::Unknown), "kept for an operator");
     running.stop().await;
     f.cleanup().await;
 }

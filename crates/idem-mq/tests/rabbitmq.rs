@@ -17,7 +17,7 @@ use common::unguarded;
 use common::*;
 use futures::StreamExt;
 use idem_core::key_source::KeySources;
-use idem_core::{Key, ScopedKey, StateKind, Store};
+use idem_core::StateKind;
 use idem_mq::rabbitmq::{RabbitConsumer, default_keys};
 use idem_mq::{Processor, Stats, Work};
 use idem_redis::RedisStore;
@@ -164,13 +164,7 @@ async fn poison_message_dead_lettered_others_flow() {
     );
     assert_eq!(attempts.load(Ordering::SeqCst), 3, "max_attempts = 3");
     assert_eq!(Stats::get(&running.stats().dead_lettered), 1);
-    let record = engine
-        .store()
-        .get(&ScopedKey::new(scope("orders.paid"), Key::new("poison").unwrap()))
-        .await
-        .unwrap()
-        .expect("record kept for an operator");
-    assert_eq!(record.state.kind(), StateKind::Unknown);
+    assert_eq!(state_of(&engine, "poison").await, Some(StateKind::Unknown), "kept for an operator");
     // The dead letter says why.
     let ch = conn.create_channel().await.unwrap();
     let got = ch

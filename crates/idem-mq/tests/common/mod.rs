@@ -83,6 +83,12 @@ pub fn processor<S: Store, W: Work<S>>(
     Processor::new(engine, scope("orders.paid"), keys, config, work)
 }
 
+/// The state of `key`'s record in scope `orders.paid`, if there is one.
+pub async fn state_of<S: Store>(engine: &Engine<S>, key: &str) -> Option<idem_core::StateKind> {
+    let key = idem_core::ScopedKey::new(scope("orders.paid"), idem_core::Key::new(key).unwrap());
+    engine.store().get(&key).await.unwrap().map(|r| r.state.kind())
+}
+
 /// A consumer running in a task of this process.
 pub struct Running {
     stats: Arc<Stats>,
