@@ -10,7 +10,9 @@ mod relay_kit;
 use std::process::Command;
 
 use common::{TempDir, bin};
-use idem_testkit::brokers::{AMQP_URL, amqp, declare_queue, eventually, publish_with_id, queue_ready};
+use idem_testkit::brokers::{
+    AMQP_URL, amqp, declare_queue, eventually, publish_with_id, queue_ready,
+};
 use lapin::Connection;
 use relay_kit::{Orders, Relay, WAIT, config, unique};
 
@@ -78,7 +80,11 @@ async fn relay_upstream_times_out_after_acting() {
     assert!(eventually(WAIT, || async { queue_ready(&conn, &dead).await == 1 }).await);
     publish(&conn, &q, "slow-b", 1).await;
     assert!(eventually(WAIT, || async { queue_ready(&conn, &dead).await == 2 }).await);
-    assert_eq!(orders.calls("slow-b"), 1, "hold: the redelivery did not call the service");
+    assert_eq!(
+        orders.calls("slow-b"),
+        1,
+        "hold: the redelivery did not call the service"
+    );
 
     let (code, out) = relay.reconcile();
     assert_eq!(code, 0, "{out}");
@@ -142,7 +148,10 @@ fn check_config_shows_relays() {
         text.contains("orders: RabbitMQ queue `orders_q` -> POST http://127.0.0.1:9/orders"),
         "{text}"
     );
-    assert!(text.contains("key: the message id; route `orders`"), "{text}");
+    assert!(
+        text.contains("key: the message id; route `orders`"),
+        "{text}"
+    );
 
     std::fs::write(&path, good.replace("queue = \"orders_q\"\n", "")).unwrap();
     let out = Command::new(bin())

@@ -53,13 +53,23 @@ async fn duplicates_within_and_beyond_the_window_execute_once() {
     };
     assert_eq!(dropped, 4, "inside the window the stream drops the repeats");
     tokio::time::sleep(WINDOW * 3).await;
-    assert!(!f.publish_id("order-1", r#"{"order":1}"#).await, "after the window it keeps one");
+    assert!(
+        !f.publish_id("order-1", r#"{"order":1}"#).await,
+        "after the window it keeps one"
+    );
     assert!(f.publish_id("order-1", r#"{"order":1}"#).await);
     f.publish_id("order-2", r#"{"order":2}"#).await;
-    assert_eq!(f.count_on(&f.subject()).await, 3, "the broker holds order-1 twice");
+    assert_eq!(
+        f.count_on(&f.subject()).await,
+        3,
+        "the broker holds order-1 twice"
+    );
 
     assert!(
-        eventually(WAIT, || async { relay.logged("replayed") >= 1 && drained(&f).await }).await,
+        eventually(WAIT, || async {
+            relay.logged("replayed") >= 1 && drained(&f).await
+        })
+        .await,
         "{}",
         relay.log()
     );
@@ -100,7 +110,9 @@ async fn upstream_times_out_after_acting_executes_once() {
         relay.log()
     );
     let letters = f.dead_letters().await;
-    let reason = letters[0].get("x-idem-reason").map(|v| v.as_str().to_owned());
+    let reason = letters[0]
+        .get("x-idem-reason")
+        .map(|v| v.as_str().to_owned());
     assert_eq!(reason.as_deref(), Some("unknown"));
     assert_eq!(orders.executed("slow-b"), 1);
 
@@ -110,12 +122,19 @@ async fn upstream_times_out_after_acting_executes_once() {
     tokio::time::sleep(WINDOW * 3).await;
     assert!(!f.publish_id("slow-b", r#"{"order":"b"}"#).await);
     assert!(
-        eventually(WAIT, || async { relay.logged("replayed") == 1 && drained(&f).await }).await,
+        eventually(WAIT, || async {
+            relay.logged("replayed") == 1 && drained(&f).await
+        })
+        .await,
         "{}",
         relay.log()
     );
     assert_eq!(orders.executed("slow-b"), 1, "hold: executed once");
-    assert_eq!(orders.calls("slow-b"), 1, "the redelivery did not call the service");
+    assert_eq!(
+        orders.calls("slow-b"),
+        1,
+        "the redelivery did not call the service"
+    );
     assert_eq!(f.count_on(&f.dead()).await, 1);
     drop(relay);
     f.cleanup().await;
@@ -138,9 +157,13 @@ async fn client_error_dead_letters_server_error_redelivers() {
         relay.log()
     );
     let letters = f.dead_letters().await;
-    let reason = letters[0].get("x-idem-reason").map(|v| v.as_str().to_owned());
+    let reason = letters[0]
+        .get("x-idem-reason")
+        .map(|v| v.as_str().to_owned());
     assert_eq!(reason.as_deref(), Some("permanent"));
-    let original = letters[0].get("x-idem-original-id").map(|v| v.as_str().to_owned());
+    let original = letters[0]
+        .get("x-idem-original-id")
+        .map(|v| v.as_str().to_owned());
     assert_eq!(original.as_deref(), Some("reject-1"));
     assert_eq!(orders.calls("reject-1"), 1, "not retried");
     assert_eq!(orders.calls("flaky-1"), 2, "503, then 201");

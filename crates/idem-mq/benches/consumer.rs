@@ -152,7 +152,11 @@ fn process_cpu() -> Duration {
 
 /// The Redis server's CPU time and the commands it has run, from `INFO`.
 async fn redis_counters(store: &RedisStore) -> (Duration, u64) {
-    let info = match store.connection().query(&redis::cmd("INFO").arg("ALL").clone()).await {
+    let info = match store
+        .connection()
+        .query(&redis::cmd("INFO").arg("ALL").clone())
+        .await
+    {
         Ok(redis::Value::BulkString(b)) => String::from_utf8_lossy(&b).into_owned(),
         Ok(redis::Value::VerbatimString { text, .. }) => text,
         _ => String::new(),
@@ -166,7 +170,14 @@ async fn redis_counters(store: &RedisStore) -> (Duration, u64) {
     let calls = info
         .lines()
         .filter(|l| l.starts_with("cmdstat_") && !l.starts_with("cmdstat_info:"))
-        .filter_map(|l| l.split_once(":calls=")?.1.split(',').next()?.parse::<u64>().ok())
+        .filter_map(|l| {
+            l.split_once(":calls=")?
+                .1
+                .split(',')
+                .next()?
+                .parse::<u64>()
+                .ok()
+        })
         .sum();
     (Duration::from_secs_f64(cpu), calls)
 }
@@ -327,7 +338,9 @@ async fn main() {
     let keys = KeySources::parse(&["header:message-id"]).unwrap();
     let scope = Scope::new("bench.consumer").unwrap();
 
-    println!("{n} messages per run, {rounds} rounds; medians [min–max]; ratio = case ÷ without, same round");
+    println!(
+        "{n} messages per run, {rounds} rounds; medians [min–max]; ratio = case ÷ without, same round"
+    );
     for prefetch in [1u16, 64] {
         let (mut base, mut floor, mut with) = (Vec::new(), Vec::new(), Vec::new());
         let (mut pg_base, mut pg_with) = (Vec::new(), Vec::new());
@@ -338,7 +351,13 @@ async fn main() {
                         &conn,
                         &store,
                         n,
-                        Processor::new($engine, scope.clone(), keys.clone(), config(prefetch), $work),
+                        Processor::new(
+                            $engine,
+                            scope.clone(),
+                            keys.clone(),
+                            config(prefetch),
+                            $work,
+                        ),
                     )
                     .await
                 };

@@ -20,9 +20,9 @@ use common::*;
 use futures::StreamExt;
 use idem_core::key_source::KeySources;
 use idem_core::{Key, StateKind};
+use idem_mq::nats::{NatsConsumer, NatsPublisher, default_keys};
 use idem_mq::{Processor, Stats, Work};
 use idem_redis::RedisStore;
-use idem_mq::nats::{NatsConsumer, NatsPublisher, default_keys};
 use tokio::task::JoinHandle;
 
 const WINDOW: Duration = Duration::from_secs(1);
@@ -67,7 +67,8 @@ async fn hundred_copies_four_consumers_one_effect() {
     let mut running = Vec::new();
     for _ in 0..4 {
         let work = counting(Arc::clone(&effects), Duration::from_millis(5));
-        running.push(start_nats(&f, processor(engine.clone(), order_id(), fast(16, 8), work)).await);
+        running
+            .push(start_nats(&f, processor(engine.clone(), order_id(), fast(16, 8), work)).await);
     }
     assert!(eventually(WAIT, || async { sum(&running, |s| &s.acked) == 100 }).await);
     assert_eq!(effects.load(Ordering::SeqCst), 1);
@@ -82,16 +83,27 @@ async fn hundred_copies_four_consumers_one_effect() {
 /// again, and the consumer's engine skips it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn publisher_window_then_consumer_dedup() {
-    let f = JsStream::create("n_window", Duration::from_millis(300), Duration::from_secs(10)).await;
+    let f = JsStream::create(
+        "n_window",
+        Duration::from_millis(300),
+        Duration::from_secs(10),
+    )
+    .await;
     let publisher = NatsPublisher::new(f.js.clone());
     let key = Key::new("order-77").unwrap();
     let subject = f.subject();
     let publish = || publisher.publish(&subject, &key, "order-77".into(), HeaderMap::new());
     let first = publish().await.unwrap();
     let second = publish().await.unwrap();
-    assert!(!first && second, "inside the window the server drops the repeat");
+    assert!(
+        !first && second,
+        "inside the window the server drops the repeat"
+    );
     tokio::time::sleep(Duration::from_millis(1_200)).await;
-    assert!(!publish().await.unwrap(), "after the window the server stores it again");
+    assert!(
+        !publish().await.unwrap(),
+        "after the window the server stores it again"
+    );
 
     let effects = Arc::new(AtomicU64::new(0));
     let engine = redis_engine(&f.name).await;
@@ -158,11 +170,17 @@ async fn poison_message_dead_lettered_others_flow() {
         ok.load(Ordering::SeqCst),
     );
     let letters = f.dead_letters().await;
-    let reason = letters[0].get("x-idem-reason").map(|v| v.as_str().to_owned());
+    let reason = letters[0]
+        .get("x-idem-reason")
+        .map(|v| v.as_str().to_owned());
     assert_eq!(reason.as_deref(), Some("exhausted"));
     assert!(eventually(WAIT, || async { ok.load(Ordering::SeqCst) == 5 }).await);
     assert_eq!(attempts.load(Ordering::SeqCst), 3);
-    assert_eq!(state_of(&engine, "poison").await, Some(StateKind::Unknown), "kept for an operator");
+    assert_eq!(
+        state_of(&engine, "poison").await,
+        Some(StateKind::Unknown),
+        "kept for an operator"
+    );
     running.stop().await;
     f.cleanup().await;
 }
@@ -187,7 +205,11 @@ impl Broker for Nats {
         order_id()
     }
 
-    async fn start<W: Work<RedisStore>>(&self, f: &JsStream, p: Processor<RedisStore, W>) -> Running {
+    async fn start<W: Work<RedisStore>>(
+        &self,
+        f: &JsStream,
+        p: Processor<RedisStore, W>,
+    ) -> Running {
         start_nats(f, p).await
     }
 
@@ -215,7 +237,9 @@ async fn store_down_no_effect_no_ack_then_once_each() {
 
 /// The stream's pull consumer, from a process that did not create it.
 async fn attach(stream: &str) -> (async_nats::jetstream::Context, PullConsumer) {
-    let client = async_nats::connect(idem_testkit::brokers::NATS_URL).await.unwrap();
+    let client = async_nats::connect(idem_testkit::brokers::NATS_URL)
+        .await
+        .unwrap();
     let js = async_nats::jetstream::new(client);
     let pull = js
         .get_stream(stream)
@@ -252,13 +276,25 @@ async fn child_consumer() {
         }
         // idem, same transaction: dies after the commit, before the ack.
         "idem_after_commit" => {
-            let consumer = NatsConsumer::new(args.processor(&pool, order_id(), args.after_commit()), format!("{}.dead", args.source));
-            consumer.run(&js, &pull, futures::future::pending()).await.unwrap();
+            let consumer = NatsConsumer::new(
+                args.processor(&pool, order_id(), args.after_commit()),
+                format!("{}.dead", args.source),
+            );
+            consumer
+                .run(&js, &pull, futures::future::pending())
+                .await
+                .unwrap();
         }
         // idem, same transaction: dies after the write, before the commit.
         "idem_before_commit" => {
-            let consumer = NatsConsumer::new(args.processor(&pool, order_id(), args.before_commit()), format!("{}.dead", args.source));
-            consumer.run(&js, &pull, futures::future::pending()).await.unwrap();
+            let consumer = NatsConsumer::new(
+                args.processor(&pool, order_id(), args.before_commit()),
+                format!("{}.dead", args.source),
+            );
+            consumer
+                .run(&js, &pull, futures::future::pending())
+                .await
+                .unwrap();
         }
         other => panic!("unknown child mode {other}"),
     }
@@ -273,7 +309,16 @@ async fn one_message(what: &str, order: &str) -> (JsStream, Ledger) {
 
 /// The idem consumer (same transaction) in this process, after the child died.
 async fn guarded(f: &JsStream, ledger: &Ledger) -> Running {
-    start_nats(f, processor(ledger.engine().await, order_id(), fast(1, 1), ledger.in_tx())).await
+    start_nats(
+        f,
+        processor(
+            ledger.engine().await,
+            order_id(),
+            fast(1, 1),
+            ledger.in_tx(),
+        ),
+    )
+    .await
 }
 
 /// Killed after the effect committed and before the ack: the redelivery is skipped, 1 effect
@@ -282,22 +327,42 @@ async fn guarded(f: &JsStream, ledger: &Ledger) -> Running {
 async fn killed_after_commit_before_ack_redelivery_skipped() {
     let (plain_f, plain) = one_message("n_kill_after_plain", "order-5").await;
     run_child_until_point("plain_after_effect", &plain_f.name, &plain).await;
-    assert_eq!(plain.rows().await, 1, "the child credited before it was killed");
+    assert_eq!(
+        plain.rows().await,
+        1,
+        "the child credited before it was killed"
+    );
     let mut messages = plain_f.consumer().await.messages().await.unwrap();
-    let m = tokio::time::timeout(WAIT, messages.next()).await.unwrap().unwrap().unwrap();
+    let m = tokio::time::timeout(WAIT, messages.next())
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
     plain.credit_plain(&m.payload).await;
     m.ack().await.unwrap();
-    assert_eq!(plain.rows().await, 2, "unguarded: the redelivery credits twice");
+    assert_eq!(
+        plain.rows().await,
+        2,
+        "unguarded: the redelivery credits twice"
+    );
     drop(messages);
     plain.drop_all().await;
     plain_f.cleanup().await;
 
     let (f, ledger) = one_message("n_kill_after", "order-5").await;
     run_child_until_point("idem_after_commit", &f.name, &ledger).await;
-    assert_eq!(ledger.rows().await, 1, "the child committed before it was killed");
+    assert_eq!(
+        ledger.rows().await,
+        1,
+        "the child committed before it was killed"
+    );
     let running = guarded(&f, &ledger).await;
     assert!(eventually(WAIT, || async { Stats::get(&running.stats().acked) == 1 }).await);
-    assert_eq!(Stats::get(&running.stats().replayed), 1, "the redelivery was skipped");
+    assert_eq!(
+        Stats::get(&running.stats().replayed),
+        1,
+        "the redelivery was skipped"
+    );
     assert_eq!(ledger.rows().await, 1);
     running.stop().await;
     ledger.drop_all().await;
@@ -314,7 +379,11 @@ async fn killed_before_commit_redelivery_runs() {
     // Twice the ack wait: an unacknowledged message would be back by then.
     let again = tokio::time::timeout(ACK_WAIT * 2, messages.next()).await;
     assert!(again.is_err(), "unguarded: nothing is redelivered");
-    assert_eq!(plain.rows().await, 0, "unguarded: acked before the effect, then lost");
+    assert_eq!(
+        plain.rows().await,
+        0,
+        "unguarded: acked before the effect, then lost"
+    );
     drop(messages);
     plain.drop_all().await;
     plain_f.cleanup().await;
@@ -323,7 +392,11 @@ async fn killed_before_commit_redelivery_runs() {
     run_child_until_point("idem_before_commit", &f.name, &ledger).await;
     let running = guarded(&f, &ledger).await;
     assert!(eventually(WAIT, || async { Stats::get(&running.stats().acked) == 1 }).await);
-    assert_eq!(Stats::get(&running.stats().executed), 1, "the redelivery ran");
+    assert_eq!(
+        Stats::get(&running.stats().executed),
+        1,
+        "the redelivery ran"
+    );
     assert_eq!(ledger.rows().await, 1);
     running.stop().await;
     ledger.drop_all().await;

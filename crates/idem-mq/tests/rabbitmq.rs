@@ -16,8 +16,8 @@ use common::outage::{Broker, store_outage};
 use common::unguarded;
 use common::*;
 use futures::StreamExt;
-use idem_core::key_source::KeySources;
 use idem_core::StateKind;
+use idem_core::key_source::KeySources;
 use idem_mq::rabbitmq::{RabbitConsumer, default_keys};
 use idem_mq::{Processor, Stats, Work};
 use idem_redis::RedisStore;
@@ -57,7 +57,11 @@ async fn hundred_copies_four_consumers_one_effect() {
         .collect();
     assert!(eventually(WAIT, || async { plain.load(Ordering::SeqCst) == 100 }).await);
     tasks.iter().for_each(JoinHandle::abort);
-    assert_eq!(plain.load(Ordering::SeqCst), 100, "without idem every copy takes effect");
+    assert_eq!(
+        plain.load(Ordering::SeqCst),
+        100,
+        "without idem every copy takes effect"
+    );
 
     let q = queue(&conn, "hundred").await;
     publish_with_id(&conn, &q, "order-1", "order-1", 100).await;
@@ -66,7 +70,11 @@ async fn hundred_copies_four_consumers_one_effect() {
     let running: Vec<_> = (0..4)
         .map(|_| {
             let work = counting(Arc::clone(&effects), Duration::from_millis(5));
-            start_rabbit(&conn, processor(engine.clone(), default_keys(), fast(8, 8), work), &q)
+            start_rabbit(
+                &conn,
+                processor(engine.clone(), default_keys(), fast(8, 8), work),
+                &q,
+            )
         })
         .collect();
     assert!(eventually(WAIT, || async { sum(&running, |s| &s.acked) == 100 }).await);
@@ -101,13 +109,20 @@ async fn two_consumers_same_id_concurrently_one_effect() {
     let running: Vec<_> = (0..2)
         .map(|_| {
             let work = counting(Arc::clone(&effects), pause);
-            start_rabbit(&conn, processor(engine.clone(), default_keys(), fast(1, 1), work), &q)
+            start_rabbit(
+                &conn,
+                processor(engine.clone(), default_keys(), fast(1, 1), work),
+                &q,
+            )
         })
         .collect();
     publish_with_id(&conn, &q, "pay-7", "pay-7", 2).await;
     assert!(eventually(WAIT, || async { sum(&running, |s| &s.acked) == 2 }).await);
     assert_eq!(effects.load(Ordering::SeqCst), 1);
-    assert!(sum(&running, |s| &s.in_flight) >= 1, "the second copy met the first in flight");
+    assert!(
+        sum(&running, |s| &s.in_flight) >= 1,
+        "the second copy met the first in flight"
+    );
     assert_eq!(sum(&running, |s| &s.replayed), 1);
     for r in running {
         r.stop().await;
@@ -130,12 +145,20 @@ async fn poison_message_dead_lettered_others_flow() {
         let ch = c2.create_channel().await.unwrap();
         ch.basic_qos(1, BasicQosOptions::default()).await.unwrap();
         let mut consumer = ch
-            .basic_consume(q2.as_str().into(), "".into(), BasicConsumeOptions::default(), FieldTable::default())
+            .basic_consume(
+                q2.as_str().into(),
+                "".into(),
+                BasicConsumeOptions::default(),
+                FieldTable::default(),
+            )
             .await
             .unwrap();
         while let Some(Ok(d)) = consumer.next().await {
             if d.data == b"poison" {
-                let requeue = BasicNackOptions { requeue: true, ..Default::default() };
+                let requeue = BasicNackOptions {
+                    requeue: true,
+                    ..Default::default()
+                };
                 d.nack(requeue).await.unwrap();
             } else {
                 p.fetch_add(1, Ordering::SeqCst);
@@ -143,17 +166,26 @@ async fn poison_message_dead_lettered_others_flow() {
             }
         }
     });
-    let flowed =
-        eventually(Duration::from_secs(2), || async { plain_ok.load(Ordering::SeqCst) == 5 }).await;
+    let flowed = eventually(Duration::from_secs(2), || async {
+        plain_ok.load(Ordering::SeqCst) == 5
+    })
+    .await;
     plain_task.abort();
-    assert!(!flowed, "unguarded: the others should starve behind the requeued poison message");
+    assert!(
+        !flowed,
+        "unguarded: the others should starve behind the requeued poison message"
+    );
 
     let q = queue(&conn, "poison").await;
     let engine = redis_engine(&q).await;
     let ok = Arc::new(AtomicU64::new(0));
     let attempts = Arc::new(AtomicU64::new(0));
     let work = poison_aware(Arc::clone(&ok), Arc::clone(&attempts));
-    let running = start_rabbit(&conn, processor(engine.clone(), default_keys(), fast(1, 1), work), &q);
+    let running = start_rabbit(
+        &conn,
+        processor(engine.clone(), default_keys(), fast(1, 1), work),
+        &q,
+    );
     publish_each(&conn, &q, &ids).await;
     let dead = format!("{q}.dead");
     assert!(
@@ -164,11 +196,18 @@ async fn poison_message_dead_lettered_others_flow() {
     );
     assert_eq!(attempts.load(Ordering::SeqCst), 3, "max_attempts = 3");
     assert_eq!(Stats::get(&running.stats().dead_lettered), 1);
-    assert_eq!(state_of(&engine, "poison").await, Some(StateKind::Unknown), "kept for an operator");
+    assert_eq!(
+        state_of(&engine, "poison").await,
+        Some(StateKind::Unknown),
+        "kept for an operator"
+    );
     // The dead letter says why.
     let ch = conn.create_channel().await.unwrap();
     let got = ch
-        .basic_get(dead.as_str().into(), lapin::options::BasicGetOptions::default())
+        .basic_get(
+            dead.as_str().into(),
+            lapin::options::BasicGetOptions::default(),
+        )
         .await
         .unwrap()
         .expect("dead letter");
@@ -188,7 +227,11 @@ async fn mismatch_and_missing_key_are_dead_lettered() {
     let effects = Arc::new(AtomicU64::new(0));
     let engine = redis_engine(&q).await;
     let work = counting(Arc::clone(&effects), Duration::ZERO);
-    let running = start_rabbit(&conn, processor(engine, default_keys(), fast(1, 1), work), &q);
+    let running = start_rabbit(
+        &conn,
+        processor(engine, default_keys(), fast(1, 1), work),
+        &q,
+    );
     publish_with_id(&conn, &q, "order-9", "amount=100", 1).await;
     publish_with_id(&conn, &q, "order-9", "amount=200", 1).await;
     let ch = conn.create_channel().await.unwrap();
@@ -275,12 +318,20 @@ async fn shutdown_finishes_in_flight_and_acks() {
     let effects = Arc::new(AtomicU64::new(0));
     let engine = redis_engine(&q).await;
     let work = counting(Arc::clone(&effects), Duration::from_millis(500));
-    let running = start_rabbit(&conn, processor(engine, default_keys(), fast(1, 1), work), &q);
+    let running = start_rabbit(
+        &conn,
+        processor(engine, default_keys(), fast(1, 1), work),
+        &q,
+    );
     publish_each(&conn, &q, &["s-1", "s-2"]).await;
     tokio::time::sleep(Duration::from_millis(200)).await;
     let stats = Arc::clone(running.stats());
     running.stop().await;
-    assert_eq!(effects.load(Ordering::SeqCst), 1, "the one in progress finished");
+    assert_eq!(
+        effects.load(Ordering::SeqCst),
+        1,
+        "the one in progress finished"
+    );
     assert_eq!(Stats::get(&stats.acked), 1, "and was acknowledged");
     assert!(
         eventually(WAIT, || async { queue_ready(&conn, &q).await == 1 }).await,
@@ -313,13 +364,25 @@ async fn child_consumer() {
         }
         // idem, same transaction: dies after the commit, before the ack.
         "idem_after_commit" => {
-            let consumer = RabbitConsumer::new(args.processor(&pool, default_keys(), args.after_commit()), args.source.as_str());
-            consumer.run(&conn, futures::future::pending()).await.unwrap();
+            let consumer = RabbitConsumer::new(
+                args.processor(&pool, default_keys(), args.after_commit()),
+                args.source.as_str(),
+            );
+            consumer
+                .run(&conn, futures::future::pending())
+                .await
+                .unwrap();
         }
         // idem, same transaction: dies after the write, before the commit.
         "idem_before_commit" => {
-            let consumer = RabbitConsumer::new(args.processor(&pool, default_keys(), args.before_commit()), args.source.as_str());
-            consumer.run(&conn, futures::future::pending()).await.unwrap();
+            let consumer = RabbitConsumer::new(
+                args.processor(&pool, default_keys(), args.before_commit()),
+                args.source.as_str(),
+            );
+            consumer
+                .run(&conn, futures::future::pending())
+                .await
+                .unwrap();
         }
         other => panic!("unknown child mode {other}"),
     }
@@ -332,7 +395,12 @@ async fn first_delivery(
 ) -> (lapin::Channel, lapin::message::Delivery) {
     let ch = conn.create_channel().await.unwrap();
     let mut c = ch
-        .basic_consume(queue.into(), "".into(), BasicConsumeOptions::default(), FieldTable::default())
+        .basic_consume(
+            queue.into(),
+            "".into(),
+            BasicConsumeOptions::default(),
+            FieldTable::default(),
+        )
         .await
         .unwrap();
     let d = c.next().await.unwrap().unwrap();
@@ -348,7 +416,12 @@ async fn one_message(conn: &Connection, what: &str, order: &str) -> (String, Led
 
 /// The idem consumer (same transaction) in this process, after the child died.
 async fn guarded(conn: &Arc<Connection>, ledger: &Ledger, q: &str) -> Running {
-    let p = processor(ledger.engine().await, default_keys(), fast(1, 1), ledger.in_tx());
+    let p = processor(
+        ledger.engine().await,
+        default_keys(),
+        fast(1, 1),
+        ledger.in_tx(),
+    );
     start_rabbit(conn, p, q)
 }
 
@@ -360,16 +433,22 @@ async fn killed_after_commit_before_ack_redelivery_skipped() {
 
     let (plain_q, plain) = one_message(&conn, "kill_after_plain", "order-5").await;
     run_child_until_point("plain_after_effect", &plain_q, &plain).await;
-    assert_eq!(plain.rows().await, 1, "the child credited before it was killed");
+    assert_eq!(
+        plain.rows().await,
+        1,
+        "the child credited before it was killed"
+    );
     let (pl, pool) = (plain.ledger.clone(), plain.pool.clone());
     let t = unguarded::rabbit(&conn, &plain_q, 1, false, move |data| {
         let (pl, pool) = (pl.clone(), pool.clone());
         async move {
-            sqlx::query(&format!("INSERT INTO {pl} (order_id, amount) VALUES ($1, 100)"))
-                .bind(String::from_utf8_lossy(&data).into_owned())
-                .execute(&pool)
-                .await
-                .unwrap();
+            sqlx::query(&format!(
+                "INSERT INTO {pl} (order_id, amount) VALUES ($1, 100)"
+            ))
+            .bind(String::from_utf8_lossy(&data).into_owned())
+            .execute(&pool)
+            .await
+            .unwrap();
         }
     });
     assert!(
@@ -381,10 +460,18 @@ async fn killed_after_commit_before_ack_redelivery_skipped() {
 
     let (q, ledger) = one_message(&conn, "kill_after", "order-5").await;
     run_child_until_point("idem_after_commit", &q, &ledger).await;
-    assert_eq!(ledger.rows().await, 1, "the child committed before it was killed");
+    assert_eq!(
+        ledger.rows().await,
+        1,
+        "the child committed before it was killed"
+    );
     let running = guarded(&conn, &ledger, &q).await;
     assert!(eventually(WAIT, || async { Stats::get(&running.stats().acked) == 1 }).await);
-    assert_eq!(Stats::get(&running.stats().replayed), 1, "the redelivery was skipped");
+    assert_eq!(
+        Stats::get(&running.stats().replayed),
+        1,
+        "the redelivery was skipped"
+    );
     assert_eq!(ledger.rows().await, 1);
     running.stop().await;
     ledger.drop_all().await;
@@ -401,14 +488,22 @@ async fn killed_before_commit_redelivery_runs() {
     // Nothing is left to redeliver: the acknowledged message is gone and never took effect.
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert_eq!(queue_ready(&conn, &plain_q).await, 0);
-    assert_eq!(plain.rows().await, 0, "unguarded: acked before the effect, then lost");
+    assert_eq!(
+        plain.rows().await,
+        0,
+        "unguarded: acked before the effect, then lost"
+    );
     plain.drop_all().await;
 
     let (q, ledger) = one_message(&conn, "kill_before", "order-6").await;
     run_child_until_point("idem_before_commit", &q, &ledger).await;
     let running = guarded(&conn, &ledger, &q).await;
     assert!(eventually(WAIT, || async { Stats::get(&running.stats().acked) == 1 }).await);
-    assert_eq!(Stats::get(&running.stats().executed), 1, "the redelivery ran");
+    assert_eq!(
+        Stats::get(&running.stats().executed),
+        1,
+        "the redelivery ran"
+    );
     assert_eq!(ledger.rows().await, 1);
     running.stop().await;
     ledger.drop_all().await;

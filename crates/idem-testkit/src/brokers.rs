@@ -66,9 +66,13 @@ fn expiring() -> FieldTable {
 pub async fn declare_queue(conn: &Connection, queue: &str) {
     let ch = conn.create_channel().await.unwrap();
     for q in [queue.to_owned(), format!("{queue}.dead")] {
-        ch.queue_declare(q.as_str().into(), QueueDeclareOptions::default(), expiring())
-            .await
-            .unwrap();
+        ch.queue_declare(
+            q.as_str().into(),
+            QueueDeclareOptions::default(),
+            expiring(),
+        )
+        .await
+        .unwrap();
     }
     let _ = ch.close(200, "declared".into()).await;
 }
@@ -90,7 +94,13 @@ pub async fn queue_ready(conn: &Connection, queue: &str) -> u32 {
 
 /// Publishes `payload` to `queue` (default exchange) `times` times with AMQP message id `id`,
 /// persistent, each confirmed by the broker.
-pub async fn publish_with_id(conn: &Connection, queue: &str, id: &str, payload: &str, times: usize) {
+pub async fn publish_with_id(
+    conn: &Connection,
+    queue: &str,
+    id: &str,
+    payload: &str,
+    times: usize,
+) {
     let ch = conn.create_channel().await.unwrap();
     ch.confirm_select(ConfirmSelectOptions::default())
         .await
@@ -217,7 +227,12 @@ impl JsStream {
 
     /// Messages the stream holds on `subject` (for instance [`JsStream::dead`]).
     pub async fn count_on(&self, subject: &str) -> usize {
-        let mut info = self.stream().await.info_with_subjects(subject).await.unwrap();
+        let mut info = self
+            .stream()
+            .await
+            .info_with_subjects(subject)
+            .await
+            .unwrap();
         let mut n = 0;
         while let Some((s, count)) = info.try_next().await.unwrap() {
             if s == subject {

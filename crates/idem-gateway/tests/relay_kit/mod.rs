@@ -81,7 +81,11 @@ impl Relay {
 
     /// Log lines containing `needle`.
     pub fn logged(&self, needle: &str) -> usize {
-        self.stderr.lock().iter().filter(|l| l.contains(needle)).count()
+        self.stderr
+            .lock()
+            .iter()
+            .filter(|l| l.contains(needle))
+            .count()
     }
 
     /// The whole log, for failure messages.

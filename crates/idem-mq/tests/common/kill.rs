@@ -52,7 +52,12 @@ impl ChildArgs {
         work: W,
     ) -> Processor<PgStore, W> {
         let store = PgStore::with_table(pool.clone(), &self.records).unwrap();
-        processor(Engine::new(store, Policy::default()), keys, fast(1, 1), work)
+        processor(
+            Engine::new(store, Policy::default()),
+            keys,
+            fast(1, 1),
+            work,
+        )
     }
 
     /// Credits the ledger in the inbox's transaction, then (the commit done) hangs before

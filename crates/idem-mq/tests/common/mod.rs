@@ -86,7 +86,12 @@ pub fn processor<S: Store, W: Work<S>>(
 /// The state of `key`'s record in scope `orders.paid`, if there is one.
 pub async fn state_of<S: Store>(engine: &Engine<S>, key: &str) -> Option<idem_core::StateKind> {
     let key = idem_core::ScopedKey::new(scope("orders.paid"), idem_core::Key::new(key).unwrap());
-    engine.store().get(&key).await.unwrap().map(|r| r.state.kind())
+    engine
+        .store()
+        .get(&key)
+        .await
+        .unwrap()
+        .map(|r| r.state.kind())
 }
 
 /// A consumer running in a task of this process.
@@ -131,10 +136,7 @@ pub fn start_rabbit<S: Store, W: Work<S>>(
 
 /// Runs `processor` on the stream's `work` consumer until stopped; dead letters go to the
 /// stream's dead subject.
-pub async fn start_nats<S: Store, W: Work<S>>(
-    f: &JsStream,
-    processor: Processor<S, W>,
-) -> Running {
+pub async fn start_nats<S: Store, W: Work<S>>(f: &JsStream, processor: Processor<S, W>) -> Running {
     let consumer = NatsConsumer::new(processor, f.dead());
     let stats = Arc::clone(consumer.processor().stats());
     let (stop, stopped) = oneshot::channel::<()>();

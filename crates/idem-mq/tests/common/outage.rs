@@ -52,41 +52,83 @@ pub async fn store_outage<B: Broker>(broker: &B) {
         let engine = redis_engine_with(&redis.url(), &name, short_lease()).await;
         setups.push((engine, source, PerKey::default()));
     }
-    let [(anyway_e, anyway_s, anyway), (unrun_e, unrun_s, unrun), (engine, source, seen)] =
-        <[_; 3]>::try_from(setups).ok().unwrap();
+    let [
+        (anyway_e, anyway_s, anyway),
+        (unrun_e, unrun_s, unrun),
+        (engine, source, seen),
+    ] = <[_; 3]>::try_from(setups).ok().unwrap();
     redis.kill();
 
     let work = PaperedOver(per_payload(&anyway), OnStoreError::RunAnyway);
-    let r = broker.start(&anyway_s, processor(anyway_e, broker.keys(), fast(4, 4), work)).await;
+    let r = broker
+        .start(
+            &anyway_s,
+            processor(anyway_e, broker.keys(), fast(4, 4), work),
+        )
+        .await;
     publish_all(broker, &anyway_s).await;
     assert!(eventually(WAIT, || async { Stats::get(&r.stats().acked) == n }).await);
     r.stop().await;
-    assert_eq!(anyway.lock().unwrap().get("m-0"), Some(&2), "run anyway: the duplicate ran twice");
+    assert_eq!(
+        anyway.lock().unwrap().get("m-0"),
+        Some(&2),
+        "run anyway: the duplicate ran twice"
+    );
     broker.cleanup(anyway_s).await;
 
     let work = PaperedOver(per_payload(&unrun), OnStoreError::AckUnrun);
-    let r = broker.start(&unrun_s, processor(unrun_e, broker.keys(), fast(4, 4), work)).await;
+    let r = broker
+        .start(
+            &unrun_s,
+            processor(unrun_e, broker.keys(), fast(4, 4), work),
+        )
+        .await;
     publish_all(broker, &unrun_s).await;
     assert!(eventually(WAIT, || async { Stats::get(&r.stats().acked) == n }).await);
     r.stop().await;
     assert!(unrun.lock().unwrap().is_empty());
-    assert_eq!(broker.left(&unrun_s).await, 0, "ack unrun: all gone, none took effect");
+    assert_eq!(
+        broker.left(&unrun_s).await,
+        0,
+        "ack unrun: all gone, none took effect"
+    );
     broker.cleanup(unrun_s).await;
 
-    let running = broker.start(&source, processor(engine, broker.keys(), fast(4, 4), per_payload(&seen))).await;
+    let running = broker
+        .start(
+            &source,
+            processor(engine, broker.keys(), fast(4, 4), per_payload(&seen)),
+        )
+        .await;
     publish_all(broker, &source).await;
     assert!(
-        eventually(WAIT, || async { Stats::get(&running.stats().store_unavailable) >= 2 * n }).await
+        eventually(WAIT, || async {
+            Stats::get(&running.stats().store_unavailable) >= 2 * n
+        })
+        .await
     );
-    assert!(seen.lock().unwrap().is_empty(), "nothing runs while the store is down");
-    assert_eq!(Stats::get(&running.stats().acked), 0, "nothing is acknowledged");
+    assert!(
+        seen.lock().unwrap().is_empty(),
+        "nothing runs while the store is down"
+    );
+    assert_eq!(
+        Stats::get(&running.stats().acked),
+        0,
+        "nothing is acknowledged"
+    );
     redis.restart();
     // The store's connection comes back on its own reconnect schedule. A claim the server
     // applied after the client had given up on it (timed out while reconnecting) holds its key
     // until the lease runs out; then a redelivery takes it over and runs it once.
-    let recovered =
-        eventually(Duration::from_secs(60), || async { Stats::get(&running.stats().acked) >= n }).await;
-    assert!(recovered, "acked {} of {n}", Stats::get(&running.stats().acked));
+    let recovered = eventually(Duration::from_secs(60), || async {
+        Stats::get(&running.stats().acked) >= n
+    })
+    .await;
+    assert!(
+        recovered,
+        "acked {} of {n}",
+        Stats::get(&running.stats().acked)
+    );
     let seen = seen.lock().unwrap().clone();
     assert_eq!(seen.len(), 3);
     assert!(seen.values().all(|k| *k == 1), "{seen:?}");
