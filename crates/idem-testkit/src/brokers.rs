@@ -248,10 +248,10 @@ impl JsStream {
         let info = stream.cached_info();
         let mut out = Vec::new();
         for seq in info.state.first_sequence..=info.state.last_sequence {
-            if let Ok(m) = stream.get_raw_message(seq).await {
-                if m.subject.as_str() == self.dead() {
-                    out.push(m.headers);
-                }
+            if let Ok(m) = stream.get_raw_message(seq).await
+                && m.subject.as_str() == self.dead()
+            {
+                out.push(m.headers);
             }
         }
         out
