@@ -178,7 +178,11 @@ async fn redis_counters(store: &RedisStore) -> (Duration, u64, u64) {
         .filter(|(n, _)| n == "evalsha" || n == "eval")
         .map(|(_, c)| c)
         .sum();
-    let commands = all.iter().filter(|(n, _)| n != "info").map(|(_, c)| c).sum();
+    let commands = all
+        .iter()
+        .filter(|(n, _)| n != "info")
+        .map(|(_, c)| c)
+        .sum();
     (Duration::from_secs_f64(cpu), scripts, commands)
 }
 
@@ -341,11 +345,19 @@ async fn main() {
     // The same store with its claim and completion batching off (each operation its own
     // script call, pipelined on the connection), and with four batches in flight.
     let variant = |config: RedisConfig| async {
-        let s = RedisStore::connect(config.prefix(prefix.clone()).unwrap()).await.unwrap();
+        let s = RedisStore::connect(config.prefix(prefix.clone()).unwrap())
+            .await
+            .unwrap();
         Engine::new(s, Policy::default())
     };
     let unbatched = variant(RedisConfig::from_url(REDIS).unwrap().batching(false)).await;
-    let four = variant(RedisConfig::from_url(REDIS).unwrap().batches_in_flight(4).unwrap()).await;
+    let four = variant(
+        RedisConfig::from_url(REDIS)
+            .unwrap()
+            .batches_in_flight(4)
+            .unwrap(),
+    )
+    .await;
     let keys = KeySources::parse(&["header:message-id"]).unwrap();
     let scope = Scope::new("bench.consumer").unwrap();
 
