@@ -1,288 +1,131 @@
-//! `idem relay` end to end: the real binary consumes a RabbitMQ queue (its own, expiring
-//! unused) and POSTs to a test upstream that counts executions, with a Redis store under a
-//! key prefix of its own.
+//! `idem relay` end to end from RabbitMQ: the real binary consumes a queue of its own
+//! (expiring unused) and POSTs each message to an orders service that counts what it
+//! executed, with a Redis store under a prefix of its own.
 
 #![allow(clippy::unwrap_used)] // Tests may unwrap: a failure is a test failure.
 
 mod common;
+mod relay_kit;
 
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Command;
 
-use common::{TempDir, Upstream, bin};
-use idem_core::Key;
-use idem_mq::rabbitmq::RabbitPublisher;
-use lapin::options::QueueDeclareOptions;
-use lapin::types::{AMQPValue, FieldTable};
-use lapin::{Connection, ConnectionProperties};
+use common::{TempDir, bin};
+use idem_testkit::brokers::{
+    AMQP_URL, amqp, declare_queue, eventually, publish_with_id, queue_ready,
+};
+use lapin::Connection;
+use relay_kit::{Orders, Relay, WAIT, config, unique};
 
-const AMQP: &str = "amqp://guest:guest@127.0.0.1:5672/%2f";
-
-fn unique(what: &str) -> String {
-    let id = uuid::Uuid::new_v4().simple().to_string();
-    format!("relay_{what}_{}", &id[..16])
+/// A queue of its own and `idem relay` consuming it, posting to `upstream` under the route's
+/// `failure` policy.
+async fn relay_on(conn: &Connection, what: &str, upstream: &str, failure: &str) -> (String, Relay) {
+    let q = unique(what);
+    declare_queue(conn, &q).await;
+    let source = format!("broker = \"{AMQP_URL}\"\nqueue = \"{q}\"");
+    let relay = Relay::start(&config(&q, upstream, "/orders", failure, &source));
+    (q, relay)
 }
 
-struct Relay {
-    child: Child,
-    _dir: TempDir,
-    stderr: std::sync::Arc<parking_lot::Mutex<Vec<String>>>,
+async fn publish(conn: &Connection, q: &str, key: &str, times: usize) {
+    publish_with_id(conn, q, key, &format!(r#"{{"order":"{key}"}}"#), times).await;
 }
 
-impl Drop for Relay {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Relay {
-    fn start(config: &str) -> Self {
-        let dir = TempDir::new("relay");
-        let path = dir.0.join("idem.toml");
-        std::fs::write(&path, config).unwrap();
-        let mut child = Command::new(bin())
-            .arg("relay")
-            .arg("--config")
-            .arg(&path)
-            .env("RUST_LOG", "info")
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let stderr = std::sync::Arc::new(parking_lot::Mutex::new(Vec::new()));
-        let lines = std::sync::Arc::clone(&stderr);
-        let err = child.stderr.take().unwrap();
-        std::thread::spawn(move || {
-            for l in BufReader::new(err).lines().map_while(Result::ok) {
-                lines.lock().push(l);
-            }
-        });
-        let mut out = BufReader::new(child.stdout.take().unwrap());
-        let mut line = String::new();
-        loop {
-            line.clear();
-            if out.read_line(&mut line).unwrap() == 0 {
-                panic!("idem relay exited:\n{}", stderr.lock().join("\n"));
-            }
-            if line.contains("idem relay running") {
-                break;
-            }
-        }
-        std::thread::spawn(move || for _ in out.lines() {});
-        Self {
-            child,
-            _dir: dir,
-            stderr,
-        }
-    }
-
-    fn logged(&self, needle: &str) -> usize {
-        self.stderr
-            .lock()
-            .iter()
-            .filter(|l| l.contains(needle))
-            .count()
-    }
-}
-
-fn config(queue: &str, upstream: &str, path: &str, failure: &str) -> String {
-    format!(
-        r#"
-store = "redis://127.0.0.1:6379"
-store_prefix = "{queue}:"
-upstream = "{upstream}"
-
-[[routes]]
-name = "charge"
-method = "POST"
-path = "/charge"
-timeout = "1s"
-upstream_failure = "{failure}"
-principal = {{ from = "none" }}
-
-[[relay]]
-name = "orders"
-broker = "{AMQP}"
-queue = "{queue}"
-post = "{upstream}{path}"
-max_attempts = 3
-backoff = "50ms"
-prefetch = 4
-concurrency = 4
-"#
-    )
-}
-
-async fn declare(conn: &Connection, queue: &str) {
-    let ch = conn.create_channel().await.unwrap();
-    let mut args = FieldTable::default();
-    args.insert("x-expires".into(), AMQPValue::LongInt(60_000));
-    for q in [queue.to_owned(), format!("{queue}.dead")] {
-        ch.queue_declare(
-            q.as_str().into(),
-            QueueDeclareOptions::default(),
-            args.clone(),
-        )
-        .await
-        .unwrap();
-    }
-}
-
-async fn ready(conn: &Connection, queue: &str) -> u32 {
-    let ch = conn.create_channel().await.unwrap();
-    let mut args = FieldTable::default();
-    args.insert("x-expires".into(), AMQPValue::LongInt(60_000));
-    let q = ch
-        .queue_declare(
-            queue.into(),
-            QueueDeclareOptions {
-                passive: true,
-                ..QueueDeclareOptions::default()
-            },
-            args,
-        )
-        .await
-        .unwrap();
-    q.message_count()
-}
-
-async fn publish(conn: &Connection, queue: &str, key: &str, times: usize) {
-    let p = RabbitPublisher::new(conn).await.unwrap();
-    for _ in 0..times {
-        p.publish(
-            "",
-            queue,
-            &Key::new(key).unwrap(),
-            format!(r#"{{"order":"{key}"}}"#).as_bytes(),
-            FieldTable::default(),
-        )
-        .await
-        .unwrap();
-    }
-}
-
-async fn eventually<F: FnMut() -> Fut, Fut: std::future::Future<Output = bool>>(mut f: F) -> bool {
-    let until = Instant::now() + Duration::from_secs(20);
-    while Instant::now() < until {
-        if f().await {
-            return true;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    false
-}
-
-/// Five copies of one message and one other: the upstream runs twice, with the keys; the
+/// Five copies of one message and one other: the service executes each order once; the
 /// duplicates are acknowledged from the stored result, one access-log line per message.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn relay_posts_each_message_once() {
-    let upstream = Upstream::start().await;
-    let conn = Connection::connect(AMQP, ConnectionProperties::default())
-        .await
-        .unwrap();
-    let q = unique("once");
-    declare(&conn, &q).await;
+    let conn = amqp().await;
+    let (upstream, orders) = Orders::start().await;
+    let (q, relay) = relay_on(&conn, "once", &upstream, "hold").await;
     publish(&conn, &q, "order-1", 5).await;
     publish(&conn, &q, "order-2", 1).await;
-    let relay = Relay::start(&config(&q, &upstream.url(), "/charge", "hold"));
     assert!(
-        eventually(|| async { relay.logged("replayed") >= 4 && ready(&conn, &q).await == 0 }).await
-    );
-    assert_eq!(upstream.seen.count("/charge"), 2);
-    let keys: Vec<String> = upstream
-        .seen
-        .headers
-        .lock()
-        .iter()
-        .filter_map(|h| {
-            h.get("idempotency-key")
-                .and_then(|v| v.to_str().ok())
-                .map(str::to_owned)
+        eventually(WAIT, || async {
+            relay.logged("replayed") >= 4 && queue_ready(&conn, &q).await == 0
         })
-        .collect();
-    assert!(keys.contains(&"order-1".to_owned()) && keys.contains(&"order-2".to_owned()));
-    // One access-log line per message: two executions, four replays.
-    assert_eq!(
-        relay.logged("replayed"),
-        4,
+        .await,
         "{}",
-        relay.stderr.lock().join("\n")
+        relay.log()
     );
+    assert_eq!(orders.executed("order-1"), 1);
+    assert_eq!(orders.executed("order-2"), 1);
+    // One access-log line per message: two executions, four replays.
+    assert_eq!(relay.logged("replayed"), 4, "{}", relay.log());
     assert_eq!(relay.logged("executed"), 2);
 }
 
-/// An upstream that acts and then answers too late. Under `upstream_failure = "retry"` the
-/// redelivery calls it again (2 executions: what hold prevents); under `hold` the key becomes
-/// unknown, the message is dead-lettered and a redelivery does not call it again (1).
+/// An orders service that executes and then answers past the relay's timeout. Under
+/// `upstream_failure = "retry"` the redelivery executes again (what `hold` prevents). Under
+/// `hold` the key becomes unknown and the message is dead-lettered after one execution; a
+/// redelivery is dead-lettered too without calling the service; once `idem reconcile` has
+/// completed the record from the service's status webhook, a redelivery is acknowledged from
+/// the store. One execution throughout.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn relay_upstream_times_out_after_acting() {
-    let conn = Connection::connect(AMQP, ConnectionProperties::default())
-        .await
-        .unwrap();
+    let conn = amqp().await;
+    let (upstream, orders) = Orders::start().await;
 
-    let upstream = Upstream::start().await;
-    let q = unique("timeout_retry");
-    declare(&conn, &q).await;
-    let relay = Relay::start(&config(
-        &q,
-        &upstream.url(),
-        "/charge?delay_ms=1500",
-        "retry",
-    ));
-    publish(&conn, &q, "order-3", 1).await;
+    let (q, relay) = relay_on(&conn, "timeout_retry", &upstream, "retry").await;
+    publish(&conn, &q, "slow-a", 1).await;
     assert!(
-        eventually(|| async { upstream.seen.total() >= 2 }).await,
-        "retry: the upstream ran again\n{}",
-        relay.stderr.lock().join("\n")
+        eventually(WAIT, || async { orders.executed("slow-a") >= 2 }).await,
+        "retry: the redelivery executes again\n{}",
+        relay.log()
     );
     drop(relay);
 
-    let upstream = Upstream::start().await;
-    let q = unique("timeout_hold");
-    declare(&conn, &q).await;
-    let relay = Relay::start(&config(
-        &q,
-        &upstream.url(),
-        "/charge?delay_ms=1500",
-        "hold",
-    ));
-    publish(&conn, &q, "order-3", 1).await;
+    let (q, relay) = relay_on(&conn, "timeout_hold", &upstream, "hold").await;
     let dead = format!("{q}.dead");
-    assert!(eventually(|| async { ready(&conn, &dead).await == 1 }).await);
-    publish(&conn, &q, "order-3", 1).await;
-    assert!(eventually(|| async { ready(&conn, &dead).await == 2 }).await);
-    assert_eq!(upstream.seen.total(), 1, "hold: the upstream acted once");
-    drop(relay);
+    publish(&conn, &q, "slow-b", 1).await;
+    assert!(eventually(WAIT, || async { queue_ready(&conn, &dead).await == 1 }).await);
+    publish(&conn, &q, "slow-b", 1).await;
+    assert!(eventually(WAIT, || async { queue_ready(&conn, &dead).await == 2 }).await);
+    assert_eq!(
+        orders.calls("slow-b"),
+        1,
+        "hold: the redelivery did not call the service"
+    );
+
+    let (code, out) = relay.reconcile();
+    assert_eq!(code, 0, "{out}");
+    publish(&conn, &q, "slow-b", 1).await;
+    assert!(
+        eventually(WAIT, || async {
+            relay.logged("replayed") == 1 && queue_ready(&conn, &q).await == 0
+        })
+        .await,
+        "{}",
+        relay.log()
+    );
+    assert_eq!(orders.executed("slow-b"), 1, "hold: executed once");
+    assert_eq!(orders.calls("slow-b"), 1);
+    assert_eq!(queue_ready(&conn, &dead).await, 2);
 }
 
-/// A 4xx other than 408/409/429 dead-letters at once; a 503 is retried up to `max_attempts`
-/// and then dead-lettered.
+/// A 4xx other than 408/409/429 dead-letters at once; a 503 is redelivered and succeeds once
+/// on the next attempt; a service that keeps answering 503 is called `max_attempts` times,
+/// then the message is dead-lettered.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn relay_client_errors_dead_letter_and_server_errors_retry() {
-    let conn = Connection::connect(AMQP, ConnectionProperties::default())
-        .await
-        .unwrap();
-    let upstream = Upstream::start().await;
-    let q = unique("status");
-    declare(&conn, &q).await;
-    let relay = Relay::start(&config(&q, &upstream.url(), "/charge/status/422", "hold"));
-    publish(&conn, &q, "order-4", 1).await;
+    let conn = amqp().await;
+    let (upstream, orders) = Orders::start().await;
+    let (q, relay) = relay_on(&conn, "status", &upstream, "hold").await;
     let dead = format!("{q}.dead");
-    assert!(eventually(|| async { ready(&conn, &dead).await == 1 }).await);
-    assert_eq!(upstream.seen.total(), 1);
-    drop(relay);
-
-    let upstream = Upstream::start().await;
-    let q = unique("status503");
-    declare(&conn, &q).await;
-    let relay = Relay::start(&config(&q, &upstream.url(), "/charge/status/503", "hold"));
-    publish(&conn, &q, "order-5", 1).await;
-    let dead = format!("{q}.dead");
-    assert!(eventually(|| async { ready(&conn, &dead).await == 1 }).await);
-    assert_eq!(upstream.seen.total(), 3, "max_attempts = 3");
+    publish(&conn, &q, "reject-1", 1).await;
+    publish(&conn, &q, "flaky-1", 1).await;
+    publish(&conn, &q, "down-1", 1).await;
+    assert!(
+        eventually(WAIT, || async {
+            queue_ready(&conn, &dead).await == 2 && orders.executed("flaky-1") == 1
+        })
+        .await,
+        "{}",
+        relay.log()
+    );
+    assert_eq!(orders.calls("reject-1"), 1, "not retried");
+    assert_eq!(orders.calls("flaky-1"), 2, "503, then 201");
+    assert_eq!(orders.calls("down-1"), 3, "max_attempts = 3");
+    assert_eq!(orders.total(), 1);
     drop(relay);
 }
 
@@ -291,11 +134,9 @@ async fn relay_client_errors_dead_letter_and_server_errors_retry() {
 fn check_config_shows_relays() {
     let dir = TempDir::new("relaycfg");
     let path = dir.0.join("idem.toml");
-    std::fs::write(
-        &path,
-        config("orders_q", "http://127.0.0.1:9", "/charge", "hold"),
-    )
-    .unwrap();
+    let source = format!("broker = \"{AMQP_URL}\"\nqueue = \"orders_q\"");
+    let good = config("orders_q", "http://127.0.0.1:9", "/orders", "hold", &source);
+    std::fs::write(&path, &good).unwrap();
     let out = Command::new(bin())
         .args(["check-config", "--config"])
         .arg(&path)
@@ -304,17 +145,15 @@ fn check_config_shows_relays() {
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{text}");
     assert!(
-        text.contains("orders: RabbitMQ queue `orders_q` -> POST http://127.0.0.1:9/charge"),
+        text.contains("orders: RabbitMQ queue `orders_q` -> POST http://127.0.0.1:9/orders"),
         "{text}"
     );
     assert!(
-        text.contains("key: the message id; route `charge`"),
+        text.contains("key: the message id; route `orders`"),
         "{text}"
     );
 
-    let broken = config("orders_q", "http://127.0.0.1:9", "/charge", "hold")
-        .replace("queue = \"orders_q\"\n", "");
-    std::fs::write(&path, broken).unwrap();
+    std::fs::write(&path, good.replace("queue = \"orders_q\"\n", "")).unwrap();
     let out = Command::new(bin())
         .args(["check-config", "--config"])
         .arg(&path)

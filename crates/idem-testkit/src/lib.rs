@@ -49,6 +49,8 @@
 //! The guide is `docs/testkit.md`.
 
 pub mod broken;
+#[cfg(feature = "brokers")]
+pub mod brokers;
 mod ctx;
 pub mod doubles;
 pub mod fault_proxy;

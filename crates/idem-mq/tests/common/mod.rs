@@ -1,28 +1,41 @@
-//! Shared by the broker tests: connections to the local servers, unique names, stores, a
-//! PostgreSQL ledger, a private `redis-server`, and waiting for a condition.
+//! Shared by the broker tests: the broker fixtures (from idem-testkit), stores, a PostgreSQL
+//! ledger, a private `redis-server`, a consumer running in the background, counting handlers,
+//! the consumers without idem that each fault test first shows failing, and the child
+//! processes the kill tests SIGKILL.
 #![allow(dead_code, unreachable_pub, missing_docs, clippy::unwrap_used)]
 
-use std::future::Future;
-use std::net::TcpListener;
+pub mod kill;
+pub mod outage;
+pub mod unguarded;
+
 use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use futures::future::BoxFuture;
-use idem_core::{Engine, Policy, Scope};
-use idem_mq::{ConsumerConfig, HandlerError, Message};
+use idem_core::{Engine, Policy, Scope, Store};
+use idem_mq::nats::NatsConsumer;
+use idem_mq::rabbitmq::RabbitConsumer;
+use idem_mq::{ConsumerConfig, Handled, HandlerError, InTx, Message, Processor, Stats, Work};
 use idem_redis::{RedisConfig, RedisStore};
 use idem_sql::PgStore;
+#[allow(unused_imports)] // Each test file uses its broker's.
+pub use idem_testkit::brokers::{
+    JsStream, amqp, declare_queue, eventually, publish_with_id, queue_ready,
+};
 use sqlx::{PgPool, Postgres, Transaction};
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
 
-pub const AMQP_URL: &str = "amqp://guest:guest@127.0.0.1:5672/%2f";
-pub const NATS_URL: &str = "127.0.0.1:4222";
 pub const PG_URL: &str = "postgres://postgres@127.0.0.1:5432/test";
 pub const REDIS_URL: &str = "redis://127.0.0.1:6379";
+/// How long a test waits for what it expects.
+pub const WAIT: Duration = Duration::from_secs(20);
 
 /// A name no other test (or run) uses.
 pub fn unique(what: &str) -> String {
-    let id = uuid::Uuid::new_v4().simple().to_string();
-    format!("mq_{what}_{}", &id[..16])
+    idem_testkit::brokers::unique("mq", what)
 }
 
 /// Short delays so a test takes seconds.
@@ -48,12 +61,134 @@ pub async fn redis_engine(prefix: &str) -> Engine<RedisStore> {
 }
 
 pub async fn redis_engine_at(url: &str, prefix: &str) -> Engine<RedisStore> {
+    redis_engine_with(url, prefix, Policy::default()).await
+}
+
+pub async fn redis_engine_with(url: &str, prefix: &str, policy: Policy) -> Engine<RedisStore> {
     let config = RedisConfig::from_url(url)
         .unwrap()
         .prefix(format!("{prefix}:"))
         .unwrap();
     let store = RedisStore::connect(config).await.unwrap();
-    Engine::new(store, Policy::default())
+    Engine::new(store, policy)
+}
+
+/// A processor in scope `orders.paid` with the given key sources.
+pub fn processor<S: Store, W: Work<S>>(
+    engine: Engine<S>,
+    keys: idem_core::key_source::KeySources,
+    config: ConsumerConfig,
+    work: W,
+) -> Processor<S, W> {
+    Processor::new(engine, scope("orders.paid"), keys, config, work)
+}
+
+/// The state of `key`'s record in scope `orders.paid`, if there is one.
+pub async fn state_of<S: Store>(engine: &Engine<S>, key: &str) -> Option<idem_core::StateKind> {
+    let key = idem_core::ScopedKey::new(scope("orders.paid"), idem_core::Key::new(key).unwrap());
+    engine
+        .store()
+        .get(&key)
+        .await
+        .unwrap()
+        .map(|r| r.state.kind())
+}
+
+/// A consumer running in a task of this process.
+pub struct Running {
+    stats: Arc<Stats>,
+    stop: oneshot::Sender<()>,
+    task: JoinHandle<()>,
+}
+
+impl Running {
+    pub fn stats(&self) -> &Arc<Stats> {
+        &self.stats
+    }
+
+    /// Graceful shutdown: finishes what is in progress.
+    pub async fn stop(self) {
+        let _ = self.stop.send(());
+        self.task.await.unwrap();
+    }
+}
+
+/// Runs `processor` on `queue` until stopped.
+pub fn start_rabbit<S: Store, W: Work<S>>(
+    conn: &Arc<lapin::Connection>,
+    processor: Processor<S, W>,
+    queue: &str,
+) -> Running {
+    let consumer = RabbitConsumer::new(processor, queue);
+    let stats = Arc::clone(consumer.processor().stats());
+    let (stop, stopped) = oneshot::channel::<()>();
+    let conn = Arc::clone(conn);
+    let task = tokio::spawn(async move {
+        consumer
+            .run(&conn, async move {
+                let _ = stopped.await;
+            })
+            .await
+            .unwrap();
+    });
+    Running { stats, stop, task }
+}
+
+/// Runs `processor` on the stream's `work` consumer until stopped; dead letters go to the
+/// stream's dead subject.
+pub async fn start_nats<S: Store, W: Work<S>>(f: &JsStream, processor: Processor<S, W>) -> Running {
+    let consumer = NatsConsumer::new(processor, f.dead());
+    let stats = Arc::clone(consumer.processor().stats());
+    let (stop, stopped) = oneshot::channel::<()>();
+    let js = f.js.clone();
+    let pull = f.consumer().await;
+    let task = tokio::spawn(async move {
+        consumer
+            .run(&js, &pull, async move {
+                let _ = stopped.await;
+            })
+            .await
+            .unwrap();
+    });
+    Running { stats, stop, task }
+}
+
+/// The sum of one counter over several consumers.
+pub fn sum(running: &[Running], f: impl Fn(&Stats) -> &AtomicU64) -> u64 {
+    running.iter().map(|r| Stats::get(f(r.stats()))).sum()
+}
+
+/// A boxed message handler, as `Handled` takes it.
+pub type BoxHandler =
+    Box<dyn Fn(Message) -> BoxFuture<'static, Result<(), HandlerError>> + Send + Sync>;
+
+/// Counts each run in `count` after `pause`.
+pub fn counting(count: Arc<AtomicU64>, pause: Duration) -> Handled<BoxHandler> {
+    Handled(Box::new(move |_m: Message| {
+        let count = Arc::clone(&count);
+        Box::pin(async move {
+            tokio::time::sleep(pause).await;
+            count.fetch_add(1, Ordering::SeqCst);
+            Ok(())
+        })
+    }))
+}
+
+/// Fails every run of the payload `poison` (retryable), counting it in `attempts`; counts
+/// every other run in `ok`.
+pub fn poison_aware(ok: Arc<AtomicU64>, attempts: Arc<AtomicU64>) -> Handled<BoxHandler> {
+    Handled(Box::new(move |m: Message| {
+        let (ok, attempts) = (Arc::clone(&ok), Arc::clone(&attempts));
+        Box::pin(async move {
+            if m.payload().as_ref() == b"poison" {
+                attempts.fetch_add(1, Ordering::SeqCst);
+                Err(HandlerError::Retry("cannot parse".into()))
+            } else {
+                ok.fetch_add(1, Ordering::SeqCst);
+                Ok(())
+            }
+        })
+    }))
 }
 
 /// The records' table and the ledger the handlers credit, both unique to the test.
@@ -73,11 +208,13 @@ impl Ledger {
         .execute(&pool)
         .await
         .unwrap();
-        Self {
+        let me = Self {
             pool,
             records: unique("rec"),
             ledger,
-        }
+        };
+        me.store().await; // migrated before any child process uses the table
+        me
     }
 
     pub async fn store(&self) -> PgStore {
@@ -86,11 +223,36 @@ impl Ledger {
         store
     }
 
+    pub async fn engine(&self) -> Engine<PgStore> {
+        Engine::new(self.store().await, Policy::default())
+    }
+
     pub async fn rows(&self) -> i64 {
         sqlx::query_scalar(&format!("SELECT count(*) FROM {}", self.ledger))
             .fetch_one(&self.pool)
             .await
             .unwrap()
+    }
+
+    /// Credits `payload` outside any inbox: what a consumer without idem does.
+    pub async fn credit_plain(&self, payload: &[u8]) {
+        sqlx::query(&format!(
+            "INSERT INTO {} (order_id, amount) VALUES ($1, 100)",
+            self.ledger
+        ))
+        .bind(String::from_utf8_lossy(payload).into_owned())
+        .execute(&self.pool)
+        .await
+        .unwrap();
+    }
+
+    /// Same-transaction work: one ledger row per message, in the inbox's transaction.
+    pub fn in_tx(&self) -> InTx<PgStore> {
+        let l = self.ledger.clone();
+        InTx::new(tx_handler(move |tx, m| {
+            let l = l.clone();
+            Box::pin(async move { credit(tx, &l, m).await })
+        }))
     }
 
     pub async fn drop_all(&self) {
@@ -102,7 +264,7 @@ impl Ledger {
     }
 }
 
-/// Inserts one ledger row for the message's `order` field (or its payload) on `tx`.
+/// Inserts one ledger row for the message's payload on `tx`.
 pub async fn credit(
     tx: &mut Transaction<'static, Postgres>,
     ledger: &str,
@@ -133,33 +295,8 @@ where
     f
 }
 
-/// Waits until `check` holds, for at most `limit`; returns whether it did.
-pub async fn eventually<F, Fut>(limit: Duration, mut check: F) -> bool
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = bool>,
-{
-    let until = Instant::now() + limit;
-    loop {
-        if check().await {
-            return true;
-        }
-        if Instant::now() >= until {
-            return false;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
-fn spare_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-/// A private `redis-server` (no persistence) on a spare loopback port; killed on drop.
+/// A private `redis-server` (no persistence) on a spare loopback port that can be stopped
+/// and started again on the same port (empty); killed on drop.
 pub struct PrivateRedis {
     pub port: u16,
     child: Option<Child>,
@@ -168,7 +305,7 @@ pub struct PrivateRedis {
 impl PrivateRedis {
     pub fn start() -> Self {
         let mut me = Self {
-            port: spare_port(),
+            port: idem_testkit::redis_server::spare_port(),
             child: None,
         };
         me.restart();
@@ -181,17 +318,10 @@ impl PrivateRedis {
 
     /// Starts it again on the same port (empty).
     pub fn restart(&mut self) {
+        let port = self.port.to_string();
         let child = Command::new("redis-server")
-            .args([
-                "--port",
-                &self.port.to_string(),
-                "--bind",
-                "127.0.0.1",
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-            ])
+            .args(["--port", &port, "--bind", "127.0.0.1"])
+            .args(["--save", "", "--appendonly", "no"])
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
@@ -216,4 +346,20 @@ impl Drop for PrivateRedis {
     fn drop(&mut self) {
         self.kill();
     }
+}
+
+/// Runs per payload, shared with the test.
+pub type PerKey = Arc<std::sync::Mutex<std::collections::HashMap<String, u32>>>;
+
+/// Counts each run per payload in `seen`.
+pub fn per_payload(seen: &PerKey) -> Handled<BoxHandler> {
+    let seen = Arc::clone(seen);
+    Handled(Box::new(move |m: Message| {
+        let seen = Arc::clone(&seen);
+        Box::pin(async move {
+            let k = String::from_utf8_lossy(m.payload()).into_owned();
+            *seen.lock().unwrap().entry(k).or_default() += 1;
+            Ok(())
+        })
+    }))
 }
