@@ -15,14 +15,15 @@
 //! an unknown outcome (`OUTCOME_UNKNOWN`) stops it, and a store outage (`STORE_UNAVAILABLE`
 //! with a `RetryInfo`) is waited out and the charge runs once.
 
+mod cleanup;
 mod common;
 
 use std::net::SocketAddr;
-use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use cleanup::StoreGuard;
 use common::{Gateway, ci, reachable};
 use idem_client::grpc::{GrpcRetry, GrpcRetryLayer};
 use idem_client::{ClientError, GatewayStatus, Jitter, RetryPolicy};
@@ -90,46 +91,6 @@ enum StoreKind {
     Memory,
     Redis,
     Postgres,
-}
-
-/// Removes the store's records when dropped: the Redis keys under the test's prefix, the
-/// PostgreSQL table.
-enum StoreGuard {
-    Nothing,
-    Redis(String),
-    Postgres(String),
-}
-
-impl Drop for StoreGuard {
-    fn drop(&mut self) {
-        let mut cmd = match self {
-            Self::Nothing => return,
-            Self::Redis(prefix) => {
-                let mut c = Command::new("redis-cli");
-                c.args(["-h", "127.0.0.1", "-p", "6379", "EVAL"])
-                    .arg("for _, k in ipairs(redis.call('KEYS', ARGV[1])) do redis.call('DEL', k) end")
-                    .arg("0")
-                    .arg(format!("{prefix}*"));
-                c
-            }
-            Self::Postgres(table) => {
-                let mut c = Command::new("psql");
-                c.args([
-                    "-h",
-                    "127.0.0.1",
-                    "-U",
-                    "postgres",
-                    "-d",
-                    "test",
-                    "-q",
-                    "-c",
-                ])
-                .arg(format!("DROP TABLE IF EXISTS {table}, {table}_audit"));
-                c
-            }
-        };
-        let _ = cmd.stdout(Stdio::null()).stderr(Stdio::null()).status();
-    }
 }
 
 async fn service_up(addr: &str, name: &str) -> bool {
