@@ -33,6 +33,9 @@ use idem_http::PROBLEM_BASE;
 
 use crate::proxy::{self, ResBody};
 
+/// The most of a problem body read to answer it in gRPC's terms.
+const PROBLEM_CAP: usize = 64 * 1024;
+
 /// Whether `headers` (a request's or a response's) are gRPC's (`application/grpc`,
 /// `application/grpc+proto`, …).
 pub fn is_grpc(headers: &HeaderMap) -> bool {
@@ -154,8 +157,7 @@ fn code_for(status: StatusCode) -> Code {
         403 => Code::PermissionDenied,
         404 | 405 => Code::Unimplemented,
         409 | 410 | 412 | 422 | 428 => Code::FailedPrecondition,
-        413 => Code::ResourceExhausted,
-        429 => Code::ResourceExhausted,
+        413 | 429 => Code::ResourceExhausted,
         502 | 503 => Code::Unavailable,
         504 => Code::DeadlineExceeded,
         _ => Code::Unknown,
@@ -211,12 +213,9 @@ pub async fn refusal(res: Response<ResBody>) -> Response<ResBody> {
         return res;
     }
     let (mut head, body) = res.into_parts();
-    // The gateway's problems are small bodies it holds.
-    let text = body
-        .collect()
-        .await
-        .map(|c| c.to_bytes())
-        .unwrap_or_default();
+    // The gateway's problems are small bodies it holds; an upstream's is read up to a cap
+    // (past it, the answer is a status without its detail).
+    let text = read_capped(body, PROBLEM_CAP).await;
     let json: serde_json::Value = serde_json::from_slice(&text).unwrap_or_default();
     let retry_after = head
         .headers
@@ -232,6 +231,23 @@ pub async fn refusal(res: Response<ResBody>) -> Response<ResBody> {
     }
     let empty = idem_http::ResponseBody::<proxy::UpstreamBody>::full(Bytes::new());
     Response::from_parts(head, empty.boxed_unsync())
+}
+
+/// The body's data, or nothing when it fails or holds more than `cap` bytes.
+async fn read_capped(mut body: ResBody, cap: usize) -> Vec<u8> {
+    let mut text = Vec::new();
+    while let Some(frame) = body.frame().await {
+        let Ok(frame) = frame else {
+            return Vec::new();
+        };
+        if let Ok(data) = frame.into_data() {
+            if text.len() + data.len() > cap {
+                return Vec::new();
+            }
+            text.extend_from_slice(&data);
+        }
+    }
+    text
 }
 
 #[cfg(test)]
@@ -352,6 +368,20 @@ mod tests {
             (Code::FailedPrecondition, "Out of stock")
         );
         assert_eq!(LayerDetails::of(&s), None);
+
+        // An oversized problem is not read whole: the status keeps its code, not its text.
+        let huge = format!(r#"{{"title":"{}"}}"#, "x".repeat(PROBLEM_CAP));
+        let res = Response::builder()
+            .status(StatusCode::SERVICE_UNAVAILABLE)
+            .header(header::CONTENT_TYPE, "application/problem+json")
+            .body(
+                idem_http::ResponseBody::<proxy::UpstreamBody>::full(Bytes::from(huge))
+                    .boxed_unsync(),
+            )
+            .expect("response");
+        let (head, _) = refusal(res).await.into_parts();
+        let s = tonic::Status::from_header_map(&head.headers).expect("grpc-status");
+        assert_eq!((s.code(), s.message()), (Code::Unavailable, ""));
 
         let plain = Response::builder()
             .status(StatusCode::CREATED)
