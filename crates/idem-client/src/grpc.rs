@@ -22,11 +22,13 @@
 //! would have the server cancel every slow run when the attempt gives up, so a handler
 //! slower than the attempt timeout would never finish.
 //!
-//! Classification follows the one table in [`crate::decide`]: `UNAVAILABLE`, and `ABORTED` or
-//! `RESOURCE_EXHAUSTED` with a `RetryInfo`, are retried after the server's delay; a transport
-//! failure after sending, a broken answer, `DEADLINE_EXCEEDED` and `CANCELLED` are ambiguous
-//! and asked about ([`StatusLookup`]); `FAILED_PRECONDITION` with reason `OUTCOME_UNKNOWN`
-//! stops; a replay (`idempotent-replayed: true`) and every other status are the answer.
+//! Classification follows the one table in [`crate::decide`]. What idem answered itself is
+//! read from its `ErrorInfo` (domain `idem.dev`), the same from idem-grpc's layer and from
+//! the idem gateway ([`idem_grpc::LayerDetails`]): reason `OUTCOME_UNKNOWN` stops, `IN_FLIGHT`
+//! is waited out. `UNAVAILABLE`, and `ABORTED` or `RESOURCE_EXHAUSTED` with a `RetryInfo`,
+//! are retried after the server's delay; a transport failure after sending, a broken answer,
+//! `DEADLINE_EXCEEDED` and `CANCELLED` are ambiguous and asked about ([`StatusLookup`]); a
+//! replay (`idempotent-replayed: true`) and every other status are the answer.
 //!
 //! When the operation ends without an answer, the call fails with a `tonic::Status` whose
 //! source is the [`ClientError`] (`status.source()`, downcast).
@@ -41,6 +43,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::{HeaderMap, HeaderName, HeaderValue, Request, Response};
 use http_body_util::BodyExt as _;
+use idem_grpc::{LayerDetails, Reason};
 use tonic::body::Body;
 use tonic::{Code, Status};
 use tonic_types::StatusExt as _;
@@ -201,45 +204,35 @@ fn classify(answer: GrpcAnswer) -> Attempt<GrpcAnswer> {
     let Some(status) = &answer.status else {
         return Attempt::Ambiguous("answer without grpc-status".into());
     };
-    // idem-grpc says "retry after" with a `RetryInfo`; the idem gateway, answering a gRPC
-    // call for an HTTP upstream's key, with `retry-after` metadata (delta-seconds).
+    // The server's delay, from any `RetryInfo` (idem's, or a service's own); what idem
+    // answered itself (idem-grpc's layer or the gateway, one mapping) from its `ErrorInfo`.
     let retry_after = status
         .get_details_retry_info()
-        .and_then(|info| info.retry_delay)
-        .or_else(|| {
-            answer
-                .head
-                .headers
-                .get(http::header::RETRY_AFTER)
-                .and_then(|v| v.to_str().ok())
-                .and_then(crate::decide::retry_after_secs)
-        });
-    // idem-grpc names the reason in an `ErrorInfo`; the gateway in its documented
-    // `grpc-message` (`idem <problem>: <detail>`).
-    let reason = status
-        .get_details_error_info()
-        .map(|info| info.reason)
-        .unwrap_or_default();
-    let unknown =
-        reason == "OUTCOME_UNKNOWN" || status.message().starts_with("idem outcome-unknown:");
-    match status.code() {
-        Code::Unavailable => Attempt::Retryable {
-            answer,
-            why: Later::Unavailable,
-            retry_after,
-        },
-        Code::Aborted if retry_after.is_some() => Attempt::Retryable {
+        .and_then(|info| info.retry_delay);
+    let idem = LayerDetails::of(status).and_then(|d| d.reason());
+    match (status.code(), idem) {
+        (_, Some(Reason::OutcomeUnknown)) => Attempt::OutcomeUnknown(answer),
+        (Code::Aborted, Some(Reason::InFlight)) => Attempt::Retryable {
             answer,
             why: Later::InFlight,
             retry_after,
         },
-        Code::ResourceExhausted if retry_after.is_some() => Attempt::Retryable {
+        (Code::Unavailable, _) => Attempt::Retryable {
+            answer,
+            why: Later::Unavailable,
+            retry_after,
+        },
+        (Code::Aborted, _) if retry_after.is_some() => Attempt::Retryable {
+            answer,
+            why: Later::InFlight,
+            retry_after,
+        },
+        (Code::ResourceExhausted, _) if retry_after.is_some() => Attempt::Retryable {
             answer,
             why: Later::Throttled,
             retry_after,
         },
-        Code::FailedPrecondition if unknown => Attempt::OutcomeUnknown(answer),
-        Code::DeadlineExceeded | Code::Cancelled => {
+        (Code::DeadlineExceeded | Code::Cancelled, _) => {
             Attempt::Ambiguous(format!("server answered {:?}", status.code()))
         }
         _ => Attempt::Final(answer),

@@ -13,15 +13,28 @@
 //! | `UNKNOWN`, `INTERNAL`, `DATA_LOSS`, anything else | 500 | released, as an HTTP 500 is |
 //!
 //! A gRPC client cannot read the gateway's `application/problem+json` refusals, so for a
-//! gRPC request they become trailers-only gRPC answers ([`refusal`]).
+//! gRPC request they become trailers-only gRPC answers ([`refusal`]), built by idem-grpc's
+//! [`layer_status`]: where idem-grpc's layer meets the same situation (a key missing, in
+//! flight, reused, an unknown outcome, the store down, …) the answer has its code and
+//! `ErrorInfo.reason`; the gateway's own situations (no route, a token refused, the
+//! upstream failed, …) have reasons of their own. A problem's `Retry-After` becomes a
+//! `RetryInfo`. The table is in `docs/gateway.md`.
+
+use std::borrow::Cow;
+use std::time::Duration;
 
 use bytes::Bytes;
-use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::header::{self, HeaderMap, HeaderName};
 use http::{Response, StatusCode};
 use http_body_util::BodyExt as _;
-use idem_core::Outcome;
+use idem_grpc::Reason;
+use idem_grpc::tonic::{self, Code};
+use idem_http::PROBLEM_BASE;
 
 use crate::proxy::{self, ResBody};
+
+/// The most of a problem body read to answer it in gRPC's terms.
+const PROBLEM_CAP: usize = 64 * 1024;
 
 /// Whether `headers` (a request's or a response's) are gRPC's (`application/grpc`,
 /// `application/grpc+proto`, …).
@@ -59,26 +72,138 @@ pub fn layer_status(code: u32) -> Option<StatusCode> {
     }
 }
 
-/// The gRPC code for one of the gateway's own refusals.
-fn code_for(status: StatusCode, outcome: Option<Outcome>) -> u32 {
-    match (status.as_u16(), outcome) {
-        (409, Some(Outcome::InFlight)) => 10, // ABORTED: retry shortly
-        (400, _) => 3,                        // INVALID_ARGUMENT
-        (401, _) => 16,                       // UNAUTHENTICATED
-        (403, _) => 7,                        // PERMISSION_DENIED
-        (404, _) => 12,                       // UNIMPLEMENTED
-        (409 | 422, _) => 9,                  // FAILED_PRECONDITION
-        (413, _) => 8,                        // RESOURCE_EXHAUSTED
-        (429 | 502 | 503, _) => 14,           // UNAVAILABLE
-        (504, _) => 4,                        // DEADLINE_EXCEEDED
-        _ => 2,                               // UNKNOWN
+/// How the gateway answers one of its problems to a gRPC call: idem-grpc's row for the same
+/// situation, or one of the gateway's own.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Row {
+    /// The row idem-grpc's layer answers with.
+    Layer(Reason),
+    /// A situation only the gateway meets: its code and `ErrorInfo.reason`.
+    Own(Code, &'static str),
+}
+
+impl Row {
+    fn code(self) -> Code {
+        match self {
+            Self::Layer(r) => r.code(),
+            Self::Own(code, _) => code,
+        }
+    }
+
+    fn reason(self) -> &'static str {
+        match self {
+            Self::Layer(r) => r.as_str(),
+            Self::Own(_, reason) => reason,
+        }
     }
 }
 
+/// The row for the gateway problem `slug` (the last segment of its `type`).
+fn row(slug: &str) -> Option<Row> {
+    use Row::{Layer, Own};
+    Some(match slug {
+        // The idempotency layer's problems (idem-http's table): idem-grpc's rows.
+        "key-missing" => Layer(Reason::KeyMissing),
+        "key-malformed" => Layer(Reason::KeyMalformed),
+        "key-multiple" => Layer(Reason::KeyMultiple),
+        "unauthenticated" => Layer(Reason::Unauthenticated),
+        "body-too-large" => Layer(Reason::RequestTooLarge),
+        "body-unreadable" => Layer(Reason::RequestUnreadable),
+        "in-flight" => Layer(Reason::InFlight),
+        "key-reused" => Layer(Reason::KeyReused),
+        "outcome-unknown" => Layer(Reason::OutcomeUnknown),
+        "response-not-stored" => Layer(Reason::ResponseNotStored),
+        "store-unavailable" => Layer(Reason::StoreUnavailable),
+        "lease-lost" => Layer(Reason::LeaseLost),
+        "handler-timeout" => Layer(Reason::HandlerTimeout),
+        "handler-panicked" => Layer(Reason::HandlerPanicked),
+        "response-failed" => Layer(Reason::ResponseFailed),
+        "internal" => Layer(Reason::Internal),
+        // Routing and the request target.
+        "no-route" => Own(Code::Unimplemented, "NO_ROUTE"),
+        "method-not-allowed" => Own(Code::Unimplemented, "METHOD_NOT_ALLOWED"),
+        "path-rejected" => Own(Code::InvalidArgument, "PATH_REJECTED"),
+        "bad-request-target" => Own(Code::InvalidArgument, "BAD_REQUEST_TARGET"),
+        "status-path" => Own(Code::InvalidArgument, "STATUS_PATH"),
+        "status-route" => Own(Code::InvalidArgument, "STATUS_ROUTE"),
+        "overloaded" => Own(Code::Unavailable, "OVERLOADED"),
+        // The upstream. A retry with the same key is safe on a protected route: it replays,
+        // waits or is refused, never runs twice.
+        "upstream-unavailable" => Own(Code::Unavailable, "UPSTREAM_UNAVAILABLE"),
+        "upstream-tls" => Own(Code::Unavailable, "UPSTREAM_TLS"),
+        "upstream-failed" => Own(Code::Unavailable, "UPSTREAM_FAILED"),
+        "upstream-timeout" => Own(Code::DeadlineExceeded, "UPSTREAM_TIMEOUT"),
+        "answer-unreadable" => Own(Code::Internal, "ANSWER_UNREADABLE"),
+        // One-time tokens.
+        "token-missing" => Own(Code::InvalidArgument, "TOKEN_MISSING"),
+        "token-malformed" => Own(Code::InvalidArgument, "TOKEN_MALFORMED"),
+        "token-with-key" => Own(Code::InvalidArgument, "TOKEN_WITH_KEY"),
+        "token-unknown" => Own(Code::PermissionDenied, "TOKEN_UNKNOWN"),
+        "token-expired" => Own(Code::FailedPrecondition, "TOKEN_EXPIRED"),
+        "token-used" => Own(Code::FailedPrecondition, "TOKEN_USED"),
+        "token-mismatch" => Own(Code::FailedPrecondition, "TOKEN_MISMATCH"),
+        "token-rate-limited" => Own(Code::ResourceExhausted, "TOKEN_RATE_LIMITED"),
+        "token-store-unavailable" => Own(Code::Unavailable, "TOKEN_STORE_UNAVAILABLE"),
+        _ => return None,
+    })
+}
+
+/// The gRPC code for a problem without a row (a problem type this table does not know), by
+/// its HTTP status.
+fn code_for(status: StatusCode) -> Code {
+    match status.as_u16() {
+        400 => Code::InvalidArgument,
+        401 => Code::Unauthenticated,
+        403 => Code::PermissionDenied,
+        404 | 405 => Code::Unimplemented,
+        409 | 410 | 412 | 422 | 428 => Code::FailedPrecondition,
+        413 | 429 => Code::ResourceExhausted,
+        502 | 503 => Code::Unavailable,
+        504 => Code::DeadlineExceeded,
+        _ => Code::Unknown,
+    }
+}
+
+/// The gRPC status for a problem answered with HTTP `status`, from its JSON body and its
+/// `Retry-After` (whole seconds).
+fn status_for(
+    status: StatusCode,
+    problem: &serde_json::Value,
+    retry_after: Option<u64>,
+) -> tonic::Status {
+    let text = |field: &str| problem[field].as_str().unwrap_or("");
+    let Some(slug) = text("type").strip_prefix(PROBLEM_BASE) else {
+        // Not one of idem's problems (an upstream's own): no idem reason to give.
+        let detail = match text("detail") {
+            "" => text("title"),
+            detail => detail,
+        };
+        return tonic::Status::new(code_for(status), detail);
+    };
+    let (code, reason) = match row(slug) {
+        Some(row) => (row.code(), Cow::Borrowed(row.reason())),
+        // A problem newer than this table: its slug in the reasons' spelling.
+        None => (
+            code_for(status),
+            Cow::Owned(slug.to_ascii_uppercase().replace('-', "_")),
+        ),
+    };
+    let key = problem["key"].as_str();
+    idem_grpc::layer_status(
+        code,
+        &reason,
+        format!("idem {slug}: {}", text("detail")),
+        key,
+        retry_after.map(Duration::from_secs),
+    )
+}
+
 /// Rewrites one of the gateway's own `application/problem+json` answers to a gRPC request as
-/// a trailers-only gRPC answer: HTTP 200, `content-type: application/grpc`, `grpc-status`
-/// per the problem, `grpc-message` naming the problem (`idem <slug>: <detail>`). Every
-/// other answer is returned as it is.
+/// a trailers-only gRPC answer: HTTP 200, `content-type: application/grpc`, and the status
+/// of the problem's row (`grpc-status`; `grpc-message` = `idem <slug>: <detail>`;
+/// `grpc-status-details-bin` with the `ErrorInfo` and, for a problem with `Retry-After`, a
+/// `RetryInfo`). The other headers stay (`Retry-After` included). Every other answer is
+/// returned as it is.
 pub async fn refusal(res: Response<ResBody>) -> Response<ResBody> {
     let problem = res
         .headers()
@@ -87,57 +212,50 @@ pub async fn refusal(res: Response<ResBody>) -> Response<ResBody> {
     if !problem {
         return res;
     }
-    let outcome = res.extensions().get::<Outcome>().copied();
     let (mut head, body) = res.into_parts();
-    // The gateway's problems are small bodies it holds.
-    let text = body
-        .collect()
-        .await
-        .map(|c| c.to_bytes())
-        .unwrap_or_default();
+    // The gateway's problems are small bodies it holds; an upstream's is read up to a cap
+    // (past it, the answer is a status without its detail).
+    let text = read_capped(body, PROBLEM_CAP).await;
     let json: serde_json::Value = serde_json::from_slice(&text).unwrap_or_default();
-    let slug = json["type"]
-        .as_str()
-        .unwrap_or("")
-        .rsplit('/')
-        .next()
-        .unwrap_or("");
-    let detail = json["detail"].as_str().unwrap_or("");
-    let code = code_for(head.status, outcome);
-    let message = percent_encode(&format!("idem {slug}: {detail}"));
+    let retry_after = head
+        .headers
+        .get(header::RETRY_AFTER)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u64>().ok());
+    let status = status_for(head.status, &json, retry_after);
+    let (grpc, ()) = status.into_http::<()>().into_parts();
     head.status = StatusCode::OK;
     head.headers.remove(header::CONTENT_LENGTH);
-    head.headers.insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("application/grpc"),
-    );
-    head.headers.insert(
-        HeaderName::from_static("grpc-status"),
-        HeaderValue::from(code),
-    );
-    if let Ok(v) = HeaderValue::from_str(&message) {
-        head.headers
-            .insert(HeaderName::from_static("grpc-message"), v);
+    for (name, value) in &grpc.headers {
+        head.headers.insert(name.clone(), value.clone());
     }
     let empty = idem_http::ResponseBody::<proxy::UpstreamBody>::full(Bytes::new());
     Response::from_parts(head, empty.boxed_unsync())
 }
 
-/// `grpc-message` encoding: printable ASCII but `%` as is, every other byte `%XX`.
-fn percent_encode(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    for b in text.bytes() {
-        if (0x20..=0x7e).contains(&b) && b != b'%' {
-            out.push(char::from(b));
-        } else {
-            out.push_str(&format!("%{b:02X}"));
+/// The body's data, or nothing when it fails or holds more than `cap` bytes.
+async fn read_capped(mut body: ResBody, cap: usize) -> Vec<u8> {
+    let mut text = Vec::new();
+    while let Some(frame) = body.frame().await {
+        let Ok(frame) = frame else {
+            return Vec::new();
+        };
+        if let Ok(data) = frame.into_data() {
+            if text.len() + data.len() > cap {
+                return Vec::new();
+            }
+            text.extend_from_slice(&data);
         }
     }
-    out
+    text
 }
 
 #[cfg(test)]
 mod tests {
+    use http::HeaderValue;
+    use idem_grpc::LayerDetails;
+    use idem_http::Problem;
+
     use super::*;
 
     #[test]
@@ -161,8 +279,171 @@ mod tests {
         t.insert("grpc-status", HeaderValue::from_static("14"));
         assert_eq!(status_code(&HeaderMap::new(), Some(&t)), Some(14));
         assert_eq!(status_code(&HeaderMap::new(), None), None);
-        assert_eq!(percent_encode("a b%é"), "a b%25%C3%A9");
-        assert_eq!(code_for(StatusCode::CONFLICT, Some(Outcome::InFlight)), 10);
-        assert_eq!(code_for(StatusCode::CONFLICT, Some(Outcome::Unknown)), 9);
+    }
+
+    /// The answer a gRPC caller gets for `problem`, read back as a status.
+    async fn answered(problem: Problem) -> (HeaderMap, tonic::Status) {
+        let res = refusal(proxy::boxed(proxy::problem(problem))).await;
+        assert_eq!(res.status(), StatusCode::OK);
+        let (head, body) = res.into_parts();
+        let rest = body.collect().await.expect("body").to_bytes();
+        assert!(rest.is_empty(), "trailers-only");
+        assert_eq!(head.headers[header::CONTENT_TYPE], "application/grpc");
+        let status = tonic::Status::from_header_map(&head.headers).expect("grpc-status");
+        (head.headers, status)
+    }
+
+    #[tokio::test]
+    async fn problems_become_the_statuses_idem_grpc_answers() {
+        let key = idem_core::Key::new("order-7").expect("key");
+        let in_flight = Problem::new(StatusCode::CONFLICT, "in-flight", "t", "busy")
+            .key(Some(&key))
+            .retry_after(Duration::from_millis(300));
+        let (headers, s) = answered(in_flight).await;
+        assert_eq!(s.code(), Reason::InFlight.code());
+        assert_eq!(s.message(), "idem in-flight: busy");
+        let d = LayerDetails::of(&s).expect("idem details");
+        assert_eq!(d.reason(), Some(Reason::InFlight));
+        assert_eq!(d.key.as_deref(), Some("order-7"));
+        assert_eq!(
+            d.retry_after,
+            Some(Duration::from_secs(1)),
+            "Retry-After: 1"
+        );
+        assert_eq!(headers[header::RETRY_AFTER], "1", "kept as metadata");
+
+        let unknown = Problem::new(StatusCode::CONFLICT, "outcome-unknown", "t", "résolu? 100%")
+            .key(Some(&key));
+        let (_, s) = answered(unknown).await;
+        assert_eq!(s.code(), Code::FailedPrecondition);
+        assert_eq!(
+            s.message(),
+            "idem outcome-unknown: résolu? 100%",
+            "percent-encoded, read back"
+        );
+        let d = LayerDetails::of(&s).expect("idem details");
+        assert_eq!(
+            (d.reason(), d.retry_after),
+            (Some(Reason::OutcomeUnknown), None)
+        );
+
+        let token = Problem::new(
+            StatusCode::TOO_MANY_REQUESTS,
+            "token-rate-limited",
+            "t",
+            "slow",
+        )
+        .retry_after(Duration::from_secs(3));
+        let (_, s) = answered(token).await;
+        assert_eq!(s.code(), Code::ResourceExhausted);
+        let d = LayerDetails::of(&s).expect("idem details");
+        assert_eq!(
+            (d.reason.as_str(), d.retry_after),
+            ("TOKEN_RATE_LIMITED", Some(Duration::from_secs(3)))
+        );
+
+        // A slug newer than the table still names itself.
+        let newer = Problem::new(StatusCode::CONFLICT, "some-new-thing", "t", "d");
+        let (_, s) = answered(newer).await;
+        assert_eq!(s.code(), Code::FailedPrecondition);
+        assert_eq!(LayerDetails::of(&s).expect("idem").reason, "SOME_NEW_THING");
+    }
+
+    #[tokio::test]
+    async fn other_problems_and_answers_are_not_dressed_as_idem_ones() {
+        let body =
+            r#"{"type":"https://example.com/out-of-stock","title":"Out of stock","status":409}"#;
+        let res = Response::builder()
+            .status(StatusCode::CONFLICT)
+            .header(header::CONTENT_TYPE, "application/problem+json")
+            .body(
+                idem_http::ResponseBody::<proxy::UpstreamBody>::full(Bytes::from(body))
+                    .boxed_unsync(),
+            )
+            .expect("response");
+        let (head, _) = refusal(res).await.into_parts();
+        let s = tonic::Status::from_header_map(&head.headers).expect("grpc-status");
+        assert_eq!(
+            (s.code(), s.message()),
+            (Code::FailedPrecondition, "Out of stock")
+        );
+        assert_eq!(LayerDetails::of(&s), None);
+
+        // An oversized problem is not read whole: the status keeps its code, not its text.
+        let huge = format!(r#"{{"title":"{}"}}"#, "x".repeat(PROBLEM_CAP));
+        let res = Response::builder()
+            .status(StatusCode::SERVICE_UNAVAILABLE)
+            .header(header::CONTENT_TYPE, "application/problem+json")
+            .body(
+                idem_http::ResponseBody::<proxy::UpstreamBody>::full(Bytes::from(huge))
+                    .boxed_unsync(),
+            )
+            .expect("response");
+        let (head, _) = refusal(res).await.into_parts();
+        let s = tonic::Status::from_header_map(&head.headers).expect("grpc-status");
+        assert_eq!((s.code(), s.message()), (Code::Unavailable, ""));
+
+        let plain = Response::builder()
+            .status(StatusCode::CREATED)
+            .body(
+                idem_http::ResponseBody::<proxy::UpstreamBody>::full(Bytes::from("{}"))
+                    .boxed_unsync(),
+            )
+            .expect("response");
+        assert_eq!(refusal(plain).await.status(), StatusCode::CREATED);
+    }
+
+    #[test]
+    fn every_problem_the_gateway_makes_has_a_row() {
+        // The slugs of idem-http's problems and the gateway's own.
+        let slugs = [
+            "key-missing",
+            "key-malformed",
+            "key-multiple",
+            "unauthenticated",
+            "body-too-large",
+            "body-unreadable",
+            "in-flight",
+            "key-reused",
+            "outcome-unknown",
+            "response-not-stored",
+            "store-unavailable",
+            "lease-lost",
+            "handler-timeout",
+            "handler-panicked",
+            "response-failed",
+            "internal",
+            "no-route",
+            "method-not-allowed",
+            "path-rejected",
+            "bad-request-target",
+            "status-path",
+            "status-route",
+            "overloaded",
+            "upstream-unavailable",
+            "upstream-tls",
+            "upstream-failed",
+            "upstream-timeout",
+            "answer-unreadable",
+            "token-missing",
+            "token-malformed",
+            "token-with-key",
+            "token-unknown",
+            "token-expired",
+            "token-used",
+            "token-mismatch",
+            "token-rate-limited",
+            "token-store-unavailable",
+        ];
+        let mut reasons = std::collections::HashSet::new();
+        for slug in slugs {
+            let row = row(slug).unwrap_or_else(|| panic!("{slug} has no row"));
+            assert!(reasons.insert(row.reason()), "{slug}: reason used twice");
+        }
+        // Every reason idem-grpc's layer answers that the gateway can meet is reached.
+        for r in Reason::ALL {
+            let reached = slugs.iter().any(|s| row(s) == Some(Row::Layer(r)));
+            assert_eq!(reached, r != Reason::NotOneMessage, "{r}");
+        }
     }
 }

@@ -8,11 +8,13 @@
 //! scenarios: one that retries with a fresh key executes twice; one that retries with the
 //! same key but never asks the status endpoint ends without the answer of a charge that ran.
 
+mod cleanup;
 mod common;
 
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
+use cleanup::StoreGuard;
 use common::{Gateway, Http, Upstream, ci, reachable};
 use http::{Method, StatusCode};
 use idem_client::{
@@ -268,20 +270,13 @@ async fn redis_store_every_fault_ends_in_one_execution() {
         return;
     }
     let prefix = format!("{}:", unique("idem-client-faults"));
+    // The records and audit streams under the test's prefix go, pass or fail.
+    let _cleanup = StoreGuard::Redis(prefix.clone());
     scenarios(
         "redis://127.0.0.1:6379",
         &format!("store_prefix = \"{prefix}\""),
     )
     .await;
-    // The records and audit streams under the test's prefix.
-    let _ = Command::new("redis-cli")
-        .args(["-h", "127.0.0.1", "-p", "6379", "EVAL"])
-        .arg("for _, k in ipairs(redis.call('KEYS', ARGV[1])) do redis.call('DEL', k) end")
-        .arg("0")
-        .arg(format!("{prefix}*"))
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -290,26 +285,13 @@ async fn postgres_store_every_fault_ends_in_one_execution() {
         return;
     }
     let table = unique("idem_client_faults");
+    // The table and its audit table go, pass or fail.
+    let _cleanup = StoreGuard::Postgres(table.clone());
     scenarios(
         "postgres://postgres@127.0.0.1:5432/test",
         &format!("store_table = \"{table}\""),
     )
     .await;
-    let _ = Command::new("psql")
-        .args([
-            "-h",
-            "127.0.0.1",
-            "-U",
-            "postgres",
-            "-d",
-            "test",
-            "-q",
-            "-c",
-        ])
-        .arg(format!("DROP TABLE IF EXISTS {table}, {table}_audit"))
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

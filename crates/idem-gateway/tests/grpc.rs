@@ -1,15 +1,19 @@
 //! A gRPC service behind `idem serve` over h2c: a protected unary method runs once and its
 //! replay returns the same message and `grpc-status`; an unprotected method passes through
-//! with its trailers. Client and server are tonic, the service is compiled from
-//! tests/proto with protox.
+//! with its trailers; the gateway's own refusals are the statuses idem-grpc answers for the
+//! same situation (code, `ErrorInfo` reason, `RetryInfo`). Client and server are tonic, the
+//! service is compiled from tests/proto with protox.
 
 mod common;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
 
 use common::{Gateway, key};
+use idem_grpc::{LayerDetails, Reason};
+use idem_testkit::redis_server::{Server, redis_server_available};
 use tonic::{Code, Request, Response, Status};
 
 mod ledger {
@@ -21,15 +25,18 @@ use ledger::ledger_client::LedgerClient;
 use ledger::ledger_server::{Ledger, LedgerServer};
 use ledger::{ChargeReply, ChargeRequest};
 
-/// Counts executions; `fail_code` makes the handler answer that status.
+/// Counts executions when they start and answers after `delay`; `fail_code` makes the
+/// handler answer that status.
 #[derive(Default)]
 struct Service {
     executions: Arc<AtomicU64>,
+    delay: Duration,
 }
 
 impl Service {
-    fn run(&self, req: &ChargeRequest) -> Result<Response<ChargeReply>, Status> {
+    async fn run(&self, req: &ChargeRequest) -> Result<Response<ChargeReply>, Status> {
         let n = self.executions.fetch_add(1, Ordering::SeqCst) + 1;
+        tokio::time::sleep(self.delay).await;
         if req.fail_code != 0 {
             return Err(Status::new(
                 Code::from_i32(req.fail_code),
@@ -46,21 +53,31 @@ impl Service {
 #[tonic::async_trait]
 impl Ledger for Service {
     async fn charge(&self, req: Request<ChargeRequest>) -> Result<Response<ChargeReply>, Status> {
-        self.run(req.get_ref())
+        self.run(req.get_ref()).await
     }
 
     async fn balance(&self, req: Request<ChargeRequest>) -> Result<Response<ChargeReply>, Status> {
-        self.run(req.get_ref())
+        self.run(req.get_ref()).await
     }
 }
 
 /// A tonic server on a loopback port; returns its address and execution count.
 async fn upstream() -> (SocketAddr, Arc<AtomicU64>, tokio::task::JoinHandle<()>) {
+    upstream_with(Duration::ZERO).await
+}
+
+/// A tonic server whose handler takes `delay`.
+async fn upstream_with(
+    delay: Duration,
+) -> (SocketAddr, Arc<AtomicU64>, tokio::task::JoinHandle<()>) {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("bind");
     let addr = listener.local_addr().expect("addr");
-    let svc = Service::default();
+    let svc = Service {
+        delay,
+        ..Service::default()
+    };
     let executions = Arc::clone(&svc.executions);
     let task = tokio::spawn(async move {
         let _ = tonic::transport::Server::builder()
@@ -228,6 +245,7 @@ async fn grpc_status_decides_the_record_and_refusals_are_grpc_statuses() {
         .expect_err("no key");
     assert_eq!(missing.code(), Code::InvalidArgument);
     assert!(missing.message().contains("key-missing"), "{missing:?}");
+    assert_idem(&missing, Reason::KeyMissing, None);
     // The stored key sent with another request: FAILED_PRECONDITION, nothing runs.
     let reused = ledger
         .charge(with_key(
@@ -241,6 +259,146 @@ async fn grpc_status_decides_the_record_and_refusals_are_grpc_statuses() {
         .expect_err("key reused");
     assert_eq!(reused.code(), Code::FailedPrecondition);
     assert!(reused.message().contains("key-reused"), "{reused:?}");
+    assert_idem(&reused, Reason::KeyReused, None);
+    let details = LayerDetails::of(&reused).expect("idem details");
+    assert_eq!(
+        details.key.as_deref(),
+        Some(stored.as_str()),
+        "the key named"
+    );
     assert_eq!(executions.load(Ordering::SeqCst), 3, "nothing more ran");
+    task.abort();
+}
+
+/// `status` is idem-grpc's answer for `reason`: its code, its `ErrorInfo` (domain
+/// `idem.dev`), and a `RetryInfo` of `retry_after` or none.
+fn assert_idem(status: &Status, reason: Reason, retry_after: Option<Duration>) {
+    assert_eq!(status.code(), reason.code(), "{status:?}");
+    let details =
+        LayerDetails::of(status).unwrap_or_else(|| panic!("no idem ErrorInfo: {status:?}"));
+    assert_eq!(details.reason(), Some(reason), "{status:?}");
+    assert_eq!(details.retry_after, retry_after, "{status:?}");
+}
+
+/// Charge is protected with the default upstream timeout; Balance is protected with a
+/// timeout shorter than the handler, so its calls leave the key unknown.
+fn timing_config(upstream: SocketAddr) -> String {
+    format!(
+        r#"
+upstream = "h2c://{upstream}"
+store = "memory:"
+[defaults]
+principal = {{ from = "none" }}
+[[routes]]
+name = "charge"
+method = "POST"
+path = "/idem.gwtest.v1.Ledger/Charge"
+key_header = "idempotency-key"
+fingerprint = {{ body = "raw" }}
+replay_headers = ["content-type", "grpc-status", "grpc-message"]
+[[routes]]
+name = "balance"
+method = "POST"
+path = "/idem.gwtest.v1.Ledger/Balance"
+key_header = "idempotency-key"
+fingerprint = {{ body = "raw" }}
+timeout = "300ms"
+"#
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_flight_and_unknown_are_idem_grpc_statuses_with_retry_info() {
+    let (addr, executions, task) = upstream_with(Duration::from_millis(800)).await;
+    let gw = Gateway::start(&timing_config(addr), &[]);
+    let ledger = client(&gw).await;
+    let req = ChargeRequest {
+        amount: 7,
+        fail_code: 0,
+    };
+
+    // A second call while the first runs: ABORTED, IN_FLIGHT, retry after the gateway's
+    // Retry-After (the holder's lease, capped at 1 s, in whole seconds).
+    let k = key();
+    let first = tokio::spawn({
+        let (mut ledger, k) = (ledger.clone(), k.clone());
+        async move { ledger.charge(with_key(req, &k)).await }
+    });
+    while executions.load(Ordering::SeqCst) == 0 {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let busy = ledger
+        .clone()
+        .charge(with_key(req, &k))
+        .await
+        .expect_err("in flight");
+    assert_idem(&busy, Reason::InFlight, Some(Duration::from_secs(1)));
+    assert_eq!(
+        LayerDetails::of(&busy).and_then(|d| d.key).as_deref(),
+        Some(k.as_str())
+    );
+    let ran = first.await.expect("join").expect("the first call's answer");
+    assert_eq!(ran.get_ref().execution, 1);
+
+    // The upstream outlives the route's timeout: the caller hears DEADLINE_EXCEEDED
+    // (UPSTREAM_TIMEOUT, the gateway's own reason), the key is held unknown, and a retry
+    // gets FAILED_PRECONDITION, OUTCOME_UNKNOWN, without running.
+    let u = key();
+    let timed_out = ledger
+        .clone()
+        .balance(with_key(req, &u))
+        .await
+        .expect_err("upstream timeout");
+    assert_eq!(timed_out.code(), Code::DeadlineExceeded, "{timed_out:?}");
+    let details = LayerDetails::of(&timed_out).expect("idem details");
+    assert_eq!(details.reason, "UPSTREAM_TIMEOUT");
+    let unknown = ledger
+        .clone()
+        .balance(with_key(req, &u))
+        .await
+        .expect_err("outcome unknown");
+    assert_idem(&unknown, Reason::OutcomeUnknown, None);
+    assert_eq!(
+        executions.load(Ordering::SeqCst),
+        2,
+        "one charge, one balance"
+    );
+    task.abort();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_outage_is_unavailable_with_store_unavailable_and_retry_info() {
+    if !redis_server_available() {
+        return;
+    }
+    let redis = Server::start(&[]);
+    let (addr, executions, task) = upstream().await;
+    let config = config(addr).replace(
+        r#"store = "memory:""#,
+        &format!("store = \"{}\"\nstore_timeout = \"300ms\"", redis.url()),
+    );
+    let gw = Gateway::start(&config, &[]);
+    let mut ledger = client(&gw).await;
+    let req = ChargeRequest {
+        amount: 9,
+        fail_code: 0,
+    };
+    let ok = ledger
+        .charge(with_key(req, &key()))
+        .await
+        .expect("store up");
+    assert_eq!(ok.get_ref().execution, 1);
+    redis.kill();
+    let down = ledger
+        .charge(with_key(req, &key()))
+        .await
+        .expect_err("store down");
+    // The gateway's `store_retry_after` (1 s by default) as the RetryInfo delay.
+    assert_idem(
+        &down,
+        Reason::StoreUnavailable,
+        Some(Duration::from_secs(1)),
+    );
+    assert_eq!(executions.load(Ordering::SeqCst), 1, "nothing ran");
     task.abort();
 }

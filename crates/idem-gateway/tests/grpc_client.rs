@@ -8,21 +8,27 @@
 //! starts) and the client holding the first answer: the answer lost after the upstream
 //! acted; the call reset before it reached the gateway; the call held until after its
 //! retry; the upstream slower than the client waits; two callers sending one key at once
-//! (the gateway's `ABORTED` + `retry-after` is waited out). The unsafe client (a new key per
-//! attempt) runs twice in the first of them.
+//! (the gateway's `ABORTED` with reason `IN_FLIGHT` and a `RetryInfo` is waited out). The
+//! unsafe client (a new key per attempt) runs twice in the first of them.
+//!
+//! The client reads the gateway's own answers from their `ErrorInfo`, as it reads idem-grpc's:
+//! an unknown outcome (`OUTCOME_UNKNOWN`) stops it, and a store outage (`STORE_UNAVAILABLE`
+//! with a `RetryInfo`) is waited out and the charge runs once.
 
+mod cleanup;
 mod common;
 
 use std::net::SocketAddr;
-use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use cleanup::StoreGuard;
 use common::{Gateway, ci, reachable};
 use idem_client::grpc::{GrpcRetry, GrpcRetryLayer};
-use idem_client::{GatewayStatus, Jitter, RetryPolicy};
+use idem_client::{ClientError, GatewayStatus, Jitter, RetryPolicy};
 use idem_testkit::h2_fault::{H2Fault, H2FaultProxy};
+use idem_testkit::redis_server::{Server, redis_server_available};
 use tonic::transport::Channel;
 use tonic::{Request, Response, Status};
 
@@ -87,46 +93,6 @@ enum StoreKind {
     Postgres,
 }
 
-/// Removes the store's records when dropped: the Redis keys under the test's prefix, the
-/// PostgreSQL table.
-enum StoreGuard {
-    Nothing,
-    Redis(String),
-    Postgres(String),
-}
-
-impl Drop for StoreGuard {
-    fn drop(&mut self) {
-        let mut cmd = match self {
-            Self::Nothing => return,
-            Self::Redis(prefix) => {
-                let mut c = Command::new("redis-cli");
-                c.args(["-h", "127.0.0.1", "-p", "6379", "EVAL"])
-                    .arg("for _, k in ipairs(redis.call('KEYS', ARGV[1])) do redis.call('DEL', k) end")
-                    .arg("0")
-                    .arg(format!("{prefix}*"));
-                c
-            }
-            Self::Postgres(table) => {
-                let mut c = Command::new("psql");
-                c.args([
-                    "-h",
-                    "127.0.0.1",
-                    "-U",
-                    "postgres",
-                    "-d",
-                    "test",
-                    "-q",
-                    "-c",
-                ])
-                .arg(format!("DROP TABLE IF EXISTS {table}, {table}_audit"));
-                c
-            }
-        };
-        let _ = cmd.stdout(Stdio::null()).stderr(Stdio::null()).status();
-    }
-}
-
 async fn service_up(addr: &str, name: &str) -> bool {
     if reachable(addr).await {
         return true;
@@ -168,6 +134,18 @@ async fn setup(kind: StoreKind, delay: Duration) -> Option<Setup> {
             )
         }
     };
+    Some(start(&store, &extra, "", guard, delay).await)
+}
+
+/// The upstream with a handler taking `delay`, behind a gateway on `store` (with `extra`
+/// top-level settings and `route_extra` settings of the charge route).
+async fn start(
+    store: &str,
+    extra: &str,
+    route_extra: &str,
+    guard: StoreGuard,
+    delay: Duration,
+) -> Setup {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("bind");
@@ -202,6 +180,7 @@ path = "{CHARGE}"
 key_header = "idempotency-key"
 fingerprint = {{ body = "raw" }}
 replay_headers = ["content-type", "grpc-status", "grpc-message"]
+{route_extra}
 
 [[routes]]
 name = "ledger"
@@ -210,12 +189,12 @@ idempotency = false
 "#
     );
     let gw = Gateway::start(&config, &[]);
-    Some(Setup {
+    Setup {
         gw,
         executions,
         upstream,
         _store: guard,
-    })
+    }
 }
 
 fn channel_to(addr: SocketAddr) -> Channel {
@@ -409,4 +388,93 @@ async fn unsafe_fresh_key_runs_twice_through_the_gateway() {
     let answer = answer.expect("the second attempt got through");
     assert_eq!(answer.get_ref().execution, 2, "the answer of a second run");
     assert_eq!(s.executions(), 2, "the fresh-key client charged twice");
+}
+
+/// The client error a failed call carries as its source.
+fn client_error(status: &Status) -> Option<&ClientError> {
+    std::error::Error::source(status)?.downcast_ref::<ClientError>()
+}
+
+/// An upstream slower than the route's timeout leaves the key unknown. The client that sent
+/// it hears `DEADLINE_EXCEEDED`, asks the status endpoint and stops; a client without a
+/// status query that sends the key again stops on the gateway's `OUTCOME_UNKNOWN` reason.
+/// Nothing runs again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unknown_outcome_stops_the_client_through_the_gateway() {
+    let s = start(
+        "memory:",
+        "",
+        r#"timeout = "300ms""#,
+        StoreGuard::Nothing,
+        Duration::from_secs(1),
+    )
+    .await;
+    let key = uuid::Uuid::now_v7().to_string();
+    let err = retrying(channel_to(s.gw.addr), Duration::from_secs(5))
+        .charge(charge(Some(&key)))
+        .await
+        .expect_err("unknown");
+    assert!(
+        matches!(client_error(&err), Some(ClientError::OutcomeUnknown { .. })),
+        "{err:?}"
+    );
+    let blind = GrpcRetryLayer::new(
+        RetryPolicy::default()
+            .initial_backoff(Duration::from_millis(20))
+            .deadline(Duration::from_secs(10)),
+    );
+    let channel = tower::ServiceBuilder::new()
+        .layer(blind)
+        .service(channel_to(s.gw.addr));
+    let err = LedgerClient::new(channel)
+        .charge(charge(Some(&key)))
+        .await
+        .expect_err("unknown");
+    // Read as a final answer, it would be the gateway's bare FAILED_PRECONDITION.
+    assert!(
+        matches!(client_error(&err), Some(ClientError::OutcomeUnknown { .. })),
+        "{err:?}"
+    );
+    assert_eq!(s.executions(), 1, "not run again");
+}
+
+/// The store hangs when the call starts: the gateway answers `UNAVAILABLE`
+/// (`STORE_UNAVAILABLE`, `RetryInfo`) and nothing runs; the client waits and retries the same
+/// key, and once the store is back the charge runs once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_outage_is_waited_out_and_the_charge_runs_once() {
+    if !redis_server_available() {
+        return;
+    }
+    let redis = Server::start(&[]);
+    let s = start(
+        &redis.url(),
+        r#"store_timeout = "300ms""#,
+        "",
+        StoreGuard::Nothing,
+        Duration::ZERO,
+    )
+    .await;
+    let p = proxy(&s, []).await;
+    redis.freeze();
+    let pending = tokio::spawn({
+        let mut client = retrying(channel_to(p.addr()), Duration::from_secs(5));
+        async move { client.charge(charge(None)).await }
+    });
+    // Let the first attempts meet the outage, then bring the store back (empty: whatever
+    // the frozen server held was never applied).
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    let redis = tokio::task::spawn_blocking(move || redis.restart_empty())
+        .await
+        .expect("restart redis");
+    let reply = pending.await.expect("join").expect("an answer");
+    assert_first_answer(&reply, &s);
+    assert!(!replayed(&reply), "the answer of the one run");
+    assert!(
+        p.applied().await.len() >= 2,
+        "the outage was met first: {:?}",
+        p.applied().await
+    );
+    drop(s);
+    drop(redis);
 }

@@ -30,13 +30,17 @@ mod idempotency;
 mod status;
 mod wire;
 
-pub use codes::{ERROR_DOMAIN, GrpcStorePolicy, StoreDeterministic};
+pub use codes::{
+    ERROR_DOMAIN, GrpcStorePolicy, LayerDetails, Reason, StoreDeterministic, layer_status,
+};
 pub use config::{
     DEFAULT_MAX_REQUEST, DEFAULT_MAX_STORED_RESPONSE, DEFAULT_REPLAY_METADATA,
     GrpcIdempotencyConfig, IDEMPOTENCY_KEY, MethodConfig, MethodConfigError,
 };
 pub use idempotency::{GrpcIdempotency, GrpcIdempotencyLayer};
 pub use status::StatusService;
+/// The tonic this crate is built on, for [`layer_status`]'s `Code` and `Status`.
+pub use tonic;
 
 /// The status service's messages and its generated server and client
 /// (`proto/idem/status/v1/status.proto`, compiled by `build.rs` with protox).

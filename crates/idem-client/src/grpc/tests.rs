@@ -1,6 +1,7 @@
 //! The layer against a scripted server with a paused clock: classification, one key per
 //! call, the status query after an ambiguous failure, deadlines.
 
+use idem_grpc::Reason;
 use tonic_types::{ErrorDetails, StatusExt as _};
 
 use super::*;
@@ -67,24 +68,46 @@ fn statuses_are_classified_by_the_table() {
         a,
         Attempt::Retryable { retry_after: Some(d), .. } if d == Duration::from_millis(300)
     ));
-    // The gateway's dialect: in flight is `ABORTED` with `retry-after` metadata, an
-    // unknown outcome is named in `grpc-message`.
-    let mut head = Response::new(()).into_parts().0;
-    head.headers
-        .insert(http::header::RETRY_AFTER, HeaderValue::from_static("2"));
-    let mut trailers = HeaderMap::new();
-    Status::aborted("idem in-flight: key k is being processed")
-        .add_header(&mut trailers)
-        .expect("status headers");
-    let a = classify(GrpcAnswer::new(head, Bytes::new(), Some(trailers)));
+    // idem's own answers are read from their `ErrorInfo`, whichever server made them: an
+    // unknown outcome stops, in flight is waited out (with or without a delay).
+    let idem = |reason: Reason, retry: Option<Duration>| {
+        idem_grpc::layer_status(reason.code(), reason.as_str(), "m", Some("k"), retry)
+    };
+    assert_eq!(
+        kind(&classify(answer(idem(Reason::OutcomeUnknown, None), false))),
+        "unknown"
+    );
+    let a = classify(answer(
+        idem(Reason::InFlight, Some(Duration::from_secs(1))),
+        false,
+    ));
     assert!(matches!(
         a,
-        Attempt::Retryable { why: Later::InFlight, retry_after: Some(d), .. } if d == Duration::from_secs(2)
+        Attempt::Retryable { why: Later::InFlight, retry_after: Some(d), .. } if d == Duration::from_secs(1)
     ));
-    let gw_unknown = Status::failed_precondition("idem outcome-unknown: resolve key k first");
-    assert_eq!(kind(&classify(answer(gw_unknown, false))), "unknown");
-    let service_own = Status::failed_precondition("outcome-unknown: not ours");
-    assert_eq!(kind(&classify(answer(service_own, false))), "final");
+    assert_eq!(
+        kind(&classify(answer(idem(Reason::InFlight, None), false))),
+        "in_flight"
+    );
+    assert_eq!(
+        kind(&classify(answer(idem(Reason::KeyReused, None), false))),
+        "final"
+    );
+    assert_eq!(
+        kind(&classify(answer(
+            idem(Reason::StoreUnavailable, None),
+            false
+        ))),
+        "unavailable"
+    );
+    // The same reason in another domain, or only in the message, is the service's own.
+    let theirs = with(
+        Code::FailedPrecondition,
+        ErrorDetails::with_error_info("OUTCOME_UNKNOWN", "example.com", []),
+    );
+    assert_eq!(kind(&classify(answer(theirs, false))), "final");
+    let message_only = Status::failed_precondition("idem outcome-unknown: resolve key k first");
+    assert_eq!(kind(&classify(answer(message_only, false))), "final");
     // No status anywhere: the answer is broken, not final.
     let head = Response::new(()).into_parts().0;
     assert_eq!(

@@ -12,7 +12,7 @@ use idem_http::{BoxError, IDEMPOTENT_REPLAYED, NEVER_REPLAYED, ResponseBody, Sto
 use tonic::Code;
 
 use super::status_response;
-use crate::codes::status;
+use crate::codes::Reason;
 use crate::config::MethodConfig;
 
 /// What the handler closure hands back through the engine.
@@ -70,11 +70,9 @@ where
             if let Collected::Failed(e) = failed {
                 tracing::warn!(key = %key, error = %e, "handler's answer failed; claim released");
             }
-            let s = status(
-                Code::Internal,
-                "RESPONSE_FAILED",
+            let s = Reason::ResponseFailed.status(
                 "the handler's answer failed while being read; the claim was released",
-                Some(key),
+                Some(key.as_str()),
                 None,
             );
             return Settlement::release(
@@ -143,34 +141,22 @@ pub(super) fn answer<B, E, St: Store>(
             return Ok(res);
         }
         Answer::Replayed(stored) => return Ok(replay(stored, key)),
-        Answer::InFlight { retry_after } => status(
-            Code::Aborted,
-            "IN_FLIGHT",
+        Answer::InFlight { retry_after } => Reason::InFlight.status(
             "a call with this key is being processed; retry after the delay in RetryInfo",
-            Some(key),
+            Some(key.as_str()),
             Some(retry_after.min(IN_FLIGHT_RETRY_CAP)),
         ),
-        Answer::Mismatch => status(
-            Code::FailedPrecondition,
-            "KEY_REUSED",
+        Answer::Mismatch => Reason::KeyReused.status(
             "this key was used with a different request (method or message); nothing ran",
-            Some(key),
+            Some(key.as_str()),
             None,
         ),
-        Answer::Unknown => status(
-            Code::FailedPrecondition,
-            "OUTCOME_UNKNOWN",
+        Answer::Unknown => Reason::OutcomeUnknown.status(
             "an earlier call with this key may or may not have taken effect; it awaits resolution",
-            Some(key),
+            Some(key.as_str()),
             None,
         ),
-        _ => status(
-            Code::Internal,
-            "INTERNAL",
-            "the call could not be completed",
-            Some(key),
-            None,
-        ),
+        _ => Reason::Internal.status("the call could not be completed", Some(key.as_str()), None),
     };
     Ok(status_response(s, outcome))
 }
@@ -178,39 +164,29 @@ pub(super) fn answer<B, E, St: Store>(
 fn engine_error(key: &Key, e: &EngineError, config: &MethodConfig) -> tonic::Status {
     let retry = Some(config.store_retry_after);
     match e {
-        EngineError::Store(_) => status(
-            Code::Unavailable,
-            "STORE_UNAVAILABLE",
+        EngineError::Store(_) => Reason::StoreUnavailable.status(
             "the idempotency store failed or timed out; nothing ran",
-            Some(key),
+            Some(key.as_str()),
             retry,
         ),
-        EngineError::LeaseLost => status(
-            Code::Unavailable,
-            "LEASE_LOST",
+        EngineError::LeaseLost => Reason::LeaseLost.status(
             "the claim on this key was lost while the handler ran, so it was cancelled; ask the status service or retry",
-            Some(key),
+            Some(key.as_str()),
             retry,
         ),
-        EngineError::HandlerTimedOut(after) => status(
-            Code::DeadlineExceeded,
-            "HANDLER_TIMEOUT",
+        EngineError::HandlerTimedOut(after) => Reason::HandlerTimeout.status(
             format!("the handler did not finish within {after:?} and was cancelled"),
-            Some(key),
+            Some(key.as_str()),
             None,
         ),
-        EngineError::HandlerPanicked => status(
-            Code::Internal,
-            "HANDLER_PANICKED",
+        EngineError::HandlerPanicked => Reason::HandlerPanicked.status(
             "the handler panicked; the claim was released and a retry runs again",
-            Some(key),
+            Some(key.as_str()),
             None,
         ),
-        _ => status(
-            Code::Internal,
-            "INTERNAL",
+        _ => Reason::Internal.status(
             "the call could not be completed",
-            Some(key),
+            Some(key.as_str()),
             None,
         ),
     }
@@ -218,14 +194,12 @@ fn engine_error(key: &Key, e: &EngineError, config: &MethodConfig) -> tonic::Sta
 
 fn replay<B>(stored: StoredResponse, key: &Key) -> Response<ResponseBody<B>> {
     if stored.body_omitted {
-        let s = status(
-            Code::FailedPrecondition,
-            "RESPONSE_NOT_STORED",
+        let s = Reason::ResponseNotStored.status(
             format!(
                 "the call with this key completed with status {}, but its answer was too large to keep",
                 stored.status
             ),
-            Some(key),
+            Some(key.as_str()),
             None,
         );
         return status_response(s, Outcome::Refused(Refusal::ResponseNotStored));

@@ -35,15 +35,14 @@ use http::{HeaderMap, Request, Response};
 use http_body::Body;
 use idem_core::engine::LEASE_MARGIN;
 use idem_core::key_source::{FieldNumbers, KeyInputs, KeySourceError};
-use idem_core::{Engine, Fingerprint, Key, Outcome, Policy, Refusal, ScopedKey, Store};
+use idem_core::{Engine, Fingerprint, Outcome, Policy, Refusal, ScopedKey, Store};
 use idem_http::buffer::{BodyFailure, read_body};
 use idem_http::{BoxError, ResponseBody, ResponseFuture};
-use tonic::Code;
 use tower::Service;
 
 pub use layer::GrpcIdempotencyLayer;
 
-use crate::codes::status;
+use crate::codes::Reason;
 use crate::config::{GrpcIdempotencyConfig, MethodConfig};
 use crate::wire::{self, FieldError, Message};
 
@@ -170,24 +169,19 @@ pub(crate) fn status_response<B>(s: tonic::Status, outcome: Outcome) -> Response
 }
 
 fn refused<B>(
-    code: Code,
-    reason: &'static str,
+    reason: Reason,
     message: impl Into<String>,
-    key: Option<&Key>,
     why: Refusal,
 ) -> Response<ResponseBody<B>> {
-    status_response(
-        status(code, reason, message, key, None),
-        Outcome::Refused(why),
-    )
+    status_response(reason.status(message, None, None), Outcome::Refused(why))
 }
 
 fn key_refused<B>(e: &KeySourceError) -> Response<ResponseBody<B>> {
     let (reason, why) = match e {
-        KeySourceError::Repeated(_) => ("KEY_MULTIPLE", Refusal::KeyMultiple),
-        _ => ("KEY_MALFORMED", Refusal::KeyMalformed),
+        KeySourceError::Repeated(_) => (Reason::KeyMultiple, Refusal::KeyMultiple),
+        _ => (Reason::KeyMalformed, Refusal::KeyMalformed),
     };
-    refused(Code::InvalidArgument, reason, e.to_string(), None, why)
+    refused(reason, e.to_string(), why)
 }
 
 async fn protect<S, St, ResB>(
@@ -209,10 +203,8 @@ where
         Ok(p) => p,
         Err(r) => {
             return Ok(refused(
-                Code::Unauthenticated,
-                "UNAUTHENTICATED",
+                Reason::Unauthenticated,
                 r.0,
-                None,
                 Refusal::Unauthenticated,
             ));
         }
@@ -221,22 +213,18 @@ where
         Ok(bytes) => bytes,
         Err(BodyFailure::TooLarge) => {
             return Ok(refused(
-                Code::ResourceExhausted,
-                "REQUEST_TOO_LARGE",
+                Reason::RequestTooLarge,
                 format!(
                     "the request exceeds the {}-byte limit of this method; nothing ran",
                     config.max_request
                 ),
-                None,
                 Refusal::BodyTooLarge,
             ));
         }
         Err(_) => {
             return Ok(refused(
-                Code::Cancelled,
-                "REQUEST_UNREADABLE",
+                Reason::RequestUnreadable,
                 "the request could not be read; nothing ran",
-                None,
                 Refusal::BodyUnreadable,
             ));
         }
@@ -245,10 +233,8 @@ where
         Ok([one]) => *one,
         _ => {
             return Ok(refused(
-                Code::InvalidArgument,
-                "NOT_ONE_MESSAGE",
+                Reason::NotOneMessage,
                 "a protected method takes exactly one request message; nothing ran",
-                None,
                 Refusal::BodyUnreadable,
             ));
         }
@@ -261,13 +247,11 @@ where
         Ok(Some(found)) => found.key,
         Ok(None) if config.key_required => {
             return Ok(refused(
-                Code::InvalidArgument,
-                "KEY_MISSING",
+                Reason::KeyMissing,
                 format!(
                     "the call has no idempotency key (looked for: {})",
                     config.key
                 ),
-                None,
                 Refusal::KeyMissing,
             ));
         }

@@ -1,0 +1,47 @@
+//! Removes what a test put in the shared Redis and PostgreSQL servers when it is dropped, so
+//! the records go also when the test fails half-way (the guard drops while it unwinds).
+#![allow(dead_code, unreachable_pub)]
+
+use std::process::{Command, Stdio};
+
+/// What to remove when dropped.
+pub enum StoreGuard {
+    /// Nothing: an in-memory store, or a private server that goes with its test.
+    Nothing,
+    /// Every Redis key under this prefix (records, tombstones, audit streams).
+    Redis(String),
+    /// This PostgreSQL table (in database `test`) and its audit table.
+    Postgres(String),
+}
+
+impl Drop for StoreGuard {
+    fn drop(&mut self) {
+        let mut cmd = match self {
+            Self::Nothing => return,
+            Self::Redis(prefix) => {
+                let mut c = Command::new("redis-cli");
+                c.args(["-h", "127.0.0.1", "-p", "6379", "EVAL"])
+                    .arg("for _, k in ipairs(redis.call('KEYS', ARGV[1])) do redis.call('DEL', k) end")
+                    .arg("0")
+                    .arg(format!("{prefix}*"));
+                c
+            }
+            Self::Postgres(table) => {
+                let mut c = Command::new("psql");
+                c.args([
+                    "-h",
+                    "127.0.0.1",
+                    "-U",
+                    "postgres",
+                    "-d",
+                    "test",
+                    "-q",
+                    "-c",
+                ])
+                .arg(format!("DROP TABLE IF EXISTS {table}, {table}_audit"));
+                c
+            }
+        };
+        let _ = cmd.stdout(Stdio::null()).stderr(Stdio::null()).status();
+    }
+}
