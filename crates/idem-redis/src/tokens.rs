@@ -2,11 +2,18 @@
 //!
 //! - Key `<prefix>tok:{<hex of the token's scoped digest>}`: the braces make the whole key
 //!   its own hash tag, so every script touches one slot and runs on a Redis Cluster.
+//! - The value is `L<bound><expires: 15 digits><payload>` while live and `C<consumed at>`
+//!   once consumed (server-clock milliseconds; see `lua/token/common.lua`). The key never
+//!   holds the token itself.
 //! - **issue** is `SET … NX PXAT` inside a script that reads the server clock (`TIME`).
-//! - **consume** is one script: read, judge expiry on the server clock and the bound payload,
-//!   and mark consumed (`SET … KEEPTTL`); Redis runs it atomically, so of any number of
-//!   concurrent consumers exactly one sees the live token.
-//! - **inspect** is one read-only script.
+//! - **consume** is one script: `SET <marker> KEEPTTL GET` writes the consumed marker and
+//!   reads the old value in one command; the script then judges expiry (server clock) and the
+//!   bound payload and, when it refuses, puts the old value back. Redis runs it atomically,
+//!   so of any number of concurrent consumers exactly one sees the live token, and nobody
+//!   sees a refused consume's marker. The reply is the consumed value (the client reads the
+//!   payload from it) or a small integer naming the refusal.
+//! - **inspect** is one read-only script returning the value and the server time; the client
+//!   reads the state.
 //! - The key lives until expiry plus the retention ([`RedisTokens::retention`]), so expired
 //!   and consumed tokens answer as such, then as unknown.
 
@@ -129,11 +136,16 @@ impl RedisTokens {
 
     /// The Redis key holding `token` in `scope`.
     pub fn token_key(&self, scope: &Scope, token: &Token) -> String {
-        format!(
-            "{}tok:{{{}}}",
-            self.shared.prefix,
-            hex::encode(token.digest(scope))
-        )
+        let prefix = &self.shared.prefix;
+        let mut digest = [0u8; 64];
+        // 32 bytes always fit 64 hex digits.
+        let _ = hex::encode_to_slice(token.digest(scope), &mut digest);
+        let mut key = String::with_capacity(prefix.len() + 5 + digest.len() + 1);
+        key.push_str(prefix);
+        key.push_str("tok:{");
+        key.extend(digest.iter().map(|&b| char::from(b)));
+        key.push('}');
+        key
     }
 
     async fn run(
@@ -152,35 +164,54 @@ impl RedisTokens {
     }
 }
 
-fn int(v: Option<&Value>) -> Result<u64, StoreError> {
-    match v {
-        Some(Value::Int(n)) => u64::try_from(*n).map_err(|_| malformed("negative time")),
-        Some(Value::BulkString(s)) => std::str::from_utf8(s)
-            .ok()
-            .and_then(|s| s.parse().ok())
-            .ok_or(malformed("token time")),
-        _ => Err(malformed("token time")),
-    }
+/// Offset of the payload in a live value: `L`, the bound flag, 15 digits of expiry.
+const PAYLOAD: usize = 17;
+
+/// A token's stored value, as the scripts hand it back.
+enum Stored {
+    Live {
+        expires_at: u64,
+        payload: Option<Bytes>,
+    },
+    Consumed {
+        at: u64,
+    },
 }
 
-fn payload(bound: Option<&Value>, body: Option<&Value>) -> Result<Option<Bytes>, StoreError> {
-    match (bound, body) {
-        (Some(Value::BulkString(b)), Some(Value::BulkString(p))) if b == b"1" => {
-            Ok(Some(Bytes::copy_from_slice(p)))
+fn digits(text: &[u8]) -> Result<u64, StoreError> {
+    std::str::from_utf8(text)
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .ok_or(malformed("token time"))
+}
+
+impl Stored {
+    fn parse(value: Vec<u8>) -> Result<Self, StoreError> {
+        match value.first() {
+            Some(b'L') if value.len() >= PAYLOAD => {
+                let expires_at = digits(&value[2..PAYLOAD])?;
+                let payload = match value[1] {
+                    b'1' => Some(Bytes::from(value).slice(PAYLOAD..)),
+                    b'0' => None,
+                    _ => return Err(malformed("token payload")),
+                };
+                Ok(Stored::Live {
+                    expires_at,
+                    payload,
+                })
+            }
+            Some(b'C') => Ok(Stored::Consumed {
+                at: digits(&value[1..])?,
+            }),
+            _ => Err(malformed("token value")),
         }
-        (Some(Value::BulkString(b)), _) if b == b"0" => Ok(None),
-        _ => Err(malformed("token payload")),
     }
 }
 
-/// The first element of a script's array reply, and the reply.
-fn tagged(reply: Value) -> Result<(Vec<u8>, Vec<Value>), StoreError> {
-    let Value::Array(items) = reply else {
-        return Err(malformed("token reply"));
-    };
-    match items.first() {
-        Some(Value::BulkString(tag)) => Ok((tag.clone(), items)),
-        _ => Err(malformed("token reply")),
+fn millis(v: &Value) -> Result<u64, StoreError> {
+    match v {
+        Value::Int(n) => u64::try_from(*n).map_err(|_| malformed("negative time")),
+        _ => Err(malformed("token time")),
     }
 }
 
@@ -205,7 +236,7 @@ impl TokenStore for RedisTokens {
             Value::Int(-1) => Err(StoreError::unavailable("token collision")),
             other => Ok(Issued {
                 token,
-                expires_at: Timestamp(int(Some(&other))?),
+                expires_at: Timestamp(millis(&other)?),
             }),
         }
     }
@@ -221,35 +252,42 @@ impl TokenStore for RedisTokens {
             Some(p) => (b"1", p),
             None => (b"0", b""),
         };
-        let (tag, items) = tagged(self.run(&scripts().consume, &key, &[flag, body]).await?)?;
-        Ok(match tag.as_slice() {
-            b"ok" => ConsumeOutcome::Consumed {
-                payload: payload(items.get(1), items.get(2))?,
+        Ok(match self.run(&scripts().consume, &key, &[flag, body]).await? {
+            Value::BulkString(value) => match Stored::parse(value)? {
+                Stored::Live { payload, .. } => ConsumeOutcome::Consumed { payload },
+                Stored::Consumed { .. } => return Err(malformed("token reply")),
             },
-            b"unknown" => ConsumeOutcome::Unknown,
-            b"used" => ConsumeOutcome::AlreadyConsumed,
-            b"expired" => ConsumeOutcome::Expired,
-            b"mismatch" => ConsumeOutcome::Mismatch,
+            Value::Int(0) => ConsumeOutcome::Unknown,
+            Value::Int(1) => ConsumeOutcome::AlreadyConsumed,
+            Value::Int(2) => ConsumeOutcome::Expired,
+            Value::Int(3) => ConsumeOutcome::Mismatch,
             _ => return Err(malformed("token reply")),
         })
     }
 
     async fn inspect(&self, scope: &Scope, token: &Token) -> Result<TokenState, StoreError> {
         let key = self.token_key(scope, token);
-        let (tag, items) = tagged(self.run(&scripts().inspect, &key, &[]).await?)?;
-        Ok(match tag.as_slice() {
-            b"unknown" => TokenState::Unknown,
-            b"used" => TokenState::Consumed {
-                at: Timestamp(int(items.get(1))?),
-            },
-            b"expired" => TokenState::Expired {
-                at: Timestamp(int(items.get(1))?),
-            },
-            b"live" => TokenState::Live {
-                expires_at: Timestamp(int(items.get(1))?),
-                payload: payload(items.get(2), items.get(3))?,
+        let reply = self.run(&scripts().inspect, &key, &[]).await?;
+        let (value, now) = match reply {
+            Value::Int(0) => return Ok(TokenState::Unknown),
+            Value::Array(items) => match <[Value; 2]>::try_from(items) {
+                Ok([Value::BulkString(value), now]) => (value, millis(&now)?),
+                _ => return Err(malformed("token reply")),
             },
             _ => return Err(malformed("token reply")),
+        };
+        Ok(match Stored::parse(value)? {
+            Stored::Consumed { at } => TokenState::Consumed { at: Timestamp(at) },
+            Stored::Live { expires_at, .. } if now >= expires_at => TokenState::Expired {
+                at: Timestamp(expires_at),
+            },
+            Stored::Live {
+                expires_at,
+                payload,
+            } => TokenState::Live {
+                expires_at: Timestamp(expires_at),
+                payload,
+            },
         })
     }
 }

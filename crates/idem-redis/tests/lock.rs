@@ -142,6 +142,50 @@ async fn fences_grow_across_a_restart_without_persistence() {
     );
 }
 
+/// The fence rule's two terms, each exercised by moving the counter under the lock. A stale
+/// counter (a failover to a replica that missed the last write) gives the clock reading, still
+/// above the fence handed out before; a counter alone would hand out stale + 1. A counter ahead
+/// of the clock (acquisitions within one microsecond, or a clock stepped back) gives
+/// counter + 1, and keeps it; the clock alone would go backwards.
+#[tokio::test]
+async fn fences_pass_a_stale_counter_and_follow_one_ahead_of_the_clock() {
+    if !common::local_redis_up() {
+        return;
+    }
+    let prefix = common::unique_prefix();
+    let lock = lock_at(common::LOCAL_URL, &prefix).await;
+    let fence_key = format!("{prefix}lock:{{f}}:fence");
+    let mut raw = redis::Client::open(common::LOCAL_URL)
+        .expect("client")
+        .get_multiplexed_async_connection()
+        .await
+        .expect("connection");
+    let mut set_counter = async |to: u64| {
+        let _: () = redis::cmd("SET")
+            .arg(&fence_key)
+            .arg(to)
+            .query_async(&mut raw)
+            .await
+            .expect("set");
+    };
+    let first = lock.try_acquire("f").await.expect("free");
+    assert!(lock.release(first.clone()).await.expect("release"));
+
+    set_counter(first.fence - 10).await;
+    let second = lock.try_acquire("f").await.expect("free");
+    assert!(second.fence > first.fence, "{} after {}", second.fence, first.fence);
+    assert!(lock.release(second.clone()).await.expect("release"));
+
+    let ahead = second.fence + 3_600_000_000;
+    set_counter(ahead).await;
+    let third = lock.try_acquire("f").await.expect("free");
+    assert_eq!(third.fence, ahead + 1);
+    assert!(lock.release(third).await.expect("release"));
+    let fourth = lock.try_acquire("f").await.expect("free");
+    assert_eq!(fourth.fence, ahead + 2, "the counter kept ahead + 1");
+    assert!(lock.release(fourth).await.expect("release"));
+}
+
 #[tokio::test]
 async fn cluster_locks_and_fences() {
     if !common::redis_server_available() {

@@ -104,3 +104,124 @@ async fn redis_keeps_no_token_text() {
         .expect("pttl");
     assert!(pttl > 60_000, "kept past expiry for the retention: {pttl}");
 }
+
+/// A consume marks the token with `SET … KEEPTTL GET` before it judges it, so every refusal
+/// must put the old value back: a refused consume (wrong payload, expired, already used)
+/// leaves the value byte for byte and its expiry, and an unknown token leaves no key. The
+/// unguarded variant, a script that marks and judges but never restores (it lives here, not
+/// in the library), burns a token on a wrong payload: the right payload is then refused.
+#[tokio::test]
+async fn refused_consumes_leave_the_token_as_it_was() {
+    use idem_core::token::{ConsumeOutcome, IssueRequest, Token, TokenStore};
+    if !common::local_redis_up() {
+        return;
+    }
+    let config = RedisConfig::from_url(common::LOCAL_URL)
+        .and_then(|c| c.prefix(common::unique_prefix()))
+        .expect("config");
+    let tokens = RedisTokens::connect(config).await.expect("connect");
+    let mut raw = redis::Client::open(common::LOCAL_URL)
+        .expect("client")
+        .get_multiplexed_async_connection()
+        .await
+        .expect("conn");
+    let scope = idem_core::Scope::new("tok.restore").expect("scope");
+    let bound = IssueRequest::new(scope.clone(), Duration::from_secs(60))
+        .and_then(|r| r.bind(&b"cart-1"[..]))
+        .expect("req");
+    let mut snapshot = async |key: &str| -> (Option<Vec<u8>>, i64) {
+        let value: Option<Vec<u8>> = redis::cmd("GET")
+            .arg(key)
+            .query_async(&mut raw)
+            .await
+            .expect("get");
+        let pttl: i64 = redis::cmd("PTTL")
+            .arg(key)
+            .query_async(&mut raw)
+            .await
+            .expect("pttl");
+        (value, pttl)
+    };
+
+    // Wrong payload, then no payload: refused, value and expiry untouched.
+    let issued = tokens.issue(&bound).await.expect("issue");
+    let key = tokens.token_key(&scope, &issued.token);
+    let (live, ttl) = snapshot(&key).await;
+    assert!(live.is_some() && ttl > 0);
+    for presented in [Some(&b"cart-2"[..]), None] {
+        let out = tokens
+            .consume(&scope, &issued.token, presented)
+            .await
+            .expect("consume");
+        assert_eq!(out, ConsumeOutcome::Mismatch);
+        let (after, left) = snapshot(&key).await;
+        assert_eq!(after, live);
+        assert!(left > 0 && left <= ttl, "expiry kept: {left} of {ttl}");
+    }
+
+    // Consumed, then consumed again: the marker and its expiry stay.
+    let out = tokens
+        .consume(&scope, &issued.token, Some(b"cart-1"))
+        .await
+        .expect("consume");
+    assert!(matches!(out, ConsumeOutcome::Consumed { payload: Some(ref p) } if p == &b"cart-1"[..]));
+    let (marker, ttl) = snapshot(&key).await;
+    assert!(marker.as_deref().is_some_and(|m| m.starts_with(b"C")) && ttl > 0);
+    let again = tokens
+        .consume(&scope, &issued.token, Some(b"cart-1"))
+        .await
+        .expect("consume");
+    assert_eq!(again, ConsumeOutcome::AlreadyConsumed);
+    let (after, left) = snapshot(&key).await;
+    assert_eq!(after, marker);
+    assert!(left > 0 && left <= ttl);
+
+    // Expired: refused, still live-shaped (so it keeps answering "expired").
+    let short = IssueRequest::new(scope.clone(), Duration::from_millis(30)).expect("req");
+    let issued = tokens.issue(&short).await.expect("issue");
+    let key = tokens.token_key(&scope, &issued.token);
+    let (live, _) = snapshot(&key).await;
+    idem_testkit::sleep_for(Duration::from_millis(80)).await;
+    let out = tokens
+        .consume(&scope, &issued.token, None)
+        .await
+        .expect("consume");
+    assert_eq!(out, ConsumeOutcome::Expired);
+    assert_eq!(snapshot(&key).await.0, live);
+
+    // Unknown: no key is left behind.
+    let unknown = Token::generate().expect("token");
+    let out = tokens
+        .consume(&scope, &unknown, None)
+        .await
+        .expect("consume");
+    assert_eq!(out, ConsumeOutcome::Unknown);
+    let key = tokens.token_key(&scope, &unknown);
+    assert_eq!(snapshot(&key).await, (None, -2));
+
+    // The unguarded variant: mark, judge, never restore.
+    let unguarded = redis::Script::new(
+        "local v = redis.call('SET', KEYS[1], 'C0', 'KEEPTTL', 'GET')
+         if not v then return 0 end
+         if string.byte(v, 2) == 49 and ARGV[1] ~= string.sub(v, 18) then return 3 end
+         return v",
+    );
+    let issued = tokens.issue(&bound).await.expect("issue");
+    let key = tokens.token_key(&scope, &issued.token);
+    let refused: i64 = unguarded
+        .key(&key)
+        .arg(&b"cart-2"[..])
+        .invoke_async(&mut raw)
+        .await
+        .expect("unguarded");
+    assert_eq!(refused, 3);
+    let out = tokens
+        .consume(&scope, &issued.token, Some(b"cart-1"))
+        .await
+        .expect("consume");
+    assert_eq!(
+        out,
+        ConsumeOutcome::AlreadyConsumed,
+        "without the restore, a refused consume burns the token"
+    );
+}

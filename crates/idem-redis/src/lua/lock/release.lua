@@ -1,4 +1,4 @@
--- KEYS[1] the lock; ARGV: holder ('owner|fence'). Compare-and-delete: 1 when it was ours.
+-- KEYS[1] the lock; ARGV: owner. Compare-and-delete: 1 when it was ours.
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   return redis.call('DEL', KEYS[1])
 end

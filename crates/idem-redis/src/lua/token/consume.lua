@@ -1,21 +1,34 @@
 -- KEYS[1] token key; ARGV: presented ('0' none / '1' some), presented payload.
--- Returns {'ok', bound, payload} | {'unknown'} | {'used'} | {'expired'} | {'mismatch'}.
-local v = redis.call('GET', KEYS[1])
-if not v then
-  return {'unknown'}
-end
-local state, expires, _, bound, payload, a, b = parse(v)
-if state == 'C' then
-  return {'used'}
-end
+-- Returns the live value it consumed, or 0 unknown, 1 used, 2 expired, 3 mismatch.
+--
+-- One SET … GET writes the consumed marker and reads what was there, so consuming a live
+-- token runs one command besides TIME. A refusal puts the old value back (or deletes the
+-- marker where there was nothing) before it answers; the script runs atomically, so nobody
+-- ever sees the marker of a refused consume.
 local now = now_ms()
-if now >= expires then
-  return {'expired'}
+local v = redis.call('SET', KEYS[1], 'C' .. ms(now), 'KEEPTTL', 'GET')
+if not v then
+  redis.call('DEL', KEYS[1])
+  return 0
 end
-if bound == '1' and (ARGV[1] ~= '1' or ARGV[2] ~= payload) then
-  return {'mismatch'}
+local refused
+local state = string.byte(v, 1)
+if state == 76 then -- 'L'
+  local expires = tonumber(string.sub(v, 3, PAYLOAD - 1))
+  if expires and #v >= PAYLOAD - 1 then
+    if now >= expires then
+      refused = 2
+    elseif string.byte(v, 2) ~= 49 or (ARGV[1] == '1' and ARGV[2] == string.sub(v, PAYLOAD)) then
+      return v
+    else
+      refused = 3
+    end
+  end
+elseif state == 67 then -- 'C'
+  refused = 1
 end
--- KEEPTTL: the consumed marker lives exactly as long as the live token would have.
-redis.call('SET', KEYS[1], 'C|' .. string.sub(v, 3, a - 1) .. '|' .. ms(now) .. string.sub(v, b),
-  'KEEPTTL')
-return {'ok', bound, payload}
+redis.call('SET', KEYS[1], v, 'KEEPTTL')
+if not refused then
+  error('idem: corrupt token')
+end
+return refused

@@ -1,14 +1,6 @@
--- KEYS[1] token key. Returns {'unknown'} | {'used', consumed} | {'expired', expires} |
--- {'live', expires, bound, payload}.
+-- KEYS[1] token key. Returns 0 when unknown, else {value, now_ms}: the client reads the state.
 local v = redis.call('GET', KEYS[1])
 if not v then
-  return {'unknown'}
+  return 0
 end
-local state, expires, consumed, bound, payload = parse(v)
-if state == 'C' then
-  return {'used', consumed}
-end
-if now_ms() >= expires then
-  return {'expired', expires}
-end
-return {'live', expires, bound, payload}
+return {v, now_ms()}
