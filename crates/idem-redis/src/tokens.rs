@@ -2,22 +2,27 @@
 //!
 //! - Key `<prefix>tok:{<hex of the token's scoped digest>}`: the braces make the whole key
 //!   its own hash tag, so every script touches one slot and runs on a Redis Cluster.
-//! - The value is `L<bound><expires: 15 digits><payload>` while live and `C<consumed at>`
-//!   once consumed (server-clock milliseconds; see `lua/token/common.lua`). The key never
-//!   holds the token itself.
-//! - **issue** is `SET … NX PXAT` inside a script that reads the server clock (`TIME`).
-//! - **consume** is one script: `SET <marker> KEEPTTL GET` writes the consumed marker and
-//!   reads the old value in one command; the script then judges expiry (server clock) and the
-//!   bound payload and, when it refuses, puts the old value back. Redis runs it atomically,
-//!   so of any number of concurrent consumers exactly one sees the live token, and nobody
-//!   sees a refused consume's marker. The reply is the consumed value (the client reads the
-//!   payload from it) or a small integer naming the refusal.
-//! - **inspect** is one read-only script returning the value and the server time; the client
-//!   reads the state.
+//! - The value is `L<bound><retention: 11 digits><payload>` while live and `C<PTTL when
+//!   consumed>` once consumed (see `lua/token/common.lua`). The key never holds the token
+//!   itself. The key's own expiry is the clock: it is set to TTL + retention at issue, the
+//!   token has expired once the key has no more than the retention left, and the expiry
+//!   reported is the key's `PEXPIRETIME` minus the retention (Redis 7.0 or later).
+//! - **issue** needs no script: `SET … NX PX` and `PEXPIRETIME`, pipelined in one round
+//!   trip (the key is a fresh random digest, so nobody else can touch it in between).
+//! - **consume** is one script: `PTTL` (an absent key is unknown at once), then
+//!   `SET <marker> KEEPTTL GET` writes the consumed marker and reads the old value in one
+//!   command; the script judges expiry and the bound payload and, when it refuses, puts the
+//!   old value back. Redis runs it atomically, so of any number of concurrent consumers
+//!   exactly one sees the live token, and nobody sees a refused consume's marker. The reply
+//!   is the consumed value (the client reads the payload from it) or a small integer naming
+//!   the refusal.
+//! - **inspect** is one read-only script returning the value, `PEXPIRETIME` and the server
+//!   time; the client reads the state.
 //! - The key lives until expiry plus the retention ([`RedisTokens::retention`]), so expired
 //!   and consumed tokens answer as such, then as unknown.
 
 use std::fmt;
+use std::io::Write as _;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
@@ -37,7 +42,6 @@ use crate::script::{Connection, NamedScript, Timeouts, bounded};
 const MAX_RETENTION: Duration = Duration::from_secs(366 * 24 * 3600);
 
 struct Scripts {
-    issue: NamedScript,
     consume: NamedScript,
     inspect: NamedScript,
 }
@@ -48,7 +52,6 @@ fn scripts() -> &'static Scripts {
         let common = include_str!("lua/token/common.lua");
         let with = |body: &str| format!("{common}\n{body}");
         Scripts {
-            issue: NamedScript::new("token_issue", &with(include_str!("lua/token/issue.lua"))),
             consume: NamedScript::new(
                 "token_consume",
                 &with(include_str!("lua/token/consume.lua")),
@@ -164,80 +167,94 @@ impl RedisTokens {
     }
 }
 
-/// Offset of the payload in a live value: `L`, the bound flag, 15 digits of expiry.
-const PAYLOAD: usize = 17;
+/// Offset of the payload in a live value: `L`, the bound flag, 11 digits of retention.
+const PAYLOAD: usize = 13;
 
 /// A token's stored value, as the scripts hand it back.
 enum Stored {
     Live {
-        expires_at: u64,
+        retention: u64,
         payload: Option<Bytes>,
     },
-    Consumed {
-        at: u64,
-    },
+    /// The key's PTTL when it was consumed.
+    Consumed { left: u64 },
 }
 
 fn digits(text: &[u8]) -> Result<u64, StoreError> {
     std::str::from_utf8(text)
         .ok()
         .and_then(|s| s.parse().ok())
-        .ok_or(malformed("token time"))
+        .ok_or(malformed("token value"))
 }
 
 impl Stored {
     fn parse(value: Vec<u8>) -> Result<Self, StoreError> {
         match value.first() {
             Some(b'L') if value.len() >= PAYLOAD => {
-                let expires_at = digits(&value[2..PAYLOAD])?;
+                let retention = digits(&value[2..PAYLOAD])?;
                 let payload = match value[1] {
                     b'1' => Some(Bytes::from(value).slice(PAYLOAD..)),
                     b'0' => None,
                     _ => return Err(malformed("token payload")),
                 };
-                Ok(Stored::Live {
-                    expires_at,
-                    payload,
-                })
+                Ok(Stored::Live { retention, payload })
             }
             Some(b'C') => Ok(Stored::Consumed {
-                at: digits(&value[1..])?,
+                left: digits(&value[1..])?,
             }),
             _ => Err(malformed("token value")),
         }
     }
 }
 
+/// A reply that must be a time in milliseconds (`PEXPIRETIME`, the server clock).
 fn millis(v: &Value) -> Result<u64, StoreError> {
     match v {
-        Value::Int(n) => u64::try_from(*n).map_err(|_| malformed("negative time")),
+        Value::Int(n) => u64::try_from(*n).map_err(|_| malformed("token time")),
         _ => Err(malformed("token time")),
     }
+}
+
+/// The live value `L<bound><retention><payload>`.
+fn live_value(retention_ms: u64, payload: Option<&[u8]>) -> Vec<u8> {
+    let body = payload.unwrap_or_default();
+    let mut value = Vec::with_capacity(PAYLOAD + body.len());
+    value.push(b'L');
+    value.push(if payload.is_some() { b'1' } else { b'0' });
+    // Writing to a Vec cannot fail.
+    let _ = write!(value, "{retention_ms:011}");
+    value.extend_from_slice(body);
+    value
 }
 
 impl TokenStore for RedisTokens {
     async fn issue(&self, req: &IssueRequest) -> Result<Issued, StoreError> {
         let token = Token::generate()?;
         let key = self.token_key(&req.scope, &token);
-        let ttl = duration_ms(req.ttl).to_string();
-        let retention = duration_ms(self.shared.retention).max(1).to_string();
-        let (bound, body): (&[u8], &[u8]) = match &req.payload {
-            Some(p) => (b"1", p),
-            None => (b"0", b""),
-        };
-        let reply = self
-            .run(
-                &scripts().issue,
-                &key,
-                &[ttl.as_bytes(), retention.as_bytes(), bound, body],
-            )
-            .await?;
-        match reply {
-            Value::Int(-1) => Err(StoreError::unavailable("token collision")),
-            other => Ok(Issued {
+        // At least 1 ms, so the key outlives the token; at most a year (11 digits).
+        let retention = duration_ms(self.shared.retention).max(1);
+        let value = live_value(retention, req.payload.as_deref());
+        let mut pipe = redis::pipe();
+        pipe.cmd("SET")
+            .arg(&key)
+            .arg(value)
+            .arg("NX")
+            .arg("PX")
+            .arg(duration_ms(req.ttl).saturating_add(retention))
+            .cmd("PEXPIRETIME")
+            .arg(&key);
+        let replies: Vec<Value> = bounded(self.shared.op_timeout, async {
+            let mut conn = self.shared.conn.clone();
+            pipe.query_async(&mut conn).await.map_err(redis_err)
+        })
+        .await?;
+        match replies.as_slice() {
+            [Value::Okay, at] => Ok(Issued {
                 token,
-                expires_at: Timestamp(millis(&other)?),
+                expires_at: Timestamp(millis(at)?.saturating_sub(retention)),
             }),
+            [Value::Nil, _] => Err(StoreError::unavailable("token collision")),
+            _ => Err(malformed("token issue reply")),
         }
     }
 
@@ -268,26 +285,31 @@ impl TokenStore for RedisTokens {
     async fn inspect(&self, scope: &Scope, token: &Token) -> Result<TokenState, StoreError> {
         let key = self.token_key(scope, token);
         let reply = self.run(&scripts().inspect, &key, &[]).await?;
-        let (value, now) = match reply {
+        let (value, key_expiry, now) = match reply {
             Value::Int(0) => return Ok(TokenState::Unknown),
-            Value::Array(items) => match <[Value; 2]>::try_from(items) {
-                Ok([Value::BulkString(value), now]) => (value, millis(&now)?),
+            Value::Array(items) => match <[Value; 3]>::try_from(items) {
+                Ok([Value::BulkString(value), expiry, now]) => {
+                    (value, millis(&expiry)?, millis(&now)?)
+                }
                 _ => return Err(malformed("token reply")),
             },
             _ => return Err(malformed("token reply")),
         };
         Ok(match Stored::parse(value)? {
-            Stored::Consumed { at } => TokenState::Consumed { at: Timestamp(at) },
-            Stored::Live { expires_at, .. } if now >= expires_at => TokenState::Expired {
-                at: Timestamp(expires_at),
+            Stored::Consumed { left } => TokenState::Consumed {
+                at: Timestamp(key_expiry.saturating_sub(left)),
             },
-            Stored::Live {
-                expires_at,
-                payload,
-            } => TokenState::Live {
-                expires_at: Timestamp(expires_at),
-                payload,
-            },
+            Stored::Live { retention, payload } => {
+                let expires_at = Timestamp(key_expiry.saturating_sub(retention));
+                if now >= expires_at.0 {
+                    TokenState::Expired { at: expires_at }
+                } else {
+                    TokenState::Live {
+                        expires_at,
+                        payload,
+                    }
+                }
+            }
         })
     }
 }

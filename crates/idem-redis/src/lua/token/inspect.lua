@@ -1,6 +1,9 @@
--- KEYS[1] token key. Returns 0 when unknown, else {value, now_ms}: the client reads the state.
+-- KEYS[1] token key. Returns 0 when unknown, else {value, PEXPIRETIME, server time in ms}:
+-- the client reads the state.
 local v = redis.call('GET', KEYS[1])
 if not v then
   return 0
 end
-return {v, now_ms()}
+local t = redis.call('TIME')
+return {v, redis.call('PEXPIRETIME', KEYS[1]),
+  tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)}
