@@ -132,10 +132,12 @@ where
 }
 
 /// The lock floor's acquire: the lock and a fence from a counter, nothing else.
-const FLOOR_ACQUIRE: &str = "if not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return 0 end
+const FLOOR_ACQUIRE: &str =
+    "if not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return 0 end
 return redis.call('INCR', KEYS[2])";
 /// The lock floor's release: compare-and-delete.
-const FLOOR_RELEASE: &str = "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+const FLOOR_RELEASE: &str =
+    "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
 return 0";
 /// The token floor's consume: mark consumed and read what was there, in one command.
 const FLOOR_CONSUME: &str = "local v = redis.call('SET', KEYS[1], 'C', 'KEEPTTL', 'GET')

@@ -269,17 +269,19 @@ impl TokenStore for RedisTokens {
             Some(p) => (b"1", p),
             None => (b"0", b""),
         };
-        Ok(match self.run(&scripts().consume, &key, &[flag, body]).await? {
-            Value::BulkString(value) => match Stored::parse(value)? {
-                Stored::Live { payload, .. } => ConsumeOutcome::Consumed { payload },
-                Stored::Consumed { .. } => return Err(malformed("token reply")),
+        Ok(
+            match self.run(&scripts().consume, &key, &[flag, body]).await? {
+                Value::BulkString(value) => match Stored::parse(value)? {
+                    Stored::Live { payload, .. } => ConsumeOutcome::Consumed { payload },
+                    Stored::Consumed { .. } => return Err(malformed("token reply")),
+                },
+                Value::Int(0) => ConsumeOutcome::Unknown,
+                Value::Int(1) => ConsumeOutcome::AlreadyConsumed,
+                Value::Int(2) => ConsumeOutcome::Expired,
+                Value::Int(3) => ConsumeOutcome::Mismatch,
+                _ => return Err(malformed("token reply")),
             },
-            Value::Int(0) => ConsumeOutcome::Unknown,
-            Value::Int(1) => ConsumeOutcome::AlreadyConsumed,
-            Value::Int(2) => ConsumeOutcome::Expired,
-            Value::Int(3) => ConsumeOutcome::Mismatch,
-            _ => return Err(malformed("token reply")),
-        })
+        )
     }
 
     async fn inspect(&self, scope: &Scope, token: &Token) -> Result<TokenState, StoreError> {

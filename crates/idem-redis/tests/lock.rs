@@ -173,7 +173,12 @@ async fn fences_pass_a_stale_counter_and_follow_one_ahead_of_the_clock() {
 
     set_counter(first.fence - 10).await;
     let second = lock.try_acquire("f").await.expect("free");
-    assert!(second.fence > first.fence, "{} after {}", second.fence, first.fence);
+    assert!(
+        second.fence > first.fence,
+        "{} after {}",
+        second.fence,
+        first.fence
+    );
     assert!(lock.release(second.clone()).await.expect("release"));
 
     let ahead = second.fence + 3_600_000_000;

@@ -164,7 +164,9 @@ async fn refused_consumes_leave_the_token_as_it_was() {
         .consume(&scope, &issued.token, Some(b"cart-1"))
         .await
         .expect("consume");
-    assert!(matches!(out, ConsumeOutcome::Consumed { payload: Some(ref p) } if p == &b"cart-1"[..]));
+    assert!(
+        matches!(out, ConsumeOutcome::Consumed { payload: Some(ref p) } if p == &b"cart-1"[..])
+    );
     let (marker, ttl) = snapshot(&key).await;
     assert!(marker.as_deref().is_some_and(|m| m.starts_with(b"C")) && ttl > 0);
     let again = tokens

@@ -465,7 +465,10 @@ mod tests {
         assert_eq!(mode(&my), ISSUE_UNKNOWN);
         let forced = my.with_issue_then_read();
         assert_eq!(mode(&forced), ISSUE_THEN_READ);
-        assert_eq!(mode(&forced.retention(Duration::from_secs(5))), ISSUE_THEN_READ);
+        assert_eq!(
+            mode(&forced.retention(Duration::from_secs(5))),
+            ISSUE_THEN_READ
+        );
 
         let pg = sqlx::postgres::PgPoolOptions::new()
             .connect_lazy("postgres://postgres@127.0.0.1:5432/test")

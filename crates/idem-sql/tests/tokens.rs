@@ -128,10 +128,12 @@ mod mariadb {
 mod mariadb_portable_issue {
     use super::*;
 
-    idem_testkit::token_conformance_tests!(match mysql_with(SqlTokens::with_issue_then_read).await {
-        Some(h) => h,
-        None => return,
-    });
+    idem_testkit::token_conformance_tests!(
+        match mysql_with(SqlTokens::with_issue_then_read).await {
+            Some(h) => h,
+            None => return,
+        }
+    );
 }
 
 /// Rows past their retention are purged; rows within it are kept.
