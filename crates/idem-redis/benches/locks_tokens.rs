@@ -8,8 +8,9 @@
 //!
 //! - lock pair: `RedisLock::try_acquire` + `RedisLock::release` (two scripts, the first also
 //!   handing out a fence) vs raw `SET key v NX PX 10000` + `DEL key`;
-//! - token pair: `TokenStore::issue` + `TokenStore::consume` (two scripts) vs raw
-//!   `SET key v PX 60000` + `GETDEL key` on a fresh key.
+//! - token pair: `TokenStore::issue` (a pipeline of `SET NX PX` and `PEXPIRETIME`) +
+//!   `TokenStore::consume` (one script) vs raw `SET key v PX 60000` + `GETDEL key` on a fresh
+//!   key.
 //!
 //! Each pair also has a **floor** row: the least any implementation of the same contract
 //! must do, through the same client stack as the lock and the tokens (`script::Connection`,
