@@ -36,7 +36,8 @@
 //! so the script runs on one Redis Cluster slot.
 //!
 //! # Cost
-//! Every operation is one `EVALSHA`. Acquire runs `SET NX PX` first, so a busy lock costs
+//! Every operation is one `EVALSHA`; on a single node (with [`RedisConfig::batching`], on by
+//! default) concurrent acquires and releases share one (see `coalesce.rs`). Acquire runs `SET NX PX` first, so a busy lock costs
 //! one command; a free one adds `TIME`, `GET` and `SET` of the counter. Release and renewal
 //! are `GET` then `DEL` or `PEXPIRE`. The client builds both keys in one allocation and keeps
 //! the owner id as text in [`Held`], so an acquire-release pair allocates little besides the
@@ -54,6 +55,7 @@ use redis::Value;
 use tokio::time::Instant;
 
 use crate::batch::{malformed, redis_err};
+use crate::coalesce::{self, Coalescer, Code};
 use crate::config::{RedisConfig, Target};
 use crate::script::{Connection, NamedScript, Timeouts, bounded};
 
@@ -63,19 +65,10 @@ pub const MAX_LOCK_NAME: usize = 200;
 /// What the fence counter's key adds to the lock's key.
 const FENCE_SUFFIX: &str = ":fence";
 
-struct Scripts {
-    acquire: NamedScript,
-    renew: NamedScript,
-    release: NamedScript,
-}
-
-fn scripts() -> &'static Scripts {
-    static SCRIPTS: OnceLock<Scripts> = OnceLock::new();
-    SCRIPTS.get_or_init(|| Scripts {
-        acquire: NamedScript::new("lock_acquire", include_str!("lua/lock/acquire.lua")),
-        renew: NamedScript::new("lock_renew", include_str!("lua/lock/renew.lua")),
-        release: NamedScript::new("lock_release", include_str!("lua/lock/release.lua")),
-    })
+/// The renewal script; acquire and release live with the batch script in [`crate::coalesce`].
+fn renew_script() -> &'static NamedScript {
+    static SCRIPT: OnceLock<NamedScript> = OnceLock::new();
+    SCRIPT.get_or_init(|| NamedScript::new("lock_renew", include_str!("lua/lock/renew.lua")))
 }
 
 /// A held lock: its fence and holder. Release it with [`RedisLock::release`]; if it is
@@ -116,6 +109,8 @@ pub struct RedisLock {
 
 struct Shared {
     conn: Connection,
+    /// Coalesces concurrent acquires and releases; `None` on a cluster or with batching off.
+    coalescer: Option<Arc<Coalescer>>,
     prefix: String,
     op_timeout: Duration,
     lease: Duration,
@@ -157,9 +152,12 @@ impl RedisLock {
     /// A lock over an existing connection, with `config`'s prefix and operation timeout.
     pub fn with_connection(conn: Connection, config: &RedisConfig, lease: Duration) -> Self {
         let lease = lease.max(config.op_timeout * 3);
+        let coalescer = (config.batching && !conn.is_cluster())
+            .then(|| Arc::new(Coalescer::new(conn.clone(), config.op_timeout)));
         Self {
             shared: Arc::new(Shared {
                 conn,
+                coalescer,
                 prefix: config.prefix.clone(),
                 op_timeout: config.op_timeout,
                 lease,
@@ -215,6 +213,20 @@ impl RedisLock {
         .await
     }
 
+    /// Acquire or release: coalesced with concurrent ones on a single node, else alone.
+    async fn call(&self, code: Code, keys: &[&[u8]], args: &[&[u8]]) -> Result<Value, StoreError> {
+        let s = &self.shared;
+        coalesce::run(
+            &s.conn,
+            s.coalescer.as_ref(),
+            code,
+            keys,
+            args,
+            s.op_timeout,
+        )
+        .await
+    }
+
     /// Acquires `name` if it is free.
     ///
     /// # Errors
@@ -228,11 +240,10 @@ impl RedisLock {
             .map_err(|_| malformed("owner id"))?;
         let sent = Instant::now();
         let reply = self
-            .script(
-                &scripts().acquire,
+            .call(
+                Code::Acquire,
                 &[Self::lock_key(&keys), keys.as_bytes()],
                 &[&owner, self.shared.lease_ms.as_bytes()],
-                self.shared.op_timeout,
             )
             .await?;
         match reply {
@@ -274,7 +285,7 @@ impl RedisLock {
         let sent = Instant::now();
         let reply = self
             .script(
-                &scripts().renew,
+                renew_script(),
                 &[Self::lock_key(&keys)],
                 &[&held.owner, self.shared.lease_ms.as_bytes()],
                 limit,
@@ -305,12 +316,7 @@ impl RedisLock {
     pub async fn release(&self, held: Held) -> Result<bool, StoreError> {
         let keys = self.keys(&held.name).map_err(|_| malformed("lock name"))?;
         let reply = self
-            .script(
-                &scripts().release,
-                &[Self::lock_key(&keys)],
-                &[&held.owner],
-                self.shared.op_timeout,
-            )
+            .call(Code::Release, &[Self::lock_key(&keys)], &[&held.owner])
             .await?;
         Ok(matches!(reply, Value::Int(1)))
     }

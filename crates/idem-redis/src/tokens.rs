@@ -7,8 +7,8 @@
 //!   itself. The key's own expiry is the clock: it is set to TTL + retention at issue, the
 //!   token has expired once the key has no more than the retention left, and the expiry
 //!   reported is the key's `PEXPIRETIME` minus the retention (Redis 7.0 or later).
-//! - **issue** needs no script: `SET … NX PX` and `PEXPIRETIME`, pipelined in one round
-//!   trip (the key is a fresh random digest, so nobody else can touch it in between).
+//! - **issue** is one script: `SET … NX PX` and `PEXPIRETIME` (the expiry reported is the
+//!   key's expiry minus the retention, on the server clock).
 //! - **consume** is one script: `PTTL` (an absent key is unknown at once), then
 //!   `SET <marker> KEEPTTL GET` writes the consumed marker and reads the old value in one
 //!   command; the script judges expiry and the bound payload and, when it refuses, puts the
@@ -16,6 +16,9 @@
 //!   exactly one sees the live token, and nobody sees a refused consume's marker. The reply
 //!   is the consumed value (the client reads the payload from it) or a small integer naming
 //!   the refusal.
+//! - On a single node (with [`RedisConfig::batching`], on by default) concurrent issues and
+//!   consumes share one script call (see `coalesce.rs`); each is applied on its own, in
+//!   order.
 //! - **inspect** is one read-only script returning the value, `PEXPIRETIME` and the server
 //!   time; the client reads the state.
 //! - The key lives until expiry plus the retention ([`RedisTokens::retention`]), so expired
@@ -35,32 +38,23 @@ use idem_core::{Scope, StoreError, Timestamp};
 use redis::Value;
 
 use crate::batch::{malformed, redis_err};
+use crate::coalesce::{self, Coalescer, Code};
 use crate::config::{RedisConfig, Target};
 use crate::script::{Connection, NamedScript, Timeouts, bounded};
 
 /// Longest retention accepted (a year).
 const MAX_RETENTION: Duration = Duration::from_secs(366 * 24 * 3600);
 
-struct Scripts {
-    consume: NamedScript,
-    inspect: NamedScript,
-}
-
-fn scripts() -> &'static Scripts {
-    static SCRIPTS: OnceLock<Scripts> = OnceLock::new();
-    SCRIPTS.get_or_init(|| {
-        let common = include_str!("lua/token/common.lua");
-        let with = |body: &str| format!("{common}\n{body}");
-        Scripts {
-            consume: NamedScript::new(
-                "token_consume",
-                &with(include_str!("lua/token/consume.lua")),
-            ),
-            inspect: NamedScript::new(
-                "token_inspect",
-                &with(include_str!("lua/token/inspect.lua")),
-            ),
-        }
+/// The inspect script; consume lives with the batch script in [`crate::coalesce`].
+fn inspect_script() -> &'static NamedScript {
+    static SCRIPT: OnceLock<NamedScript> = OnceLock::new();
+    SCRIPT.get_or_init(|| {
+        let source = format!(
+            "{}\n{}",
+            include_str!("lua/token/common.lua"),
+            include_str!("lua/token/inspect.lua")
+        );
+        NamedScript::new("token_inspect", &source)
     })
 }
 
@@ -72,6 +66,8 @@ pub struct RedisTokens {
 
 struct Shared {
     conn: Connection,
+    /// Coalesces concurrent issues and consumes; `None` on a cluster or with batching off.
+    coalescer: Option<Arc<Coalescer>>,
     prefix: String,
     op_timeout: Duration,
     retention: Duration,
@@ -111,9 +107,12 @@ impl RedisTokens {
     /// Tokens over an existing connection (a record store's, see
     /// [`crate::RedisStore::connection`]), with `config`'s prefix and operation timeout.
     pub fn with_connection(conn: Connection, config: &RedisConfig) -> Self {
+        let coalescer = (config.batching && !conn.is_cluster())
+            .then(|| Arc::new(Coalescer::new(conn.clone(), config.op_timeout)));
         Self {
             shared: Arc::new(Shared {
                 conn,
+                coalescer,
                 prefix: config.prefix.clone(),
                 op_timeout: config.op_timeout,
                 retention: DEFAULT_RETENTION,
@@ -130,6 +129,7 @@ impl RedisTokens {
         Self {
             shared: Arc::new(Shared {
                 conn: s.conn.clone(),
+                coalescer: s.coalescer.clone(),
                 prefix: s.prefix.clone(),
                 op_timeout: s.op_timeout,
                 retention: retention.min(MAX_RETENTION),
@@ -234,27 +234,22 @@ impl TokenStore for RedisTokens {
         // At least 1 ms, so the key outlives the token; at most a year (11 digits).
         let retention = duration_ms(self.shared.retention).max(1);
         let value = live_value(retention, req.payload.as_deref());
-        let mut pipe = redis::pipe();
-        pipe.cmd("SET")
-            .arg(&key)
-            .arg(value)
-            .arg("NX")
-            .arg("PX")
-            .arg(duration_ms(req.ttl).saturating_add(retention))
-            .cmd("PEXPIRETIME")
-            .arg(&key);
-        let replies: Vec<Value> = bounded(self.shared.op_timeout, async {
-            let mut conn = self.shared.conn.clone();
-            pipe.query_async(&mut conn).await.map_err(redis_err)
-        })
+        let px = duration_ms(req.ttl).saturating_add(retention).to_string();
+        let reply = coalesce::run(
+            &self.shared.conn,
+            self.shared.coalescer.as_ref(),
+            Code::Issue,
+            &[key.as_bytes()],
+            &[&value, px.as_bytes()],
+            self.shared.op_timeout,
+        )
         .await?;
-        match replies.as_slice() {
-            [Value::Okay, at] => Ok(Issued {
+        match reply {
+            Value::Int(-1) => Err(StoreError::unavailable("token collision")),
+            at => Ok(Issued {
                 token,
-                expires_at: Timestamp(millis(at)?.saturating_sub(retention)),
+                expires_at: Timestamp(millis(&at)?.saturating_sub(retention)),
             }),
-            [Value::Nil, _] => Err(StoreError::unavailable("token collision")),
-            _ => Err(malformed("token issue reply")),
         }
     }
 
@@ -270,7 +265,16 @@ impl TokenStore for RedisTokens {
             None => (b"0", b""),
         };
         Ok(
-            match self.run(&scripts().consume, &key, &[flag, body]).await? {
+            match coalesce::run(
+                &self.shared.conn,
+                self.shared.coalescer.as_ref(),
+                Code::Consume,
+                &[key.as_bytes()],
+                &[flag, body],
+                self.shared.op_timeout,
+            )
+            .await?
+            {
                 Value::BulkString(value) => match Stored::parse(value)? {
                     Stored::Live { payload, .. } => ConsumeOutcome::Consumed { payload },
                     Stored::Consumed { .. } => return Err(malformed("token reply")),
@@ -286,7 +290,7 @@ impl TokenStore for RedisTokens {
 
     async fn inspect(&self, scope: &Scope, token: &Token) -> Result<TokenState, StoreError> {
         let key = self.token_key(scope, token);
-        let reply = self.run(&scripts().inspect, &key, &[]).await?;
+        let reply = self.run(inspect_script(), &key, &[]).await?;
         let (value, key_expiry, now) = match reply {
             Value::Int(0) => return Ok(TokenState::Unknown),
             Value::Array(items) => match <[Value; 3]>::try_from(items) {

@@ -427,3 +427,64 @@ async fn without_the_fence_the_late_write_loses_an_update() {
     assert_eq!(report, "wrote");
     assert_eq!(value, "child", "the second holder's update was overwritten");
 }
+
+/// On a single node, concurrent acquires and releases share script calls (counted on a
+/// private server), each still applied on its own: of 100 acquires of one name exactly one
+/// wins, 50 other names are each acquired once, and every release frees only its own lock.
+#[tokio::test]
+async fn concurrent_acquires_share_calls_and_stay_exclusive() {
+    if !common::redis_server_available() {
+        return;
+    }
+    let server = common::Server::start(&[]);
+    let config = RedisConfig::from_url(&server.url())
+        .and_then(|c| c.prefix(common::unique_prefix()))
+        .and_then(|c| c.op_timeout(Duration::from_secs(2)))
+        .expect("config");
+    let lock = RedisLock::connect(config, Duration::from_secs(10))
+        .await
+        .expect("connect");
+    assert_eq!(server.cli(&["CONFIG", "RESETSTAT"]).as_deref(), Some("OK"));
+    let mut calls = Vec::new();
+    for i in 0..150 {
+        let l = lock.clone();
+        let name = if i < 100 {
+            "shared".to_owned()
+        } else {
+            format!("own-{i}")
+        };
+        calls.push(tokio::spawn(async move { l.try_acquire(&name).await }));
+    }
+    let mut held = Vec::new();
+    for (i, call) in calls.into_iter().enumerate() {
+        match call.await.expect("task") {
+            Ok(h) => held.push(h),
+            Err(LockError::Busy) if i < 100 => {}
+            Err(e) => panic!("acquire {i}: {e:?}"),
+        }
+    }
+    assert_eq!(held.len(), 1 + 50);
+    assert_eq!(held.iter().filter(|h| h.name() == "shared").count(), 1);
+    let mut releases = Vec::new();
+    for h in held {
+        let l = lock.clone();
+        releases.push(tokio::spawn(async move { l.release(h).await }));
+    }
+    for r in releases {
+        assert!(r.await.expect("task").expect("release"));
+    }
+    let again = lock.try_acquire("shared").await.expect("released");
+    assert!(lock.release(again).await.expect("release"));
+    let stats = server.cli(&["INFO", "commandstats"]).unwrap_or_default();
+    let evalsha: u64 = stats
+        .lines()
+        .find_map(|l| l.strip_prefix("cmdstat_evalsha:calls="))
+        .and_then(|rest| rest.split(',').next())
+        .and_then(|n| n.parse().ok())
+        .expect("evalsha calls");
+    eprintln!("{evalsha} script calls for 203 lock operations");
+    assert!(
+        evalsha < 203,
+        "{evalsha} script calls for 203 lock operations"
+    );
+}

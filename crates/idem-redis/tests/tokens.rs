@@ -227,3 +227,81 @@ async fn refused_consumes_leave_the_token_as_it_was() {
         "without the restore, a refused consume burns the token"
     );
 }
+
+/// On a single node, concurrent consumes share script calls (fewer `EVALSHA` than consumes,
+/// counted on a private server), each still applied on its own: of 200 consumers of one token
+/// exactly one wins, every other token consumed once is consumed, and a corrupt value fails
+/// its own consume alone, left as it was.
+#[tokio::test]
+async fn concurrent_consumes_share_calls_and_fail_alone() {
+    use idem_core::token::{ConsumeOutcome, IssueRequest, TokenStore};
+    if !common::redis_server_available() {
+        return;
+    }
+    let server = common::Server::start(&[]);
+    let config = RedisConfig::from_url(&server.url())
+        .and_then(|c| c.prefix(common::unique_prefix()))
+        .and_then(|c| c.op_timeout(Duration::from_secs(2)))
+        .expect("config");
+    let tokens = RedisTokens::connect(config).await.expect("connect");
+    let scope = idem_core::Scope::new("tok.batch").expect("scope");
+    let req = IssueRequest::new(scope.clone(), Duration::from_secs(60)).expect("req");
+    let shared = tokens.issue(&req).await.expect("issue");
+    let mut own = Vec::new();
+    for _ in 0..50 {
+        own.push(tokens.issue(&req).await.expect("issue").token);
+    }
+    let corrupt = tokens.issue(&req).await.expect("issue").token;
+    let corrupt_key = tokens.token_key(&scope, &corrupt);
+    assert_eq!(
+        server
+            .cli(&["SET", &corrupt_key, "Xnot-a-token"])
+            .as_deref(),
+        Some("OK")
+    );
+    assert_eq!(server.cli(&["CONFIG", "RESETSTAT"]).as_deref(), Some("OK"));
+
+    let mut calls = Vec::new();
+    for _ in 0..200 {
+        let (t, s, tok) = (tokens.clone(), scope.clone(), shared.token.clone());
+        calls.push(tokio::spawn(async move { t.consume(&s, &tok, None).await }));
+    }
+    for tok in own {
+        let (t, s) = (tokens.clone(), scope.clone());
+        calls.push(tokio::spawn(async move { t.consume(&s, &tok, None).await }));
+    }
+    let (t, s) = (tokens.clone(), scope.clone());
+    let bad = tokio::spawn(async move { t.consume(&s, &corrupt, None).await });
+
+    let mut won = 0;
+    for (i, call) in calls.into_iter().enumerate() {
+        let out = call.await.expect("task").expect("consume");
+        match out {
+            ConsumeOutcome::Consumed { .. } => won += 1,
+            ConsumeOutcome::AlreadyConsumed if i < 200 => {}
+            other => panic!("consume {i}: {other:?}"),
+        }
+    }
+    assert_eq!(
+        won,
+        1 + 50,
+        "one winner of the shared token, and each own token"
+    );
+    assert!(
+        bad.await.expect("task").is_err(),
+        "the corrupt value fails its consume"
+    );
+    assert_eq!(
+        server.cli(&["GET", &corrupt_key]).as_deref(),
+        Some("Xnot-a-token")
+    );
+    let stats = server.cli(&["INFO", "commandstats"]).unwrap_or_default();
+    let evalsha: u64 = stats
+        .lines()
+        .find_map(|l| l.strip_prefix("cmdstat_evalsha:calls="))
+        .and_then(|rest| rest.split(',').next())
+        .and_then(|n| n.parse().ok())
+        .expect("evalsha calls");
+    eprintln!("{evalsha} script calls for 251 consumes");
+    assert!(evalsha < 251, "{evalsha} script calls for 251 consumes");
+}
