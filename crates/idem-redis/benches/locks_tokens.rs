@@ -6,14 +6,14 @@
 //! measurement; `IDEM_BENCH_ROUNDS`, default 3). Each round measures every row once, and each
 //! ratio is taken within a round; prints one line per round and the medians.
 //!
-//! - lock pair: `RedisLock::try_acquire` + `RedisLock::release` (two scripts, the first also
-//!   handing out a fence) vs raw `SET key v NX PX 10000` + `DEL key`;
-//! - token pair: `TokenStore::issue` (a pipeline of `SET NX PX` and `PEXPIRETIME`) +
-//!   `TokenStore::consume` (one script) vs raw `SET key v PX 60000` + `GETDEL key` on a fresh
-//!   key.
+//! - lock pair: `RedisLock::try_acquire` + `RedisLock::release` (a script each, the first
+//!   also handing out a fence; concurrent calls share script calls) vs raw
+//!   `SET key v NX PX 10000` + `DEL key`;
+//! - token pair: `TokenStore::issue` + `TokenStore::consume` (a script each, shared the same
+//!   way) vs raw `SET key v PX 60000` + `GETDEL key` on a fresh key.
 //!
-//! Each pair also has a **floor** row: the least any implementation of the same contract
-//! must do, through the same client stack as the lock and the tokens (`script::Connection`,
+//! Each pair also has a **floor** row: the least an implementation of the same contract with
+//! one script call per operation must do, through the same client stack as the lock and the tokens (`script::Connection`,
 //! `EVALSHA`). Lock floor: a script holding only `SET NX PX` and `INCR` of a fence counter,
 //! then a compare-and-delete script. Token floor: a plain `SET NX PX` (no expiry or payload
 //! to read back), then a script holding only `SET <marker> KEEPTTL GET` (and `DEL` when
