@@ -13,8 +13,8 @@
 //!   way) vs raw `SET key v PX 60000` + `GETDEL key` on a fresh key.
 //!
 //! Each pair also has a **floor** row: the least an implementation of the same contract with
-//! one script call per operation must do, through the same client stack as the lock and the tokens (`script::Connection`,
-//! `EVALSHA`). Lock floor: a script holding only `SET NX PX` and `INCR` of a fence counter,
+//! one script call per operation must do, through the same client stack as the lock and the
+//! tokens (`script::Connection`, `EVALSHA`). Lock floor: a script holding only `SET NX PX` and `INCR` of a fence counter,
 //! then a compare-and-delete script. Token floor: a plain `SET NX PX` (no expiry or payload
 //! to read back), then a script holding only `SET <marker> KEEPTTL GET` (and `DEL` when
 //! there was nothing), which is the least that tells a consumed token from an unknown one.
