@@ -201,6 +201,8 @@ impl RedisConfig {
     /// a slot, and concurrent records rarely do). Turn it off behind a proxy that shards
     /// keys over several nodes (twemproxy, Envoy's Redis proxy): such a proxy routes a script
     /// by its first key, so a batch's other records would land on the wrong shard.
+    /// [`crate::RedisLock`] and [`crate::RedisTokens`] built from this configuration
+    /// coalesce their own operations the same way (one call in flight each).
     pub fn batching(mut self, on: bool) -> Self {
         self.batching = on;
         self

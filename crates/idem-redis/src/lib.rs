@@ -76,6 +76,7 @@
 
 mod audit;
 mod batch;
+mod coalesce;
 mod codec;
 pub mod config;
 pub mod lock;

@@ -5,7 +5,9 @@
 //!   critical section writes to, and let them refuse writes carrying an older fence
 //!   (`idem_sql::backstop::fenced`): a holder that paused past its lease, while the next holder
 //!   took over, is then refused instead of overwriting the newer work.
-//! - **Release** is compare-and-delete: only the holder (owner id and fence) deletes the key.
+//! - **Release** is compare-and-delete: only the holder deletes the key. Each acquisition
+//!   has an owner id of its own ([`OwnerId::random`]: a per-process random nonce and a
+//!   counter), so the owner id alone names the holder.
 //! - [`RedisLock::run`] holds the lock around a future: a watchdog renews the lease every third
 //!   of it, and the moment a renewal is refused, fails, or cannot finish before the lease would
 //!   run out, the future is dropped (cancelled) and the call returns [`LockError::Lost`]. The
@@ -29,9 +31,17 @@
 //! harmless; the watchdog only narrows the window.
 //!
 //! # Keys
-//! `<prefix>lock:{<name>}` holds `owner|fence` with the lease as its TTL;
-//! `<prefix>lock:{<name>}:fence` holds the last fence. The braces make both one hash tag, so
-//! the script runs on one Redis Cluster slot.
+//! `<prefix>lock:{<name>}` holds the holder's owner id (32 hex digits) with the lease as its
+//! TTL; `<prefix>lock:{<name>}:fence` holds the last fence. The braces make both one hash tag,
+//! so the script runs on one Redis Cluster slot.
+//!
+//! # Cost
+//! Every operation is one `EVALSHA`; on a single node (with [`RedisConfig::batching`], on by
+//! default) concurrent acquires and releases share one (see `coalesce.rs`). Acquire runs `SET NX PX` first, so a busy lock costs
+//! one command; a free one adds `TIME`, `GET` and `SET` of the counter. Release and renewal
+//! are `GET` then `DEL` or `PEXPIRE`. The client builds both keys in one allocation and keeps
+//! the owner id as text in [`Held`], so an acquire-release pair allocates little besides the
+//! command buffers.
 
 use std::fmt;
 use std::future::Future;
@@ -45,25 +55,20 @@ use redis::Value;
 use tokio::time::Instant;
 
 use crate::batch::{malformed, redis_err};
+use crate::coalesce::{self, Coalescer, Code};
 use crate::config::{RedisConfig, Target};
 use crate::script::{Connection, NamedScript, Timeouts, bounded};
 
 /// Longest lock name accepted, in bytes.
 pub const MAX_LOCK_NAME: usize = 200;
 
-struct Scripts {
-    acquire: NamedScript,
-    renew: NamedScript,
-    release: NamedScript,
-}
+/// What the fence counter's key adds to the lock's key.
+const FENCE_SUFFIX: &str = ":fence";
 
-fn scripts() -> &'static Scripts {
-    static SCRIPTS: OnceLock<Scripts> = OnceLock::new();
-    SCRIPTS.get_or_init(|| Scripts {
-        acquire: NamedScript::new("lock_acquire", include_str!("lua/lock/acquire.lua")),
-        renew: NamedScript::new("lock_renew", include_str!("lua/lock/renew.lua")),
-        release: NamedScript::new("lock_release", include_str!("lua/lock/release.lua")),
-    })
+/// The renewal script; acquire and release live with the batch script in [`crate::coalesce`].
+fn renew_script() -> &'static NamedScript {
+    static SCRIPT: OnceLock<NamedScript> = OnceLock::new();
+    SCRIPT.get_or_init(|| NamedScript::new("lock_renew", include_str!("lua/lock/renew.lua")))
 }
 
 /// A held lock: its fence and holder. Release it with [`RedisLock::release`]; if it is
@@ -71,7 +76,8 @@ fn scripts() -> &'static Scripts {
 #[derive(Clone, PartialEq, Eq)]
 pub struct Held {
     name: Arc<str>,
-    holder: Arc<[u8]>,
+    /// The owner id as lowercase hex: the lock key's value while this holder has it.
+    owner: [u8; 32],
     /// Strictly greater than every fence handed out earlier for this lock.
     pub fence: u64,
     /// The local time by which the lease has certainly run out on the server unless renewed
@@ -103,9 +109,13 @@ pub struct RedisLock {
 
 struct Shared {
     conn: Connection,
+    /// Coalesces concurrent acquires and releases; `None` on a cluster or with batching off.
+    coalescer: Option<Arc<Coalescer>>,
     prefix: String,
     op_timeout: Duration,
     lease: Duration,
+    /// The lease in milliseconds, as the scripts take it.
+    lease_ms: String,
 }
 
 impl fmt::Debug for RedisLock {
@@ -141,12 +151,17 @@ impl RedisLock {
 
     /// A lock over an existing connection, with `config`'s prefix and operation timeout.
     pub fn with_connection(conn: Connection, config: &RedisConfig, lease: Duration) -> Self {
+        let lease = lease.max(config.op_timeout * 3);
+        let coalescer = (config.batching && !conn.is_cluster())
+            .then(|| Arc::new(Coalescer::new(conn.clone(), config.op_timeout)));
         Self {
             shared: Arc::new(Shared {
                 conn,
+                coalescer,
                 prefix: config.prefix.clone(),
                 op_timeout: config.op_timeout,
-                lease: lease.max(config.op_timeout * 3),
+                lease,
+                lease_ms: duration_ms(lease).to_string(),
             }),
         }
     }
@@ -156,7 +171,9 @@ impl RedisLock {
         self.shared.lease
     }
 
-    fn keys(&self, name: &str) -> Result<(String, String), LockError> {
+    /// `<prefix>lock:{<name>}:fence`: the fence counter's key, which starts with the lock's
+    /// key (all of it but [`FENCE_SUFFIX`]), so one allocation serves both.
+    fn keys(&self, name: &str) -> Result<String, LockError> {
         let ok = !name.is_empty()
             && name.len() <= MAX_LOCK_NAME
             && name
@@ -165,9 +182,19 @@ impl RedisLock {
         if !ok {
             return Err(LockError::BadName);
         }
-        let lock = format!("{}lock:{{{name}}}", self.shared.prefix);
-        let fence = format!("{lock}:fence");
-        Ok((lock, fence))
+        let prefix = &self.shared.prefix;
+        let mut keys = String::with_capacity(prefix.len() + name.len() + 7 + FENCE_SUFFIX.len());
+        keys.push_str(prefix);
+        keys.push_str("lock:{");
+        keys.push_str(name);
+        keys.push('}');
+        keys.push_str(FENCE_SUFFIX);
+        Ok(keys)
+    }
+
+    /// The lock's key within [`RedisLock::keys`]'s text.
+    fn lock_key(keys: &str) -> &[u8] {
+        &keys.as_bytes()[..keys.len() - FENCE_SUFFIX.len()]
     }
 
     async fn script(
@@ -186,6 +213,20 @@ impl RedisLock {
         .await
     }
 
+    /// Acquire or release: coalesced with concurrent ones on a single node, else alone.
+    async fn call(&self, code: Code, keys: &[&[u8]], args: &[&[u8]]) -> Result<Value, StoreError> {
+        let s = &self.shared;
+        coalesce::run(
+            &s.conn,
+            s.coalescer.as_ref(),
+            code,
+            keys,
+            args,
+            s.op_timeout,
+        )
+        .await
+    }
+
     /// Acquires `name` if it is free.
     ///
     /// # Errors
@@ -193,33 +234,26 @@ impl RedisLock {
     /// [`LockError::Store`] when Redis failed (the lock may then be held by nobody until its
     /// lease runs out).
     pub async fn try_acquire(&self, name: &str) -> Result<Held, LockError> {
-        let (lock, fence_key) = self.keys(name)?;
-        let owner = OwnerId::random().to_string();
-        let lease_ms = duration_ms(self.shared.lease).to_string();
+        let keys = self.keys(name)?;
+        let mut owner = [0u8; 32];
+        hex::encode_to_slice(OwnerId::random().to_bytes(), &mut owner)
+            .map_err(|_| malformed("owner id"))?;
         let sent = Instant::now();
         let reply = self
-            .script(
-                &scripts().acquire,
-                &[lock.as_bytes(), fence_key.as_bytes()],
-                &[owner.as_bytes(), lease_ms.as_bytes()],
-                self.shared.op_timeout,
+            .call(
+                Code::Acquire,
+                &[Self::lock_key(&keys), keys.as_bytes()],
+                &[&owner, self.shared.lease_ms.as_bytes()],
             )
             .await?;
-        let Value::Array(items) = reply else {
-            return Err(malformed("lock reply").into());
-        };
-        match (items.first(), items.get(1)) {
-            (Some(Value::Int(1)), Some(Value::Int(fence))) => {
-                let fence = u64::try_from(*fence).map_err(|_| malformed("lock fence"))?;
-                let holder = format!("{owner}|{fence}");
-                Ok(Held {
-                    name: name.into(),
-                    holder: holder.into_bytes().into(),
-                    fence,
-                    deadline: sent + self.shared.lease,
-                })
-            }
-            (Some(Value::Int(0)), _) => Err(LockError::Busy),
+        match reply {
+            Value::Int(0) => Err(LockError::Busy),
+            Value::Int(fence) => Ok(Held {
+                name: name.into(),
+                owner,
+                fence: u64::try_from(fence).map_err(|_| malformed("lock fence"))?,
+                deadline: sent + self.shared.lease,
+            }),
             _ => Err(malformed("lock reply").into()),
         }
     }
@@ -247,14 +281,13 @@ impl RedisLock {
     /// # Errors
     /// [`StoreError`] when Redis failed or did not answer within `limit`.
     async fn renew_within(&self, held: &mut Held, limit: Duration) -> Result<bool, StoreError> {
-        let (lock, _) = self.keys(&held.name).map_err(|_| malformed("lock name"))?;
-        let lease_ms = duration_ms(self.shared.lease).to_string();
+        let keys = self.keys(&held.name).map_err(|_| malformed("lock name"))?;
         let sent = Instant::now();
         let reply = self
             .script(
-                &scripts().renew,
-                &[lock.as_bytes()],
-                &[&held.holder, lease_ms.as_bytes()],
+                renew_script(),
+                &[Self::lock_key(&keys)],
+                &[&held.owner, self.shared.lease_ms.as_bytes()],
                 limit,
             )
             .await?;
@@ -281,14 +314,9 @@ impl RedisLock {
     /// # Errors
     /// [`StoreError`] when Redis failed; the lease then runs out on its own.
     pub async fn release(&self, held: Held) -> Result<bool, StoreError> {
-        let (lock, _) = self.keys(&held.name).map_err(|_| malformed("lock name"))?;
+        let keys = self.keys(&held.name).map_err(|_| malformed("lock name"))?;
         let reply = self
-            .script(
-                &scripts().release,
-                &[lock.as_bytes()],
-                &[&held.holder],
-                self.shared.op_timeout,
-            )
+            .call(Code::Release, &[Self::lock_key(&keys)], &[&held.owner])
             .await?;
         Ok(matches!(reply, Value::Int(1)))
     }

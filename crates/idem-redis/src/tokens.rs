@@ -2,15 +2,30 @@
 //!
 //! - Key `<prefix>tok:{<hex of the token's scoped digest>}`: the braces make the whole key
 //!   its own hash tag, so every script touches one slot and runs on a Redis Cluster.
-//! - **issue** is `SET … NX PXAT` inside a script that reads the server clock (`TIME`).
-//! - **consume** is one script: read, judge expiry on the server clock and the bound payload,
-//!   and mark consumed (`SET … KEEPTTL`); Redis runs it atomically, so of any number of
-//!   concurrent consumers exactly one sees the live token.
-//! - **inspect** is one read-only script.
+//! - The value is `L<bound><retention: 11 digits><payload>` while live and `C<PTTL when
+//!   consumed>` once consumed (see `lua/token/common.lua`). The key never holds the token
+//!   itself. The key's own expiry is the clock: it is set to TTL + retention at issue, the
+//!   token has expired once the key has no more than the retention left, and the expiry
+//!   reported is the key's `PEXPIRETIME` minus the retention (Redis 7.0 or later).
+//! - **issue** is one script: `SET … NX PX` and `PEXPIRETIME` (the expiry reported is the
+//!   key's expiry minus the retention, on the server clock).
+//! - **consume** is one script: `PTTL` (an absent key is unknown at once), then
+//!   `SET <marker> KEEPTTL GET` writes the consumed marker and reads the old value in one
+//!   command; the script judges expiry and the bound payload and, when it refuses, puts the
+//!   old value back. Redis runs it atomically, so of any number of concurrent consumers
+//!   exactly one sees the live token, and nobody sees a refused consume's marker. The reply
+//!   is the consumed value (the client reads the payload from it) or a small integer naming
+//!   the refusal.
+//! - On a single node (with [`RedisConfig::batching`], on by default) concurrent issues and
+//!   consumes share one script call (see `coalesce.rs`); each is applied on its own, in
+//!   order.
+//! - **inspect** is one read-only script returning the value, `PEXPIRETIME` and the server
+//!   time; the client reads the state.
 //! - The key lives until expiry plus the retention ([`RedisTokens::retention`]), so expired
 //!   and consumed tokens answer as such, then as unknown.
 
 use std::fmt;
+use std::io::Write as _;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
@@ -23,34 +38,23 @@ use idem_core::{Scope, StoreError, Timestamp};
 use redis::Value;
 
 use crate::batch::{malformed, redis_err};
+use crate::coalesce::{self, Coalescer, Code};
 use crate::config::{RedisConfig, Target};
 use crate::script::{Connection, NamedScript, Timeouts, bounded};
 
 /// Longest retention accepted (a year).
 const MAX_RETENTION: Duration = Duration::from_secs(366 * 24 * 3600);
 
-struct Scripts {
-    issue: NamedScript,
-    consume: NamedScript,
-    inspect: NamedScript,
-}
-
-fn scripts() -> &'static Scripts {
-    static SCRIPTS: OnceLock<Scripts> = OnceLock::new();
-    SCRIPTS.get_or_init(|| {
-        let common = include_str!("lua/token/common.lua");
-        let with = |body: &str| format!("{common}\n{body}");
-        Scripts {
-            issue: NamedScript::new("token_issue", &with(include_str!("lua/token/issue.lua"))),
-            consume: NamedScript::new(
-                "token_consume",
-                &with(include_str!("lua/token/consume.lua")),
-            ),
-            inspect: NamedScript::new(
-                "token_inspect",
-                &with(include_str!("lua/token/inspect.lua")),
-            ),
-        }
+/// The inspect script; consume lives with the batch script in [`crate::coalesce`].
+fn inspect_script() -> &'static NamedScript {
+    static SCRIPT: OnceLock<NamedScript> = OnceLock::new();
+    SCRIPT.get_or_init(|| {
+        let source = format!(
+            "{}\n{}",
+            include_str!("lua/token/common.lua"),
+            include_str!("lua/token/inspect.lua")
+        );
+        NamedScript::new("token_inspect", &source)
     })
 }
 
@@ -62,6 +66,8 @@ pub struct RedisTokens {
 
 struct Shared {
     conn: Connection,
+    /// Coalesces concurrent issues and consumes; `None` on a cluster or with batching off.
+    coalescer: Option<Arc<Coalescer>>,
     prefix: String,
     op_timeout: Duration,
     retention: Duration,
@@ -101,9 +107,12 @@ impl RedisTokens {
     /// Tokens over an existing connection (a record store's, see
     /// [`crate::RedisStore::connection`]), with `config`'s prefix and operation timeout.
     pub fn with_connection(conn: Connection, config: &RedisConfig) -> Self {
+        let coalescer = (config.batching && !conn.is_cluster())
+            .then(|| Arc::new(Coalescer::new(conn.clone(), config.op_timeout)));
         Self {
             shared: Arc::new(Shared {
                 conn,
+                coalescer,
                 prefix: config.prefix.clone(),
                 op_timeout: config.op_timeout,
                 retention: DEFAULT_RETENTION,
@@ -120,6 +129,7 @@ impl RedisTokens {
         Self {
             shared: Arc::new(Shared {
                 conn: s.conn.clone(),
+                coalescer: s.coalescer.clone(),
                 prefix: s.prefix.clone(),
                 op_timeout: s.op_timeout,
                 retention: retention.min(MAX_RETENTION),
@@ -129,11 +139,16 @@ impl RedisTokens {
 
     /// The Redis key holding `token` in `scope`.
     pub fn token_key(&self, scope: &Scope, token: &Token) -> String {
-        format!(
-            "{}tok:{{{}}}",
-            self.shared.prefix,
-            hex::encode(token.digest(scope))
-        )
+        let prefix = &self.shared.prefix;
+        let mut digest = [0u8; 64];
+        // 32 bytes always fit 64 hex digits.
+        let _ = hex::encode_to_slice(token.digest(scope), &mut digest);
+        let mut key = String::with_capacity(prefix.len() + 5 + digest.len() + 1);
+        key.push_str(prefix);
+        key.push_str("tok:{");
+        key.extend(digest.iter().map(|&b| char::from(b)));
+        key.push('}');
+        key
     }
 
     async fn run(
@@ -152,60 +167,88 @@ impl RedisTokens {
     }
 }
 
-fn int(v: Option<&Value>) -> Result<u64, StoreError> {
+/// Offset of the payload in a live value: `L`, the bound flag, 11 digits of retention.
+const PAYLOAD: usize = 13;
+
+/// A token's stored value, as the scripts hand it back.
+enum Stored {
+    Live {
+        retention: u64,
+        payload: Option<Bytes>,
+    },
+    /// The key's PTTL when it was consumed.
+    Consumed { left: u64 },
+}
+
+fn digits(text: &[u8]) -> Result<u64, StoreError> {
+    std::str::from_utf8(text)
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .ok_or(malformed("token value"))
+}
+
+impl Stored {
+    fn parse(value: Vec<u8>) -> Result<Self, StoreError> {
+        match value.first() {
+            Some(b'L') if value.len() >= PAYLOAD => {
+                let retention = digits(&value[2..PAYLOAD])?;
+                let payload = match value[1] {
+                    b'1' => Some(Bytes::from(value).slice(PAYLOAD..)),
+                    b'0' => None,
+                    _ => return Err(malformed("token payload")),
+                };
+                Ok(Stored::Live { retention, payload })
+            }
+            Some(b'C') => Ok(Stored::Consumed {
+                left: digits(&value[1..])?,
+            }),
+            _ => Err(malformed("token value")),
+        }
+    }
+}
+
+/// A reply that must be a time in milliseconds (`PEXPIRETIME`, the server clock).
+fn millis(v: &Value) -> Result<u64, StoreError> {
     match v {
-        Some(Value::Int(n)) => u64::try_from(*n).map_err(|_| malformed("negative time")),
-        Some(Value::BulkString(s)) => std::str::from_utf8(s)
-            .ok()
-            .and_then(|s| s.parse().ok())
-            .ok_or(malformed("token time")),
+        Value::Int(n) => u64::try_from(*n).map_err(|_| malformed("token time")),
         _ => Err(malformed("token time")),
     }
 }
 
-fn payload(bound: Option<&Value>, body: Option<&Value>) -> Result<Option<Bytes>, StoreError> {
-    match (bound, body) {
-        (Some(Value::BulkString(b)), Some(Value::BulkString(p))) if b == b"1" => {
-            Ok(Some(Bytes::copy_from_slice(p)))
-        }
-        (Some(Value::BulkString(b)), _) if b == b"0" => Ok(None),
-        _ => Err(malformed("token payload")),
-    }
-}
-
-/// The first element of a script's array reply, and the reply.
-fn tagged(reply: Value) -> Result<(Vec<u8>, Vec<Value>), StoreError> {
-    let Value::Array(items) = reply else {
-        return Err(malformed("token reply"));
-    };
-    match items.first() {
-        Some(Value::BulkString(tag)) => Ok((tag.clone(), items)),
-        _ => Err(malformed("token reply")),
-    }
+/// The live value `L<bound><retention><payload>`.
+fn live_value(retention_ms: u64, payload: Option<&[u8]>) -> Vec<u8> {
+    let body = payload.unwrap_or_default();
+    let mut value = Vec::with_capacity(PAYLOAD + body.len());
+    value.push(b'L');
+    value.push(if payload.is_some() { b'1' } else { b'0' });
+    // Writing to a Vec cannot fail.
+    let _ = write!(value, "{retention_ms:011}");
+    value.extend_from_slice(body);
+    value
 }
 
 impl TokenStore for RedisTokens {
     async fn issue(&self, req: &IssueRequest) -> Result<Issued, StoreError> {
         let token = Token::generate()?;
         let key = self.token_key(&req.scope, &token);
-        let ttl = duration_ms(req.ttl).to_string();
-        let retention = duration_ms(self.shared.retention).max(1).to_string();
-        let (bound, body): (&[u8], &[u8]) = match &req.payload {
-            Some(p) => (b"1", p),
-            None => (b"0", b""),
-        };
-        let reply = self
-            .run(
-                &scripts().issue,
-                &key,
-                &[ttl.as_bytes(), retention.as_bytes(), bound, body],
-            )
-            .await?;
+        // At least 1 ms, so the key outlives the token; at most a year (11 digits).
+        let retention = duration_ms(self.shared.retention).max(1);
+        let value = live_value(retention, req.payload.as_deref());
+        let px = duration_ms(req.ttl).saturating_add(retention).to_string();
+        let reply = coalesce::run(
+            &self.shared.conn,
+            self.shared.coalescer.as_ref(),
+            Code::Issue,
+            &[key.as_bytes()],
+            &[&value, px.as_bytes()],
+            self.shared.op_timeout,
+        )
+        .await?;
         match reply {
             Value::Int(-1) => Err(StoreError::unavailable("token collision")),
-            other => Ok(Issued {
+            at => Ok(Issued {
                 token,
-                expires_at: Timestamp(int(Some(&other))?),
+                expires_at: Timestamp(millis(&at)?.saturating_sub(retention)),
             }),
         }
     }
@@ -221,35 +264,58 @@ impl TokenStore for RedisTokens {
             Some(p) => (b"1", p),
             None => (b"0", b""),
         };
-        let (tag, items) = tagged(self.run(&scripts().consume, &key, &[flag, body]).await?)?;
-        Ok(match tag.as_slice() {
-            b"ok" => ConsumeOutcome::Consumed {
-                payload: payload(items.get(1), items.get(2))?,
+        Ok(
+            match coalesce::run(
+                &self.shared.conn,
+                self.shared.coalescer.as_ref(),
+                Code::Consume,
+                &[key.as_bytes()],
+                &[flag, body],
+                self.shared.op_timeout,
+            )
+            .await?
+            {
+                Value::BulkString(value) => match Stored::parse(value)? {
+                    Stored::Live { payload, .. } => ConsumeOutcome::Consumed { payload },
+                    Stored::Consumed { .. } => return Err(malformed("token reply")),
+                },
+                Value::Int(0) => ConsumeOutcome::Unknown,
+                Value::Int(1) => ConsumeOutcome::AlreadyConsumed,
+                Value::Int(2) => ConsumeOutcome::Expired,
+                Value::Int(3) => ConsumeOutcome::Mismatch,
+                _ => return Err(malformed("token reply")),
             },
-            b"unknown" => ConsumeOutcome::Unknown,
-            b"used" => ConsumeOutcome::AlreadyConsumed,
-            b"expired" => ConsumeOutcome::Expired,
-            b"mismatch" => ConsumeOutcome::Mismatch,
-            _ => return Err(malformed("token reply")),
-        })
+        )
     }
 
     async fn inspect(&self, scope: &Scope, token: &Token) -> Result<TokenState, StoreError> {
         let key = self.token_key(scope, token);
-        let (tag, items) = tagged(self.run(&scripts().inspect, &key, &[]).await?)?;
-        Ok(match tag.as_slice() {
-            b"unknown" => TokenState::Unknown,
-            b"used" => TokenState::Consumed {
-                at: Timestamp(int(items.get(1))?),
-            },
-            b"expired" => TokenState::Expired {
-                at: Timestamp(int(items.get(1))?),
-            },
-            b"live" => TokenState::Live {
-                expires_at: Timestamp(int(items.get(1))?),
-                payload: payload(items.get(2), items.get(3))?,
+        let reply = self.run(inspect_script(), &key, &[]).await?;
+        let (value, key_expiry, now) = match reply {
+            Value::Int(0) => return Ok(TokenState::Unknown),
+            Value::Array(items) => match <[Value; 3]>::try_from(items) {
+                Ok([Value::BulkString(value), expiry, now]) => {
+                    (value, millis(&expiry)?, millis(&now)?)
+                }
+                _ => return Err(malformed("token reply")),
             },
             _ => return Err(malformed("token reply")),
+        };
+        Ok(match Stored::parse(value)? {
+            Stored::Consumed { left } => TokenState::Consumed {
+                at: Timestamp(key_expiry.saturating_sub(left)),
+            },
+            Stored::Live { retention, payload } => {
+                let expires_at = Timestamp(key_expiry.saturating_sub(retention));
+                if now >= expires_at.0 {
+                    TokenState::Expired { at: expires_at }
+                } else {
+                    TokenState::Live {
+                        expires_at,
+                        payload,
+                    }
+                }
+            }
         })
     }
 }

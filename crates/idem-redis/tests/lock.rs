@@ -142,6 +142,55 @@ async fn fences_grow_across_a_restart_without_persistence() {
     );
 }
 
+/// The fence rule's two terms, each exercised by moving the counter under the lock. A stale
+/// counter (a failover to a replica that missed the last write) gives the clock reading, still
+/// above the fence handed out before; a counter alone would hand out stale + 1. A counter ahead
+/// of the clock (acquisitions within one microsecond, or a clock stepped back) gives
+/// counter + 1, and keeps it; the clock alone would go backwards.
+#[tokio::test]
+async fn fences_pass_a_stale_counter_and_follow_one_ahead_of_the_clock() {
+    if !common::local_redis_up() {
+        return;
+    }
+    let prefix = common::unique_prefix();
+    let lock = lock_at(common::LOCAL_URL, &prefix).await;
+    let fence_key = format!("{prefix}lock:{{f}}:fence");
+    let mut raw = redis::Client::open(common::LOCAL_URL)
+        .expect("client")
+        .get_multiplexed_async_connection()
+        .await
+        .expect("connection");
+    let mut set_counter = async |to: u64| {
+        let _: () = redis::cmd("SET")
+            .arg(&fence_key)
+            .arg(to)
+            .query_async(&mut raw)
+            .await
+            .expect("set");
+    };
+    let first = lock.try_acquire("f").await.expect("free");
+    assert!(lock.release(first.clone()).await.expect("release"));
+
+    set_counter(first.fence - 10).await;
+    let second = lock.try_acquire("f").await.expect("free");
+    assert!(
+        second.fence > first.fence,
+        "{} after {}",
+        second.fence,
+        first.fence
+    );
+    assert!(lock.release(second.clone()).await.expect("release"));
+
+    let ahead = second.fence + 3_600_000_000;
+    set_counter(ahead).await;
+    let third = lock.try_acquire("f").await.expect("free");
+    assert_eq!(third.fence, ahead + 1);
+    assert!(lock.release(third).await.expect("release"));
+    let fourth = lock.try_acquire("f").await.expect("free");
+    assert_eq!(fourth.fence, ahead + 2, "the counter kept ahead + 1");
+    assert!(lock.release(fourth).await.expect("release"));
+}
+
 #[tokio::test]
 async fn cluster_locks_and_fences() {
     if !common::redis_server_available() {
@@ -377,4 +426,65 @@ async fn without_the_fence_the_late_write_loses_an_update() {
     };
     assert_eq!(report, "wrote");
     assert_eq!(value, "child", "the second holder's update was overwritten");
+}
+
+/// On a single node, concurrent acquires and releases share script calls (counted on a
+/// private server), each still applied on its own: of 100 acquires of one name exactly one
+/// wins, 50 other names are each acquired once, and every release frees only its own lock.
+#[tokio::test]
+async fn concurrent_acquires_share_calls_and_stay_exclusive() {
+    if !common::redis_server_available() {
+        return;
+    }
+    let server = common::Server::start(&[]);
+    let config = RedisConfig::from_url(&server.url())
+        .and_then(|c| c.prefix(common::unique_prefix()))
+        .and_then(|c| c.op_timeout(Duration::from_secs(2)))
+        .expect("config");
+    let lock = RedisLock::connect(config, Duration::from_secs(10))
+        .await
+        .expect("connect");
+    assert_eq!(server.cli(&["CONFIG", "RESETSTAT"]).as_deref(), Some("OK"));
+    let mut calls = Vec::new();
+    for i in 0..150 {
+        let l = lock.clone();
+        let name = if i < 100 {
+            "shared".to_owned()
+        } else {
+            format!("own-{i}")
+        };
+        calls.push(tokio::spawn(async move { l.try_acquire(&name).await }));
+    }
+    let mut held = Vec::new();
+    for (i, call) in calls.into_iter().enumerate() {
+        match call.await.expect("task") {
+            Ok(h) => held.push(h),
+            Err(LockError::Busy) if i < 100 => {}
+            Err(e) => panic!("acquire {i}: {e:?}"),
+        }
+    }
+    assert_eq!(held.len(), 1 + 50);
+    assert_eq!(held.iter().filter(|h| h.name() == "shared").count(), 1);
+    let mut releases = Vec::new();
+    for h in held {
+        let l = lock.clone();
+        releases.push(tokio::spawn(async move { l.release(h).await }));
+    }
+    for r in releases {
+        assert!(r.await.expect("task").expect("release"));
+    }
+    let again = lock.try_acquire("shared").await.expect("released");
+    assert!(lock.release(again).await.expect("release"));
+    let stats = server.cli(&["INFO", "commandstats"]).unwrap_or_default();
+    let evalsha: u64 = stats
+        .lines()
+        .find_map(|l| l.strip_prefix("cmdstat_evalsha:calls="))
+        .and_then(|rest| rest.split(',').next())
+        .and_then(|n| n.parse().ok())
+        .expect("evalsha calls");
+    eprintln!("{evalsha} script calls for 203 lock operations");
+    assert!(
+        evalsha < 203,
+        "{evalsha} script calls for 203 lock operations"
+    );
 }

@@ -4,8 +4,13 @@
 //! One row per token, keyed by the token's scoped digest (the token itself is never stored):
 //! `id, bound, payload, expires_at, consumed_at, forget_at` (milliseconds).
 //!
-//! - **issue** is one `INSERT … RETURNING expires_at` (MariaDB 10.5+ syntax on the MySQL side;
-//!   MySQL 8 lacks it, as it lacks the record store's claim statement).
+//! - **issue** is one `INSERT … RETURNING expires_at` on PostgreSQL and MariaDB 10.5+. MySQL 8
+//!   (and older MariaDB) has no `INSERT … RETURNING`: there the store runs the same insert
+//!   without it, then reads `expires_at` back by id, in one transaction (the insert holds the
+//!   new row's lock until commit, so a concurrent purge cannot take it in between). As the
+//!   record store does for its claim, it asks `SELECT VERSION()` once, before its first
+//!   issue, and picks the spelling the server accepts ([`SqlTokens::with_issue_then_read`]
+//!   forces the portable one).
 //! - **consume** reads the row (payload and expiry never change after issue), answers every
 //!   refusal from that read, and otherwise runs the deciding statement
 //!   `UPDATE … SET consumed_at = now WHERE id = :id AND consumed_at IS NULL AND expires_at > now`:
@@ -18,6 +23,7 @@
 
 use std::fmt;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -29,7 +35,7 @@ use idem_core::token::{
 use idem_core::{Scope, StoreError, Timestamp};
 use sqlx::Pool;
 
-use crate::dialect::{OnePool, Written};
+use crate::dialect::{OnePool, Sql, Written};
 use crate::driver::{On, Value};
 use crate::statements::{Param, Stmt, compile, expand};
 use crate::table::{TableName, TableNameError};
@@ -37,11 +43,16 @@ use crate::table::{TableName, TableNameError};
 /// The table used when none is configured.
 pub const DEFAULT_TOKEN_TABLE: &str = "idem_tokens";
 
-/// A database the token table can live in: PostgreSQL or MariaDB (each behind its feature).
+/// A database the token table can live in: PostgreSQL, MariaDB or MySQL 8 (each behind its
+/// feature).
 pub trait TokenDialect: OnePool {
     /// Creates the token table and its index if missing (no parameters).
     #[doc(hidden)]
     const CREATE_TOKENS: &'static str;
+    /// Whether some servers of this dialect lack `INSERT … RETURNING`, so the issue may have
+    /// to insert, then read the expiry back (chosen by `Sql::claim_returning`).
+    #[doc(hidden)]
+    const ISSUE_MAY_READ_BACK: bool = false;
 }
 
 #[cfg(feature = "postgres")]
@@ -59,6 +70,8 @@ CREATE INDEX IF NOT EXISTS {t}_forget_idx ON {t} (forget_at);";
 
 #[cfg(feature = "mysql")]
 impl TokenDialect for sqlx::MySql {
+    const ISSUE_MAY_READ_BACK: bool = true;
+
     const CREATE_TOKENS: &'static str = "CREATE TABLE IF NOT EXISTS {t} (
     id          BINARY(32)      NOT NULL PRIMARY KEY,
     bound       BIGINT          NOT NULL,
@@ -73,6 +86,18 @@ impl TokenDialect for sqlx::MySql {
 const ISSUE: &str = "INSERT INTO {t} (id, bound, payload, expires_at, consumed_at, forget_at) \
     VALUES (:id, :bound, :payload, {now} + :ttl, NULL, {now} + :ttl + :retention) \
     RETURNING expires_at";
+/// [`ISSUE`] without `RETURNING`, for servers that lack it (MySQL 8, MariaDB before 10.5).
+const ISSUE_PLAIN: &str = "INSERT INTO {t} (id, bound, payload, expires_at, consumed_at, forget_at) \
+    VALUES (:id, :bound, :payload, {now} + :ttl, NULL, {now} + :ttl + :retention)";
+/// Reads back what [`ISSUE_PLAIN`] wrote, in the same transaction.
+const ISSUE_READ: &str = "SELECT expires_at FROM {t} WHERE id = :id";
+const VERSION: &str = "SELECT VERSION()";
+
+/// Which issue statement the server takes: not asked yet, `INSERT … RETURNING`, or the
+/// insert then a read.
+const ISSUE_UNKNOWN: u8 = 0;
+const ISSUE_RETURNING: u8 = 1;
+const ISSUE_THEN_READ: u8 = 2;
 /// Returns `bound, payload, expires_at, consumed_at (0 when unused), now_ms`.
 const READ: &str = "SELECT bound, payload, expires_at, COALESCE(consumed_at, 0), {now} \
     FROM {t} WHERE id = :id AND forget_at > {now}";
@@ -82,6 +107,9 @@ const PURGE: &str = "DELETE FROM {t} WHERE forget_at <= {now}";
 
 struct Statements {
     issue: Stmt,
+    issue_plain: Stmt,
+    issue_read: Stmt,
+    version: Stmt,
     read: Stmt,
     consume: Stmt,
     purge: Stmt,
@@ -98,6 +126,8 @@ struct Shared<D: TokenDialect> {
     table: TableName,
     retention: Duration,
     sql: Statements,
+    /// [`ISSUE_UNKNOWN`], [`ISSUE_RETURNING`] or [`ISSUE_THEN_READ`]; shared by clones.
+    issue_mode: Arc<AtomicU8>,
 }
 
 impl<D: TokenDialect> Clone for SqlTokens<D> {
@@ -139,7 +169,12 @@ impl<D: TokenDialect> SqlTokens<D> {
     /// # Errors
     /// [`TableNameError`] when the name is not a plain identifier.
     pub fn with_table(pool: Pool<D>, table: &str) -> Result<Self, TableNameError> {
-        Ok(Self::build(pool, TableName::new(table)?, DEFAULT_RETENTION))
+        Ok(Self::build(
+            pool,
+            TableName::new(table)?,
+            DEFAULT_RETENTION,
+            Self::first_mode(),
+        ))
     }
 
     /// Tokens on `pool` in [`DEFAULT_TOKEN_TABLE`].
@@ -148,7 +183,36 @@ impl<D: TokenDialect> SqlTokens<D> {
             pool,
             TableName::new(DEFAULT_TOKEN_TABLE).unwrap_or_default(),
             DEFAULT_RETENTION,
+            Self::first_mode(),
         )
+    }
+
+    /// Issues with the portable insert-then-read transaction even where the server accepts
+    /// `INSERT … RETURNING` (MariaDB 10.5+), as on MySQL 8. For tests of that path; a dialect
+    /// without it (PostgreSQL) ignores this.
+    #[must_use]
+    pub fn with_issue_then_read(self) -> Self {
+        let mode = if D::ISSUE_MAY_READ_BACK {
+            ISSUE_THEN_READ
+        } else {
+            ISSUE_RETURNING
+        };
+        let s = &self.shared;
+        Self::build(
+            s.pool.clone(),
+            s.table.clone(),
+            s.retention,
+            Arc::new(AtomicU8::new(mode)),
+        )
+    }
+
+    fn first_mode() -> Arc<AtomicU8> {
+        let mode = if D::ISSUE_MAY_READ_BACK {
+            ISSUE_UNKNOWN
+        } else {
+            ISSUE_RETURNING
+        };
+        Arc::new(AtomicU8::new(mode))
     }
 
     /// Keeps expired and consumed tokens for `retention` past their expiry (default
@@ -160,13 +224,22 @@ impl<D: TokenDialect> SqlTokens<D> {
             self.shared.pool.clone(),
             self.shared.table.clone(),
             retention,
+            self.shared.issue_mode.clone(),
         )
     }
 
-    fn build(pool: Pool<D>, table: TableName, retention: Duration) -> Self {
+    fn build(
+        pool: Pool<D>,
+        table: TableName,
+        retention: Duration,
+        issue_mode: Arc<AtomicU8>,
+    ) -> Self {
         let stmt = |t: &str| compile(&expand::<D>(t, &table), D::PLACEHOLDERS);
         let sql = Statements {
             issue: stmt(ISSUE),
+            issue_plain: stmt(ISSUE_PLAIN),
+            issue_read: stmt(ISSUE_READ),
+            version: stmt(VERSION),
             read: stmt(READ),
             consume: stmt(CONSUME),
             purge: stmt(PURGE),
@@ -178,6 +251,7 @@ impl<D: TokenDialect> SqlTokens<D> {
                 table,
                 retention,
                 sql,
+                issue_mode,
             }),
         }
     }
@@ -217,6 +291,48 @@ impl<D: TokenDialect> SqlTokens<D> {
             .await
             .map(|r| r.rows())
             .map_err(StoreError::unavailable)
+    }
+
+    /// Whether issues take the insert-then-read path: asks the server its version once.
+    async fn issues_then_read(&self) -> Result<bool, StoreError> {
+        let mode = match self.shared.issue_mode.load(Ordering::Relaxed) {
+            ISSUE_UNKNOWN => {
+                let sql = &self.shared.sql.version;
+                let row = D::fetch_optional(On::Pool(&self.shared.pool), sql, &[])
+                    .await
+                    .map_err(StoreError::unavailable)?
+                    .ok_or_else(|| StoreError::unavailable("SELECT VERSION() returned no row"))?;
+                let version: String = D::get::<D::Text>(&row, 0)
+                    .map_err(StoreError::unavailable)?
+                    .into();
+                let mode = if D::claim_returning(&version) {
+                    ISSUE_RETURNING
+                } else {
+                    ISSUE_THEN_READ
+                };
+                tracing::debug!(%version, then_read = mode == ISSUE_THEN_READ, "token issue statement chosen");
+                self.shared.issue_mode.store(mode, Ordering::Relaxed);
+                mode
+            }
+            mode => mode,
+        };
+        Ok(mode == ISSUE_THEN_READ)
+    }
+
+    /// The insert without `RETURNING`, then the row's expiry read back, in one transaction.
+    async fn issue_then_read(
+        &self,
+        args: &crate::driver::Args<'_>,
+    ) -> Result<Option<D::Row>, sqlx::Error> {
+        let pool = &self.shared.pool;
+        let mut tx = match <D as Sql>::BEGIN {
+            Some(statement) => pool.begin_with(statement).await?,
+            None => pool.begin().await?,
+        };
+        D::execute(On::Conn(&mut *tx), &self.shared.sql.issue_plain, args).await?;
+        let row = D::fetch_optional(On::Conn(&mut *tx), &self.shared.sql.issue_read, args).await?;
+        tx.commit().await?;
+        Ok(row)
     }
 
     async fn read(&self, id: &[u8; 32]) -> Result<Option<Row>, StoreError> {
@@ -268,10 +384,13 @@ impl<D: TokenDialect> TokenStore for SqlTokens<D> {
             (Param::Ttl, Value::Int(int(req.ttl))),
             (Param::Retention, Value::Int(int(self.shared.retention))),
         ];
-        let row = D::fetch_optional(On::Pool(&self.shared.pool), &self.shared.sql.issue, &args)
-            .await
-            .map_err(StoreError::unavailable)?
-            .ok_or_else(|| StoreError::unavailable("token insert returned no row"))?;
+        let row = if self.issues_then_read().await? {
+            self.issue_then_read(&args).await
+        } else {
+            D::fetch_optional(On::Pool(&self.shared.pool), &self.shared.sql.issue, &args).await
+        }
+        .map_err(StoreError::unavailable)?
+        .ok_or_else(|| StoreError::unavailable("token insert returned no row"))?;
         let expires_at = D::int(&row, 0).map_err(StoreError::unavailable)?;
         Ok(Issued {
             token,
@@ -323,5 +442,43 @@ impl<D: TokenDialect> TokenStore for SqlTokens<D> {
                 payload: row.payload,
             }
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn mode<D: TokenDialect>(t: &SqlTokens<D>) -> u8 {
+        t.shared.issue_mode.load(Ordering::Relaxed)
+    }
+
+    /// MySQL-family stores ask the server before their first issue; PostgreSQL always has
+    /// `INSERT … RETURNING`. Forcing the portable spelling survives a retention change, and
+    /// the portable statements use no `RETURNING`.
+    #[tokio::test]
+    async fn issue_spelling_is_asked_forced_or_fixed() {
+        let my = sqlx::mysql::MySqlPoolOptions::new()
+            .connect_lazy("mysql://root@127.0.0.1:3306/test")
+            .expect("lazy pool");
+        let my = SqlTokens::new(my);
+        assert_eq!(mode(&my), ISSUE_UNKNOWN);
+        let forced = my.with_issue_then_read();
+        assert_eq!(mode(&forced), ISSUE_THEN_READ);
+        assert_eq!(
+            mode(&forced.retention(Duration::from_secs(5))),
+            ISSUE_THEN_READ
+        );
+
+        let pg = sqlx::postgres::PgPoolOptions::new()
+            .connect_lazy("postgres://postgres@127.0.0.1:5432/test")
+            .expect("lazy pool");
+        let pg = SqlTokens::new(pg);
+        assert_eq!(mode(&pg), ISSUE_RETURNING);
+        assert_eq!(mode(&pg.with_issue_then_read()), ISSUE_RETURNING);
+
+        for portable in [ISSUE_PLAIN, ISSUE_READ] {
+            assert!(!portable.contains("RETURNING"), "{portable}");
+        }
     }
 }

@@ -1,5 +1,7 @@
--- KEYS[1] the lock; ARGV: holder ('owner|fence'). Compare-and-delete: 1 when it was ours.
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-  return redis.call('DEL', KEYS[1])
+-- release(lock, owner): compare-and-delete; 1 when it was ours.
+local function release(lock, owner)
+  if redis.call('GET', lock) == owner then
+    return redis.call('DEL', lock)
+  end
+  return 0
 end
-return 0

@@ -1,14 +1,9 @@
--- KEYS[1] token key. Returns {'unknown'} | {'used', consumed} | {'expired', expires} |
--- {'live', expires, bound, payload}.
+-- KEYS[1] token key. Returns 0 when unknown, else {value, PEXPIRETIME, server time in ms}:
+-- the client reads the state.
 local v = redis.call('GET', KEYS[1])
 if not v then
-  return {'unknown'}
+  return 0
 end
-local state, expires, consumed, bound, payload = parse(v)
-if state == 'C' then
-  return {'used', consumed}
-end
-if now_ms() >= expires then
-  return {'expired', expires}
-end
-return {'live', expires, bound, payload}
+local t = redis.call('TIME')
+return {v, redis.call('PEXPIRETIME', KEYS[1]),
+  tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)}
