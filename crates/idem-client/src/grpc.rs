@@ -118,14 +118,36 @@ impl fmt::Display for GrpcAnswer {
     }
 }
 
+/// The status in `headers`. A `grpc-status-details-bin` that is not base64 (which tonic's
+/// `Status::from_header_map` would panic on) is dropped: the answer keeps its code and
+/// message, without details.
+fn status_from(headers: &HeaderMap) -> Option<Status> {
+    use base64::Engine as _;
+    const DETAILS: &str = "grpc-status-details-bin";
+    // tonic's own reading of the field: the standard alphabet, padding optional.
+    const LENIENT: base64::engine::GeneralPurpose = base64::engine::GeneralPurpose::new(
+        &base64::alphabet::STANDARD,
+        base64::engine::GeneralPurposeConfig::new()
+            .with_decode_padding_mode(base64::engine::DecodePaddingMode::Indifferent),
+    );
+    match headers.get(DETAILS) {
+        Some(v) if LENIENT.decode(v.as_bytes()).is_err() => {
+            let mut clean = headers.clone();
+            clean.remove(DETAILS);
+            Status::from_header_map(&clean)
+        }
+        _ => Status::from_header_map(headers),
+    }
+}
+
 impl GrpcAnswer {
     /// An answer from its parts: the response head, the framed message bytes and the
     /// trailers (`None` for a trailers-only answer, whose status is in the head).
     pub fn new(head: http::response::Parts, body: Bytes, trailers: Option<HeaderMap>) -> Self {
         let status = trailers
             .as_ref()
-            .and_then(Status::from_header_map)
-            .or_else(|| Status::from_header_map(&head.headers));
+            .and_then(status_from)
+            .or_else(|| status_from(&head.headers));
         Self {
             head,
             body,

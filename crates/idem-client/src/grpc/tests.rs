@@ -117,6 +117,42 @@ fn statuses_are_classified_by_the_table() {
 }
 
 #[test]
+fn details_that_are_not_base64_are_dropped_not_a_panic() {
+    let mut trailers = HeaderMap::new();
+    trailers.insert("grpc-status", HeaderValue::from_static("14"));
+    trailers.insert("grpc-message", HeaderValue::from_static("busy"));
+    trailers.insert(
+        "grpc-status-details-bin",
+        HeaderValue::from_static("not base64 at all!"),
+    );
+    let head = Response::new(()).into_parts().0;
+    let a = GrpcAnswer::new(head, Bytes::new(), Some(trailers));
+    let status = a.status().expect("the code and message survive");
+    assert_eq!(status.code(), Code::Unavailable);
+    assert_eq!(status.message(), "busy");
+    assert!(status.details().is_empty());
+    // Valid details, with or without padding, are kept.
+    let real = with(
+        Code::Aborted,
+        ErrorDetails::with_error_info("IN_FLIGHT", "idem.dev", []),
+    );
+    let mut trailers = HeaderMap::new();
+    real.add_header(&mut trailers).expect("status headers");
+    let unpadded = trailers
+        .get("grpc-status-details-bin")
+        .and_then(|v| v.to_str().ok())
+        .map(|v| v.trim_end_matches('=').to_owned())
+        .expect("details");
+    trailers.insert(
+        "grpc-status-details-bin",
+        HeaderValue::from_str(&unpadded).expect("header"),
+    );
+    let head = Response::new(()).into_parts().0;
+    let a = GrpcAnswer::new(head, Bytes::new(), Some(trailers));
+    assert_eq!(a.status().map(|s| s.details().is_empty()), Some(false));
+}
+
+#[test]
 fn refused_connections_are_not_sent() {
     let refused = std::io::Error::from(std::io::ErrorKind::ConnectionRefused);
     assert_eq!(kind(&transport_failure::<GrpcAnswer>(&refused)), "not_sent");
