@@ -3,11 +3,13 @@
 //! One suite runs on the memory store, on Redis, on PostgreSQL and on MariaDB (the servers on
 //! their standard local ports: a missing one fails under CI and skips loudly otherwise).
 
+mod cleanup;
 mod common;
 
 use std::collections::HashSet;
 use std::time::{Duration, SystemTime};
 
+use cleanup::StoreGuard;
 use common::{
     ADMIN_TOKEN, Gateway, Http, MYSQL, MYSQL_URL, PG_URL, POSTGRES, REDIS, Reply, Upstream,
     service_up,
@@ -58,9 +60,7 @@ key_required = false
 
 /// Issues a token at `path` for `principal`; checks the answer's shape.
 async fn issue(http: &Http, gw: &Gateway, path: &str, principal: &str) -> (String, Reply) {
-    let r = http
-        .send(Method::POST, &gw.url(path), &[("x-api-key", principal)], "")
-        .await;
+    let r = send_as(http, gw, Method::POST, path, principal, &[], "").await;
     assert_eq!(r.status, StatusCode::CREATED, "{:?}", r.body);
     assert_eq!(r.header("cache-control"), Some("no-store"));
     let body = r.json();
@@ -95,6 +95,44 @@ fn problem(r: &Reply, status: StatusCode, slug: &str) {
     assert_eq!(r.problem_type(), slug);
 }
 
+/// `method` at `path` as `principal` with `body`, and `extra` headers (no token unless
+/// `extra` holds one).
+async fn send_as(
+    http: &Http,
+    gw: &Gateway,
+    method: Method,
+    path: &str,
+    principal: &str,
+    extra: &[(&str, &str)],
+    body: &str,
+) -> Reply {
+    let mut headers = vec![("x-api-key", principal)];
+    headers.extend_from_slice(extra);
+    http.send(method, &gw.url(path), &headers, body).await
+}
+
+/// Each of many concurrent submits of one token either got the answer or was told the first
+/// is in flight.
+fn assert_answered_or_in_flight(replies: &[Reply]) {
+    for r in replies {
+        let ok = (r.status == StatusCode::CREATED)
+            || (r.status == StatusCode::CONFLICT && r.problem_type() == "in-flight");
+        assert!(ok, "{} {}", r.status, String::from_utf8_lossy(&r.body));
+    }
+}
+
+/// The admin API's answer to `GET path`, with the admin token.
+async fn admin_get(http: &Http, gw: &Gateway, path: &str) -> Reply {
+    let auth = format!("Bearer {ADMIN_TOKEN}");
+    http.send(
+        Method::GET,
+        &gw.admin_url(path),
+        &[("authorization", &auth)],
+        "",
+    )
+    .await
+}
+
 /// Everything a token route promises, on one gateway over `store`.
 async fn suite(store: &str, extra: &str) {
     let up = Upstream::start().await;
@@ -106,14 +144,7 @@ async fn suite(store: &str, extra: &str) {
     // (the route's own pattern `/checkout/*` matches it).
     let (t, _) = issue(&http, &gw, "/checkout/token", "alice").await;
     issued.push(t.clone());
-    let r = http
-        .send(
-            Method::GET,
-            &gw.url("/checkout/token"),
-            &[("x-api-key", "alice")],
-            "",
-        )
-        .await;
+    let r = send_as(&http, &gw, Method::GET, "/checkout/token", "alice", &[], "").await;
     problem(&r, StatusCode::METHOD_NOT_ALLOWED, "method-not-allowed");
     let r = http
         .send(Method::POST, &gw.url("/checkout/token"), &[], "")
@@ -149,22 +180,20 @@ async fn suite(store: &str, extra: &str) {
         .filter(|r| r.status == StatusCode::CREATED && !r.replayed())
         .count();
     assert_eq!(executed, 1);
-    for r in &replies {
-        let ok = (r.status == StatusCode::CREATED)
-            || (r.status == StatusCode::CONFLICT && r.problem_type() == "in-flight");
-        assert!(ok, "{} {}", r.status, String::from_utf8_lossy(&r.body));
-    }
+    assert_answered_or_in_flight(&replies);
 
     // Refusals, each a clear problem, none forwarded.
     let before = up.seen.total();
-    let r = http
-        .send(
-            Method::POST,
-            &gw.url("/checkout/pay"),
-            &[("x-api-key", "alice")],
-            "{}",
-        )
-        .await;
+    let r = send_as(
+        &http,
+        &gw,
+        Method::POST,
+        "/checkout/pay",
+        "alice",
+        &[],
+        "{}",
+    )
+    .await;
     problem(&r, StatusCode::PRECONDITION_REQUIRED, "token-missing");
     let r = submit(&http, &gw, "/checkout/pay", "alice", "not-a-token").await;
     problem(&r, StatusCode::BAD_REQUEST, "token-malformed");
@@ -172,31 +201,27 @@ async fn suite(store: &str, extra: &str) {
     problem(&r, StatusCode::FORBIDDEN, "token-unknown");
     let (t, _) = issue(&http, &gw, "/checkout/token", "alice").await;
     issued.push(t.clone());
-    let r = http
-        .send(
-            Method::POST,
-            &gw.url("/checkout/pay"),
-            &[
-                ("x-api-key", "alice"),
-                ("idempotency-token", &t),
-                ("idempotency-key", "k-1"),
-            ],
-            "{}",
-        )
-        .await;
+    let both = [
+        ("idempotency-token", t.as_str()),
+        ("idempotency-key", "k-1"),
+    ];
+    let r = send_as(
+        &http,
+        &gw,
+        Method::POST,
+        "/checkout/pay",
+        "alice",
+        &both,
+        "{}",
+    )
+    .await;
     problem(&r, StatusCode::BAD_REQUEST, "token-with-key");
     // A token issued to alice is unknown to bob, and stays usable by alice.
     let r = submit(&http, &gw, "/checkout/pay", "bob", &t).await;
     problem(&r, StatusCode::FORBIDDEN, "token-unknown");
     // ...and a token of one route is unknown on another.
-    let r = http
-        .send(
-            Method::POST,
-            &gw.url("/quick/pay"),
-            &[("x-api-key", "alice"), ("x-form-token", &t)],
-            "{}",
-        )
-        .await;
+    let form = [("x-form-token", t.as_str())];
+    let r = send_as(&http, &gw, Method::POST, "/quick/pay", "alice", &form, "{}").await;
     problem(&r, StatusCode::FORBIDDEN, "token-unknown");
     assert_eq!(
         up.seen.total(),
@@ -225,14 +250,8 @@ async fn suite(store: &str, extra: &str) {
     if let Ok(left) = expires.duration_since(SystemTime::now()) {
         tokio::time::sleep(left + Duration::from_millis(100)).await;
     }
-    let r = http
-        .send(
-            Method::POST,
-            &gw.url("/quick/pay"),
-            &[("x-api-key", "alice"), ("x-form-token", &t)],
-            "{}",
-        )
-        .await;
+    let form = [("x-form-token", t.as_str())];
+    let r = send_as(&http, &gw, Method::POST, "/quick/pay", "alice", &form, "{}").await;
     problem(&r, StatusCode::GONE, "token-expired");
     assert_eq!(up.seen.count("/quick/pay"), 0);
 
@@ -241,14 +260,7 @@ async fn suite(store: &str, extra: &str) {
         let (t, _) = issue(&http, &gw, "/limited/token", "alice").await;
         issued.push(t);
     }
-    let r = http
-        .send(
-            Method::POST,
-            &gw.url("/limited/token"),
-            &[("x-api-key", "alice")],
-            "",
-        )
-        .await;
+    let r = send_as(&http, &gw, Method::POST, "/limited/token", "alice", &[], "").await;
     problem(&r, StatusCode::TOO_MANY_REQUESTS, "token-rate-limited");
     let wait: u64 = r
         .header("retry-after")
@@ -261,38 +273,17 @@ async fn suite(store: &str, extra: &str) {
     // The unguarded variant: a route without token mode runs a double submit that carries
     // no key twice.
     for _ in 0..2 {
-        let r = http
-            .send(
-                Method::POST,
-                &gw.url("/keyed/pay"),
-                &[("x-api-key", "alice")],
-                "{}",
-            )
-            .await;
+        let r = send_as(&http, &gw, Method::POST, "/keyed/pay", "alice", &[], "{}").await;
         assert_eq!(r.status, StatusCode::CREATED);
     }
     assert_eq!(up.seen.count("/keyed/pay"), 2);
 
     // No token in full in the logs, the metrics or the admin API; records hold the digest.
-    let records = http
-        .send(
-            Method::GET,
-            &gw.admin_url("/admin/records?namespace=checkout"),
-            &[("authorization", &format!("Bearer {ADMIN_TOKEN}"))],
-            "",
-        )
-        .await;
+    let records = admin_get(&http, &gw, "/admin/records?namespace=checkout").await;
     assert_eq!(records.status, StatusCode::OK);
     let records = String::from_utf8_lossy(&records.body).into_owned();
     assert!(records.contains("\"tok-"), "{records}");
-    let metrics = http
-        .send(
-            Method::GET,
-            &gw.admin_url("/metrics"),
-            &[("authorization", &format!("Bearer {ADMIN_TOKEN}"))],
-            "",
-        )
-        .await;
+    let metrics = admin_get(&http, &gw, "/metrics").await;
     let metrics = String::from_utf8_lossy(&metrics.body).into_owned();
     for (outcome, at_least) in [("issued", 4), ("consumed", 4), ("unknown", 2), ("used", 1)] {
         let line = format!("idem_tokens_total{{route=\"checkout\",outcome=\"{outcome}\"}}");
@@ -338,56 +329,26 @@ async fn token_routes_on_redis() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn token_routes_on_postgres() {
-    if !service_up(POSTGRES, "PostgreSQL").await {
-        return;
-    }
-    let table = format!(
-        "gw_tokens_{}",
-        &uuid::Uuid::now_v7().simple().to_string()[20..]
-    );
-    let _drop = PgTables(vec![table.clone(), format!("{table}_tokens")]);
-    suite(PG_URL, &format!("store_table = \"{table}\"")).await;
+    suite_on_sql(POSTGRES, "PostgreSQL", PG_URL, StoreGuard::Postgres).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn token_routes_on_mariadb() {
-    if !service_up(MYSQL, "MariaDB").await {
+    suite_on_sql(MYSQL, "MariaDB", MYSQL_URL, StoreGuard::Mysql).await;
+}
+
+/// The suite on the SQL store at `url` (its server `name` listening at `addr`), in tables of
+/// its own that `guard` drops when the test ends, passed or not.
+async fn suite_on_sql(addr: &str, name: &str, url: &str, guard: fn(String) -> StoreGuard) {
+    if !service_up(addr, name).await {
         return;
     }
     let table = format!(
         "gw_tokens_{}",
         &uuid::Uuid::now_v7().simple().to_string()[20..]
     );
-    let _drop = MysqlTables(vec![table.clone(), format!("{table}_tokens")]);
-    suite(MYSQL_URL, &format!("store_table = \"{table}\"")).await;
-}
-
-/// The test's tables, dropped when the test ends, passed or not (best effort: a leftover
-/// table only costs space).
-struct PgTables(Vec<String>);
-
-impl Drop for PgTables {
-    fn drop(&mut self) {
-        for t in &self.0 {
-            let _ = std::process::Command::new("psql")
-                .args([PG_URL, "-qc", &format!("DROP TABLE IF EXISTS {t}")])
-                .output();
-        }
-    }
-}
-
-/// As [`PgTables`], on MariaDB.
-struct MysqlTables(Vec<String>);
-
-impl Drop for MysqlTables {
-    fn drop(&mut self) {
-        for t in &self.0 {
-            let _ = std::process::Command::new("mysql")
-                .args(["-h", "127.0.0.1", "-u", "root", "test", "-e"])
-                .arg(format!("DROP TABLE IF EXISTS {t}"))
-                .output();
-        }
-    }
+    let _drop = guard(table.clone());
+    suite(url, &format!("store_table = \"{table}\"")).await;
 }
 
 /// Runs `idem check-config` on `toml`; returns (success, stderr).

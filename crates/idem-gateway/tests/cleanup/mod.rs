@@ -10,8 +10,10 @@ pub enum StoreGuard {
     Nothing,
     /// Every Redis key under this prefix (records, tombstones, audit streams).
     Redis(String),
-    /// This PostgreSQL table (in database `test`) and its audit table.
+    /// This PostgreSQL table (in database `test`) and its audit and token tables.
     Postgres(String),
+    /// This MariaDB table (in database `test`) and its audit and token tables.
+    Mysql(String),
 }
 
 impl Drop for StoreGuard {
@@ -38,7 +40,17 @@ impl Drop for StoreGuard {
                     "-q",
                     "-c",
                 ])
-                .arg(format!("DROP TABLE IF EXISTS {table}, {table}_audit"));
+                .arg(format!(
+                    "DROP TABLE IF EXISTS {table}, {table}_audit, {table}_tokens"
+                ));
+                c
+            }
+            Self::Mysql(table) => {
+                let mut c = Command::new("mysql");
+                c.args(["-h", "127.0.0.1", "-u", "root", "test", "-e"])
+                    .arg(format!(
+                        "DROP TABLE IF EXISTS {table}, {table}_audit, {table}_tokens"
+                    ));
                 c
             }
         };

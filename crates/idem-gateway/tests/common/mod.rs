@@ -6,6 +6,7 @@
     missing_debug_implementations
 )]
 
+pub mod in_process;
 pub mod pki;
 
 use std::collections::HashMap;
