@@ -60,7 +60,9 @@ key_required = false
 
 /// Issues a token at `path` for `principal`; checks the answer's shape.
 async fn issue(http: &Http, gw: &Gateway, path: &str, principal: &str) -> (String, Reply) {
-    let r = send_as(http, gw, Method::POST, path, principal, &[], "").await;
+    let r = http
+        .send_as(Method::POST, &gw.url(path), principal, &[], "")
+        .await;
     assert_eq!(r.status, StatusCode::CREATED, "{:?}", r.body);
     assert_eq!(r.header("cache-control"), Some("no-store"));
     let body = r.json();
@@ -76,14 +78,15 @@ async fn issue(http: &Http, gw: &Gateway, path: &str, principal: &str) -> (Strin
 }
 
 async fn submit(http: &Http, gw: &Gateway, path: &str, principal: &str, token: &str) -> Reply {
-    http.send(
+    let headers = [
+        ("idempotency-token", token),
+        ("content-type", "application/json"),
+    ];
+    http.send_as(
         Method::POST,
         &gw.url(path),
-        &[
-            ("x-api-key", principal),
-            ("idempotency-token", token),
-            ("content-type", "application/json"),
-        ],
+        principal,
+        &headers,
         r#"{"cart":9}"#,
     )
     .await
@@ -93,22 +96,6 @@ fn problem(r: &Reply, status: StatusCode, slug: &str) {
     assert_eq!(r.status, status, "{}", String::from_utf8_lossy(&r.body));
     assert_eq!(r.header("content-type"), Some("application/problem+json"));
     assert_eq!(r.problem_type(), slug);
-}
-
-/// `method` at `path` as `principal` with `body`, and `extra` headers (no token unless
-/// `extra` holds one).
-async fn send_as(
-    http: &Http,
-    gw: &Gateway,
-    method: Method,
-    path: &str,
-    principal: &str,
-    extra: &[(&str, &str)],
-    body: &str,
-) -> Reply {
-    let mut headers = vec![("x-api-key", principal)];
-    headers.extend_from_slice(extra);
-    http.send(method, &gw.url(path), &headers, body).await
 }
 
 /// Each of many concurrent submits of one token either got the answer or was told the first
@@ -144,7 +131,9 @@ async fn suite(store: &str, extra: &str) {
     // (the route's own pattern `/checkout/*` matches it).
     let (t, _) = issue(&http, &gw, "/checkout/token", "alice").await;
     issued.push(t.clone());
-    let r = send_as(&http, &gw, Method::GET, "/checkout/token", "alice", &[], "").await;
+    let r = http
+        .send_as(Method::GET, &gw.url("/checkout/token"), "alice", &[], "")
+        .await;
     problem(&r, StatusCode::METHOD_NOT_ALLOWED, "method-not-allowed");
     let r = http
         .send(Method::POST, &gw.url("/checkout/token"), &[], "")
@@ -184,16 +173,9 @@ async fn suite(store: &str, extra: &str) {
 
     // Refusals, each a clear problem, none forwarded.
     let before = up.seen.total();
-    let r = send_as(
-        &http,
-        &gw,
-        Method::POST,
-        "/checkout/pay",
-        "alice",
-        &[],
-        "{}",
-    )
-    .await;
+    let r = http
+        .send_as(Method::POST, &gw.url("/checkout/pay"), "alice", &[], "{}")
+        .await;
     problem(&r, StatusCode::PRECONDITION_REQUIRED, "token-missing");
     let r = submit(&http, &gw, "/checkout/pay", "alice", "not-a-token").await;
     problem(&r, StatusCode::BAD_REQUEST, "token-malformed");
@@ -205,23 +187,18 @@ async fn suite(store: &str, extra: &str) {
         ("idempotency-token", t.as_str()),
         ("idempotency-key", "k-1"),
     ];
-    let r = send_as(
-        &http,
-        &gw,
-        Method::POST,
-        "/checkout/pay",
-        "alice",
-        &both,
-        "{}",
-    )
-    .await;
+    let r = http
+        .send_as(Method::POST, &gw.url("/checkout/pay"), "alice", &both, "{}")
+        .await;
     problem(&r, StatusCode::BAD_REQUEST, "token-with-key");
     // A token issued to alice is unknown to bob, and stays usable by alice.
     let r = submit(&http, &gw, "/checkout/pay", "bob", &t).await;
     problem(&r, StatusCode::FORBIDDEN, "token-unknown");
     // ...and a token of one route is unknown on another.
     let form = [("x-form-token", t.as_str())];
-    let r = send_as(&http, &gw, Method::POST, "/quick/pay", "alice", &form, "{}").await;
+    let r = http
+        .send_as(Method::POST, &gw.url("/quick/pay"), "alice", &form, "{}")
+        .await;
     problem(&r, StatusCode::FORBIDDEN, "token-unknown");
     assert_eq!(
         up.seen.total(),
@@ -251,7 +228,9 @@ async fn suite(store: &str, extra: &str) {
         tokio::time::sleep(left + Duration::from_millis(100)).await;
     }
     let form = [("x-form-token", t.as_str())];
-    let r = send_as(&http, &gw, Method::POST, "/quick/pay", "alice", &form, "{}").await;
+    let r = http
+        .send_as(Method::POST, &gw.url("/quick/pay"), "alice", &form, "{}")
+        .await;
     problem(&r, StatusCode::GONE, "token-expired");
     assert_eq!(up.seen.count("/quick/pay"), 0);
 
@@ -260,7 +239,9 @@ async fn suite(store: &str, extra: &str) {
         let (t, _) = issue(&http, &gw, "/limited/token", "alice").await;
         issued.push(t);
     }
-    let r = send_as(&http, &gw, Method::POST, "/limited/token", "alice", &[], "").await;
+    let r = http
+        .send_as(Method::POST, &gw.url("/limited/token"), "alice", &[], "")
+        .await;
     problem(&r, StatusCode::TOO_MANY_REQUESTS, "token-rate-limited");
     let wait: u64 = r
         .header("retry-after")
@@ -273,7 +254,9 @@ async fn suite(store: &str, extra: &str) {
     // The unguarded variant: a route without token mode runs a double submit that carries
     // no key twice.
     for _ in 0..2 {
-        let r = send_as(&http, &gw, Method::POST, "/keyed/pay", "alice", &[], "{}").await;
+        let r = http
+            .send_as(Method::POST, &gw.url("/keyed/pay"), "alice", &[], "{}")
+            .await;
         assert_eq!(r.status, StatusCode::CREATED);
     }
     assert_eq!(up.seen.count("/keyed/pay"), 2);

@@ -526,6 +526,20 @@ impl Http {
         })
     }
 
+    /// `method` at `url` as `principal` (its `x-api-key`), with `extra` headers and `body`.
+    pub async fn send_as(
+        &self,
+        method: Method,
+        url: &str,
+        principal: &str,
+        extra: &[(&str, &str)],
+        body: &str,
+    ) -> Reply {
+        let mut headers = vec![("x-api-key", principal)];
+        headers.extend_from_slice(extra);
+        self.send(method, url, &headers, body).await
+    }
+
     pub async fn post(&self, url: &str, key: Option<&str>, body: &str) -> Reply {
         let mut headers = vec![("content-type", "application/json")];
         if let Some(k) = key {

@@ -3,9 +3,7 @@
 use http::{Method, StatusCode};
 
 use super::common::{ADMIN_TOKEN, Gateway, Http, Reply, Upstream};
-use super::{
-    REDIS, assert_answered_or_in_flight, config, issue, problem, send_as, service_up, submit,
-};
+use super::{REDIS, assert_answered_or_in_flight, config, issue, problem, service_up, submit};
 
 /// Token routes reload like any route: a reload can turn token mode on (the token store is
 /// opened then), and tokens issued before a reload are still usable after it, even on the
@@ -41,31 +39,17 @@ async fn token_mode_reloads_and_tokens_outlive_reloads() {
     };
     // Without token mode the issue path is just a path of the route: a keyless POST is
     // refused for its missing key, and nothing issues tokens.
-    let r = send_as(
-        &http,
-        &gw,
-        Method::POST,
-        "/checkout/token",
-        "alice",
-        &[],
-        "",
-    )
-    .await;
+    let r = http
+        .send_as(Method::POST, &gw.url("/checkout/token"), "alice", &[], "")
+        .await;
     problem(&r, StatusCode::BAD_REQUEST, "key-missing");
 
     std::fs::write(gw.config_path(), config(&up.url(), "memory:", "")).expect("write");
     reload(&gw).await;
     let (t, _) = issue(&http, &gw, "/checkout/token", "alice").await;
-    let r = send_as(
-        &http,
-        &gw,
-        Method::POST,
-        "/checkout/pay",
-        "alice",
-        &[],
-        "{}",
-    )
-    .await;
+    let r = http
+        .send_as(Method::POST, &gw.url("/checkout/pay"), "alice", &[], "{}")
+        .await;
     problem(&r, StatusCode::PRECONDITION_REQUIRED, "token-missing");
 
     // Another reload (a changed rate) keeps the token store: the token issued before works.
