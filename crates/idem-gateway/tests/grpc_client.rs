@@ -24,7 +24,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use cleanup::StoreGuard;
-use common::{Gateway, ci, reachable};
+use common::{Gateway, POSTGRES, REDIS, service_up};
 use idem_client::grpc::{GrpcRetry, GrpcRetryLayer};
 use idem_client::{ClientError, GatewayStatus, Jitter, RetryPolicy};
 use idem_testkit::h2_fault::{H2Fault, H2FaultProxy};
@@ -93,15 +93,6 @@ enum StoreKind {
     Postgres,
 }
 
-async fn service_up(addr: &str, name: &str) -> bool {
-    if reachable(addr).await {
-        return true;
-    }
-    assert!(!ci(), "{name} is not running on {addr}");
-    eprintln!("SKIPPED: {name} is not running on {addr}");
-    false
-}
-
 fn unique(tag: &str) -> String {
     format!("{tag}_{}", &uuid::Uuid::now_v7().simple().to_string()[20..])
 }
@@ -112,7 +103,7 @@ async fn setup(kind: StoreKind, delay: Duration) -> Option<Setup> {
     let (store, extra, guard) = match kind {
         StoreKind::Memory => ("memory:".to_owned(), String::new(), StoreGuard::Nothing),
         StoreKind::Redis => {
-            if !service_up("127.0.0.1:6379", "Redis").await {
+            if !service_up(REDIS, "Redis").await {
                 return None;
             }
             let prefix = format!("{}:", unique("idem-grpc-client"));
@@ -123,7 +114,7 @@ async fn setup(kind: StoreKind, delay: Duration) -> Option<Setup> {
             )
         }
         StoreKind::Postgres => {
-            if !service_up("127.0.0.1:5432", "PostgreSQL").await {
+            if !service_up(POSTGRES, "PostgreSQL").await {
                 return None;
             }
             let table = unique("idem_grpc_client");
@@ -260,19 +251,35 @@ fn assert_first_answer(reply: &Response<ChargeReply>, s: &Setup) {
     assert_eq!(s.executions(), 1, "exactly one execution");
 }
 
-async fn scenarios(kind: StoreKind) {
-    let Some(s) = setup(kind, Duration::ZERO).await else {
-        return;
-    };
-
-    // 1. The upstream answered; the answer is lost between gateway and client. The status
-    //    endpoint returns the stored answer; nothing is sent again.
-    let p = proxy(&s, [H2Fault::ResetAfterAnswer]).await;
-    let reply = retrying(channel_to(p.addr()), Duration::from_secs(5))
+/// One charge by the client under test over `channel`, waiting `wait` per attempt; checked
+/// to be the first execution's answer and the only one.
+async fn charge_once(s: &Setup, channel: Channel, wait: Duration) -> Response<ChargeReply> {
+    let reply = retrying(channel, wait)
         .charge(charge(None))
         .await
         .expect("an answer");
-    assert_first_answer(&reply, &s);
+    assert_first_answer(&reply, s);
+    reply
+}
+
+/// A fresh setup on `kind` (handler taking no time) with a proxy holding `plan` in front of
+/// its gateway; `None` where the store is not running.
+async fn behind_proxy(
+    kind: StoreKind,
+    plan: impl IntoIterator<Item = H2Fault>,
+) -> Option<(Setup, H2FaultProxy)> {
+    let s = setup(kind, Duration::ZERO).await?;
+    let p = proxy(&s, plan).await;
+    Some((s, p))
+}
+
+async fn scenarios(kind: StoreKind) {
+    // 1. The upstream answered; the answer is lost between gateway and client. The status
+    //    endpoint returns the stored answer; nothing is sent again.
+    let Some((s, p)) = behind_proxy(kind, [H2Fault::ResetAfterAnswer]).await else {
+        return;
+    };
+    let reply = charge_once(&s, channel_to(p.addr()), Duration::from_secs(5)).await;
     assert!(
         replayed(&reply),
         "the stored answer, from the status endpoint"
@@ -281,15 +288,10 @@ async fn scenarios(kind: StoreKind) {
     drop(s);
 
     // 2. Reset before it reached the gateway: found absent, sent again.
-    let Some(s) = setup(kind, Duration::ZERO).await else {
+    let Some((s, p)) = behind_proxy(kind, [H2Fault::ResetBeforeSending]).await else {
         return;
     };
-    let p = proxy(&s, [H2Fault::ResetBeforeSending]).await;
-    let reply = retrying(channel_to(p.addr()), Duration::from_secs(5))
-        .charge(charge(None))
-        .await
-        .expect("an answer");
-    assert_first_answer(&reply, &s);
+    let reply = charge_once(&s, channel_to(p.addr()), Duration::from_secs(5)).await;
     assert!(!replayed(&reply), "the answer of the one run");
     assert_eq!(
         p.applied().await,
@@ -299,22 +301,18 @@ async fn scenarios(kind: StoreKind) {
 
     // 3. Held past the client's wait, it reaches the gateway after the retry ran: answered
     //    from the record, not run.
-    let Some(s) = setup(kind, Duration::ZERO).await else {
+    let held = H2Fault::Delay(Duration::from_millis(1500));
+    let Some((s, p)) = behind_proxy(kind, [held]).await else {
         return;
     };
-    let p = proxy(&s, [H2Fault::Delay(Duration::from_millis(1500))]).await;
-    let reply = retrying(channel_to(p.addr()), Duration::from_millis(400))
-        .charge(charge(None))
-        .await
-        .expect("an answer");
-    assert_first_answer(&reply, &s);
+    charge_once(&s, channel_to(p.addr()), Duration::from_millis(400)).await;
     assert!(
         p.settled(Duration::from_secs(10)).await,
         "the late call was answered"
     );
     assert_eq!(
         p.applied().await,
-        [H2Fault::Delay(Duration::from_millis(1500)), H2Fault::Pass],
+        [held, H2Fault::Pass],
         "the late call and its retry (the status query passes unrecorded)"
     );
     assert_eq!(s.executions(), 1, "the late call did not run again");
@@ -325,11 +323,7 @@ async fn scenarios(kind: StoreKind) {
     let Some(s) = setup(kind, Duration::from_millis(1200)).await else {
         return;
     };
-    let reply = retrying(channel_to(s.gw.addr), Duration::from_millis(300))
-        .charge(charge(None))
-        .await
-        .expect("an answer");
-    assert_first_answer(&reply, &s);
+    let reply = charge_once(&s, channel_to(s.gw.addr), Duration::from_millis(300)).await;
     assert!(
         replayed(&reply),
         "the stored answer, from the status endpoint"
