@@ -384,9 +384,13 @@ async fn unsafe_fresh_key_runs_twice_through_the_gateway() {
     assert_eq!(s.executions(), 2, "the fresh-key client charged twice");
 }
 
-/// The client error a failed call carries as its source.
-fn client_error(status: &Status) -> Option<&ClientError> {
-    std::error::Error::source(status)?.downcast_ref::<ClientError>()
+/// The failed call carries the client's `OutcomeUnknown` as its source.
+fn assert_outcome_unknown(status: &Status) {
+    let source = std::error::Error::source(status).and_then(|e| e.downcast_ref::<ClientError>());
+    assert!(
+        matches!(source, Some(ClientError::OutcomeUnknown { .. })),
+        "{status:?}"
+    );
 }
 
 /// An upstream slower than the route's timeout leaves the key unknown. The client that sent
@@ -408,10 +412,7 @@ async fn an_unknown_outcome_stops_the_client_through_the_gateway() {
         .charge(charge(Some(&key)))
         .await
         .expect_err("unknown");
-    assert!(
-        matches!(client_error(&err), Some(ClientError::OutcomeUnknown { .. })),
-        "{err:?}"
-    );
+    assert_outcome_unknown(&err);
     let blind = GrpcRetryLayer::new(
         RetryPolicy::default()
             .initial_backoff(Duration::from_millis(20))
@@ -425,10 +426,7 @@ async fn an_unknown_outcome_stops_the_client_through_the_gateway() {
         .await
         .expect_err("unknown");
     // Read as a final answer, it would be the gateway's bare FAILED_PRECONDITION.
-    assert!(
-        matches!(client_error(&err), Some(ClientError::OutcomeUnknown { .. })),
-        "{err:?}"
-    );
+    assert_outcome_unknown(&err);
     assert_eq!(s.executions(), 1, "not run again");
 }
 

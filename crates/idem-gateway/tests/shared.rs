@@ -2,11 +2,13 @@
 //! shutdown deadlines leave no lease behind. Needs Redis, PostgreSQL and MariaDB on their
 //! standard local ports (a missing one fails under CI, and skips loudly otherwise).
 
+mod cleanup;
 mod common;
 
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use cleanup::{StoreGuard, fresh_table};
 use common::{
     ADMIN_TOKEN, Gateway, Http, MYSQL, MYSQL_URL, PG_URL, POSTGRES, REDIS, TempDir, Upstream, ci,
     key, reachable, service_up, spare_port,
@@ -104,58 +106,22 @@ async fn two_gateways_sharing_redis_run_one_of_200() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_gateways_sharing_postgres_run_one_of_200() {
-    if !service_up(POSTGRES, "PostgreSQL").await {
-        return;
-    }
-    let table = format!(
-        "idem_gw_{}",
-        &uuid::Uuid::now_v7().simple().to_string()[20..]
-    );
-    two_gateways_one_execution(PG_URL, &format!("store_table = \"{table}\"")).await;
-    drop_pg_table(&table);
+    two_gateways_on_sql(POSTGRES, "PostgreSQL", PG_URL, StoreGuard::Postgres).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_gateways_sharing_mariadb_run_one_of_200() {
-    if !service_up(MYSQL, "MariaDB/MySQL").await {
-        return;
-    }
-    let table = format!(
-        "idem_gw_{}",
-        &uuid::Uuid::now_v7().simple().to_string()[20..]
-    );
-    two_gateways_one_execution(MYSQL_URL, &format!("store_table = \"{table}\"")).await;
-    let _ = Command::new("mysql")
-        .args([
-            "-h",
-            "127.0.0.1",
-            "-u",
-            "root",
-            "test",
-            "-e",
-            &format!("DROP TABLE IF EXISTS {table}"),
-        ])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status();
+    two_gateways_on_sql(MYSQL, "MariaDB/MySQL", MYSQL_URL, StoreGuard::Mysql).await;
 }
 
-fn drop_pg_table(table: &str) {
-    let _ = Command::new("psql")
-        .args([
-            "-h",
-            "127.0.0.1",
-            "-U",
-            "postgres",
-            "-d",
-            "test",
-            "-q",
-            "-c",
-            &format!("DROP TABLE IF EXISTS {table}"),
-        ])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status();
+/// Two gateways on the SQL store at `url` (its server `name` listening at `addr`), in a
+/// table of their own that `guard` drops when the test ends.
+async fn two_gateways_on_sql(addr: &str, name: &str, url: &str, guard: fn(String) -> StoreGuard) {
+    if !service_up(addr, name).await {
+        return;
+    }
+    let (table, _drop) = fresh_table("idem_gw", guard);
+    two_gateways_one_execution(url, &format!("store_table = \"{table}\"")).await;
 }
 
 /// A gateway is SIGKILLed with a request in flight. Until the lease runs out, a retry

@@ -9,7 +9,7 @@ mod common;
 use std::collections::HashSet;
 use std::time::{Duration, SystemTime};
 
-use cleanup::StoreGuard;
+use cleanup::{StoreGuard, fresh_table};
 use common::{
     ADMIN_TOKEN, Gateway, Http, MYSQL, MYSQL_URL, PG_URL, POSTGRES, REDIS, Reply, Upstream,
     service_up,
@@ -326,11 +326,7 @@ async fn suite_on_sql(addr: &str, name: &str, url: &str, guard: fn(String) -> St
     if !service_up(addr, name).await {
         return;
     }
-    let table = format!(
-        "gw_tokens_{}",
-        &uuid::Uuid::now_v7().simple().to_string()[20..]
-    );
-    let _drop = guard(table.clone());
+    let (table, _drop) = fresh_table("gw_tokens", guard);
     suite(url, &format!("store_table = \"{table}\"")).await;
 }
 

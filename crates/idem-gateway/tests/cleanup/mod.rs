@@ -57,3 +57,10 @@ impl Drop for StoreGuard {
         let _ = cmd.stdout(Stdio::null()).stderr(Stdio::null()).status();
     }
 }
+
+/// A table name of its own, starting with `tag`, and `guard` over it: the table (with its
+/// audit and token tables) is dropped when the guard is, passed or not.
+pub fn fresh_table(tag: &str, guard: fn(String) -> StoreGuard) -> (String, StoreGuard) {
+    let table = format!("{tag}_{}", &uuid::Uuid::now_v7().simple().to_string()[20..]);
+    (table.clone(), guard(table))
+}
