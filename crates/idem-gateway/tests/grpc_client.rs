@@ -24,7 +24,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use cleanup::StoreGuard;
-use common::{Gateway, POSTGRES, REDIS, service_up};
+use common::{Gateway, POSTGRES, REDIS, configs, service_up};
 use idem_client::grpc::{GrpcRetry, GrpcRetryLayer};
 use idem_client::{ClientError, GatewayStatus, Jitter, RetryPolicy};
 use idem_testkit::h2_fault::{H2Fault, H2FaultProxy};
@@ -152,19 +152,8 @@ async fn start(
             .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener))
             .await;
     });
-    let config = format!(
-        r#"
-upstream = "h2c://{addr}"
-store = "{store}"
-{extra}
-
-[status]
-path = "/idem/status"
-
-[defaults]
-principal = {{ from = "header", header = "x-api-key" }}
-
-[[routes]]
+    let routes = format!(
+        r#"[[routes]]
 name = "charge"
 method = "POST"
 path = "{CHARGE}"
@@ -179,6 +168,7 @@ path = "/idem.gwtest.v1.Ledger/*"
 idempotency = false
 "#
     );
+    let config = configs::with_status(&format!("h2c://{addr}"), store, extra, &routes);
     let gw = Gateway::start(&config, &[]);
     Setup {
         gw,

@@ -6,7 +6,7 @@ mod common;
 
 use std::process::Command;
 
-use common::{Gateway, Http, TempDir, Upstream, bin, key};
+use common::{Gateway, Http, TempDir, Upstream, bin, configs, key};
 use http::{Method, StatusCode};
 
 fn config(upstream: &str, status: bool) -> String {
@@ -293,28 +293,21 @@ fn check_config_shows_the_endpoint() {
 }
 
 fn token_config(upstream: &str) -> String {
-    format!(
-        r#"
-upstream = "{upstream}"
-store = "memory:"
-
-[status]
-path = "/idem/status"
-
-[defaults]
-principal = {{ from = "header", header = "x-api-key" }}
-
-[[routes]]
+    configs::with_status(
+        upstream,
+        "memory:",
+        "",
+        r#"[[routes]]
 name = "checkout"
 method = "POST"
 path = "/checkout/*"
-token = {{ issue = "/checkout/token" }}
+token = { issue = "/checkout/token" }
 
 [[routes]]
 name = "charge"
 method = "POST"
 path = "/charge/*"
-"#
+"#,
     )
 }
 

@@ -6,6 +6,7 @@
     missing_debug_implementations
 )]
 
+pub mod configs;
 pub mod in_process;
 pub mod pki;
 
