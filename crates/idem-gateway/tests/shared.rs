@@ -8,10 +8,10 @@ mod common;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use cleanup::{StoreGuard, fresh_table};
+use cleanup::{Sql, sql_table};
 use common::{
-    ADMIN_TOKEN, Gateway, Http, MYSQL, MYSQL_URL, PG_URL, POSTGRES, REDIS, TempDir, Upstream, ci,
-    key, reachable, service_up, spare_port,
+    ADMIN_TOKEN, Gateway, Http, REDIS, TempDir, Upstream, ci, key, reachable, service_up,
+    spare_port,
 };
 use http::{Method, StatusCode};
 
@@ -106,22 +106,16 @@ async fn two_gateways_sharing_redis_run_one_of_200() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_gateways_sharing_postgres_run_one_of_200() {
-    two_gateways_on_sql(POSTGRES, "PostgreSQL", PG_URL, StoreGuard::Postgres).await;
+    if let Some((url, table, _drop)) = sql_table(Sql::Postgres, "idem_gw").await {
+        two_gateways_one_execution(url, &format!("store_table = \"{table}\"")).await;
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_gateways_sharing_mariadb_run_one_of_200() {
-    two_gateways_on_sql(MYSQL, "MariaDB/MySQL", MYSQL_URL, StoreGuard::Mysql).await;
-}
-
-/// Two gateways on the SQL store at `url` (its server `name` listening at `addr`), in a
-/// table of their own that `guard` drops when the test ends.
-async fn two_gateways_on_sql(addr: &str, name: &str, url: &str, guard: fn(String) -> StoreGuard) {
-    if !service_up(addr, name).await {
-        return;
+    if let Some((url, table, _drop)) = sql_table(Sql::Mariadb, "idem_gw").await {
+        two_gateways_one_execution(url, &format!("store_table = \"{table}\"")).await;
     }
-    let (table, _drop) = fresh_table("idem_gw", guard);
-    two_gateways_one_execution(url, &format!("store_table = \"{table}\"")).await;
 }
 
 /// A gateway is SIGKILLed with a request in flight. Until the lease runs out, a retry

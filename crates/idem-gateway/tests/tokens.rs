@@ -9,11 +9,8 @@ mod common;
 use std::collections::HashSet;
 use std::time::{Duration, SystemTime};
 
-use cleanup::{StoreGuard, fresh_table};
-use common::{
-    ADMIN_TOKEN, Gateway, Http, MYSQL, MYSQL_URL, PG_URL, POSTGRES, REDIS, Reply, Upstream,
-    service_up,
-};
+use cleanup::{Sql, sql_table};
+use common::{ADMIN_TOKEN, Gateway, Http, REDIS, Reply, Upstream, service_up};
 use http::{Method, StatusCode};
 
 fn config(upstream: &str, store: &str, extra: &str) -> String {
@@ -312,22 +309,16 @@ async fn token_routes_on_redis() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn token_routes_on_postgres() {
-    suite_on_sql(POSTGRES, "PostgreSQL", PG_URL, StoreGuard::Postgres).await;
+    if let Some((url, table, _drop)) = sql_table(Sql::Postgres, "gw_tokens").await {
+        suite(url, &format!("store_table = \"{table}\"")).await;
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn token_routes_on_mariadb() {
-    suite_on_sql(MYSQL, "MariaDB", MYSQL_URL, StoreGuard::Mysql).await;
-}
-
-/// The suite on the SQL store at `url` (its server `name` listening at `addr`), in tables of
-/// its own that `guard` drops when the test ends, passed or not.
-async fn suite_on_sql(addr: &str, name: &str, url: &str, guard: fn(String) -> StoreGuard) {
-    if !service_up(addr, name).await {
-        return;
+    if let Some((url, table, _drop)) = sql_table(Sql::Mariadb, "gw_tokens").await {
+        suite(url, &format!("store_table = \"{table}\"")).await;
     }
-    let (table, _drop) = fresh_table("gw_tokens", guard);
-    suite(url, &format!("store_table = \"{table}\"")).await;
 }
 
 /// Runs `idem check-config` on `toml`; returns (success, stderr).

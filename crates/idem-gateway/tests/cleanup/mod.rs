@@ -58,9 +58,27 @@ impl Drop for StoreGuard {
     }
 }
 
-/// A table name of its own, starting with `tag`, and `guard` over it: the table (with its
-/// audit and token tables) is dropped when the guard is, passed or not.
-pub fn fresh_table(tag: &str, guard: fn(String) -> StoreGuard) -> (String, StoreGuard) {
+/// A shared SQL server the store variants of a test run on.
+#[derive(Clone, Copy)]
+pub enum Sql {
+    /// PostgreSQL on 5432, database `test`.
+    Postgres,
+    /// MariaDB on 3306, database `test`.
+    Mariadb,
+}
+
+/// A table of its own on `sql`'s shared server, named from `tag`: the store URL, the table,
+/// and the guard that drops it (with its audit and token tables) when the test ends, passed
+/// or not. `None` when the server is not running (a failure under CI, a loud skip elsewhere).
+pub async fn sql_table(sql: Sql, tag: &str) -> Option<(&'static str, String, StoreGuard)> {
+    use super::common::{MYSQL, MYSQL_URL, PG_URL, POSTGRES, service_up};
+    let (addr, name, url, guard): (_, _, _, fn(String) -> StoreGuard) = match sql {
+        Sql::Postgres => (POSTGRES, "PostgreSQL", PG_URL, StoreGuard::Postgres),
+        Sql::Mariadb => (MYSQL, "MariaDB", MYSQL_URL, StoreGuard::Mysql),
+    };
+    if !service_up(addr, name).await {
+        return None;
+    }
     let table = format!("{tag}_{}", &uuid::Uuid::now_v7().simple().to_string()[20..]);
-    (table.clone(), guard(table))
+    Some((url, table.clone(), guard(table)))
 }
