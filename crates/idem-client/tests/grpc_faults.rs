@@ -45,51 +45,65 @@ fn assert_first_answer(reply: &tonic::Response<LookupResponse>, s: &common::Serv
     assert_eq!(s.runs(), 1, "exactly one execution");
 }
 
-async fn an_answer_lost_after_the_server_acted_is_fetched_from_the_status_service(kind: StoreKind) {
-    let Some(s) = start(kind, Duration::ZERO).await else {
-        return;
-    };
-    let p = proxy(&s, [H2Fault::ResetAfterAnswer]).await;
-    let reply = retrying(&s, channel_to(p.addr()), WAIT)
+/// One call by the client under test, waiting `wait` per attempt, through a proxy with
+/// `plan` to servers whose handler takes `handler`; the servers, the proxy and the answer,
+/// checked to be the first execution's and the only one. `None` where the store is not
+/// running.
+async fn one_call(
+    kind: StoreKind,
+    handler: Duration,
+    plan: impl IntoIterator<Item = H2Fault>,
+    wait: Duration,
+) -> Option<(
+    common::Servers,
+    H2FaultProxy,
+    tonic::Response<LookupResponse>,
+)> {
+    let s = start(kind, handler).await?;
+    let p = proxy(&s, plan).await;
+    let reply = retrying(&s, channel_to(p.addr()), wait)
         .lookup(request(None))
         .await
         .expect("an answer");
     assert_first_answer(&reply, &s);
+    Some((s, p, reply))
+}
+
+/// The answer is the stored one, fetched from the status service, and the call was not
+/// sent again.
+fn assert_from_status_sent_once(reply: &tonic::Response<LookupResponse>, p: &H2FaultProxy) {
     assert!(
-        replayed(&reply),
+        replayed(reply),
         "the stored answer, from the status service"
     );
-    assert_eq!(p.applied().await, [H2Fault::ResetAfterAnswer]);
     assert_eq!(p.forwarded(), 1, "nothing sent again");
+}
+
+async fn an_answer_lost_after_the_server_acted_is_fetched_from_the_status_service(kind: StoreKind) {
+    let Some((_s, p, reply)) =
+        one_call(kind, Duration::ZERO, [H2Fault::ResetAfterAnswer], WAIT).await
+    else {
+        return;
+    };
+    assert_from_status_sent_once(&reply, &p);
+    assert_eq!(p.applied().await, [H2Fault::ResetAfterAnswer]);
 }
 
 async fn a_connection_dropped_after_the_server_acted_loses_nothing(kind: StoreKind) {
-    let Some(s) = start(kind, Duration::ZERO).await else {
+    let Some((_s, p, reply)) =
+        one_call(kind, Duration::ZERO, [H2Fault::DropAfterAnswer], WAIT).await
+    else {
         return;
     };
-    let p = proxy(&s, [H2Fault::DropAfterAnswer]).await;
-    let reply = retrying(&s, channel_to(p.addr()), WAIT)
-        .lookup(request(None))
-        .await
-        .expect("an answer");
-    assert_first_answer(&reply, &s);
-    assert!(
-        replayed(&reply),
-        "the stored answer, from the status service"
-    );
-    assert_eq!(p.forwarded(), 1, "nothing sent again");
+    assert_from_status_sent_once(&reply, &p);
 }
 
 async fn a_call_reset_before_sending_is_sent_again(kind: StoreKind) {
-    let Some(s) = start(kind, Duration::ZERO).await else {
+    let Some((_s, p, reply)) =
+        one_call(kind, Duration::ZERO, [H2Fault::ResetBeforeSending], WAIT).await
+    else {
         return;
     };
-    let p = proxy(&s, [H2Fault::ResetBeforeSending]).await;
-    let reply = retrying(&s, channel_to(p.addr()), WAIT)
-        .lookup(request(None))
-        .await
-        .expect("an answer");
-    assert_first_answer(&reply, &s);
     assert!(!replayed(&reply), "the answer of the one run, sent again");
     assert_eq!(
         p.applied().await,
@@ -100,15 +114,11 @@ async fn a_call_reset_before_sending_is_sent_again(kind: StoreKind) {
 /// The first call is held past the client's wait and reaches the server after the retry ran:
 /// it is answered from the record, never run.
 async fn a_call_arriving_after_its_retry_is_not_run_again(kind: StoreKind) {
-    let Some(s) = start(kind, Duration::ZERO).await else {
+    let held = H2Fault::Delay(Duration::from_millis(1500));
+    let Some((s, p, _)) = one_call(kind, Duration::ZERO, [held], Duration::from_millis(400)).await
+    else {
         return;
     };
-    let p = proxy(&s, [H2Fault::Delay(Duration::from_millis(1500))]).await;
-    let reply = retrying(&s, channel_to(p.addr()), Duration::from_millis(400))
-        .lookup(request(None))
-        .await
-        .expect("an answer");
-    assert_first_answer(&reply, &s);
     assert!(
         p.settled(Duration::from_secs(10)).await,
         "the late call was answered"
@@ -121,52 +131,38 @@ async fn a_call_arriving_after_its_retry_is_not_run_again(kind: StoreKind) {
 async fn an_answer_slower_than_the_attempt_timeout_is_fetched_from_the_status_service(
     kind: StoreKind,
 ) {
-    let Some(s) = start(kind, Duration::ZERO).await else {
+    let slow = H2Fault::DelayAnswer(Duration::from_millis(1500));
+    let Some((_s, p, reply)) =
+        one_call(kind, Duration::ZERO, [slow], Duration::from_millis(300)).await
+    else {
         return;
     };
-    let p = proxy(&s, [H2Fault::DelayAnswer(Duration::from_millis(1500))]).await;
-    let reply = retrying(&s, channel_to(p.addr()), Duration::from_millis(300))
-        .lookup(request(None))
-        .await
-        .expect("an answer");
-    assert_first_answer(&reply, &s);
-    assert!(
-        replayed(&reply),
-        "the stored answer, from the status service"
-    );
-    assert_eq!(p.forwarded(), 1, "nothing sent again");
+    assert_from_status_sent_once(&reply, &p);
 }
 
 /// The handler itself is slower than the attempt timeout: the server is told the operation's
 /// deadline, so the run is left to finish; the status query finds it in flight, then
 /// completed.
 async fn a_handler_slower_than_the_attempt_timeout_runs_once(kind: StoreKind) {
-    let Some(s) = start(kind, Duration::from_millis(1200)).await else {
+    let Some((_s, p, reply)) = one_call(
+        kind,
+        Duration::from_millis(1200),
+        [],
+        Duration::from_millis(300),
+    )
+    .await
+    else {
         return;
     };
-    let p = proxy(&s, []).await;
-    let reply = retrying(&s, channel_to(p.addr()), Duration::from_millis(300))
-        .lookup(request(None))
-        .await
-        .expect("an answer");
-    assert_first_answer(&reply, &s);
-    assert!(
-        replayed(&reply),
-        "the stored answer, from the status service"
-    );
-    assert_eq!(p.forwarded(), 1, "nothing sent again");
+    assert_from_status_sent_once(&reply, &p);
 }
 
 async fn every_answer_lost_still_ends_with_the_first_one(kind: StoreKind) {
-    let Some(s) = start(kind, Duration::ZERO).await else {
+    let Some((_s, _p, reply)) =
+        one_call(kind, Duration::ZERO, [H2Fault::ResetAfterAnswer; 5], WAIT).await
+    else {
         return;
     };
-    let p = proxy(&s, [H2Fault::ResetAfterAnswer; 5]).await;
-    let reply = retrying(&s, channel_to(p.addr()), WAIT)
-        .lookup(request(None))
-        .await
-        .expect("an answer");
-    assert_first_answer(&reply, &s);
     assert!(replayed(&reply));
 }
 
@@ -221,13 +217,21 @@ async fn unsafe_client(
     None
 }
 
-/// A new key per attempt: an answer lost after the server acted becomes a second run.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn unsafe_fresh_key_runs_twice_when_the_answer_is_lost() {
+/// Servers on the memory store behind a proxy with `plan`.
+async fn on_memory_behind(
+    plan: impl IntoIterator<Item = H2Fault>,
+) -> (common::Servers, H2FaultProxy) {
     let s = start(StoreKind::Memory, Duration::ZERO)
         .await
         .expect("memory");
-    let p = proxy(&s, [H2Fault::ResetAfterAnswer]).await;
+    let p = proxy(&s, plan).await;
+    (s, p)
+}
+
+/// A new key per attempt: an answer lost after the server acted becomes a second run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unsafe_fresh_key_runs_twice_when_the_answer_is_lost() {
+    let (s, p) = on_memory_behind([H2Fault::ResetAfterAnswer]).await;
     let reply = unsafe_client(Unsafe::FreshKey, channel_to(p.addr()), 3, WAIT)
         .await
         .expect("the second attempt got through");
@@ -239,10 +243,7 @@ async fn unsafe_fresh_key_runs_twice_when_the_answer_is_lost() {
 /// runs as well.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unsafe_fresh_key_runs_twice_when_the_call_arrives_late() {
-    let s = start(StoreKind::Memory, Duration::ZERO)
-        .await
-        .expect("memory");
-    let p = proxy(&s, [H2Fault::Delay(Duration::from_millis(1500))]).await;
+    let (s, p) = on_memory_behind([H2Fault::Delay(Duration::from_millis(1500))]).await;
     let reply = unsafe_client(
         Unsafe::FreshKey,
         channel_to(p.addr()),
@@ -258,10 +259,7 @@ async fn unsafe_fresh_key_runs_twice_when_the_call_arrives_late() {
 /// A new key per attempt: an answer slower than the client waits becomes a second run.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unsafe_fresh_key_runs_twice_when_the_answer_is_slow() {
-    let s = start(StoreKind::Memory, Duration::ZERO)
-        .await
-        .expect("memory");
-    let p = proxy(&s, [H2Fault::DelayAnswer(Duration::from_millis(1500))]).await;
+    let (s, p) = on_memory_behind([H2Fault::DelayAnswer(Duration::from_millis(1500))]).await;
     let reply = unsafe_client(
         Unsafe::FreshKey,
         channel_to(p.addr()),
@@ -280,10 +278,7 @@ async fn unsafe_fresh_key_runs_twice_when_the_answer_is_slow() {
 /// One key, no status query: when every answer is lost it gives up, though the call ran.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unsafe_same_key_without_status_query_loses_the_answer() {
-    let s = start(StoreKind::Memory, Duration::ZERO)
-        .await
-        .expect("memory");
-    let p = proxy(&s, [H2Fault::ResetAfterAnswer; 5]).await;
+    let (s, p) = on_memory_behind([H2Fault::ResetAfterAnswer; 5]).await;
     let reply = unsafe_client(Unsafe::SameKeyNoStatus, channel_to(p.addr()), 5, WAIT).await;
     assert!(reply.is_none(), "no answer reached the client");
     assert_eq!(s.runs(), 1, "yet the call ran");

@@ -15,7 +15,7 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use cleanup::StoreGuard;
-use common::{Gateway, Http, Upstream, ci, reachable};
+use common::{Gateway, Http, Upstream, ci, configs, reachable};
 use http::{Method, StatusCode};
 use idem_client::{
     Call, ClientError, HttpClient, Jitter, Reply, RetryPolicy, StatusEndpoint, reqwest,
@@ -25,23 +25,15 @@ use idem_testkit::fault_proxy::{Fault, FaultProxy, posts};
 const API_KEY: &str = "alice-api-key";
 
 fn config(upstream: &str, store: &str, extra: &str) -> String {
-    format!(
-        r#"
-upstream = "{upstream}"
-store = "{store}"
-{extra}
-
-[status]
-path = "/idem/status"
-
-[defaults]
-principal = {{ from = "header", header = "x-api-key" }}
-
-[[routes]]
+    configs::with_status(
+        upstream,
+        store,
+        extra,
+        r#"[[routes]]
 name = "charge"
 method = "POST"
 path = "/charge/*"
-"#
+"#,
     )
 }
 

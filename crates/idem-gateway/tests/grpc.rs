@@ -88,7 +88,8 @@ async fn upstream_with(
     (addr, executions, task)
 }
 
-fn config(upstream: SocketAddr) -> String {
+/// The protected Charge route on the memory store, followed by `more` routes.
+fn charge_then(upstream: SocketAddr, more: &str) -> String {
     format!(
         r#"
 upstream = "h2c://{upstream}"
@@ -102,11 +103,19 @@ path = "/idem.gwtest.v1.Ledger/Charge"
 key_header = "idempotency-key"
 fingerprint = {{ body = "raw" }}
 replay_headers = ["content-type", "grpc-status", "grpc-message"]
-[[routes]]
+{more}"#
+    )
+}
+
+/// Charge is protected; every other Ledger method passes through.
+fn config(upstream: SocketAddr) -> String {
+    charge_then(
+        upstream,
+        r#"[[routes]]
 name = "ledger"
 path = "/idem.gwtest.v1.Ledger/*"
 idempotency = false
-"#
+"#,
     )
 }
 
@@ -283,27 +292,16 @@ fn assert_idem(status: &Status, reason: Reason, retry_after: Option<Duration>) {
 /// Charge is protected with the default upstream timeout; Balance is protected with a
 /// timeout shorter than the handler, so its calls leave the key unknown.
 fn timing_config(upstream: SocketAddr) -> String {
-    format!(
-        r#"
-upstream = "h2c://{upstream}"
-store = "memory:"
-[defaults]
-principal = {{ from = "none" }}
-[[routes]]
-name = "charge"
-method = "POST"
-path = "/idem.gwtest.v1.Ledger/Charge"
-key_header = "idempotency-key"
-fingerprint = {{ body = "raw" }}
-replay_headers = ["content-type", "grpc-status", "grpc-message"]
-[[routes]]
+    charge_then(
+        upstream,
+        r#"[[routes]]
 name = "balance"
 method = "POST"
 path = "/idem.gwtest.v1.Ledger/Balance"
 key_header = "idempotency-key"
-fingerprint = {{ body = "raw" }}
+fingerprint = { body = "raw" }
 timeout = "300ms"
-"#
+"#,
     )
 }
 

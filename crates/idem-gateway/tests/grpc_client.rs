@@ -24,7 +24,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use cleanup::StoreGuard;
-use common::{Gateway, ci, reachable};
+use common::{Gateway, POSTGRES, REDIS, configs, service_up};
 use idem_client::grpc::{GrpcRetry, GrpcRetryLayer};
 use idem_client::{ClientError, GatewayStatus, Jitter, RetryPolicy};
 use idem_testkit::h2_fault::{H2Fault, H2FaultProxy};
@@ -93,15 +93,6 @@ enum StoreKind {
     Postgres,
 }
 
-async fn service_up(addr: &str, name: &str) -> bool {
-    if reachable(addr).await {
-        return true;
-    }
-    assert!(!ci(), "{name} is not running on {addr}");
-    eprintln!("SKIPPED: {name} is not running on {addr}");
-    false
-}
-
 fn unique(tag: &str) -> String {
     format!("{tag}_{}", &uuid::Uuid::now_v7().simple().to_string()[20..])
 }
@@ -112,7 +103,7 @@ async fn setup(kind: StoreKind, delay: Duration) -> Option<Setup> {
     let (store, extra, guard) = match kind {
         StoreKind::Memory => ("memory:".to_owned(), String::new(), StoreGuard::Nothing),
         StoreKind::Redis => {
-            if !service_up("127.0.0.1:6379", "Redis").await {
+            if !service_up(REDIS, "Redis").await {
                 return None;
             }
             let prefix = format!("{}:", unique("idem-grpc-client"));
@@ -123,7 +114,7 @@ async fn setup(kind: StoreKind, delay: Duration) -> Option<Setup> {
             )
         }
         StoreKind::Postgres => {
-            if !service_up("127.0.0.1:5432", "PostgreSQL").await {
+            if !service_up(POSTGRES, "PostgreSQL").await {
                 return None;
             }
             let table = unique("idem_grpc_client");
@@ -161,19 +152,8 @@ async fn start(
             .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener))
             .await;
     });
-    let config = format!(
-        r#"
-upstream = "h2c://{addr}"
-store = "{store}"
-{extra}
-
-[status]
-path = "/idem/status"
-
-[defaults]
-principal = {{ from = "header", header = "x-api-key" }}
-
-[[routes]]
+    let routes = format!(
+        r#"[[routes]]
 name = "charge"
 method = "POST"
 path = "{CHARGE}"
@@ -188,6 +168,7 @@ path = "/idem.gwtest.v1.Ledger/*"
 idempotency = false
 "#
     );
+    let config = configs::with_status(&format!("h2c://{addr}"), store, extra, &routes);
     let gw = Gateway::start(&config, &[]);
     Setup {
         gw,
@@ -260,19 +241,35 @@ fn assert_first_answer(reply: &Response<ChargeReply>, s: &Setup) {
     assert_eq!(s.executions(), 1, "exactly one execution");
 }
 
-async fn scenarios(kind: StoreKind) {
-    let Some(s) = setup(kind, Duration::ZERO).await else {
-        return;
-    };
-
-    // 1. The upstream answered; the answer is lost between gateway and client. The status
-    //    endpoint returns the stored answer; nothing is sent again.
-    let p = proxy(&s, [H2Fault::ResetAfterAnswer]).await;
-    let reply = retrying(channel_to(p.addr()), Duration::from_secs(5))
+/// One charge by the client under test over `channel`, waiting `wait` per attempt; checked
+/// to be the first execution's answer and the only one.
+async fn charge_once(s: &Setup, channel: Channel, wait: Duration) -> Response<ChargeReply> {
+    let reply = retrying(channel, wait)
         .charge(charge(None))
         .await
         .expect("an answer");
-    assert_first_answer(&reply, &s);
+    assert_first_answer(&reply, s);
+    reply
+}
+
+/// A fresh setup on `kind` (handler taking no time) with a proxy holding `plan` in front of
+/// its gateway; `None` where the store is not running.
+async fn behind_proxy(
+    kind: StoreKind,
+    plan: impl IntoIterator<Item = H2Fault>,
+) -> Option<(Setup, H2FaultProxy)> {
+    let s = setup(kind, Duration::ZERO).await?;
+    let p = proxy(&s, plan).await;
+    Some((s, p))
+}
+
+async fn scenarios(kind: StoreKind) {
+    // 1. The upstream answered; the answer is lost between gateway and client. The status
+    //    endpoint returns the stored answer; nothing is sent again.
+    let Some((s, p)) = behind_proxy(kind, [H2Fault::ResetAfterAnswer]).await else {
+        return;
+    };
+    let reply = charge_once(&s, channel_to(p.addr()), Duration::from_secs(5)).await;
     assert!(
         replayed(&reply),
         "the stored answer, from the status endpoint"
@@ -281,15 +278,10 @@ async fn scenarios(kind: StoreKind) {
     drop(s);
 
     // 2. Reset before it reached the gateway: found absent, sent again.
-    let Some(s) = setup(kind, Duration::ZERO).await else {
+    let Some((s, p)) = behind_proxy(kind, [H2Fault::ResetBeforeSending]).await else {
         return;
     };
-    let p = proxy(&s, [H2Fault::ResetBeforeSending]).await;
-    let reply = retrying(channel_to(p.addr()), Duration::from_secs(5))
-        .charge(charge(None))
-        .await
-        .expect("an answer");
-    assert_first_answer(&reply, &s);
+    let reply = charge_once(&s, channel_to(p.addr()), Duration::from_secs(5)).await;
     assert!(!replayed(&reply), "the answer of the one run");
     assert_eq!(
         p.applied().await,
@@ -299,22 +291,18 @@ async fn scenarios(kind: StoreKind) {
 
     // 3. Held past the client's wait, it reaches the gateway after the retry ran: answered
     //    from the record, not run.
-    let Some(s) = setup(kind, Duration::ZERO).await else {
+    let held = H2Fault::Delay(Duration::from_millis(1500));
+    let Some((s, p)) = behind_proxy(kind, [held]).await else {
         return;
     };
-    let p = proxy(&s, [H2Fault::Delay(Duration::from_millis(1500))]).await;
-    let reply = retrying(channel_to(p.addr()), Duration::from_millis(400))
-        .charge(charge(None))
-        .await
-        .expect("an answer");
-    assert_first_answer(&reply, &s);
+    charge_once(&s, channel_to(p.addr()), Duration::from_millis(400)).await;
     assert!(
         p.settled(Duration::from_secs(10)).await,
         "the late call was answered"
     );
     assert_eq!(
         p.applied().await,
-        [H2Fault::Delay(Duration::from_millis(1500)), H2Fault::Pass],
+        [held, H2Fault::Pass],
         "the late call and its retry (the status query passes unrecorded)"
     );
     assert_eq!(s.executions(), 1, "the late call did not run again");
@@ -325,11 +313,7 @@ async fn scenarios(kind: StoreKind) {
     let Some(s) = setup(kind, Duration::from_millis(1200)).await else {
         return;
     };
-    let reply = retrying(channel_to(s.gw.addr), Duration::from_millis(300))
-        .charge(charge(None))
-        .await
-        .expect("an answer");
-    assert_first_answer(&reply, &s);
+    let reply = charge_once(&s, channel_to(s.gw.addr), Duration::from_millis(300)).await;
     assert!(
         replayed(&reply),
         "the stored answer, from the status endpoint"
@@ -390,9 +374,13 @@ async fn unsafe_fresh_key_runs_twice_through_the_gateway() {
     assert_eq!(s.executions(), 2, "the fresh-key client charged twice");
 }
 
-/// The client error a failed call carries as its source.
-fn client_error(status: &Status) -> Option<&ClientError> {
-    std::error::Error::source(status)?.downcast_ref::<ClientError>()
+/// The failed call carries the client's `OutcomeUnknown` as its source.
+fn assert_outcome_unknown(status: &Status) {
+    let source = std::error::Error::source(status).and_then(|e| e.downcast_ref::<ClientError>());
+    assert!(
+        matches!(source, Some(ClientError::OutcomeUnknown { .. })),
+        "{status:?}"
+    );
 }
 
 /// An upstream slower than the route's timeout leaves the key unknown. The client that sent
@@ -414,10 +402,7 @@ async fn an_unknown_outcome_stops_the_client_through_the_gateway() {
         .charge(charge(Some(&key)))
         .await
         .expect_err("unknown");
-    assert!(
-        matches!(client_error(&err), Some(ClientError::OutcomeUnknown { .. })),
-        "{err:?}"
-    );
+    assert_outcome_unknown(&err);
     let blind = GrpcRetryLayer::new(
         RetryPolicy::default()
             .initial_backoff(Duration::from_millis(20))
@@ -431,10 +416,7 @@ async fn an_unknown_outcome_stops_the_client_through_the_gateway() {
         .await
         .expect_err("unknown");
     // Read as a final answer, it would be the gateway's bare FAILED_PRECONDITION.
-    assert!(
-        matches!(client_error(&err), Some(ClientError::OutcomeUnknown { .. })),
-        "{err:?}"
-    );
+    assert_outcome_unknown(&err);
     assert_eq!(s.executions(), 1, "not run again");
 }
 

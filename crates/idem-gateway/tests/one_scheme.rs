@@ -14,12 +14,11 @@ use std::time::Duration;
 
 use axum::Router;
 use axum::routing::post;
-use common::{ADMIN_TOKEN, Http, Upstream, key};
+use common::{ADMIN_TOKEN, Http, Upstream, in_process, key};
 use http::{Method, StatusCode};
-use hyper_util::rt::{TokioExecutor, TokioIo};
 use idem_core::{BoxStore, Engine, Key, MemoryStore, Policy, Scope, ScopedKey, Store};
 use idem_gateway::admin::Admin;
-use idem_gateway::app::{self, App};
+use idem_gateway::app::App;
 use idem_gateway::claims::TrackedStore;
 use idem_gateway::config;
 use idem_gateway::metrics::MeteredStore;
@@ -74,15 +73,13 @@ principal = {{ from = "header", header = "x-api-key" }}
     let settings = config::compile(&raw).expect("valid");
     let store = TrackedStore::new(BoxStore::new(MeteredStore::new(BoxStore::new(store))));
     let mut clients = Clients::new(Duration::from_secs(1), 8);
-    let app = Arc::new(
-        App::new(
-            &settings,
-            store.clone(),
-            settings.upstream.as_ref(),
-            &mut clients,
-        )
-        .expect("app"),
-    );
+    let app = App::new(
+        &settings,
+        store.clone(),
+        settings.upstream.as_ref(),
+        &mut clients,
+    )
+    .expect("app");
     let admin = Arc::new(Admin::new(
         store,
         ADMIN_TOKEN.into(),
@@ -90,21 +87,7 @@ principal = {{ from = "header", header = "x-api-key" }}
         Duration::from_secs(1),
         None,
     ));
-    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-    let addr = listener.local_addr().expect("addr");
-    tokio::spawn(async move {
-        let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
-        loop {
-            let Ok((stream, remote)) = listener.accept().await else {
-                continue;
-            };
-            let conn = builder
-                .serve_connection(TokioIo::new(stream), app::service(Arc::clone(&app), remote))
-                .into_owned();
-            tokio::spawn(conn);
-        }
-    });
-    (addr, admin)
+    (in_process::serve(app).await, admin)
 }
 
 async fn charge(http: &Http, addr: SocketAddr, key: &str, credential: &str) -> common::Reply {

@@ -2,14 +2,16 @@
 //! shutdown deadlines leave no lease behind. Needs Redis, PostgreSQL and MariaDB on their
 //! standard local ports (a missing one fails under CI, and skips loudly otherwise).
 
+mod cleanup;
 mod common;
 
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use cleanup::{Sql, sql_table};
 use common::{
-    ADMIN_TOKEN, Gateway, Http, MYSQL, MYSQL_URL, PG_URL, POSTGRES, REDIS, TempDir, Upstream, ci,
-    key, reachable, service_up, spare_port,
+    ADMIN_TOKEN, Gateway, Http, REDIS, TempDir, Upstream, ci, key, reachable, service_up,
+    spare_port,
 };
 use http::{Method, StatusCode};
 
@@ -104,58 +106,16 @@ async fn two_gateways_sharing_redis_run_one_of_200() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_gateways_sharing_postgres_run_one_of_200() {
-    if !service_up(POSTGRES, "PostgreSQL").await {
-        return;
+    if let Some((url, table, _drop)) = sql_table(Sql::Postgres, "idem_gw").await {
+        two_gateways_one_execution(url, &format!("store_table = \"{table}\"")).await;
     }
-    let table = format!(
-        "idem_gw_{}",
-        &uuid::Uuid::now_v7().simple().to_string()[20..]
-    );
-    two_gateways_one_execution(PG_URL, &format!("store_table = \"{table}\"")).await;
-    drop_pg_table(&table);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_gateways_sharing_mariadb_run_one_of_200() {
-    if !service_up(MYSQL, "MariaDB/MySQL").await {
-        return;
+    if let Some((url, table, _drop)) = sql_table(Sql::Mariadb, "idem_gw").await {
+        two_gateways_one_execution(url, &format!("store_table = \"{table}\"")).await;
     }
-    let table = format!(
-        "idem_gw_{}",
-        &uuid::Uuid::now_v7().simple().to_string()[20..]
-    );
-    two_gateways_one_execution(MYSQL_URL, &format!("store_table = \"{table}\"")).await;
-    let _ = Command::new("mysql")
-        .args([
-            "-h",
-            "127.0.0.1",
-            "-u",
-            "root",
-            "test",
-            "-e",
-            &format!("DROP TABLE IF EXISTS {table}"),
-        ])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status();
-}
-
-fn drop_pg_table(table: &str) {
-    let _ = Command::new("psql")
-        .args([
-            "-h",
-            "127.0.0.1",
-            "-U",
-            "postgres",
-            "-d",
-            "test",
-            "-q",
-            "-c",
-            &format!("DROP TABLE IF EXISTS {table}"),
-        ])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status();
 }
 
 /// A gateway is SIGKILLed with a request in flight. Until the lease runs out, a retry

@@ -6,7 +6,7 @@ mod common;
 
 use std::process::Command;
 
-use common::{Gateway, Http, TempDir, Upstream, bin, key};
+use common::{Gateway, Http, TempDir, Upstream, bin, configs, key};
 use http::{Method, StatusCode};
 
 fn config(upstream: &str, status: bool) -> String {
@@ -293,28 +293,21 @@ fn check_config_shows_the_endpoint() {
 }
 
 fn token_config(upstream: &str) -> String {
-    format!(
-        r#"
-upstream = "{upstream}"
-store = "memory:"
-
-[status]
-path = "/idem/status"
-
-[defaults]
-principal = {{ from = "header", header = "x-api-key" }}
-
-[[routes]]
+    configs::with_status(
+        upstream,
+        "memory:",
+        "",
+        r#"[[routes]]
 name = "checkout"
 method = "POST"
 path = "/checkout/*"
-token = {{ issue = "/checkout/token" }}
+token = { issue = "/checkout/token" }
 
 [[routes]]
 name = "charge"
 method = "POST"
 path = "/charge/*"
-"#
+"#,
     )
 }
 
@@ -329,12 +322,7 @@ async fn a_token_routes_request_is_asked_about_with_the_token() {
     let gw = Gateway::start(&token_config(&up.url()), &[]);
     let http = Http::new();
     let issued = http
-        .send(
-            Method::POST,
-            &gw.url("/checkout/token"),
-            &[("x-api-key", "alice")],
-            "",
-        )
+        .send_as(Method::POST, &gw.url("/checkout/token"), "alice", &[], "")
         .await;
     assert_eq!(issued.status, StatusCode::CREATED);
     let t = issued.json()["token"].as_str().expect("token").to_owned();
@@ -351,15 +339,16 @@ async fn a_token_routes_request_is_asked_about_with_the_token() {
     assert!(record.starts_with(&format!("tok-{}-", &t[..8])), "{record}");
     assert!(!String::from_utf8_lossy(&r.body).contains(&t));
 
+    let token = [
+        ("idempotency-token", t.as_str()),
+        ("content-type", "application/json"),
+    ];
     let first = http
-        .send(
+        .send_as(
             Method::POST,
             &gw.url("/checkout/pay"),
-            &[
-                ("x-api-key", "alice"),
-                ("idempotency-token", &t),
-                ("content-type", "application/json"),
-            ],
+            "alice",
+            &token,
             r#"{"cart":9}"#,
         )
         .await;

@@ -3,15 +3,14 @@
 //! One suite runs on the memory store, on Redis, on PostgreSQL and on MariaDB (the servers on
 //! their standard local ports: a missing one fails under CI and skips loudly otherwise).
 
+mod cleanup;
 mod common;
 
 use std::collections::HashSet;
 use std::time::{Duration, SystemTime};
 
-use common::{
-    ADMIN_TOKEN, Gateway, Http, MYSQL, MYSQL_URL, PG_URL, POSTGRES, REDIS, Reply, Upstream,
-    service_up,
-};
+use cleanup::{Sql, sql_table};
+use common::{ADMIN_TOKEN, Gateway, Http, REDIS, Reply, Upstream, service_up};
 use http::{Method, StatusCode};
 
 fn config(upstream: &str, store: &str, extra: &str) -> String {
@@ -59,7 +58,7 @@ key_required = false
 /// Issues a token at `path` for `principal`; checks the answer's shape.
 async fn issue(http: &Http, gw: &Gateway, path: &str, principal: &str) -> (String, Reply) {
     let r = http
-        .send(Method::POST, &gw.url(path), &[("x-api-key", principal)], "")
+        .send_as(Method::POST, &gw.url(path), principal, &[], "")
         .await;
     assert_eq!(r.status, StatusCode::CREATED, "{:?}", r.body);
     assert_eq!(r.header("cache-control"), Some("no-store"));
@@ -76,14 +75,15 @@ async fn issue(http: &Http, gw: &Gateway, path: &str, principal: &str) -> (Strin
 }
 
 async fn submit(http: &Http, gw: &Gateway, path: &str, principal: &str, token: &str) -> Reply {
-    http.send(
+    let headers = [
+        ("idempotency-token", token),
+        ("content-type", "application/json"),
+    ];
+    http.send_as(
         Method::POST,
         &gw.url(path),
-        &[
-            ("x-api-key", principal),
-            ("idempotency-token", token),
-            ("content-type", "application/json"),
-        ],
+        principal,
+        &headers,
         r#"{"cart":9}"#,
     )
     .await
@@ -93,6 +93,28 @@ fn problem(r: &Reply, status: StatusCode, slug: &str) {
     assert_eq!(r.status, status, "{}", String::from_utf8_lossy(&r.body));
     assert_eq!(r.header("content-type"), Some("application/problem+json"));
     assert_eq!(r.problem_type(), slug);
+}
+
+/// Each of many concurrent submits of one token either got the answer or was told the first
+/// is in flight.
+fn assert_answered_or_in_flight(replies: &[Reply]) {
+    for r in replies {
+        let ok = (r.status == StatusCode::CREATED)
+            || (r.status == StatusCode::CONFLICT && r.problem_type() == "in-flight");
+        assert!(ok, "{} {}", r.status, String::from_utf8_lossy(&r.body));
+    }
+}
+
+/// The admin API's answer to `GET path`, with the admin token.
+async fn admin_get(http: &Http, gw: &Gateway, path: &str) -> Reply {
+    let auth = format!("Bearer {ADMIN_TOKEN}");
+    http.send(
+        Method::GET,
+        &gw.admin_url(path),
+        &[("authorization", &auth)],
+        "",
+    )
+    .await
 }
 
 /// Everything a token route promises, on one gateway over `store`.
@@ -107,12 +129,7 @@ async fn suite(store: &str, extra: &str) {
     let (t, _) = issue(&http, &gw, "/checkout/token", "alice").await;
     issued.push(t.clone());
     let r = http
-        .send(
-            Method::GET,
-            &gw.url("/checkout/token"),
-            &[("x-api-key", "alice")],
-            "",
-        )
+        .send_as(Method::GET, &gw.url("/checkout/token"), "alice", &[], "")
         .await;
     problem(&r, StatusCode::METHOD_NOT_ALLOWED, "method-not-allowed");
     let r = http
@@ -149,21 +166,12 @@ async fn suite(store: &str, extra: &str) {
         .filter(|r| r.status == StatusCode::CREATED && !r.replayed())
         .count();
     assert_eq!(executed, 1);
-    for r in &replies {
-        let ok = (r.status == StatusCode::CREATED)
-            || (r.status == StatusCode::CONFLICT && r.problem_type() == "in-flight");
-        assert!(ok, "{} {}", r.status, String::from_utf8_lossy(&r.body));
-    }
+    assert_answered_or_in_flight(&replies);
 
     // Refusals, each a clear problem, none forwarded.
     let before = up.seen.total();
     let r = http
-        .send(
-            Method::POST,
-            &gw.url("/checkout/pay"),
-            &[("x-api-key", "alice")],
-            "{}",
-        )
+        .send_as(Method::POST, &gw.url("/checkout/pay"), "alice", &[], "{}")
         .await;
     problem(&r, StatusCode::PRECONDITION_REQUIRED, "token-missing");
     let r = submit(&http, &gw, "/checkout/pay", "alice", "not-a-token").await;
@@ -172,30 +180,21 @@ async fn suite(store: &str, extra: &str) {
     problem(&r, StatusCode::FORBIDDEN, "token-unknown");
     let (t, _) = issue(&http, &gw, "/checkout/token", "alice").await;
     issued.push(t.clone());
+    let both = [
+        ("idempotency-token", t.as_str()),
+        ("idempotency-key", "k-1"),
+    ];
     let r = http
-        .send(
-            Method::POST,
-            &gw.url("/checkout/pay"),
-            &[
-                ("x-api-key", "alice"),
-                ("idempotency-token", &t),
-                ("idempotency-key", "k-1"),
-            ],
-            "{}",
-        )
+        .send_as(Method::POST, &gw.url("/checkout/pay"), "alice", &both, "{}")
         .await;
     problem(&r, StatusCode::BAD_REQUEST, "token-with-key");
     // A token issued to alice is unknown to bob, and stays usable by alice.
     let r = submit(&http, &gw, "/checkout/pay", "bob", &t).await;
     problem(&r, StatusCode::FORBIDDEN, "token-unknown");
     // ...and a token of one route is unknown on another.
+    let form = [("x-form-token", t.as_str())];
     let r = http
-        .send(
-            Method::POST,
-            &gw.url("/quick/pay"),
-            &[("x-api-key", "alice"), ("x-form-token", &t)],
-            "{}",
-        )
+        .send_as(Method::POST, &gw.url("/quick/pay"), "alice", &form, "{}")
         .await;
     problem(&r, StatusCode::FORBIDDEN, "token-unknown");
     assert_eq!(
@@ -225,13 +224,9 @@ async fn suite(store: &str, extra: &str) {
     if let Ok(left) = expires.duration_since(SystemTime::now()) {
         tokio::time::sleep(left + Duration::from_millis(100)).await;
     }
+    let form = [("x-form-token", t.as_str())];
     let r = http
-        .send(
-            Method::POST,
-            &gw.url("/quick/pay"),
-            &[("x-api-key", "alice"), ("x-form-token", &t)],
-            "{}",
-        )
+        .send_as(Method::POST, &gw.url("/quick/pay"), "alice", &form, "{}")
         .await;
     problem(&r, StatusCode::GONE, "token-expired");
     assert_eq!(up.seen.count("/quick/pay"), 0);
@@ -242,12 +237,7 @@ async fn suite(store: &str, extra: &str) {
         issued.push(t);
     }
     let r = http
-        .send(
-            Method::POST,
-            &gw.url("/limited/token"),
-            &[("x-api-key", "alice")],
-            "",
-        )
+        .send_as(Method::POST, &gw.url("/limited/token"), "alice", &[], "")
         .await;
     problem(&r, StatusCode::TOO_MANY_REQUESTS, "token-rate-limited");
     let wait: u64 = r
@@ -262,37 +252,18 @@ async fn suite(store: &str, extra: &str) {
     // no key twice.
     for _ in 0..2 {
         let r = http
-            .send(
-                Method::POST,
-                &gw.url("/keyed/pay"),
-                &[("x-api-key", "alice")],
-                "{}",
-            )
+            .send_as(Method::POST, &gw.url("/keyed/pay"), "alice", &[], "{}")
             .await;
         assert_eq!(r.status, StatusCode::CREATED);
     }
     assert_eq!(up.seen.count("/keyed/pay"), 2);
 
     // No token in full in the logs, the metrics or the admin API; records hold the digest.
-    let records = http
-        .send(
-            Method::GET,
-            &gw.admin_url("/admin/records?namespace=checkout"),
-            &[("authorization", &format!("Bearer {ADMIN_TOKEN}"))],
-            "",
-        )
-        .await;
+    let records = admin_get(&http, &gw, "/admin/records?namespace=checkout").await;
     assert_eq!(records.status, StatusCode::OK);
     let records = String::from_utf8_lossy(&records.body).into_owned();
     assert!(records.contains("\"tok-"), "{records}");
-    let metrics = http
-        .send(
-            Method::GET,
-            &gw.admin_url("/metrics"),
-            &[("authorization", &format!("Bearer {ADMIN_TOKEN}"))],
-            "",
-        )
-        .await;
+    let metrics = admin_get(&http, &gw, "/metrics").await;
     let metrics = String::from_utf8_lossy(&metrics.body).into_owned();
     for (outcome, at_least) in [("issued", 4), ("consumed", 4), ("unknown", 2), ("used", 1)] {
         let line = format!("idem_tokens_total{{route=\"checkout\",outcome=\"{outcome}\"}}");
@@ -338,55 +309,15 @@ async fn token_routes_on_redis() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn token_routes_on_postgres() {
-    if !service_up(POSTGRES, "PostgreSQL").await {
-        return;
+    if let Some((url, table, _drop)) = sql_table(Sql::Postgres, "gw_tokens").await {
+        suite(url, &format!("store_table = \"{table}\"")).await;
     }
-    let table = format!(
-        "gw_tokens_{}",
-        &uuid::Uuid::now_v7().simple().to_string()[20..]
-    );
-    let _drop = PgTables(vec![table.clone(), format!("{table}_tokens")]);
-    suite(PG_URL, &format!("store_table = \"{table}\"")).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn token_routes_on_mariadb() {
-    if !service_up(MYSQL, "MariaDB").await {
-        return;
-    }
-    let table = format!(
-        "gw_tokens_{}",
-        &uuid::Uuid::now_v7().simple().to_string()[20..]
-    );
-    let _drop = MysqlTables(vec![table.clone(), format!("{table}_tokens")]);
-    suite(MYSQL_URL, &format!("store_table = \"{table}\"")).await;
-}
-
-/// The test's tables, dropped when the test ends, passed or not (best effort: a leftover
-/// table only costs space).
-struct PgTables(Vec<String>);
-
-impl Drop for PgTables {
-    fn drop(&mut self) {
-        for t in &self.0 {
-            let _ = std::process::Command::new("psql")
-                .args([PG_URL, "-qc", &format!("DROP TABLE IF EXISTS {t}")])
-                .output();
-        }
-    }
-}
-
-/// As [`PgTables`], on MariaDB.
-struct MysqlTables(Vec<String>);
-
-impl Drop for MysqlTables {
-    fn drop(&mut self) {
-        for t in &self.0 {
-            let _ = std::process::Command::new("mysql")
-                .args(["-h", "127.0.0.1", "-u", "root", "test", "-e"])
-                .arg(format!("DROP TABLE IF EXISTS {t}"))
-                .output();
-        }
+    if let Some((url, table, _drop)) = sql_table(Sql::Mariadb, "gw_tokens").await {
+        suite(url, &format!("store_table = \"{table}\"")).await;
     }
 }
 

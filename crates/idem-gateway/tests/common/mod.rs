@@ -6,6 +6,8 @@
     missing_debug_implementations
 )]
 
+pub mod configs;
+pub mod in_process;
 pub mod pki;
 
 use std::collections::HashMap;
@@ -523,6 +525,20 @@ impl Http {
             headers: parts.headers,
             body,
         })
+    }
+
+    /// `method` at `url` as `principal` (its `x-api-key`), with `extra` headers and `body`.
+    pub async fn send_as(
+        &self,
+        method: Method,
+        url: &str,
+        principal: &str,
+        extra: &[(&str, &str)],
+        body: &str,
+    ) -> Reply {
+        let mut headers = vec![("x-api-key", principal)];
+        headers.extend_from_slice(extra);
+        self.send(method, url, &headers, body).await
     }
 
     pub async fn post(&self, url: &str, key: Option<&str>, body: &str) -> Reply {

@@ -7,16 +7,14 @@ use std::sync::atomic::{AtomicU8, Ordering};
 use std::time::Duration;
 
 use http::{Method, StatusCode};
-use hyper_util::rt::{TokioExecutor, TokioIo};
 use idem_core::{BoxStore, MemoryStore};
-use idem_gateway::app::{self, App};
+use idem_gateway::app::App;
 use idem_gateway::claims::TrackedStore;
 use idem_gateway::metrics::MeteredStore;
 use idem_gateway::tokens::GatewayTokens;
 use idem_gateway::upstream::Clients;
-use tokio::net::TcpListener;
 
-use super::common::{Http, Upstream};
+use super::common::{Http, Upstream, in_process};
 use super::{config, problem};
 
 /// A token store whose consume fails on demand: before touching the token (`FAIL_BEFORE`), or
@@ -79,31 +77,15 @@ async fn flaky_gateway(upstream: &str, mode: Arc<AtomicU8>) -> SocketAddr {
         Duration::from_secs(1),
     );
     let mut clients = Clients::new(Duration::from_secs(1), 8);
-    let app = Arc::new(
-        App::with_tokens(
-            &settings,
-            store,
-            settings.upstream.as_ref(),
-            &mut clients,
-            Some(&tokens),
-        )
-        .expect("app"),
-    );
-    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-    let addr = listener.local_addr().expect("addr");
-    tokio::spawn(async move {
-        let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
-        loop {
-            let Ok((stream, remote)) = listener.accept().await else {
-                continue;
-            };
-            let conn = builder
-                .serve_connection(TokioIo::new(stream), app::service(Arc::clone(&app), remote))
-                .into_owned();
-            tokio::spawn(conn);
-        }
-    });
-    addr
+    let app = App::with_tokens(
+        &settings,
+        store,
+        settings.upstream.as_ref(),
+        &mut clients,
+        Some(&tokens),
+    )
+    .expect("app");
+    in_process::serve(app).await
 }
 
 /// A store failure during the consume forwards nothing and releases the claim: a retry with
