@@ -256,7 +256,9 @@ impl Ledger {
     }
 
     pub async fn drop_all(&self) {
-        for t in [&self.ledger, &self.records] {
+        // The store keeps its audit trail in `<records>_audit`.
+        let audit = format!("{}_audit", self.records);
+        for t in [&self.ledger, &self.records, &audit] {
             let _ = sqlx::query(&format!("DROP TABLE IF EXISTS {t}"))
                 .execute(&self.pool)
                 .await;
