@@ -6,23 +6,24 @@
 //! whole queue (up to a cap) as one `EVALSHA` of the batch script (`lua/batch.lua`), which
 //! applies each operation in order with the same Lua function as its single script, and
 //! hands each caller its own reply. The task keeps the slot while more operations queue up.
+//! The queue, its slots and that task are [`crate::queue`]'s; this file says what a record
+//! operation is and how a batch of them is sent.
 //!
 //! Every caller still bounds its own wait (the store's op timeout); a batch that fails or
 //! runs out of time fails each of its operations.
 
-use std::collections::VecDeque;
 use std::error::Error as StdError;
 use std::fmt;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 use std::time::Duration;
 
 use idem_core::StoreError;
 use idem_core::record::{CodecError, duration_ms};
 use redis::{Cmd, RedisError, Value};
-use tokio::sync::oneshot;
 
 use crate::config::Durability;
-use crate::script::{Connection, NamedScript, bounded};
+use crate::queue::{self, Batching, Queue, own_reply};
+use crate::script::{Connection, NamedScript};
 
 /// Most operations in one batch script call.
 pub(crate) const MAX_OPS: usize = 128;
@@ -174,40 +175,23 @@ pub(crate) fn malformed(what: &'static str) -> StoreError {
 
 /// The coalescing queue of one store (one connection to one node).
 pub(crate) struct Batcher {
-    queue: Mutex<Queue>,
+    queue: Queue<Batcher>,
     conn: Connection,
     scripts: Scripts<'static>,
-    max_in_flight: usize,
-    /// Bound of one batch: the op timeout plus the replica wait.
-    limit: Duration,
     durability: Option<Durability>,
 }
 
 impl fmt::Debug for Batcher {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Batcher")
-            .field("max_in_flight", &self.max_in_flight)
+            .field("max_in_flight", &self.queue.max_in_flight())
             .finish_non_exhaustive()
     }
 }
 
-#[derive(Default)]
-struct Queue {
-    waiting: VecDeque<Waiting>,
-    in_flight: usize,
-}
-
-enum Entered {
-    Alone(Op, Slot),
-    Queued(oneshot::Receiver<Result<Reply, StoreError>>),
-}
-
-struct Waiting {
-    op: Op,
-    tx: oneshot::Sender<Result<Reply, StoreError>>,
-}
-
 impl Batcher {
+    /// A batcher with `max_in_flight` calls at once; `limit` bounds one batch (the op
+    /// timeout plus the replica wait).
     pub(crate) fn new(
         conn: Connection,
         scripts: Scripts<'static>,
@@ -216,21 +200,11 @@ impl Batcher {
         durability: Option<Durability>,
     ) -> Self {
         Self {
-            queue: Mutex::new(Queue::default()),
+            queue: Queue::new(max_in_flight, limit),
             conn,
             scripts,
-            max_in_flight: max_in_flight.max(1),
-            limit,
             durability,
         }
-    }
-
-    fn lock(&self) -> MutexGuard<'_, Queue> {
-        // The lock guards plain bookkeeping with no panics inside; a poisoned one is still
-        // consistent.
-        self.queue
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// Runs `op`, alone at once if a slot is free and nobody waits, else in the next batch.
@@ -240,136 +214,51 @@ impl Batcher {
     /// [`NamedScript::run`]; dropping a queued one takes it out of the next batch, or, if
     /// that batch already left, leaves it run or not run with the batch.
     pub(crate) async fn submit(self: &Arc<Self>, op: Op) -> Result<Reply, StoreError> {
-        match self.enter(op) {
-            Entered::Alone(op, slot) => {
-                let value = run_alone(&self.conn, &self.scripts, &op).await;
-                drop(slot);
-                value.map(|value| Reply {
-                    value,
-                    waited: None,
-                })
-            }
-            Entered::Queued(rx) => rx.await.unwrap_or_else(|_| {
-                Err(StoreError::unavailable("batch dropped before it answered"))
-            }),
-        }
+        queue::submit(self, op).await
+    }
+}
+
+impl Batching for Batcher {
+    type Op = Op;
+    type Answer = Reply;
+
+    const MAX_OPS: usize = MAX_OPS;
+    const MAX_BYTES: usize = MAX_BYTES;
+    const FAILED: &'static str = "redis batch failed";
+
+    fn queue(&self) -> &Queue<Self> {
+        &self.queue
     }
 
-    /// Takes a free slot for `op` if nobody waits, else queues it (and starts a task if a
-    /// slot is free).
-    fn enter(self: &Arc<Self>, op: Op) -> Entered {
-        let mut q = self.lock();
-        if q.waiting.is_empty() && q.in_flight < self.max_in_flight {
-            q.in_flight += 1;
-            return Entered::Alone(
-                op,
-                Slot {
-                    batcher: Some(Arc::clone(self)),
-                    lone: true,
-                },
-            );
-        }
-        let (tx, rx) = oneshot::channel();
-        q.waiting.push_back(Waiting { op, tx });
-        if q.in_flight < self.max_in_flight {
-            q.in_flight += 1;
-            drop(q);
-            self.spawn_driver();
-        }
-        Entered::Queued(rx)
+    fn size(op: &Op) -> usize {
+        op.size()
     }
 
-    /// Hands a held slot to a new task that sends what waits. Outside any runtime (a lone
-    /// operation's future dropped there) the waiting operations fail at once instead.
-    fn spawn_driver(self: &Arc<Self>) {
-        let slot = Slot {
-            batcher: Some(Arc::clone(self)),
-            lone: false,
-        };
-        // Without a runtime, dropping the slot fails what waits and gives the slot back.
-        if let Ok(handle) = tokio::runtime::Handle::try_current() {
-            handle.spawn(drive(slot));
-        }
+    async fn run_alone(&self, op: &Op) -> Result<Reply, StoreError> {
+        let value = run_alone(&self.conn, &self.scripts, op).await?;
+        Ok(Reply {
+            value,
+            waited: None,
+        })
     }
 
-    /// Takes the next batch off the queue, skipping operations whose callers gave up. With
-    /// nothing left it gives the slot back (in the same critical section, so no operation
-    /// can be left waiting with every slot idle).
-    fn take(&self) -> Option<Vec<Waiting>> {
-        let mut q = self.lock();
-        let mut batch = Vec::with_capacity(q.waiting.len().min(MAX_OPS));
-        let mut bytes = 0;
-        while let Some(next) = q.waiting.front() {
-            if next.tx.is_closed() {
-                q.waiting.pop_front();
-                continue;
-            }
-            if !batch.is_empty() && (batch.len() == MAX_OPS || bytes + next.op.size() > MAX_BYTES) {
-                break;
-            }
-            bytes += next.op.size();
-            batch.extend(q.waiting.pop_front());
-        }
-        if batch.is_empty() {
-            q.in_flight -= 1;
-            return None;
-        }
-        Some(batch)
-    }
-
-    /// Sends one batch and answers each of its callers.
-    async fn send(&self, batch: Vec<Waiting>) {
-        if batch.len() == 1 {
-            for w in batch {
-                let result = bounded(self.limit, run_alone(&self.conn, &self.scripts, &w.op)).await;
-                let _ = w.tx.send(result.map(|value| Reply {
-                    value,
-                    waited: None,
-                }));
-            }
-            return;
-        }
-        match bounded(self.limit, self.run_batch(&batch)).await {
-            Ok((items, waited)) => {
-                for (w, item) in batch.into_iter().zip(items) {
-                    let reply = own_reply(item).map(|value| Reply {
-                        waited: waited
-                            .as_ref()
-                            .map(|r| r.as_ref().map(|_| ()).map_err(share)),
-                        value,
-                    });
-                    let _ = w.tx.send(reply);
-                }
-            }
-            Err(e) => {
-                tracing::debug!(ops = batch.len(), error = %e, "redis batch failed");
-                for w in batch {
-                    let _ = w.tx.send(Err(share(&e)));
-                }
-            }
-        }
-    }
-
-    /// The batch's replies, one per operation, and in durability mode the replica wait after
-    /// its writes (if it wrote anything).
-    async fn run_batch(
-        &self,
-        batch: &[Waiting],
-    ) -> Result<(Vec<Value>, Option<Result<(), StoreError>>), StoreError> {
-        let args = 1 + batch.iter().map(|w| w.op.args).sum::<usize>();
-        let bytes = batch.iter().map(|w| 1 + w.op.size()).sum();
+    /// Each operation's reply, with, in durability mode, the replica wait after the batch's
+    /// writes (if it wrote anything).
+    async fn run_batch(&self, batch: &[Op]) -> Result<Vec<Result<Reply, StoreError>>, StoreError> {
+        let args = 1 + batch.iter().map(|op| op.args).sum::<usize>();
+        let bytes = batch.iter().map(|op| 1 + op.size()).sum();
         let script = self.scripts.batch;
         let mut cmd: Cmd = script.command(2 * batch.len(), args, bytes);
-        for w in batch {
-            cmd.arg(w.op.key.as_bytes());
+        for op in batch {
+            cmd.arg(op.key.as_bytes());
         }
-        for w in batch {
-            cmd.arg(w.op.stream.as_bytes());
+        for op in batch {
+            cmd.arg(op.stream.as_bytes());
         }
-        let codes: Vec<u8> = batch.iter().map(|w| w.op.kind.code()).collect();
+        let codes: Vec<u8> = batch.iter().map(|op| op.kind.code()).collect();
         cmd.arg(codes);
-        for w in batch {
-            for a in w.op.arg_slices() {
+        for op in batch {
+            for a in op.arg_slices() {
                 cmd.arg(a);
             }
         }
@@ -384,27 +273,27 @@ impl Batcher {
             return Err(malformed("unexpected batch reply"));
         }
         let waited = match self.durability {
-            Some(d) if batch.iter().zip(&items).any(|(w, v)| w.op.wrote(v)) => {
-                Some(wait_replicas(&self.conn, d, batch[0].op.key.as_bytes()).await)
+            Some(d) if batch.iter().zip(&items).any(|(op, v)| op.wrote(v)) => {
+                Some(wait_replicas(&self.conn, d, batch[0].key.as_bytes()).await)
             }
             _ => None,
         };
-        Ok((items, waited))
+        Ok(items
+            .into_iter()
+            .map(|item| {
+                own_reply(item).map(|value| Reply {
+                    waited: waited
+                        .as_ref()
+                        .map(|r| r.as_ref().map(|_| ()).map_err(share)),
+                    value,
+                })
+            })
+            .collect())
     }
-}
 
-/// An operation's entry of the batch reply: `{-1, message}` is an error it raised alone.
-fn own_reply(item: Value) -> Result<Value, StoreError> {
-    if let Value::Array(parts) = &item
-        && let Some(Value::Int(-1)) = parts.first()
-    {
-        let message = match parts.get(1) {
-            Some(Value::BulkString(m)) => String::from_utf8_lossy(m).into_owned(),
-            _ => "script error".to_owned(),
-        };
-        return Err(StoreError::unavailable(message));
+    fn share(e: &StoreError) -> StoreError {
+        share(e)
     }
-    Ok(item)
 }
 
 /// `WAIT` for `d.replicas` after this connection's writes, on the node that owns `key`.
@@ -460,40 +349,3 @@ impl fmt::Display for BatchError {
 }
 
 impl StdError for BatchError {}
-
-/// A held in-flight slot, given back (or handed on) when dropped.
-struct Slot {
-    batcher: Option<Arc<Batcher>>,
-    /// A lone operation's slot: if its caller gives up while operations wait, a new task
-    /// takes the slot to send them. A task's slot dropped early (the runtime shutting down)
-    /// fails what waits instead, so a dying runtime cannot spawn tasks forever.
-    lone: bool,
-}
-
-impl Drop for Slot {
-    fn drop(&mut self) {
-        let Some(batcher) = self.batcher.take() else {
-            return;
-        };
-        let mut q = batcher.lock();
-        if q.waiting.is_empty() || !self.lone {
-            q.waiting.clear();
-            q.in_flight -= 1;
-            return;
-        }
-        drop(q);
-        batcher.spawn_driver();
-    }
-}
-
-/// The task that owns a slot: sends batches while operations wait, then gives it back.
-async fn drive(mut slot: Slot) {
-    let Some(batcher) = slot.batcher.clone() else {
-        return;
-    };
-    while let Some(batch) = batcher.take() {
-        batcher.send(batch).await;
-    }
-    // `take` gave the slot back already.
-    slot.batcher = None;
-}

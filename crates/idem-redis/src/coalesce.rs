@@ -9,19 +9,21 @@
 //! script and answers each separately. Every caller bounds its own wait; a batch that fails
 //! or runs out of time fails each of its operations.
 //!
+//! The queue, its slot and that task are [`crate::queue`]'s; this file says what a lock or
+//! token operation is and how a batch of them is sent.
+//!
 //! What this saves is the server's fixed cost per script call (parsing the command, setting
 //! up and tearing down the script run), paid once per batch instead of once per operation.
 
-use std::collections::VecDeque;
 use std::fmt;
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use idem_core::StoreError;
 use redis::Value;
-use tokio::sync::oneshot;
 
 use crate::batch::{malformed, redis_err};
+use crate::queue::{self, Batching, Queue, own_reply};
 use crate::script::{Connection, NamedScript, bounded};
 
 /// Most operations in one batch.
@@ -170,12 +172,10 @@ async fn run_alone(conn: &Connection, op: &Op) -> Result<Value, StoreError> {
     script.run_command(conn, &cmd).await.map_err(redis_err)
 }
 
-/// The coalescing queue of one connection to one node.
+/// The coalescing queue of one connection to one node, with a single in-flight slot.
 pub(crate) struct Coalescer {
-    queue: Mutex<Queue>,
+    queue: Queue<Coalescer>,
     conn: Connection,
-    /// Bound of one batch call (the op timeout).
-    limit: Duration,
 }
 
 impl fmt::Debug for Coalescer {
@@ -184,37 +184,14 @@ impl fmt::Debug for Coalescer {
     }
 }
 
-#[derive(Default)]
-struct Queue {
-    waiting: VecDeque<Waiting>,
-    /// A call is in flight (a lone operation's or a task's).
-    busy: bool,
-}
-
-struct Waiting {
-    op: Op,
-    tx: oneshot::Sender<Result<Value, StoreError>>,
-}
-
-enum Entered {
-    Alone(Op, Slot),
-    Queued(oneshot::Receiver<Result<Value, StoreError>>),
-}
-
 impl Coalescer {
+    /// A coalescer on `conn`; `limit` bounds one batch call (the op timeout).
     pub(crate) fn new(conn: Connection, limit: Duration) -> Self {
         Self {
-            queue: Mutex::new(Queue::default()),
+            // One call in flight at a time: a lone operation's or a task's.
+            queue: Queue::new(1, limit),
             conn,
-            limit,
         }
-    }
-
-    fn lock(&self) -> MutexGuard<'_, Queue> {
-        // Plain bookkeeping with no panics inside: a poisoned lock is still consistent.
-        self.queue
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// Runs `op`: alone at once when nothing is in flight, else in the next batch. The
@@ -225,110 +202,46 @@ impl Coalescer {
     /// queued one takes it out of the next batch, or, if that batch already left, leaves it
     /// run or not run with the batch.
     pub(crate) async fn submit(self: &Arc<Self>, op: Op) -> Result<Value, StoreError> {
-        match self.enter(op) {
-            Entered::Alone(op, slot) => {
-                let value = run_alone(&self.conn, &op).await;
-                drop(slot);
-                value
-            }
-            Entered::Queued(rx) => rx.await.unwrap_or_else(|_| {
-                Err(StoreError::unavailable("batch dropped before it answered"))
-            }),
-        }
+        queue::submit(self, op).await
+    }
+}
+
+impl Batching for Coalescer {
+    type Op = Op;
+    type Answer = Value;
+
+    const MAX_OPS: usize = MAX_OPS;
+    /// No byte cap: lock and token operations are small.
+    const MAX_BYTES: usize = usize::MAX;
+    const FAILED: &'static str = "redis lock/token batch failed";
+
+    fn queue(&self) -> &Queue<Self> {
+        &self.queue
     }
 
-    fn enter(self: &Arc<Self>, op: Op) -> Entered {
-        let mut q = self.lock();
-        if !q.busy {
-            q.busy = true;
-            return Entered::Alone(
-                op,
-                Slot {
-                    owner: Some(Arc::clone(self)),
-                    lone: true,
-                },
-            );
-        }
-        let (tx, rx) = oneshot::channel();
-        q.waiting.push_back(Waiting { op, tx });
-        Entered::Queued(rx)
+    fn size(op: &Op) -> usize {
+        op.buf.len()
     }
 
-    /// Hands the in-flight slot to a new task that sends what waits. Outside any runtime the
-    /// dropped slot fails what waits instead.
-    fn spawn_driver(self: &Arc<Self>) {
-        let slot = Slot {
-            owner: Some(Arc::clone(self)),
-            lone: false,
-        };
-        if let Ok(handle) = tokio::runtime::Handle::try_current() {
-            handle.spawn(drive(slot));
-        }
+    async fn run_alone(&self, op: &Op) -> Result<Value, StoreError> {
+        run_alone(&self.conn, op).await
     }
 
-    /// The next batch, skipping operations whose callers gave up; with nothing left, marks
-    /// the connection idle (in the same critical section, so nothing is left waiting).
-    fn take(&self) -> Option<Vec<Waiting>> {
-        let mut q = self.lock();
-        let mut batch = Vec::with_capacity(q.waiting.len().min(MAX_OPS));
-        while batch.len() < MAX_OPS {
-            let Some(next) = q.waiting.pop_front() else {
-                break;
-            };
-            if !next.tx.is_closed() {
-                batch.push(next);
-            }
-        }
-        if batch.is_empty() {
-            q.busy = false;
-            return None;
-        }
-        Some(batch)
-    }
-
-    /// Sends one batch and answers each of its callers.
-    async fn send(&self, batch: Vec<Waiting>) {
-        if batch.len() == 1 {
-            for w in batch {
-                let result = bounded(self.limit, run_alone(&self.conn, &w.op)).await;
-                let _ = w.tx.send(result);
-            }
-            return;
-        }
-        match bounded(self.limit, self.run_batch(&batch)).await {
-            Ok(items) => {
-                for (w, item) in batch.into_iter().zip(items) {
-                    let _ = w.tx.send(own_reply(item));
-                }
-            }
-            Err(e) => {
-                tracing::debug!(ops = batch.len(), error = %e, "redis lock/token batch failed");
-                let text = e.to_string();
-                for w in batch {
-                    let _ = w.tx.send(Err(match &e {
-                        StoreError::Timeout(d) => StoreError::Timeout(*d),
-                        _ => StoreError::unavailable(text.clone()),
-                    }));
-                }
-            }
-        }
-    }
-
-    async fn run_batch(&self, batch: &[Waiting]) -> Result<Vec<Value>, StoreError> {
-        let keys: usize = batch.iter().map(|w| w.op.code.keys()).sum();
-        let args = 1 + batch.iter().map(|w| w.op.parts).sum::<usize>() - keys;
-        let bytes = batch.len() + batch.iter().map(|w| w.op.buf.len()).sum::<usize>();
+    async fn run_batch(&self, batch: &[Op]) -> Result<Vec<Result<Value, StoreError>>, StoreError> {
+        let keys: usize = batch.iter().map(|op| op.code.keys()).sum();
+        let args = 1 + batch.iter().map(|op| op.parts).sum::<usize>() - keys;
+        let bytes = batch.len() + batch.iter().map(|op| op.buf.len()).sum::<usize>();
         let script = &scripts().batch;
         let mut cmd = script.command(keys, args, bytes);
-        for w in batch {
-            for k in w.op.keys() {
+        for op in batch {
+            for k in op.keys() {
                 cmd.arg(k);
             }
         }
-        let codes: Vec<u8> = batch.iter().map(|w| w.op.code.byte()).collect();
+        let codes: Vec<u8> = batch.iter().map(|op| op.code.byte()).collect();
         cmd.arg(codes);
-        for w in batch {
-            for a in w.op.args() {
+        for op in batch {
+            for a in op.args() {
                 cmd.arg(a);
             }
         }
@@ -337,61 +250,20 @@ impl Coalescer {
             .await
             .map_err(redis_err)?;
         match reply {
-            Value::Array(items) if items.len() == batch.len() => Ok(items),
+            Value::Array(items) if items.len() == batch.len() => {
+                Ok(items.into_iter().map(own_reply).collect())
+            }
             _ => Err(malformed("unexpected batch reply")),
         }
     }
-}
 
-/// An operation's entry of the batch reply: `{-1, message}` is an error it raised alone.
-fn own_reply(item: Value) -> Result<Value, StoreError> {
-    if let Value::Array(parts) = &item
-        && let Some(Value::Int(-1)) = parts.first()
-    {
-        let message = match parts.get(1) {
-            Some(Value::BulkString(m)) => String::from_utf8_lossy(m).into_owned(),
-            _ => "script error".to_owned(),
-        };
-        return Err(StoreError::unavailable(message));
-    }
-    Ok(item)
-}
-
-/// The in-flight slot, given back (or handed on) when dropped.
-struct Slot {
-    owner: Option<Arc<Coalescer>>,
-    /// A lone operation's slot: when its caller is done (or gives up) while operations wait,
-    /// a new task takes the slot to send them. A task's slot dropped early (the runtime
-    /// shutting down) fails what waits instead, so a dying runtime cannot spawn forever.
-    lone: bool,
-}
-
-impl Drop for Slot {
-    fn drop(&mut self) {
-        let Some(owner) = self.owner.take() else {
-            return;
-        };
-        let mut q = owner.lock();
-        if q.waiting.is_empty() || !self.lone {
-            q.waiting.clear();
-            q.busy = false;
-            return;
+    /// A timeout stays a timeout; any other error is shared as its text.
+    fn share(e: &StoreError) -> StoreError {
+        match e {
+            StoreError::Timeout(d) => StoreError::Timeout(*d),
+            _ => StoreError::unavailable(e.to_string()),
         }
-        drop(q);
-        owner.spawn_driver();
     }
-}
-
-/// The task that owns the slot: sends batches while operations wait, then gives it back.
-async fn drive(mut slot: Slot) {
-    let Some(owner) = slot.owner.clone() else {
-        return;
-    };
-    while let Some(batch) = owner.take() {
-        owner.send(batch).await;
-    }
-    // `take` marked the connection idle already.
-    slot.owner = None;
 }
 
 /// Runs `code` with `keys` and `args` for at most `limit`: through `coalescer` when there is
