@@ -7,6 +7,7 @@ mod compile;
 mod display;
 mod key;
 mod listener;
+mod route;
 mod settings;
 mod telemetry;
 #[cfg(test)]

@@ -1,0 +1,344 @@
+//! Checks one `[[routes]]` entry (with `[defaults]` under it): its methods, path, key,
+//! principal, fingerprint and engine policy.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context as _, anyhow, bail};
+use idem_core::{JsonFields, Policy, Scope, TakeoverPolicy};
+
+use super::compile::{header_name, method, positive, size};
+use super::settings::{
+    FingerprintBody, FingerprintSettings, JwtKey, JwtSettings, PrincipalSource, Route, RoutePolicy,
+    StatusSet, UpstreamFailure,
+};
+use super::{Methods, RawFingerprint, RawPrincipal, RawRoute, StatusPattern};
+use crate::matcher::{MethodSet, PathPattern};
+use crate::path::TrailingSlash;
+use crate::principal::JwtVerifier;
+use crate::upstream::UpstreamSpec;
+
+/// Checks a status webhook template: a path or an http(s) URL that names `{key}`, with no
+/// placeholder but `{key}`, `{namespace}` and `{principal}`.
+fn status_url(template: &str) -> anyhow::Result<String> {
+    if !template.contains("{key}") {
+        bail!("`{template}` must contain `{{key}}`");
+    }
+    let mut rest = template;
+    while let Some(open) = rest.find('{') {
+        let close = rest[open..]
+            .find('}')
+            .ok_or_else(|| anyhow!("`{template}`: unclosed `{{`"))?;
+        let name = &rest[open + 1..open + close];
+        if !matches!(name, "key" | "namespace" | "principal") {
+            bail!(
+                "`{template}`: unknown placeholder `{{{name}}}`; use {{key}}, {{namespace}} or {{principal}}"
+            );
+        }
+        rest = &rest[open + close + 1..];
+    }
+    let probe = template
+        .replace("{key}", "k")
+        .replace("{namespace}", "n")
+        .replace("{principal}", "p");
+    if probe.starts_with('/') {
+        probe
+            .parse::<http::uri::PathAndQuery>()
+            .map_err(|e| anyhow!("`{template}`: {e}"))?;
+    } else {
+        crate::upstream::upstream_uri(&probe).map_err(|e| anyhow!("`{template}`: {e}"))?;
+    }
+    Ok(template.to_owned())
+}
+
+pub(super) fn compile_route(
+    r: &RawRoute,
+    d: &RawRoute,
+    store_timeout: Duration,
+    trailing: TrailingSlash,
+    ignore_case: bool,
+) -> anyhow::Result<Route> {
+    let path = r
+        .path
+        .as_deref()
+        .ok_or_else(|| anyhow!("`path` is required"))?;
+    // Patterns are spelled the way request paths are normalised, so they can match them.
+    let normal =
+        crate::path::normalize(path, trailing).map_err(|e| anyhow!("`path` `{path}`: {e}"))?;
+    let pattern = PathPattern::parse(&normal).context("`path`")?;
+    let pattern = if ignore_case {
+        pattern
+    } else {
+        pattern.case_sensitive()
+    };
+    let methods = match r.method.clone().unwrap_or(Methods::One("*".into())) {
+        Methods::One(m) if m.trim() == "*" => MethodSet::Any,
+        Methods::One(m) => MethodSet::Only(vec![method(&m)?]),
+        Methods::Many(list) if list.is_empty() => bail!("`method` is an empty list"),
+        Methods::Many(list) => MethodSet::Only(
+            list.iter()
+                .map(|m| method(m))
+                .collect::<anyhow::Result<_>>()?,
+        ),
+    };
+    let name = r
+        .name
+        .clone()
+        .unwrap_or_else(|| format!("{methods} {path}"));
+    let upstream = r
+        .upstream
+        .as_ref()
+        .map(UpstreamSpec::compile)
+        .transpose()
+        .context("`upstream`")?;
+
+    macro_rules! pick {
+        ($f:ident) => {
+            r.$f.clone().or_else(|| d.$f.clone())
+        };
+    }
+    let namespace = pick!(namespace).unwrap_or_else(|| match &r.name {
+        Some(n) => n.clone(),
+        None => format!("{methods}:{path}").replace(' ', ""),
+    });
+    Scope::new(namespace.clone()).map_err(|e| anyhow!("`namespace` `{namespace}`: {e}"))?;
+
+    let timeout = positive(
+        pick!(timeout).map(|d| d.0),
+        Duration::from_secs(30),
+        "timeout",
+    )?;
+    // The engine's handler timeout backs the proxy's own timeout up by a second, so the
+    // proxy's 504 (handled per `upstream_failure`) always comes first.
+    let handler_timeout = timeout + crate::app::HANDLER_BACKSTOP;
+    let default_lease = handler_timeout + idem_core::engine::LEASE_MARGIN;
+    let lease = pick!(lease).map_or(default_lease, |d| d.0);
+    let ttl = pick!(ttl).map_or(Duration::from_secs(24 * 3600), |d| d.0);
+    let takeover = match pick!(takeover).as_deref().unwrap_or("reexecute") {
+        "reexecute" => TakeoverPolicy::Reexecute,
+        "hold" => TakeoverPolicy::Hold,
+        other => bail!("`takeover`: `{other}` is neither `reexecute` nor `hold`"),
+    };
+    let upstream_failure = match pick!(upstream_failure).as_deref().unwrap_or("hold") {
+        "hold" => UpstreamFailure::Hold,
+        "retry" => UpstreamFailure::Retry,
+        other => bail!("`upstream_failure`: `{other}` is neither `hold` nor `retry`"),
+    };
+    let in_flight_wait = pick!(in_flight_wait).map(|d| d.0).filter(|d| !d.is_zero());
+    let engine = Policy::builder()
+        .handler_timeout(handler_timeout)
+        .lease(lease)
+        .record_ttl(ttl)
+        .takeover(takeover)
+        .store_timeout(store_timeout)
+        .in_flight_wait(in_flight_wait)
+        .build()
+        .map_err(|e| anyhow!("policy: {e} (the lease must be at least `timeout` + 16s)"))?;
+
+    let store_statuses = StatusSet::parse(&pick!(store_statuses).unwrap_or_else(|| {
+        ["2xx", "3xx", "4xx"]
+            .map(|s| StatusPattern::Text(s.into()))
+            .to_vec()
+    }))
+    .context("`store_statuses`")?;
+    let release_statuses = StatusSet::parse(
+        &pick!(release_statuses)
+            .unwrap_or_else(|| [401, 403, 408, 409, 429].map(StatusPattern::Code).to_vec()),
+    )
+    .context("`release_statuses`")?;
+    let replay_headers = match pick!(replay_headers) {
+        Some(list) => list
+            .iter()
+            .map(|h| header_name(h))
+            .collect::<anyhow::Result<Vec<_>>>()
+            .context("`replay_headers`")?,
+        None => idem_http::DEFAULT_REPLAY_HEADERS.to_vec(),
+    };
+    for h in &replay_headers {
+        if matches!(
+            h.as_str(),
+            "set-cookie" | "www-authenticate" | "proxy-authenticate"
+        ) {
+            tracing::warn!(header = %h, "replay_headers replays a credential-bearing header to every retry");
+        }
+    }
+    let idempotency = pick!(idempotency).unwrap_or(true);
+    // A plain-proxy route has no keys, so it needs no principal.
+    let principal = match pick!(principal) {
+        None if !idempotency => PrincipalSource::None,
+        raw => principal(raw.as_ref()).context("`principal`")?,
+    };
+    let fingerprint = fingerprint(pick!(fingerprint).as_ref()).context("`fingerprint`")?;
+    let max_request_body = size(
+        pick!(max_request_body).map(|s| s.0),
+        1 << 20,
+        "max_request_body",
+    )?;
+    let max_stored_response = size(
+        pick!(max_stored_response).map(|s| s.0),
+        1 << 20,
+        "max_stored_response",
+    )?;
+
+    let token = r.token.as_ref().map(super::token::compile).transpose()?;
+    let (key, key_path_params) = if token.is_some() {
+        // The token header is the key; the key fields (the route's or `defaults`') do not
+        // apply, and setting them on the route is a mistake worth naming.
+        for (field, set) in [
+            ("key", r.key.is_some()),
+            ("key_header", r.key_header.is_some()),
+            ("key_required", r.key_required.is_some()),
+        ] {
+            if set {
+                bail!(
+                    "`{field}`: a route with `token` takes its key from the token header; remove `{field}`"
+                );
+            }
+        }
+        if !idempotency {
+            bail!("`token` needs idempotency: remove `idempotency = false` or `token`");
+        }
+        (super::key::sources(None, None).context("`key`")?, false)
+    } else {
+        let key = super::key::sources(pick!(key_header).as_deref(), pick!(key).as_ref())
+            .context("`key`")?;
+        let params = super::key::check_path_params(&key, &pattern).context("`key`")?;
+        (key, params)
+    };
+    let policy = RoutePolicy {
+        idempotency,
+        key,
+        key_path_params,
+        key_required: token.is_some() || pick!(key_required).unwrap_or(true),
+        namespace,
+        principal,
+        fingerprint,
+        engine,
+        store_statuses,
+        release_statuses,
+        upstream_failure,
+        max_request_body,
+        max_stored_response,
+        replay_headers,
+        status_url: pick!(status_url)
+            .map(|t| status_url(&t))
+            .transpose()
+            .context("`status_url`")?,
+        token,
+    };
+    Ok(Route {
+        name,
+        methods,
+        pattern,
+        upstream,
+        policy: Arc::new(policy),
+    })
+}
+
+/// Why a protected route must say whose keys they are, and the choices.
+pub(crate) const PRINCIPAL_REQUIRED: &str = "a protected route must say whose keys they are: \
+set `principal` in `[defaults]` or on the route. Without it every caller would share one key \
+space, and two customers who pick the same key would see each other's answers. Choose \
+`principal = { from = \"none\" }` for a single-tenant service, \
+`principal = { from = \"header\", header = \"x-api-key\" }` for a stable credential such as an \
+API key (stored hashed), or `principal = { from = \"jwt\", … }` for a verified claim. A raw \
+bearer token is a poor principal: when the token is refreshed between two attempts, the retry \
+lands in another scope and runs again";
+
+fn principal(raw: Option<&RawPrincipal>) -> anyhow::Result<PrincipalSource> {
+    let Some(p) = raw else {
+        bail!("{PRINCIPAL_REQUIRED}");
+    };
+    let from = match (p.from.as_deref(), &p.header) {
+        (Some(from), _) => from,
+        (None, Some(_)) => "header",
+        (None, None) => bail!("`from` is not set; {PRINCIPAL_REQUIRED}"),
+    };
+    let jwt_fields = p.hs256_secret.is_some()
+        || p.rs256_public_key.is_some()
+        || p.rs256_public_key_file.is_some();
+    match from {
+        "none" => {
+            if jwt_fields || p.header.is_some() {
+                bail!("`from = \"none\"` but a header or key is set");
+            }
+            Ok(PrincipalSource::None)
+        }
+        "header" => {
+            if jwt_fields {
+                bail!("JWT keys are set but `from = \"header\"`; use `from = \"jwt\"`");
+            }
+            let name = p
+                .header
+                .as_deref()
+                .ok_or_else(|| anyhow!("`from = \"header\"` needs `header`"))?;
+            let header = idem_http::HeaderPrincipal::new(header_name(name)?);
+            Ok(PrincipalSource::Header(if p.required.unwrap_or(true) {
+                header.required()
+            } else {
+                header
+            }))
+        }
+        "jwt" => {
+            let pem = match (&p.rs256_public_key, &p.rs256_public_key_file) {
+                (Some(_), Some(_)) => {
+                    bail!("set `rs256_public_key` or `rs256_public_key_file`, not both")
+                }
+                (Some(text), None) => Some(text.clone().into_bytes()),
+                (None, Some(path)) => Some(std::fs::read(path).with_context(|| {
+                    format!("cannot read `rs256_public_key_file` {}", path.display())
+                })?),
+                (None, None) => None,
+            };
+            let (key, verifier) = match (&p.hs256_secret, pem) {
+                (Some(_), Some(_)) => {
+                    bail!("set either `hs256_secret` or an RS256 public key, not both")
+                }
+                (None, None) => {
+                    bail!("`from = \"jwt\"` needs `hs256_secret` or `rs256_public_key(_file)`")
+                }
+                (Some(secret), None) => {
+                    if secret.len() < 32 {
+                        bail!("`hs256_secret` must be at least 32 bytes");
+                    }
+                    (JwtKey::Hs256, JwtVerifier::hs256(secret.as_bytes(), p)?)
+                }
+                (None, Some(pem)) => (JwtKey::Rs256, JwtVerifier::rs256(&pem, p)?),
+            };
+            let header = header_name(p.header.as_deref().unwrap_or("authorization"))?;
+            Ok(PrincipalSource::Jwt(Arc::new(JwtSettings {
+                header,
+                required: p.required.unwrap_or(true),
+                key,
+                verifier,
+            })))
+        }
+        other => bail!("`from`: `{other}` is not one of none, header, jwt"),
+    }
+}
+
+fn fingerprint(raw: Option<&RawFingerprint>) -> anyhow::Result<FingerprintSettings> {
+    let f = raw.cloned().unwrap_or_default();
+    let body = match f.body.as_deref().unwrap_or("json") {
+        "json" => FingerprintBody::Json,
+        "raw" => FingerprintBody::Raw,
+        "ignore" => FingerprintBody::Ignore,
+        other => bail!("`body`: `{other}` is not one of json, raw, ignore"),
+    };
+    let include = f.include.unwrap_or_default();
+    let exclude = f.exclude.unwrap_or_default();
+    if body != FingerprintBody::Json && (!include.is_empty() || !exclude.is_empty()) {
+        bail!("`include`/`exclude` select JSON fields and need `body = \"json\"`");
+    }
+    let headers = f
+        .headers
+        .unwrap_or_default()
+        .iter()
+        .map(|h| header_name(h))
+        .collect::<anyhow::Result<_>>()?;
+    Ok(FingerprintSettings {
+        body,
+        fields: JsonFields::all().include(include).exclude(exclude),
+        headers,
+    })
+}
