@@ -281,25 +281,6 @@ fn grpc_timeout(d: Duration) -> HeaderValue {
     HeaderValue::from_str(&format!("{ms}m")).unwrap_or(HeaderValue::from_static("1000m"))
 }
 
-/// The duration of a `grpc-timeout` value (at most 8 digits and a unit), if well formed.
-fn parse_grpc_timeout(v: &HeaderValue) -> Option<Duration> {
-    let v = v.to_str().ok()?;
-    let (digits, unit) = v.split_at(v.len().checked_sub(1)?);
-    if digits.is_empty() || digits.len() > 8 || !digits.bytes().all(|b| b.is_ascii_digit()) {
-        return None;
-    }
-    let n: u64 = digits.parse().ok()?;
-    Some(match unit {
-        "H" => Duration::from_secs(n * 3600),
-        "M" => Duration::from_secs(n * 60),
-        "S" => Duration::from_secs(n),
-        "m" => Duration::from_millis(n),
-        "u" => Duration::from_micros(n),
-        "n" => Duration::from_nanos(n),
-        _ => return None,
-    })
-}
-
 /// A gRPC status standing for a [`ClientError`], which it carries as its source.
 fn status_for(e: ClientError) -> Status {
     let code = match &e {
@@ -414,7 +395,7 @@ where
     let callers = parts
         .headers
         .remove(GRPC_TIMEOUT)
-        .and_then(|v| parse_grpc_timeout(&v));
+        .and_then(|v| idem_grpc::codes::grpc_timeout(&v));
     let bounded;
     let policy = match callers {
         Some(d) if d < policy.overall_deadline() => {

@@ -293,6 +293,26 @@ impl LayerDetails {
     }
 }
 
+/// The duration a `grpc-timeout` value names (up to 8 digits and a unit: `H`, `M`, `S`, `m`,
+/// `u`, `n`), or `None` when it is malformed.
+pub fn grpc_timeout(value: &http::HeaderValue) -> Option<Duration> {
+    let raw = value.to_str().ok()?;
+    let (digits, unit) = raw.split_at_checked(raw.len().checked_sub(1)?)?;
+    if digits.is_empty() || digits.len() > 8 || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let n: u64 = digits.parse().ok()?;
+    Some(match unit {
+        "H" => Duration::from_secs(n * 3600),
+        "M" => Duration::from_secs(n * 60),
+        "S" => Duration::from_secs(n),
+        "m" => Duration::from_millis(n),
+        "u" => Duration::from_micros(n),
+        "n" => Duration::from_nanos(n),
+        _ => return None,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -14,7 +14,7 @@ use sqlx::Pool;
 use sqlx::pool::PoolOptions;
 
 use crate::audit;
-use crate::dialect::{Dialect, OnePool, Renewal, Written};
+use crate::dialect::{Dialect, OnePool, Renewal, Sql, Written};
 use crate::driver::{On, Value};
 use crate::record::{
     ClaimRow, MAX_RACES, RawRecord, fence_param, ms, settled, state_code, too_many_races, ts,
@@ -43,9 +43,42 @@ pub struct SqlStore<D: Dialect> {
     pub(crate) claim_mode: Arc<AtomicU8>,
 }
 
-const CLAIM_UNKNOWN: u8 = 0;
-const CLAIM_RETURNING: u8 = 1;
-const CLAIM_THEN_READ: u8 = 2;
+pub(crate) const CLAIM_UNKNOWN: u8 = 0;
+pub(crate) const CLAIM_RETURNING: u8 = 1;
+pub(crate) const CLAIM_THEN_READ: u8 = 2;
+
+/// Whether a server needs a write without `RETURNING` and a read after it (MySQL 8, MariaDB
+/// before 10.5): asks `SELECT VERSION()` (`version_sql`) once, and keeps the answer in `mode`
+/// ([`CLAIM_UNKNOWN`] until then, [`CLAIM_RETURNING`] or [`CLAIM_THEN_READ`] after), which
+/// every clone of the store shares. `what` names the statement in the debug log.
+pub(crate) async fn then_read<D: Sql>(
+    mode: &AtomicU8,
+    pool: &Pool<D>,
+    version_sql: &Stmt,
+    what: &'static str,
+) -> Result<bool, StoreError> {
+    let known = match mode.load(Ordering::Relaxed) {
+        CLAIM_UNKNOWN => {
+            let row = D::fetch_optional(On::Pool(pool), version_sql, &[])
+                .await
+                .map_err(StoreError::unavailable)?
+                .ok_or_else(|| StoreError::unavailable("SELECT VERSION() returned no row"))?;
+            let version: String = D::get::<D::Text>(&row, 0)
+                .map_err(StoreError::unavailable)?
+                .into();
+            let known = if D::claim_returning(&version) {
+                CLAIM_RETURNING
+            } else {
+                CLAIM_THEN_READ
+            };
+            tracing::debug!(%version, then_read = known == CLAIM_THEN_READ, "{what} statement chosen");
+            mode.store(known, Ordering::Relaxed);
+            known
+        }
+        known => known,
+    };
+    Ok(known == CLAIM_THEN_READ)
+}
 
 impl<D: Dialect> Clone for SqlStore<D> {
     fn clone(&self) -> Self {
@@ -111,27 +144,7 @@ impl<D: Dialect> SqlStore<D> {
 
     /// Whether claims take the upsert-then-read path: asks the server its version once.
     async fn claims_then_read(&self) -> Result<bool, StoreError> {
-        let mode = match self.claim_mode.load(Ordering::Relaxed) {
-            CLAIM_UNKNOWN => {
-                let row = D::fetch_optional(On::Pool(&self.writer), &self.sql.version, &[])
-                    .await
-                    .map_err(StoreError::unavailable)?
-                    .ok_or_else(|| StoreError::unavailable("SELECT VERSION() returned no row"))?;
-                let version: String = D::get::<D::Text>(&row, 0)
-                    .map_err(StoreError::unavailable)?
-                    .into();
-                let mode = if D::claim_returning(&version) {
-                    CLAIM_RETURNING
-                } else {
-                    CLAIM_THEN_READ
-                };
-                tracing::debug!(%version, then_read = mode == CLAIM_THEN_READ, "claim statement chosen");
-                self.claim_mode.store(mode, Ordering::Relaxed);
-                mode
-            }
-            mode => mode,
-        };
-        Ok(mode == CLAIM_THEN_READ)
+        then_read(&self.claim_mode, &self.writer, &self.sql.version, "claim").await
     }
 
     /// The claim's write and the row it left, without `RETURNING`: on the caller's connection

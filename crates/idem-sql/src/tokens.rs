@@ -23,7 +23,7 @@
 
 use std::fmt;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::atomic::AtomicU8;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -95,9 +95,12 @@ const VERSION: &str = "SELECT VERSION()";
 
 /// Which issue statement the server takes: not asked yet, `INSERT … RETURNING`, or the
 /// insert then a read.
-const ISSUE_UNKNOWN: u8 = 0;
-const ISSUE_RETURNING: u8 = 1;
-const ISSUE_THEN_READ: u8 = 2;
+// The issue mode is kept in the same encoding as the record store's claim mode, so one
+// version probe (`crate::store::then_read`) serves both.
+use crate::store::{
+    CLAIM_RETURNING as ISSUE_RETURNING, CLAIM_THEN_READ as ISSUE_THEN_READ,
+    CLAIM_UNKNOWN as ISSUE_UNKNOWN,
+};
 /// Returns `bound, payload, expires_at, consumed_at (0 when unused), now_ms`.
 const READ: &str = "SELECT bound, payload, expires_at, COALESCE(consumed_at, 0), {now} \
     FROM {t} WHERE id = :id AND forget_at > {now}";
@@ -295,28 +298,13 @@ impl<D: TokenDialect> SqlTokens<D> {
 
     /// Whether issues take the insert-then-read path: asks the server its version once.
     async fn issues_then_read(&self) -> Result<bool, StoreError> {
-        let mode = match self.shared.issue_mode.load(Ordering::Relaxed) {
-            ISSUE_UNKNOWN => {
-                let sql = &self.shared.sql.version;
-                let row = D::fetch_optional(On::Pool(&self.shared.pool), sql, &[])
-                    .await
-                    .map_err(StoreError::unavailable)?
-                    .ok_or_else(|| StoreError::unavailable("SELECT VERSION() returned no row"))?;
-                let version: String = D::get::<D::Text>(&row, 0)
-                    .map_err(StoreError::unavailable)?
-                    .into();
-                let mode = if D::claim_returning(&version) {
-                    ISSUE_RETURNING
-                } else {
-                    ISSUE_THEN_READ
-                };
-                tracing::debug!(%version, then_read = mode == ISSUE_THEN_READ, "token issue statement chosen");
-                self.shared.issue_mode.store(mode, Ordering::Relaxed);
-                mode
-            }
-            mode => mode,
-        };
-        Ok(mode == ISSUE_THEN_READ)
+        crate::store::then_read(
+            &self.shared.issue_mode,
+            &self.shared.pool,
+            &self.shared.sql.version,
+            "token issue",
+        )
+        .await
     }
 
     /// The insert without `RETURNING`, then the row's expiry read back, in one transaction.
@@ -450,7 +438,7 @@ mod tests {
     use super::*;
 
     fn mode<D: TokenDialect>(t: &SqlTokens<D>) -> u8 {
-        t.shared.issue_mode.load(Ordering::Relaxed)
+        t.shared.issue_mode.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// MySQL-family stores ask the server before their first issue; PostgreSQL always has

@@ -386,6 +386,10 @@ fn errors_become_statuses_that_carry_them() {
         ("5x", None),
         ("-1S", None),
     ] {
-        assert_eq!(parse_grpc_timeout(&HeaderValue::from_static(v)), d, "{v}");
+        assert_eq!(
+            idem_grpc::codes::grpc_timeout(&HeaderValue::from_static(v)),
+            d,
+            "{v}"
+        );
     }
 }

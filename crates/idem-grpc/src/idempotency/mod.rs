@@ -296,24 +296,12 @@ where
     answer::answer(&engine, config, key, outcome)
 }
 
-/// The caller's deadline from `grpc-timeout` (up to 8 digits and a unit: `H`, `M`, `S`,
-/// `m`, `u`, `n`); `None` when absent or malformed, as tonic's own server treats it.
+/// The caller's deadline from `grpc-timeout`; `None` when absent or malformed, as tonic's
+/// own server treats it.
 pub(crate) fn deadline(headers: &HeaderMap) -> Option<Duration> {
-    let raw = headers.get("grpc-timeout")?.to_str().ok()?;
-    let (digits, unit) = raw.split_at_checked(raw.len().checked_sub(1)?)?;
-    if digits.is_empty() || digits.len() > 8 || !digits.bytes().all(|b| b.is_ascii_digit()) {
-        return None;
-    }
-    let n: u64 = digits.parse().ok()?;
-    Some(match unit {
-        "H" => Duration::from_secs(n * 3600),
-        "M" => Duration::from_secs(n * 60),
-        "S" => Duration::from_secs(n),
-        "m" => Duration::from_millis(n),
-        "u" => Duration::from_micros(n),
-        "n" => Duration::from_nanos(n),
-        _ => return None,
-    })
+    headers
+        .get("grpc-timeout")
+        .and_then(crate::codes::grpc_timeout)
 }
 
 /// The method's engine, or, when the caller waits less than the handler timeout, the same
