@@ -438,7 +438,9 @@ mod tests {
     use super::*;
 
     fn mode<D: TokenDialect>(t: &SqlTokens<D>) -> u8 {
-        t.shared.issue_mode.load(std::sync::atomic::Ordering::Relaxed)
+        t.shared
+            .issue_mode
+            .load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// MySQL-family stores ask the server before their first issue; PostgreSQL always has
