@@ -169,4 +169,12 @@ impl<D: Dialect> TxStore for SqlStore<D> {
     async fn commit(&self, tx: Self::Tx) -> Result<(), StoreError> {
         tx.commit().await.map_err(StoreError::unavailable)
     }
+
+    /// Rolls back now: sqlx only queues the rollback of a dropped transaction, and the claim's
+    /// row lock would stay held until the connection is used or returned to the pool.
+    async fn rollback(&self, tx: Self::Tx) {
+        if let Err(e) = tx.rollback().await {
+            tracing::debug!(error = %e, "rollback failed; the connection drops the transaction");
+        }
+    }
 }

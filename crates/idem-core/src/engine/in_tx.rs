@@ -67,6 +67,15 @@ pub trait TxStore: Store {
     /// [`StoreError`] when the commit failed or its result is not known (the connection broke
     /// while committing): the writes may or may not have landed.
     fn commit(&self, tx: Self::Tx) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// Ends `tx`, keeping nothing written on it, and frees its locks now. The engine calls it
+    /// whenever it does not commit. The default drops `tx`; a store whose driver rolls back
+    /// a dropped transaction only later (when the connection is next used or returned to a
+    /// pool) should roll back here, so the row lock a claim took is not held meanwhile.
+    fn rollback(&self, tx: Self::Tx) -> impl Future<Output = ()> + Send {
+        drop(tx);
+        std::future::ready(())
+    }
 }
 
 impl<S: TxStore> Engine<S> {
@@ -117,10 +126,16 @@ impl<S: TxStore> Engine<S> {
         .await?;
         let (lease, takeover) = match claim {
             ClaimOutcome::Claimed { lease, takeover } => (lease, takeover),
-            ClaimOutcome::Done { response } => return Ok(Answer::Replayed(response)),
-            ClaimOutcome::Busy { retry_after } => return Ok(Answer::InFlight { retry_after }),
-            ClaimOutcome::Mismatch { .. } => return Ok(Answer::Mismatch),
-            ClaimOutcome::Unknown => return Ok(Answer::Unknown),
+            other => {
+                // Nothing to keep: the claim only read (or waited on) the record.
+                end(store, tx, policy.store_timeout).await;
+                return Ok(match other {
+                    ClaimOutcome::Done { response } => Answer::Replayed(response),
+                    ClaimOutcome::Busy { retry_after } => Answer::InFlight { retry_after },
+                    ClaimOutcome::Mismatch { .. } => Answer::Mismatch,
+                    _ => Answer::Unknown,
+                });
+            }
         };
         tracing::debug!(key = %key, fence = lease.fence, takeover, "claimed in transaction");
         let ran = tokio::time::timeout(
@@ -131,7 +146,7 @@ impl<S: TxStore> Engine<S> {
         let (output, response) = match ran {
             Ok(Ok(Ok(done))) => done,
             Ok(Ok(Err(e))) => {
-                drop(tx);
+                end(store, tx, policy.store_timeout).await;
                 return Ok(Answer::Executed {
                     output: Err(e),
                     lease,
@@ -140,12 +155,12 @@ impl<S: TxStore> Engine<S> {
                 });
             }
             Ok(Err(_panic)) => {
-                drop(tx);
+                end(store, tx, policy.store_timeout).await;
                 tracing::error!(key = %key, "work panicked; transaction rolled back");
                 return Err(EngineError::HandlerPanicked);
             }
             Err(_elapsed) => {
-                drop(tx);
+                end(store, tx, policy.store_timeout).await;
                 tracing::warn!(key = %key, "work timed out; transaction rolled back");
                 return Err(EngineError::HandlerTimedOut(policy.handler_timeout));
             }
@@ -172,10 +187,13 @@ impl<S: TxStore> Engine<S> {
                     }
                 }
             }
-            // Rolled back (the transaction is dropped): neither the writes nor the record stay.
-            Ok(_) => Settled::Fenced,
+            // Rolled back: neither the writes nor the record stay.
+            Ok(_) => {
+                end(store, tx, policy.store_timeout).await;
+                Settled::Fenced
+            }
             Err(e) => {
-                drop(tx);
+                end(store, tx, policy.store_timeout).await;
                 return Err(EngineError::Store(e));
             }
         };
@@ -186,4 +204,10 @@ impl<S: TxStore> Engine<S> {
             settled,
         })
     }
+}
+
+/// Rolls `tx` back, waiting at most `limit`: past it the transaction is dropped, which rolls
+/// it back once the driver gets to it.
+async fn end<S: TxStore>(store: &S, tx: S::Tx, limit: std::time::Duration) {
+    let _ = tokio::time::timeout(limit, store.rollback(tx)).await;
 }
