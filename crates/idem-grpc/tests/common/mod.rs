@@ -286,9 +286,14 @@ impl Drop for Pg {
             rt.block_on(async move {
                 use sqlx::Connection as _;
                 if let Ok(mut c) = sqlx::PgConnection::connect(PG_URL).await {
-                    let _ = sqlx::raw_sql(&format!("DROP TABLE IF EXISTS {table}"))
-                        .execute(&mut c)
-                        .await;
+                    // The store's audit table and trigger function go with its table.
+                    let _ = sqlx::raw_sql(&format!(
+                        "SET lock_timeout = '10s'; DROP TABLE IF EXISTS {table}; \
+                         DROP TABLE IF EXISTS {table}_audit; \
+                         DROP FUNCTION IF EXISTS {table}_audit_fn()"
+                    ))
+                    .execute(&mut c)
+                    .await;
                 }
             });
         })

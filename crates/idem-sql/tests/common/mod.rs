@@ -89,9 +89,14 @@ impl Drop for PgHarness {
         let (url, table) = (self.url.clone(), self.store.table().to_string());
         blocking(move || async move {
             if let Ok(mut c) = sqlx::PgConnection::connect(&url).await {
-                // The audit table and its trigger function go with the records.
+                // The audit table and its trigger function go with the records, and so does the
+                // ledger of the same-transaction tests (`<table>_ledger`). The wait for
+                // locks is bounded: this runs from `Drop`, blocking the test's thread, and a
+                // lock held by a connection of that runtime would otherwise never be freed.
                 let _ = sqlx::raw_sql(&format!(
-                    "DROP TABLE IF EXISTS {table}; DROP TABLE IF EXISTS {table}_audit; \
+                    "SET lock_timeout = '10s'; \
+                     DROP TABLE IF EXISTS {table}; DROP TABLE IF EXISTS {table}_audit; \
+                     DROP TABLE IF EXISTS {table}_ledger; \
                      DROP FUNCTION IF EXISTS {table}_audit_fn()"
                 ))
                 .execute(&mut c)
@@ -154,8 +159,10 @@ impl Drop for MySqlHarness {
         let (url, table) = (self.url.clone(), self.store.table().to_string());
         blocking(move || async move {
             if let Ok(mut c) = sqlx::MySqlConnection::connect(&url).await {
+                // Bounded wait for locks, as for PostgreSQL above.
                 let _ = sqlx::raw_sql(&format!(
-                    "DROP TABLE IF EXISTS {table}; DROP TABLE IF EXISTS {table}_audit"
+                    "SET SESSION lock_wait_timeout = 10; \
+                     DROP TABLE IF EXISTS {table}; DROP TABLE IF EXISTS {table}_audit"
                 ))
                 .execute(&mut c)
                 .await;
