@@ -261,13 +261,10 @@ pub fn compile(raw: &RawConfig) -> anyhow::Result<Settings> {
     })
 }
 
-/// The status endpoint's path: absolute, plain (unreserved characters and `/` only), already
-/// in canonical spelling, and not the root.
-fn status(raw: Option<&super::RawStatus>) -> anyhow::Result<Option<StatusSettings>> {
-    let Some(path) = raw.and_then(|s| s.path.as_deref()) else {
-        return Ok(None);
-    };
-    let trimmed = path.trim().trim_end_matches('/');
+/// A path the gateway answers itself (`trimmed`, as written in `path`): absolute, plain
+/// (unreserved characters and `/` only), already in canonical spelling, and not the root;
+/// `example` is shown in the error.
+pub(super) fn plain_path(path: &str, trimmed: &str, example: &str) -> anyhow::Result<String> {
     if !trimmed.starts_with('/') {
         bail!("`{path}` must start with /");
     }
@@ -280,11 +277,20 @@ fn status(raw: Option<&super::RawStatus>) -> anyhow::Result<Option<StatusSetting
     let normal = crate::path::normalize(trimmed, TrailingSlash::Ignore)
         .map_err(|e| anyhow!("`{path}`: {e}"))?;
     if normal != trimmed || normal == "/" {
-        bail!("`{path}` must be a plain path below the root, such as /idem/status");
+        bail!("`{path}` must be a plain path below the root, such as {example}");
     }
-    Ok(Some(StatusSettings {
-        path: normal.into_owned(),
-    }))
+    Ok(normal.into_owned())
+}
+
+/// The status endpoint's path: absolute, plain (unreserved characters and `/` only), already
+/// in canonical spelling, and not the root.
+fn status(raw: Option<&super::RawStatus>) -> anyhow::Result<Option<StatusSettings>> {
+    let Some(path) = raw.and_then(|s| s.path.as_deref()) else {
+        return Ok(None);
+    };
+    let trimmed = path.trim().trim_end_matches('/');
+    let normal = plain_path(path, trimmed, "/idem/status")?;
+    Ok(Some(StatusSettings { path: normal }))
 }
 
 fn reconcile(raw: Option<&super::RawReconcile>) -> anyhow::Result<super::ReconcileSettings> {

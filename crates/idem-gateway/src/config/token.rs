@@ -13,7 +13,6 @@ use serde::{Deserialize, Serialize};
 
 use super::Dur;
 use super::settings::{Route, StatusSettings};
-use crate::path::TrailingSlash;
 use crate::store::StoreSpec;
 
 /// The header a token travels in unless `token.header` says otherwise.
@@ -147,22 +146,7 @@ pub(super) fn compile(raw: &RawToken) -> anyhow::Result<TokenSettings> {
 /// An issue path: absolute, plain (unreserved characters and `/` only), already in canonical
 /// spelling, and not the root.
 fn issue_path(path: &str) -> anyhow::Result<String> {
-    let trimmed = path.trim();
-    if !trimmed.starts_with('/') {
-        bail!("`{path}` must start with /");
-    }
-    if !trimmed
-        .bytes()
-        .all(|b| b.is_ascii_alphanumeric() || b"-._~/".contains(&b))
-    {
-        bail!("`{path}` may hold only letters, digits, `-`, `.`, `_`, `~` and `/`");
-    }
-    let normal = crate::path::normalize(trimmed, TrailingSlash::Ignore)
-        .map_err(|e| anyhow!("`{path}`: {e}"))?;
-    if normal != trimmed || normal == "/" {
-        bail!("`{path}` must be a plain path below the root, such as /checkout/token");
-    }
-    Ok(normal.into_owned())
+    super::compile::plain_path(path, path.trim(), "/checkout/token")
 }
 
 /// Checks what concerns token routes together: every issue path is one route's only, apart
