@@ -437,10 +437,7 @@ async fn concurrent_acquires_share_calls_and_stay_exclusive() {
         return;
     }
     let server = common::Server::start(&[]);
-    let config = RedisConfig::from_url(&server.url())
-        .and_then(|c| c.prefix(common::unique_prefix()))
-        .and_then(|c| c.op_timeout(Duration::from_secs(2)))
-        .expect("config");
+    let config = common::private_config(&server);
     let lock = RedisLock::connect(config, Duration::from_secs(10))
         .await
         .expect("connect");

@@ -239,10 +239,7 @@ async fn concurrent_consumes_share_calls_and_fail_alone() {
         return;
     }
     let server = common::Server::start(&[]);
-    let config = RedisConfig::from_url(&server.url())
-        .and_then(|c| c.prefix(common::unique_prefix()))
-        .and_then(|c| c.op_timeout(Duration::from_secs(2)))
-        .expect("config");
+    let config = common::private_config(&server);
     let tokens = RedisTokens::connect(config).await.expect("connect");
     let scope = idem_core::Scope::new("tok.batch").expect("scope");
     let req = IssueRequest::new(scope.clone(), Duration::from_secs(60)).expect("req");

@@ -16,6 +16,14 @@ pub fn unique_prefix() -> String {
     format!("idem-test:{}:", uuid::Uuid::now_v7().simple())
 }
 
+/// A configuration for the private `server`: a fresh key prefix and a 2 s operation timeout.
+pub fn private_config(server: &Server) -> RedisConfig {
+    RedisConfig::from_url(&server.url())
+        .and_then(|c| c.prefix(unique_prefix()))
+        .and_then(|c| c.op_timeout(Duration::from_secs(2)))
+        .expect("config")
+}
+
 /// True when the shared Redis answers. In CI a missing server fails the test; elsewhere the
 /// caller skips with a loud message.
 pub fn local_redis_up() -> bool {
