@@ -36,7 +36,7 @@
 //!         unreachable!()
 //!     };
 //!     store.release(&key, lease.owner, lease.fence, ReleaseKind::Unknown).await.unwrap();
-//!     audit::acting_as("operator:ann", || store.resolve(&key, &Resolution::Release))
+//!     audit::acting_as("operator:ann", || store.resolve(&key, &Resolution::Release, None))
 //!         .await
 //!         .unwrap();
 //!
@@ -377,7 +377,7 @@ pub fn event_for(
                 }
                 // Unknown from a claim that found a processing record with an expired lease
                 // under `hold`: the claim just marked it.
-                ClaimOutcome::Unknown
+                ClaimOutcome::Unknown { .. }
                     if previous.is_some_and(|r| {
                         matches!(r.state, RecordState::Processing { lease_until, .. } if lease_until <= now)
                             && r.expires_at > now

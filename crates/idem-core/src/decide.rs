@@ -8,10 +8,15 @@
 //! |-------------------------------------|--------------------------------|-------------------|
 //! | absent / expired record             | claim, fence = next            | claim             |
 //! | processing, lease live              | busy until lease end           | mismatch          |
-//! | processing, lease expired, reexecute| takeover: claim, fence = next  | mismatch          |
 //! | processing, lease expired, hold     | becomes unknown                | mismatch          |
+//! | processing, lease expired, reexecute| takeover: claim, fence = next  | mismatch          |
 //! | completed                           | replay                         | mismatch          |
-//! | unknown                             | unknown                        | mismatch          |
+//! | unknown                             | unknown (its fence and age)    | mismatch          |
+//!
+//! An unknown record marked on an expired lease still names its holder: that holder (owner
+//! and fence) may complete or release it, so a holder paused past its lease finishes its own
+//! work. One its holder released as unknown names nobody. Either is otherwise settled only by
+//! a [`resolve`] (which may name the record's fence).
 
 use std::time::Duration;
 
@@ -80,7 +85,7 @@ pub fn claim(
 ) -> Transition<ClaimOutcome> {
     let previous_fence = previous.map(|r| r.fence);
     let Some(record) = live(now, previous) else {
-        return fresh_claim(now, previous_fence, req, fence_floor, false, None);
+        return fresh_claim(now, previous_fence, req, fence_floor, false);
     };
     if record.fingerprint != req.fingerprint {
         return Transition::keep(ClaimOutcome::Mismatch {
@@ -91,40 +96,55 @@ pub fn claim(
         RecordState::Completed { response, .. } => Transition::keep(ClaimOutcome::Done {
             response: response.clone(),
         }),
-        RecordState::Unknown { .. } => Transition::keep(ClaimOutcome::Unknown),
+        RecordState::Unknown { .. } => Transition::keep(unknown(now, record)),
         RecordState::Processing { lease_until, .. } if *lease_until > now => {
             Transition::keep(ClaimOutcome::Busy {
                 retry_after: lease_until.since(now),
             })
         }
         RecordState::Processing { .. } => match req.takeover {
-            TakeoverPolicy::Hold => {
+            TakeoverPolicy::Reexecute => fresh_claim(now, previous_fence, req, fence_floor, true),
+            // `Hold`, and any policy added later: never run again blind.
+            _ => {
                 let mut held = record.clone();
-                held.state = RecordState::Unknown { since: now };
+                held.state = RecordState::Unknown {
+                    since: now,
+                    owner: holder(record),
+                };
                 Transition {
                     change: Change::Put(held),
-                    outcome: ClaimOutcome::Unknown,
+                    outcome: unknown(now, record),
                 }
             }
-            TakeoverPolicy::Reexecute => fresh_claim(
-                now,
-                previous_fence,
-                req,
-                fence_floor,
-                true,
-                Some(record.created_at),
-            ),
         },
     }
 }
 
+/// What a claim answers for an unknown record: its fence and its attempt's age.
+fn unknown(now: Timestamp, record: &Record) -> ClaimOutcome {
+    ClaimOutcome::Unknown {
+        fence: record.fence,
+        age: now.since(record.created_at),
+    }
+}
+
+/// The holder a record names, processing or unknown.
+fn holder(record: &Record) -> Option<OwnerId> {
+    match &record.state {
+        RecordState::Processing { owner, .. } => Some(*owner),
+        RecordState::Unknown { owner, .. } => *owner,
+        RecordState::Completed { .. } => None,
+    }
+}
+
+/// A claim that writes a new attempt: a fresh key or a takeover. `created_at` is this claim's
+/// time either way, since it dates the attempt.
 fn fresh_claim(
     now: Timestamp,
     previous_fence: Option<u64>,
     req: &ClaimRequest,
     fence_floor: u64,
     takeover: bool,
-    created_at: Option<Timestamp>,
 ) -> Transition<ClaimOutcome> {
     let fence = next_fence(previous_fence, fence_floor);
     let deadline = now.plus(req.lease);
@@ -133,7 +153,7 @@ fn fresh_claim(
         fingerprint: req.fingerprint,
         fence,
         request_id: req.request_id.clone(),
-        created_at: created_at.unwrap_or(now),
+        created_at: now,
         expires_at: now.plus(req.ttl).max(deadline),
         state: RecordState::Processing {
             owner: req.owner,
@@ -153,20 +173,30 @@ fn fresh_claim(
     }
 }
 
-/// The live record if `owner` and `fence` still hold it.
+/// The live record if `owner` and `fence` still hold it: processing, or unknown with that
+/// holder named.
 ///
-/// A holder whose lease ran out still holds the key until someone takes it over: its late
-/// result is accepted rather than lost.
+/// A holder whose lease ran out still holds the key until someone takes it over or settles
+/// it: its late result is accepted rather than lost, also once a retry marked the record
+/// unknown under `hold`.
 pub fn held(
     now: Timestamp,
     previous: Option<&Record>,
     owner: OwnerId,
     fence: u64,
 ) -> Option<&Record> {
-    live(now, previous).filter(|r| {
-        r.fence == fence
-            && matches!(&r.state, RecordState::Processing { owner: o, .. } if *o == owner)
-    })
+    live(now, previous).filter(|r| r.fence == fence && holder(r) == Some(owner))
+}
+
+/// The live record if `owner` and `fence` hold it under a lease (processing): the only
+/// state a renewal extends. An unknown record stays unknown until it is settled.
+fn leased(
+    now: Timestamp,
+    previous: Option<&Record>,
+    owner: OwnerId,
+    fence: u64,
+) -> Option<&Record> {
+    held(now, previous, owner, fence).filter(|r| matches!(r.state, RecordState::Processing { .. }))
 }
 
 /// Decides a renewal.
@@ -177,7 +207,7 @@ pub fn renew(
     fence: u64,
     lease: Duration,
 ) -> Transition<RenewOutcome> {
-    let Some(record) = held(now, previous, owner, fence) else {
+    let Some(record) = leased(now, previous, owner, fence) else {
         return Transition::keep(RenewOutcome::Lost);
     };
     let deadline = now.plus(lease);
@@ -228,11 +258,17 @@ pub fn release(
     let Some(record) = held(now, previous, owner, fence) else {
         return Transition::keep(SettleOutcome::Fenced);
     };
-    let change = match kind {
-        ReleaseKind::Retryable => Change::Remove,
-        ReleaseKind::Unknown => {
+    let change = match (kind, &record.state) {
+        (ReleaseKind::Retryable, _) => Change::Remove,
+        // Already unknown (a retry marked it on expiry): it stays as it is.
+        (_, RecordState::Unknown { .. }) => Change::Keep,
+        // The holder gave up on knowing: it names nobody who could still settle it.
+        _ => {
             let mut next = record.clone();
-            next.state = RecordState::Unknown { since: now };
+            next.state = RecordState::Unknown {
+                since: now,
+                owner: None,
+            };
             Change::Put(next)
         }
     };
@@ -242,16 +278,25 @@ pub fn release(
     }
 }
 
-/// Decides an operator's resolve: allowed on unknown records and on processing records whose
-/// lease has run out.
+/// Decides a resolve (an operator's, a reconciler's, a status probe's): allowed on unknown
+/// records and on processing records whose lease has run out, and with `fence` only while the
+/// record has that fence.
 pub fn resolve(
     now: Timestamp,
     previous: Option<&Record>,
     resolution: &Resolution,
+    fence: Option<u64>,
 ) -> Transition<ResolveOutcome> {
     let Some(record) = live(now, previous) else {
         return Transition::keep(ResolveOutcome::NotFound);
     };
+    if let Some(expected) = fence
+        && expected != record.fence
+    {
+        return Transition::keep(ResolveOutcome::Fenced {
+            fence: record.fence,
+        });
+    }
     match &record.state {
         RecordState::Unknown { .. } => {}
         RecordState::Processing { lease_until, .. } if *lease_until <= now => {}
@@ -354,8 +399,155 @@ mod tests {
             matches!(taken.outcome, ClaimOutcome::Claimed { takeover: true, lease } if lease.fence == 2)
         );
         let held = claim(late, Some(&first), &req(1, TakeoverPolicy::Hold), 1);
-        assert_eq!(held.outcome, ClaimOutcome::Unknown);
+        assert_eq!(
+            held.outcome,
+            ClaimOutcome::Unknown {
+                fence: 1,
+                age: Duration::from_secs(10)
+            }
+        );
         assert_eq!(put(held).state.kind(), StateKind::Unknown);
+    }
+
+    #[test]
+    fn a_takeover_dates_its_own_attempt() {
+        let first = put(claim(
+            Timestamp(1_000),
+            None,
+            &req(1, TakeoverPolicy::Reexecute),
+            1,
+        ));
+        let taken = put(claim(
+            Timestamp(20_000),
+            Some(&first),
+            &req(1, TakeoverPolicy::Reexecute),
+            1,
+        ));
+        assert_eq!(taken.created_at, Timestamp(20_000));
+    }
+
+    // Guards point 3 of "at most once across crashes": a holder paused past its lease, whose
+    // record a retry marked unknown, completes it; a newer claim still fences it out.
+    #[test]
+    fn the_holder_completes_its_unknown_record_until_someone_settles_it() {
+        let r = req(1, TakeoverPolicy::Hold);
+        let rec = put(claim(Timestamp(0), None, &r, 1));
+        let unknown = put(claim(
+            Timestamp(11_000),
+            Some(&rec),
+            &req(1, TakeoverPolicy::Hold),
+            1,
+        ));
+        let resp = StoredResponse::new(201, "late");
+        let ttl = Duration::from_secs(100);
+        assert_eq!(
+            renew(Timestamp(11_001), Some(&unknown), r.owner, 1, ttl).outcome,
+            RenewOutcome::Lost,
+            "an unknown record is not renewed back to life"
+        );
+        assert_eq!(
+            complete(
+                Timestamp(11_001),
+                Some(&unknown),
+                OwnerId::random(),
+                1,
+                resp.clone(),
+                ttl
+            )
+            .outcome,
+            SettleOutcome::Fenced
+        );
+        let done = complete(
+            Timestamp(11_001),
+            Some(&unknown),
+            r.owner,
+            1,
+            resp.clone(),
+            ttl,
+        );
+        assert_eq!(done.outcome, SettleOutcome::Settled);
+        let Change::Put(done) = done.change else {
+            panic!("completion writes");
+        };
+        assert!(matches!(done.state, RecordState::Completed { .. }));
+        assert_eq!(
+            release(
+                Timestamp(11_001),
+                Some(&unknown),
+                r.owner,
+                1,
+                ReleaseKind::Unknown
+            )
+            .change,
+            Change::Keep
+        );
+        // Released as unknown by its holder, a record names nobody.
+        let given_up = release(Timestamp(5), Some(&rec), r.owner, 1, ReleaseKind::Unknown);
+        let Change::Put(given_up) = given_up.change else {
+            panic!("release as unknown writes");
+        };
+        assert_eq!(
+            complete(
+                Timestamp(6),
+                Some(&given_up),
+                r.owner,
+                1,
+                StoredResponse::new(200, "x"),
+                ttl
+            )
+            .outcome,
+            SettleOutcome::Fenced
+        );
+        // Released by a probe and claimed again: the old holder is fenced out.
+        let again = put(claim(
+            Timestamp(11_002),
+            None,
+            &req(1, TakeoverPolicy::Hold),
+            2,
+        ));
+        assert_eq!(
+            complete(Timestamp(11_003), Some(&again), r.owner, 1, resp, ttl).outcome,
+            SettleOutcome::Fenced
+        );
+    }
+
+    #[test]
+    fn a_resolve_naming_a_fence_settles_only_that_attempt() {
+        let r = req(1, TakeoverPolicy::Hold);
+        let rec = put(claim(Timestamp(0), None, &r, 1));
+        let unknown = put(claim(Timestamp(11_000), Some(&rec), &r, 1));
+        assert_eq!(
+            resolve(
+                Timestamp(11_001),
+                Some(&unknown),
+                &Resolution::Release,
+                Some(2)
+            ),
+            Transition {
+                change: Change::Keep,
+                outcome: ResolveOutcome::Fenced { fence: 1 }
+            }
+        );
+        assert_eq!(
+            resolve(
+                Timestamp(11_001),
+                Some(&unknown),
+                &Resolution::Release,
+                Some(1)
+            )
+            .change,
+            Change::Remove
+        );
+        assert_eq!(
+            resolve(
+                Timestamp(11_001),
+                Some(&unknown),
+                &Resolution::Release,
+                None
+            )
+            .change,
+            Change::Remove
+        );
     }
 
     #[test]

@@ -24,8 +24,8 @@ pub mod token;
 pub use audit::{AuditEvent, AuditKind, AuditQuery, AuditRetention};
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use engine::{
-    Action, Answer, Engine, EngineError, Policy, PolicyBuilder, PolicyError, Reply, SPAN_FENCE,
-    SPAN_KEY, Settled, Settlement, TxStore,
+    Action, Answer, Engine, EngineError, Policy, PolicyBuilder, PolicyError, Probe, ProbeAnswer,
+    ProbeFn, ProbeFuture, Reply, SPAN_FENCE, SPAN_KEY, Settled, Settlement, TxStore,
 };
 pub use fingerprint::{Fingerprint, FingerprintError, JsonFields, canonical_json};
 pub use key::{Key, KeyError, Scope, ScopedKey};

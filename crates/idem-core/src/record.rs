@@ -103,14 +103,22 @@ pub enum ReleaseKind {
 }
 
 /// What a claim does with a processing record whose lease has expired.
+///
+/// An expired lease means the holder stopped renewing (crashed, paused, cut off from the
+/// store), not that its effect did not happen: the default, [`TakeoverPolicy::Hold`], never
+/// runs such a key again blind.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
 #[non_exhaustive]
 pub enum TakeoverPolicy {
-    /// Claim it again with a higher fence and run the handler again. For handlers whose
-    /// effects are transactional or idempotent downstream.
-    #[default]
+    /// Claim it again with a higher fence and run the handler again. Only for handlers whose
+    /// effects roll back with the claim (same-transaction mode) or that the downstream system
+    /// refuses by fence: otherwise a crash after the effect runs it twice.
     Reexecute,
-    /// Mark it unknown; retries get "outcome unknown" until an operator resolves it.
+    /// Mark it unknown. While the attempt may still be running, retries are told it is in
+    /// flight; then a status probe (if the engine has one) settles it from what the
+    /// downstream system did, the holder may still complete it, and otherwise retries get
+    /// "outcome unknown" until it is resolved.
+    #[default]
     Hold,
 }
 
@@ -320,10 +328,15 @@ pub enum RecordState {
         /// When it completed.
         completed_at: Timestamp,
     },
-    /// The outcome is ambiguous; waits for an operator or reconciler.
+    /// The outcome is ambiguous; waits for its holder (which may still complete it), a status
+    /// probe, a reconciler or an operator.
     Unknown {
         /// When it became unknown.
         since: Timestamp,
+        /// The holder whose attempt became unknown, if the store still knows it. That holder,
+        /// with the record's fence, may still complete or release it: a holder paused past its
+        /// lease that comes back finishes its own work.
+        owner: Option<OwnerId>,
     },
 }
 
@@ -372,7 +385,8 @@ pub struct Record {
     pub fence: u64,
     /// Request id (trace id) of the latest claim, for operators.
     pub request_id: Option<String>,
-    /// When the record was first claimed.
+    /// When the current attempt claimed the key: the first claim, or the latest takeover.
+    /// The attempt's age (store clock) tells whether it may still be running.
     pub created_at: Timestamp,
     /// When the record goes away (store clock).
     pub expires_at: Timestamp,

@@ -31,7 +31,13 @@ async fn crashed_holder_is_taken_over_with_a_higher_fence() {
     let ClaimOutcome::Claimed { lease: old, .. } = crashed else {
         panic!("got {crashed:?}")
     };
-    let engine = rig.engine(Policy::default());
+    // Re-running an expired lease is an explicit choice (the default holds it).
+    let engine = rig.engine(
+        Policy::builder()
+            .takeover(TakeoverPolicy::Reexecute)
+            .build()
+            .expect("policy"),
+    );
     let busy = engine
         .run(&k, &fp(b"x"), |_| async { ok("too early") })
         .await

@@ -257,17 +257,25 @@ async fn resolve(
         Ok(r) => r,
         Err(e) => return error(StatusCode::BAD_REQUEST, &e),
     };
+    let fence = match expected_fence(&body) {
+        Ok(f) => f,
+        Err(e) => return error(StatusCode::BAD_REQUEST, &e),
+    };
     let actor = match actor(&headers) {
         Ok(a) => a,
         Err(e) => return error(StatusCode::BAD_REQUEST, &e),
     };
     let resolved = audit::acting_as(actor, || {
-        admin.timed(admin.store.resolve(&key, &resolution))
+        admin.timed(admin.store.resolve(&key, &resolution, fence))
     })
     .await;
     match resolved {
         Ok(ResolveOutcome::Resolved) => json_answer(StatusCode::OK, &json!({"resolved": true})),
         Ok(ResolveOutcome::NotFound) => error(StatusCode::NOT_FOUND, "no such record"),
+        Ok(ResolveOutcome::Fenced { fence }) => error(
+            StatusCode::CONFLICT,
+            &format!("the record's fence is now {fence}: another attempt claimed the key since"),
+        ),
         Ok(ResolveOutcome::NotResolvable { state }) => error(
             StatusCode::CONFLICT,
             &format!(
@@ -394,6 +402,18 @@ fn scoped_key(q: &HashMap<String, String>) -> Result<ScopedKey, String> {
     ))
 }
 
+/// The `fence` a resolve body names, if any: the record is resolved only while it has it.
+fn expected_fence(body: &[u8]) -> Result<Option<u64>, String> {
+    let v: Value = serde_json::from_slice(body).map_err(|e| format!("body must be JSON: {e}"))?;
+    match v.get("fence") {
+        None | Some(Value::Null) => Ok(None),
+        Some(f) => f
+            .as_u64()
+            .map(Some)
+            .ok_or_else(|| "`fence` must be a whole number".to_owned()),
+    }
+}
+
 pub(crate) fn resolution(body: &[u8]) -> Result<Resolution, String> {
     let v: Value = serde_json::from_slice(body).map_err(|e| format!("body must be JSON: {e}"))?;
     match v.get("outcome").and_then(Value::as_str) {
@@ -474,9 +494,13 @@ fn record_json(r: &Record) -> Value {
             }
             v["response"] = resp;
         }
-        RecordState::Unknown { since } => {
+        RecordState::Unknown { since, owner } => {
             v["state"] = "unknown".into();
             v["unknown_since_ms"] = since.as_millis().into();
+            // Marked on an expired lease: the holder that may still complete it.
+            if let Some(owner) = owner {
+                v["owner"] = owner.to_string().into();
+            }
         }
         _ => v["state"] = "other".into(),
     }

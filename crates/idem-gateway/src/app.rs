@@ -121,15 +121,19 @@ impl App {
                         route.name
                     )
                 })?;
-                let proxy = Proxy::new(client, target, timeout, Some(p.max_stored_response))?;
+                let proxy = Proxy::new(client, target, timeout, Some(p.max_stored_response))?
+                    .with_fence_header(p.fence_header.clone(), false);
                 let proxy = TimedProxy::new(proxy, &route.name);
+                let engine = with_webhook(&engine, settings, route, clients)?;
                 let (token_route, issuer) = TokenRoute::build(route, t, &engine, proxy, tokens)?;
                 issuers.push((index, issuer));
                 Handler::Token(Box::new(token_route))
             } else if p.idempotency {
                 // Buffer protected responses inside the upstream timeout, so a reset mid-body
                 // is classified like any other failure after sending.
-                let proxy = Proxy::new(client, target, timeout, Some(p.max_stored_response))?;
+                let proxy = Proxy::new(client, target, timeout, Some(p.max_stored_response))?
+                    .with_fence_header(p.fence_header.clone(), true);
+                let engine = with_webhook(&engine, settings, route, clients)?;
                 let layer = IdempotencyLayer::new(&engine, layer_config(p)?);
                 Handler::Protected(layer.layer(TimedProxy::new(proxy, &route.name)))
             } else {
@@ -465,6 +469,26 @@ impl Peer {
         }
         self
     }
+}
+
+/// The engine a protected route runs on: the shared one, asking the route's status webhook
+/// (if it has one) before it answers that a key is unknown.
+///
+/// # Errors
+/// An absolute `status_url` that is not a usable origin.
+pub(crate) fn with_webhook(
+    engine: &Engine<GatewayStore>,
+    settings: &Settings,
+    route: &Route,
+    clients: &mut Clients,
+) -> anyhow::Result<Engine<GatewayStore>> {
+    let timeout = route.policy.engine.probe_timeout();
+    Ok(
+        match crate::webhook::Webhook::of_route(settings, route, clients, timeout)? {
+            Some(hook) => engine.with_probe(Arc::new(hook)),
+            None => engine.clone(),
+        },
+    )
 }
 
 /// The engine's handler timeout is the proxy's plus this, so the proxy's own timeout (and its

@@ -118,6 +118,7 @@ fn row(slug: &str) -> Option<Row> {
         "handler-timeout" => Layer(Reason::HandlerTimeout),
         "handler-panicked" => Layer(Reason::HandlerPanicked),
         "response-failed" => Layer(Reason::ResponseFailed),
+        "answer-not-recorded" => Layer(Reason::AnswerNotRecorded),
         "internal" => Layer(Reason::Internal),
         // Routing and the request target.
         "no-route" => Own(Code::Unimplemented, "NO_ROUTE"),
@@ -412,6 +413,7 @@ mod tests {
             "handler-timeout",
             "handler-panicked",
             "response-failed",
+            "answer-not-recorded",
             "internal",
             "no-route",
             "method-not-allowed",

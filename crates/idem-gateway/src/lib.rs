@@ -16,6 +16,8 @@ pub mod matcher;
 pub mod metrics;
 pub mod observe;
 pub mod path;
+#[cfg(feature = "planted-bugs")]
+pub mod planted;
 pub mod principal;
 pub mod protect;
 pub mod proxy;
@@ -31,3 +33,4 @@ mod test_support;
 pub mod tokens;
 pub mod ui;
 pub mod upstream;
+pub mod webhook;

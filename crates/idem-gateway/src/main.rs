@@ -234,7 +234,18 @@ fn check_config(args: &ServeArgs) -> ExitCode {
                 println!("env:       {}", sources.env.join(", "));
             }
             print!("{settings}");
-            println!("ok: configuration is valid");
+            let risks = settings.risks();
+            for risk in &risks {
+                println!("risk:      {risk}");
+            }
+            if risks.is_empty() {
+                println!("ok: configuration is valid");
+            } else {
+                println!(
+                    "ok: configuration is valid, with {} risk(s) to the at-most-once promise above",
+                    risks.len()
+                );
+            }
             ExitCode::SUCCESS
         }
         Err(e) => {
@@ -278,6 +289,9 @@ fn serve(args: &ServeArgs, demo: bool) -> ExitCode {
             None
         }
     };
+    for risk in settings.risks() {
+        tracing::warn!(risk = %risk, "configuration risks the at-most-once promise");
+    }
     let again = args.clone();
     let load = Box::new(move || again.settings(demo).map(|(settings, _)| settings));
     let result = runtime.block_on(server::run(settings, metrics, load));

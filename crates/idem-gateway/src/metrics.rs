@@ -43,6 +43,10 @@ pub fn install() -> anyhow::Result<PrometheusHandle> {
         "Expired leases taken over by a new claim"
     );
     metrics::describe_counter!(
+        "idem_status_webhook_total",
+        "Status webhook calls made when a request found its key unknown, by route and answer (done, not_done, unknown)"
+    );
+    metrics::describe_counter!(
         "idem_store_errors_total",
         "Store operations that failed, by operation"
     );

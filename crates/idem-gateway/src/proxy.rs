@@ -241,6 +241,36 @@ struct ProxyInner {
     /// `Some(cap)`: buffer up to `cap` bytes of the response inside the timeout (protected
     /// routes, so a failure mid-body is still classified); `None`: stream it.
     buffer: Option<usize>,
+    /// Protected routes: the header the claim's fence is forwarded in, and whether the
+    /// claim's key goes in `Idempotency-Key` too.
+    fence_header: Option<(HeaderName, bool)>,
+}
+
+/// Sets the claim's key and fence on a forwarded request (after the hop-by-hop strip, so a
+/// client's `Connection` header cannot remove them); removes any the client sent when the
+/// request runs under no claim.
+fn claim_headers(parts: &mut http::request::Parts, fence: &HeaderName, key: bool) {
+    match parts.extensions.get::<idem_core::Lease>() {
+        Some(lease) => {
+            parts
+                .headers
+                .insert(fence.clone(), HeaderValue::from(lease.fence));
+        }
+        None => {
+            parts.headers.remove(fence);
+        }
+    }
+    if !key {
+        return;
+    }
+    // A key is printable ASCII, always a valid header value.
+    let value = parts
+        .extensions
+        .get::<idem_core::Key>()
+        .and_then(|k| HeaderValue::from_str(k.as_str()).ok());
+    if let Some(value) = value {
+        parts.headers.insert(idem_http::IDEMPOTENCY_KEY, value);
+    }
 }
 
 /// Hop-by-hop headers a proxy must not forward (RFC 9110 §7.6.1). `Trailer` is not one of
@@ -282,8 +312,22 @@ impl Proxy {
                 http2,
                 timeout,
                 buffer,
+                fence_header: None,
             }),
         })
+    }
+
+    /// The same proxy, forwarding the claim a protected request runs under: its fence in
+    /// `name` and, with `key`, its key in `Idempotency-Key`, so the upstream can refuse a
+    /// stale or second effect. Whatever the client sent in the fence header is replaced (or
+    /// removed, on a request that runs under no claim). A token route forwards no key: its
+    /// record key is a digest of the token, which the upstream has no use for.
+    #[must_use]
+    pub fn with_fence_header(mut self, name: HeaderName, key: bool) -> Self {
+        if let Some(inner) = Arc::get_mut(&mut self.inner) {
+            inner.fence_header = Some((name, key));
+        }
+        self
     }
 
     /// Forwards one request; every failure becomes a problem answer, never an `Err`.
@@ -307,6 +351,9 @@ impl Proxy {
             None
         };
         strip_hop_by_hop(&mut parts.headers);
+        if let Some((name, key)) = &p.fence_header {
+            claim_headers(&mut parts, name, *key);
+        }
         if let Some((_, protocol)) = &upgrade {
             parts
                 .headers

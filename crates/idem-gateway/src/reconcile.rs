@@ -1,28 +1,19 @@
 //! Reconciliation: finds unknown records, and processing records stuck past a threshold,
 //! asks the upstream's status webhook what became of each, and settles it from the answer.
 //!
-//! A route opts in with `status_url` (a path on its upstream, or an absolute URL, with
-//! `{key}`, e.g. `/charges?idempotency_key={key}`). The webhook answers `200` with JSON:
-//!
-//! | answer | the record |
-//! |---|---|
-//! | `{"outcome":"complete","status":201,"headers":{…},"body":…}` | completed with that response (replayed to retries) |
-//! | `{"outcome":"release"}` | released: the effect did not happen, a retry runs |
-//! | `{"outcome":"unknown"}`, another status, a timeout | left as it is, and reported |
-//!
-//! The body of `complete` is the admin API's resolve body (an optional `ttl` too). Every
-//! settlement goes through [`Store::resolve`], which refuses records that are completed or
-//! held under a live lease, and is recorded in the audit trail with the reconciler as actor.
+//! A route opts in with `status_url`, in the format of [`crate::webhook`]. Every settlement
+//! goes through [`Store::resolve`] naming the fence of the record it asked about, so an answer
+//! about one attempt never settles a later one; the store also refuses records that are
+//! completed or held under a live lease. Each is recorded in the audit trail with the
+//! reconciler as actor. A claim that finds a key unknown asks the same webhook first (see
+//! [`crate::webhook`]); the reconciler settles what is left, such as keys nobody retried.
 //! `idem reconcile` runs one pass (`--dry-run` asks the webhooks but changes nothing);
 //! `[reconcile] every = "1m"` runs passes inside `idem serve`.
 
 use std::fmt;
 use std::time::Duration;
 
-use anyhow::{Context, bail};
-use bytes::Bytes;
-use http::{Method, Request, StatusCode, Uri};
-use http_body_util::BodyExt;
+use anyhow::bail;
 use idem_core::audit;
 use idem_core::{
     Key, ListFilter, Record, Resolution, ResolveOutcome, Scope, ScopedKey, StateKind, Store,
@@ -30,27 +21,8 @@ use idem_core::{
 use serde_json::{Value, json};
 
 use crate::config::{ReconcileSettings, Settings};
-use crate::upstream::{Clients, HttpClient, RawUpstream, UpstreamSpec};
-use idem_http::RequestBody;
-
-/// Largest webhook answer read.
-const MAX_ANSWER: usize = 4 << 20;
-
-/// One namespace's status webhook.
-#[derive(Debug, Clone)]
-struct Hook {
-    /// The route it comes from.
-    route: String,
-    namespace: String,
-    template: String,
-    /// The route's upstream, for a template that is a path.
-    base: Option<Uri>,
-    /// How long a completed record is kept, unless the webhook says otherwise.
-    ttl: Duration,
-    /// The client that reaches the webhook: the route's upstream client (its TLS trust, client
-    /// certificate and HTTP version) for a path, or one made from an absolute URL's origin.
-    client: Option<HttpClient>,
-}
+use crate::upstream::Clients;
+use crate::webhook::Webhook;
 
 /// What the reconciler does (or, in a dry run, would do) with one record.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -127,7 +99,7 @@ impl fmt::Display for Item {
 /// Checks records against the routes' status webhooks and settles them.
 pub struct Reconciler<S> {
     store: S,
-    hooks: Vec<Hook>,
+    hooks: Vec<Webhook>,
     settings: ReconcileSettings,
     actor: String,
 }
@@ -149,28 +121,13 @@ impl<S: Store> Reconciler<S> {
     /// # Errors
     /// Two routes of one namespace name different webhooks.
     pub fn new(settings: &Settings, store: S, actor: impl Into<String>) -> anyhow::Result<Self> {
-        let mut hooks: Vec<Hook> = Vec::new();
+        let mut hooks: Vec<Webhook> = Vec::new();
         let mut clients = Clients::new(settings.reconcile.timeout, 1);
         for route in &settings.routes {
-            let Some(template) = &route.policy.status_url else {
+            let Some(hook) =
+                Webhook::of_route(settings, route, &mut clients, settings.reconcile.timeout)?
+            else {
                 continue;
-            };
-            let upstream = route.upstream.as_ref().or(settings.upstream.as_ref());
-            let spec =
-                if template.starts_with('/') {
-                    upstream.cloned()
-                } else {
-                    Some(origin_spec(template).with_context(|| {
-                        format!("route `{}`: status_url `{template}`", route.name)
-                    })?)
-                };
-            let hook = Hook {
-                route: route.name.clone(),
-                namespace: route.policy.namespace.clone(),
-                template: template.clone(),
-                base: upstream.map(|u| u.uri.clone()),
-                ttl: route.policy.engine.record_ttl(),
-                client: spec.as_ref().map(|s| clients.get(s)),
             };
             match hooks.iter().find(|h| h.namespace == hook.namespace) {
                 Some(other) if other.template != hook.template || other.base != hook.base => bail!(
@@ -231,7 +188,7 @@ impl<S: Store> Reconciler<S> {
         Ok(items)
     }
 
-    async fn settle(&self, hook: &Hook, record: &Record, apply: bool) -> Item {
+    async fn settle(&self, hook: &Webhook, record: &Record, apply: bool) -> Item {
         let state = record.state.kind();
         let mut item = Item {
             key: record.key.clone(),
@@ -240,7 +197,7 @@ impl<S: Store> Reconciler<S> {
             action: Action::Leave(String::new()),
             applied: false,
         };
-        let resolution = match self.ask(hook, &record.key).await {
+        let resolution = match hook.ask(&record.key).await {
             Ok(Some(r)) => r,
             Ok(None) => {
                 item.action = Action::Leave("the upstream does not know yet".into());
@@ -258,14 +215,21 @@ impl<S: Store> Reconciler<S> {
         if !apply {
             return item;
         }
+        // Named by its fence: the answer was about this attempt, not a later one.
         let resolved = audit::acting_as(self.actor.clone(), || {
-            self.store.resolve(&record.key, &resolution)
+            self.store
+                .resolve(&record.key, &resolution, Some(record.fence))
         })
         .await;
         match resolved {
             Ok(ResolveOutcome::Resolved) => item.applied = true,
             Ok(ResolveOutcome::NotFound) => {
                 item.action = Action::Leave("the record went away meanwhile".into());
+            }
+            Ok(ResolveOutcome::Fenced { fence }) => {
+                item.action = Action::Leave(format!(
+                    "claimed again meanwhile (fence {fence}): the answer was about an earlier attempt"
+                ));
             }
             Ok(ResolveOutcome::NotResolvable { state }) => {
                 item.action = Action::Leave(match state {
@@ -277,63 +241,6 @@ impl<S: Store> Reconciler<S> {
             Err(e) => item.action = Action::Leave(format!("store failed: {e}")),
         }
         item
-    }
-
-    /// What the webhook says about `key`: a resolution, `None` for "unknown", or why it
-    /// could not say.
-    async fn ask(&self, hook: &Hook, key: &ScopedKey) -> Result<Option<Resolution>, String> {
-        let url = webhook_url(hook, key)?;
-        let req = Request::builder()
-            .method(Method::GET)
-            .uri(url.clone())
-            .header(http::header::ACCEPT, "application/json")
-            .body(RequestBody::from(Bytes::new()))
-            .map_err(|e| format!("webhook request: {e}"))?;
-        let client = hook
-            .client
-            .as_ref()
-            .ok_or_else(|| format!("route `{}` has no client for its webhook", hook.route))?;
-        let call = async {
-            let res = client
-                .request(req)
-                .await
-                .map_err(|e| format!("webhook {url}: {e}"))?;
-            let status = res.status();
-            let body = http_body_util::Limited::new(res.into_body(), MAX_ANSWER)
-                .collect()
-                .await
-                .map_err(|e| format!("webhook {url}: reading the answer: {e}"))?
-                .to_bytes();
-            Ok::<_, String>((status, body))
-        };
-        let (status, body) = tokio::time::timeout(self.settings.timeout, call)
-            .await
-            .map_err(|_| {
-                format!(
-                    "webhook {url}: no answer within {:?}",
-                    self.settings.timeout
-                )
-            })??;
-        if status != StatusCode::OK {
-            return Err(format!("webhook {url} answered {status}"));
-        }
-        let answer: Value =
-            serde_json::from_slice(&body).map_err(|e| format!("webhook {url}: not JSON: {e}"))?;
-        if answer.get("outcome").and_then(Value::as_str) == Some("unknown") {
-            return Ok(None);
-        }
-        let resolution =
-            crate::admin::resolution(&body).map_err(|e| format!("webhook {url}: {e}"))?;
-        Ok(Some(match resolution {
-            // The route's record TTL unless the webhook named one.
-            Resolution::Complete { response, .. } if answer.get("ttl").is_none() => {
-                Resolution::Complete {
-                    response,
-                    ttl: hook.ttl,
-                }
-            }
-            other => other,
-        }))
     }
 
     /// Runs a pass every `every` until the task is aborted, logging what it settles.
@@ -356,64 +263,6 @@ impl<S: Store> Reconciler<S> {
             }
         }
     }
-}
-
-/// The webhook URL for `key`: the template with its placeholders percent-encoded, on the
-/// route's upstream when it is a path.
-fn webhook_url(hook: &Hook, key: &ScopedKey) -> Result<Uri, String> {
-    let filled = hook
-        .template
-        .replace("{key}", &encode(key.key.as_str()))
-        .replace("{namespace}", &encode(key.scope.namespace()))
-        .replace("{principal}", &encode(key.scope.principal().unwrap_or("")));
-    let full = if filled.starts_with('/') {
-        let base = hook.base.as_ref().ok_or_else(|| {
-            format!(
-                "route `{}` has no upstream for its status_url path",
-                hook.route
-            )
-        })?;
-        let prefix = base.path().trim_end_matches('/');
-        format!(
-            "{}://{}{prefix}{filled}",
-            base.scheme_str().unwrap_or("http"),
-            base.authority().map_or("", |a| a.as_str())
-        )
-    } else {
-        filled
-    };
-    full.parse::<Uri>()
-        .map_err(|e| format!("webhook URL `{full}`: {e}"))
-}
-
-/// The upstream settings for an absolute webhook URL: its scheme and authority (`https` is
-/// verified against the system roots, as an `https` upstream without a CA file is).
-fn origin_spec(template: &str) -> anyhow::Result<UpstreamSpec> {
-    let rest = template
-        .strip_prefix("https://")
-        .map(|r| ("https", r))
-        .or_else(|| template.strip_prefix("http://").map(|r| ("http", r)));
-    let Some((scheme, rest)) = rest else {
-        bail!("must be a path or an http:// or https:// URL");
-    };
-    let authority = rest.split(['/', '?', '#']).next().unwrap_or("");
-    if authority.contains('{') {
-        bail!("placeholders belong in the path or query, not the host");
-    }
-    UpstreamSpec::compile(&RawUpstream::Url(format!("{scheme}://{authority}")))
-}
-
-/// Percent-encodes everything but RFC 3986's unreserved characters.
-fn encode(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    for b in text.bytes() {
-        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~') {
-            out.push(char::from(b));
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    }
-    out
 }
 
 /// Parses a record key given on the command line or in a test: `namespace`, optional
@@ -481,46 +330,4 @@ pub async fn run_once(settings: &Settings, dry_run: bool, json: bool) -> anyhow:
         );
     }
     Ok(if left > 0 { 3 } else { 0 })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn webhook_urls_encode_the_key_and_join_the_upstream() {
-        let hook = Hook {
-            route: "charge".into(),
-            namespace: "payments".into(),
-            template: "/charges?idempotency_key={key}&ns={namespace}".into(),
-            base: Some("http://127.0.0.1:9000/api/".parse().expect("uri")),
-            ttl: Duration::from_secs(60),
-            client: None,
-        };
-        let key = scoped_key("payments", None, "a&c=d/?#").expect("key");
-        assert_eq!(
-            webhook_url(&hook, &key).expect("url").to_string(),
-            "http://127.0.0.1:9000/api/charges?idempotency_key=a%26c%3Dd%2F%3F%23&ns=payments"
-        );
-        let absolute = Hook {
-            template: "http://status.local/k/{key}".into(),
-            base: None,
-            ..hook
-        };
-        assert_eq!(
-            webhook_url(&absolute, &key).expect("url").to_string(),
-            "http://status.local/k/a%26c%3Dd%2F%3F%23"
-        );
-    }
-
-    #[test]
-    fn absolute_webhooks_get_a_client_for_their_origin() {
-        let plain = origin_spec("http://status.local:8080/k/{key}?x=1").expect("http");
-        assert_eq!(plain.uri.to_string(), "http://status.local:8080/");
-        assert!(plain.tls.is_none());
-        let tls = origin_spec("https://status.example/k/{key}").expect("https");
-        assert!(tls.tls.is_some(), "https webhooks are verified with TLS");
-        assert!(origin_spec("https://{principal}.example/k").is_err());
-        assert!(origin_spec("ftp://status.example/k").is_err());
-    }
 }

@@ -87,6 +87,7 @@ impl StoreSpec {
             }
             "postgres" | "postgresql" => {
                 need_host(url, rest)?;
+                check_single_host(url, rest)?;
                 Self::Postgres {
                     url: url.to_owned(),
                 }
@@ -122,6 +123,28 @@ impl StoreSpec {
             Self::Redis { .. } | Self::Postgres { .. } | Self::Mysql { .. }
         )
     }
+}
+
+/// Refuses a PostgreSQL URL with several hosts (`h1:p1,h2:p2`): the driver connects to one
+/// host, and would otherwise fail at start with an unclear "invalid port number". A gateway
+/// follows a failover through an address that moves to the new primary.
+fn check_single_host(url: &str, rest: &str) -> anyhow::Result<()> {
+    let authority = rest
+        .trim_start_matches("//")
+        .split(['/', '?', '#'])
+        .next()
+        .unwrap_or("");
+    let hosts = authority.rsplit('@').next().unwrap_or(authority);
+    if hosts.contains(',') {
+        bail!(
+            "`{}`: several hosts in one PostgreSQL URL are not supported; point the store at \
+             one address that follows the primary (a virtual IP, a proxy such as HAProxy or \
+             PgBouncer in front of the cluster, or a DNS name the failover updates): the \
+             gateway's pool reconnects to it after a promotion",
+            redact(url)
+        );
+    }
+    Ok(())
 }
 
 /// Checks that `url` names a host. A cluster's comma-separated seed list is not one URL, so
@@ -284,6 +307,8 @@ pub async fn open(
         Ok(result) => result.map_err(tls_hint)?,
         Err(_) => bail!("store {spec}: no answer while connecting"),
     };
+    #[cfg(feature = "planted-bugs")]
+    let store = crate::planted::wrap(store)?;
     Ok(match cache {
         Some((entries, max_age)) => BoxStore::new(CachedStore::new(store, entries, max_age)),
         None => store,
@@ -501,6 +526,18 @@ mod tests {
             "{s}"
         );
         assert!(s.contains("Redis Cluster"), "{s}");
+    }
+
+    #[test]
+    fn a_postgres_url_with_several_hosts_is_refused_clearly() {
+        let err = StoreSpec::parse(
+            "postgres://idem:secret@10.0.0.1:5432,10.0.0.2:5432/idem?target_session_attrs=read-write",
+        )
+        .expect_err("several hosts")
+        .to_string();
+        assert!(err.contains("several hosts"), "{err}");
+        assert!(!err.contains("secret"), "{err}");
+        assert!(StoreSpec::parse("postgres://idem@db.internal:5432/idem").is_ok());
     }
 
     #[test]

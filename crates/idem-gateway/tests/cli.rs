@@ -31,6 +31,56 @@ fn text(o: &Output) -> (String, String) {
     )
 }
 
+// Guards point 1 of "at most once across crashes by default": a setting that can run a key
+// twice under a single fault is opt-in, and `check-config` names the risk on every route that
+// chooses it, unless the route says its upstream refuses stale fences.
+#[test]
+fn check_config_names_what_risks_the_promise() {
+    let base = "upstream = \"http://127.0.0.1:9\"\n[defaults]\nprincipal = { from = \"none\" }\n";
+    let defaults = check(
+        Some(&format!(
+            "{base}[[routes]]\nname = \"pay\"\npath = \"/pay\"\n"
+        )),
+        &[],
+        &[],
+    );
+    let (stdout, _) = text(&defaults);
+    assert!(defaults.status.success(), "{stdout}");
+    assert!(
+        stdout.contains("expired lease -> Hold"),
+        "the default holds: {stdout}"
+    );
+    assert!(!stdout.contains("risk:"), "{stdout}");
+    assert!(stdout.contains("ok: configuration is valid\n"), "{stdout}");
+
+    let risky = check(
+        Some(&format!(
+            "{base}[[routes]]\nname = \"pay\"\npath = \"/pay\"\ntakeover = \"reexecute\"\n\
+             [[routes]]\nname = \"refund\"\npath = \"/refund\"\nupstream_failure = \"retry\"\n\
+             [[routes]]\nname = \"fenced\"\npath = \"/fenced\"\ntakeover = \"reexecute\"\nfenced_upstream = true\n"
+        )),
+        &[],
+        &[],
+    );
+    let (stdout, _) = text(&risky);
+    assert!(
+        risky.status.success(),
+        "risks are named, not refused: {stdout}"
+    );
+    let risks: Vec<&str> = stdout.lines().filter(|l| l.starts_with("risk:")).collect();
+    assert_eq!(risks.len(), 2, "{stdout}");
+    assert!(risks[0].contains("route `pay`") && risks[0].contains("takeover = \"reexecute\""));
+    assert!(risks[0].contains("idempotency-fence"), "{}", risks[0]);
+    assert!(
+        risks[1].contains("route `refund`") && risks[1].contains("upstream_failure = \"retry\"")
+    );
+    assert!(
+        !stdout.contains("route `fenced`:"),
+        "fenced_upstream silences it: {stdout}"
+    );
+    assert!(stdout.contains("with 2 risk(s)"), "{stdout}");
+}
+
 #[test]
 fn check_config_explains_a_valid_config() {
     let out = check(
@@ -90,7 +140,7 @@ fn garbage_configs_get_clear_errors_never_panics() {
         ("[[routes]\npath = ", "invalid configuration"),
         ("routes = 5", "routes"),
         (
-            "upstream = \"http://x\"\n[[routes]]\npath = \"/a\"\nlease = \"2s\"",
+            "upstream = \"http://x\"\n[[routes]]\npath = \"/a\"\ntakeover = \"reexecute\"\nlease = \"2s\"",
             "lease",
         ),
         (

@@ -257,11 +257,21 @@ async fn one_shot_reconcile_settles_from_the_upstreams_answer() {
     assert_eq!(retried.status, StatusCode::CREATED);
     assert!(!retried.replayed());
     assert_eq!(payments.charges(&never), 1);
-    // The unknown one still refuses retries.
+    // The unknown one still refuses retries: while its attempt may still be acting (the
+    // route's timeout plus the handler backstop since its claim) and the webhook cannot say,
+    // it is in flight; after that, unknown. Either way nothing runs.
+    let before = payments.charges(&unsure);
+    let early = pay(&http, &gw, &unsure).await.problem_type();
+    assert!(
+        early == "in-flight" || early == "outcome-unknown",
+        "{early}"
+    );
+    tokio::time::sleep(Duration::from_secs(2)).await;
     assert_eq!(
         pay(&http, &gw, &unsure).await.problem_type(),
         "outcome-unknown"
     );
+    assert_eq!(payments.charges(&unsure), before, "nothing ran");
 
     // Every settlement is in the audit trail with its actor.
     let auth = format!("Bearer {ADMIN_TOKEN}");

@@ -14,7 +14,7 @@ use idem_testkit::brokers::{
     AMQP_URL, amqp, declare_queue, eventually, publish_with_id, queue_ready,
 };
 use lapin::Connection;
-use relay_kit::{Orders, Relay, WAIT, config, unique};
+use relay_kit::{Orders, Relay, WAIT, config, unique, without_webhook};
 
 /// A queue of its own and `idem relay` consuming it, posting to `upstream` under the route's
 /// `failure` policy.
@@ -56,10 +56,12 @@ async fn relay_posts_each_message_once() {
 
 /// An orders service that executes and then answers past the relay's timeout. Under
 /// `upstream_failure = "retry"` the redelivery executes again (what `hold` prevents). Under
-/// `hold` the key becomes unknown and the message is dead-lettered after one execution; a
-/// redelivery is dead-lettered too without calling the service; once `idem reconcile` has
-/// completed the record from the service's status webhook, a redelivery is acknowledged from
-/// the store. One execution throughout.
+/// `hold` with the route's status webhook the message is redelivered and its key settled
+/// from the webhook: acknowledged as a replay, nothing dead-lettered, no operator. Under
+/// `hold` without a webhook the key is left unknown and the message dead-lettered; a
+/// redelivery is dead-lettered too without calling the service; once `idem reconcile` (with
+/// the webhook) has completed the record, a redelivery is acknowledged from the store. One
+/// execution throughout.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn relay_upstream_times_out_after_acting() {
     let conn = amqp().await;
@@ -74,20 +76,9 @@ async fn relay_upstream_times_out_after_acting() {
     );
     drop(relay);
 
+    // Settled from the webhook on the redelivery.
     let (q, relay) = relay_on(&conn, "timeout_hold", &upstream, "hold").await;
     let dead = format!("{q}.dead");
-    publish(&conn, &q, "slow-b", 1).await;
-    assert!(eventually(WAIT, || async { queue_ready(&conn, &dead).await == 1 }).await);
-    publish(&conn, &q, "slow-b", 1).await;
-    assert!(eventually(WAIT, || async { queue_ready(&conn, &dead).await == 2 }).await);
-    assert_eq!(
-        orders.calls("slow-b"),
-        1,
-        "hold: the redelivery did not call the service"
-    );
-
-    let (code, out) = relay.reconcile();
-    assert_eq!(code, 0, "{out}");
     publish(&conn, &q, "slow-b", 1).await;
     assert!(
         eventually(WAIT, || async {
@@ -98,7 +89,43 @@ async fn relay_upstream_times_out_after_acting() {
         relay.log()
     );
     assert_eq!(orders.executed("slow-b"), 1, "hold: executed once");
-    assert_eq!(orders.calls("slow-b"), 1);
+    assert_eq!(
+        orders.calls("slow-b"),
+        1,
+        "settled without calling it again"
+    );
+    assert_eq!(queue_ready(&conn, &dead).await, 0, "nothing dead-lettered");
+    drop(relay);
+
+    // Without a webhook: dead-lettered, then settled by an operator's reconcile.
+    let q = unique("timeout_bare");
+    declare_queue(&conn, &q).await;
+    let source = format!("broker = \"{AMQP_URL}\"\nqueue = \"{q}\"");
+    let with_webhook = config(&q, &upstream, "/orders", "hold", &source);
+    let relay = Relay::start(&without_webhook(&with_webhook));
+    let dead = format!("{q}.dead");
+    publish(&conn, &q, "slow-c", 1).await;
+    assert!(eventually(WAIT, || async { queue_ready(&conn, &dead).await == 1 }).await);
+    publish(&conn, &q, "slow-c", 1).await;
+    assert!(eventually(WAIT, || async { queue_ready(&conn, &dead).await == 2 }).await);
+    assert_eq!(
+        orders.calls("slow-c"),
+        1,
+        "hold: the redelivery did not call the service"
+    );
+    let (code, out) = relay.reconcile_with(&with_webhook);
+    assert_eq!(code, 0, "{out}");
+    publish(&conn, &q, "slow-c", 1).await;
+    assert!(
+        eventually(WAIT, || async {
+            relay.logged("replayed") == 1 && queue_ready(&conn, &q).await == 0
+        })
+        .await,
+        "{}",
+        relay.log()
+    );
+    assert_eq!(orders.executed("slow-c"), 1, "hold: executed once");
+    assert_eq!(orders.calls("slow-c"), 1);
     assert_eq!(queue_ready(&conn, &dead).await, 2);
 }
 

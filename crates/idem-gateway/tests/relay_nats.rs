@@ -30,6 +30,22 @@ async fn relay_on(what: &str, upstream: &str, failure: &str) -> (JsStream, Relay
     (f, relay)
 }
 
+/// As [`relay_on`] under `hold`, the relay running without the route's status webhook; also
+/// the configuration with it, for `idem reconcile`.
+async fn relay_without_webhook(what: &str, upstream: &str) -> (JsStream, String, Relay) {
+    let f = JsStream::create(what, WINDOW, Duration::from_secs(10)).await;
+    let source = format!(
+        "broker = \"nats://{}\"\nstream = \"{}\"\nconsumer = \"{}\"\ndead_letter = \"{}\"",
+        idem_testkit::brokers::NATS_URL,
+        f.name,
+        JsStream::CONSUMER,
+        f.dead()
+    );
+    let with_webhook = config(&f.name, upstream, "/orders", "hold", &source);
+    let relay = Relay::start(&relay_kit::without_webhook(&with_webhook));
+    (f, with_webhook, relay)
+}
+
 /// Everything published has been acknowledged (or dead-lettered).
 async fn drained(f: &JsStream) -> bool {
     let info = f.consumer().await.info().await.unwrap().clone();
@@ -84,10 +100,11 @@ async fn duplicates_within_and_beyond_the_window_execute_once() {
 
 /// An orders service that executes and then answers past the relay's timeout. Under
 /// `upstream_failure = "retry"` each redelivery executes again (what `hold` prevents).
-/// Under `hold` the key is left unknown and the message dead-lettered after one execution;
-/// `idem reconcile` asks the service's status webhook and completes the record; a redelivery
-/// of the same id (published again after the window) is then acknowledged from the store:
-/// still one execution.
+/// Under `hold` with the route's status webhook the message comes back and its key is settled
+/// from the webhook: acknowledged as a replay, nothing dead-lettered. Without a webhook the
+/// key is left unknown and the message dead-lettered after one execution; `idem reconcile`
+/// (with the webhook) completes the record; a redelivery of the same id (published again
+/// after the window) is then acknowledged from the store: still one execution.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn upstream_times_out_after_acting_executes_once() {
     let (upstream, orders) = Orders::start().await;
@@ -105,23 +122,6 @@ async fn upstream_times_out_after_acting_executes_once() {
     let (f, relay) = relay_on("slow_hold", &upstream, "hold").await;
     f.publish_id("slow-b", r#"{"order":"b"}"#).await;
     assert!(
-        eventually(WAIT, || async { f.count_on(&f.dead()).await == 1 }).await,
-        "{}",
-        relay.log()
-    );
-    let letters = f.dead_letters().await;
-    let reason = letters[0]
-        .get("x-idem-reason")
-        .map(|v| v.as_str().to_owned());
-    assert_eq!(reason.as_deref(), Some("unknown"));
-    assert_eq!(orders.executed("slow-b"), 1);
-
-    let (code, out) = relay.reconcile();
-    assert_eq!(code, 0, "{out}");
-    assert!(out.contains("slow-b"), "{out}");
-    tokio::time::sleep(WINDOW * 3).await;
-    assert!(!f.publish_id("slow-b", r#"{"order":"b"}"#).await);
-    assert!(
         eventually(WAIT, || async {
             relay.logged("replayed") == 1 && drained(&f).await
         })
@@ -132,6 +132,43 @@ async fn upstream_times_out_after_acting_executes_once() {
     assert_eq!(orders.executed("slow-b"), 1, "hold: executed once");
     assert_eq!(
         orders.calls("slow-b"),
+        1,
+        "settled without calling it again"
+    );
+    assert_eq!(f.count_on(&f.dead()).await, 0, "nothing dead-lettered");
+    drop(relay);
+    f.cleanup().await;
+
+    let (f, with_webhook, relay) = relay_without_webhook("slow_bare", &upstream).await;
+    f.publish_id("slow-c", r#"{"order":"c"}"#).await;
+    assert!(
+        eventually(WAIT, || async { f.count_on(&f.dead()).await == 1 }).await,
+        "{}",
+        relay.log()
+    );
+    let letters = f.dead_letters().await;
+    let reason = letters[0]
+        .get("x-idem-reason")
+        .map(|v| v.as_str().to_owned());
+    assert_eq!(reason.as_deref(), Some("unknown"));
+    assert_eq!(orders.executed("slow-c"), 1);
+
+    let (code, out) = relay.reconcile_with(&with_webhook);
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains("slow-c"), "{out}");
+    tokio::time::sleep(WINDOW * 3).await;
+    assert!(!f.publish_id("slow-c", r#"{"order":"c"}"#).await);
+    assert!(
+        eventually(WAIT, || async {
+            relay.logged("replayed") == 1 && drained(&f).await
+        })
+        .await,
+        "{}",
+        relay.log()
+    );
+    assert_eq!(orders.executed("slow-c"), 1, "hold: executed once");
+    assert_eq!(
+        orders.calls("slow-c"),
         1,
         "the redelivery did not call the service"
     );

@@ -124,13 +124,16 @@ pub enum Reason {
     HandlerPanicked,
     /// The handler's answer failed while being read.
     ResponseFailed,
+    /// The call ran, but the store failed to record its answer; retry with the same key
+    /// for it.
+    AnswerNotRecorded,
     /// Anything else the layer could not complete.
     Internal,
 }
 
 impl Reason {
     /// Every reason, in the table's order.
-    pub const ALL: [Self; 17] = [
+    pub const ALL: [Self; 18] = [
         Self::KeyMissing,
         Self::KeyMalformed,
         Self::KeyMultiple,
@@ -147,6 +150,7 @@ impl Reason {
         Self::HandlerTimeout,
         Self::HandlerPanicked,
         Self::ResponseFailed,
+        Self::AnswerNotRecorded,
         Self::Internal,
     ];
 
@@ -169,6 +173,7 @@ impl Reason {
             Self::HandlerTimeout => "HANDLER_TIMEOUT",
             Self::HandlerPanicked => "HANDLER_PANICKED",
             Self::ResponseFailed => "RESPONSE_FAILED",
+            Self::AnswerNotRecorded => "ANSWER_NOT_RECORDED",
             Self::Internal => "INTERNAL",
         }
     }
@@ -186,7 +191,7 @@ impl Reason {
             Self::KeyReused | Self::OutcomeUnknown | Self::ResponseNotStored => {
                 Code::FailedPrecondition
             }
-            Self::StoreUnavailable | Self::LeaseLost => Code::Unavailable,
+            Self::StoreUnavailable | Self::LeaseLost | Self::AnswerNotRecorded => Code::Unavailable,
             Self::HandlerTimeout => Code::DeadlineExceeded,
             Self::HandlerPanicked | Self::ResponseFailed | Self::Internal => Code::Internal,
         }

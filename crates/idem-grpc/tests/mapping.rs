@@ -4,7 +4,7 @@
 mod common;
 
 use common::{CHARGE, charge, default_config, key, keyed, memory, method, reason, serve};
-use idem_core::{Engine, MemoryStore, Policy, StoreOp};
+use idem_core::{Engine, MemoryStore, Policy, StoreOp, TakeoverPolicy};
 use idem_grpc::{GrpcIdempotencyConfig, StoreDeterministic};
 use idem_testkit::{Fault, FaultyStore};
 use tonic::Code;
@@ -268,7 +268,9 @@ async fn definite_statuses_are_stored_and_retryable_ones_release_the_claim() {
 #[tokio::test]
 async fn a_timed_out_or_panicking_handler_is_released() {
     // The handler's own timeout (not the caller's) is DEADLINE_EXCEEDED with HANDLER_TIMEOUT.
+    // Under `reexecute` the timed-out claim is released as retryable.
     let policy = Policy::builder()
+        .takeover(TakeoverPolicy::Reexecute)
         .handler_timeout(std::time::Duration::from_millis(200))
         .lease(std::time::Duration::from_secs(16))
         .build()
@@ -310,12 +312,42 @@ async fn a_timed_out_or_panicking_handler_is_released() {
         );
     }
     assert_eq!(s.hits.started(), 4);
+
+    // Under the default `hold` a timed-out handler may have acted: its key is left unknown
+    // and the retry runs nothing.
+    let policy = Policy::builder()
+        .handler_timeout(std::time::Duration::from_millis(200))
+        .build()
+        .expect("policy");
+    let engine = Engine::new(MemoryStore::new(100), policy);
+    let s = serve(&engine, default_config("slow-held")).await;
+    let mut client = s.client.clone();
+    let mut slow = charge("o", 1);
+    slow.sleep_ms = 2000;
+    let k = key();
+    let late = client
+        .charge(keyed(slow.clone(), &k, None))
+        .await
+        .expect_err("timeout");
+    assert_eq!(reason(&late), "HANDLER_TIMEOUT");
+    let again = client
+        .charge(keyed(slow, &k, None))
+        .await
+        .expect_err("unknown");
+    assert_eq!(
+        (again.code(), reason(&again)),
+        (Code::FailedPrecondition, "OUTCOME_UNKNOWN".into())
+    );
+    assert_eq!(s.hits.started(), 1);
 }
 
 #[tokio::test]
 async fn a_lost_lease_cancels_the_handler_and_is_unavailable() {
+    // Under `reexecute` a lost lease means a retry may run it again: the handler is stopped.
+    // (Under the default `hold` it goes on; see idem-core's engine tests.)
     let store = FaultyStore::new(MemoryStore::new(100)).with(StoreOp::Renew, Fault::RenewLost);
     let policy = Policy::builder()
+        .takeover(TakeoverPolicy::Reexecute)
         .renew_every(std::time::Duration::from_millis(50))
         .build()
         .expect("policy");

@@ -9,6 +9,7 @@ use std::time::Duration;
 use common::pb::ChargeRequest;
 use common::{CHARGE, WATCH, charge, default_config, key, keyed, memory, method, reason, serve};
 use idem_core::key_source::KeySources;
+use idem_core::{Engine, MemoryStore, Policy, TakeoverPolicy};
 use idem_grpc::GrpcIdempotencyConfig;
 use idem_grpc::proto::{LookupRequest, State};
 use tonic::Code;
@@ -215,7 +216,16 @@ async fn the_key_can_come_from_a_field_of_the_message() {
 
 #[tokio::test]
 async fn the_callers_deadline_bounds_the_handler_and_the_lease() {
-    let engine = memory();
+    // Under `reexecute`, where the lease must cover the handler: a cancelled run is released
+    // as retryable and the lease is cut to the deadline plus the margin. (Under the default
+    // `hold` the lease is short anyway, and a cancelled run is left unknown.)
+    let engine = Engine::new(
+        MemoryStore::new(10_000),
+        Policy::builder()
+            .takeover(TakeoverPolicy::Reexecute)
+            .build()
+            .expect("policy"),
+    );
     let s = serve(&engine, default_config("deadline")).await;
     let k = key();
     let mut slow = charge("o-d", 1);

@@ -24,6 +24,9 @@ pub const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key
 pub const X_IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("x-idempotency-key");
 /// `X-Request-ID`, an opt-in alias (some clients reuse it as the key).
 pub const X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
+/// `Idempotency-Fence`: the claim's fence, which the gateway forwards to the upstream with
+/// the key so it can refuse a stale or second effect (see [`idem_core::Lease`]).
+pub const IDEMPOTENCY_FENCE: HeaderName = HeaderName::from_static("idempotency-fence");
 /// `Idempotent-Replayed: true` marks a replayed response.
 pub const IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");
 

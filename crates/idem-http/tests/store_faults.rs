@@ -93,3 +93,34 @@ async fn without_the_store_timeout_a_hanging_store_holds_the_request() {
     );
     assert_eq!(hits.started(), 0);
 }
+
+// Guards the bug the fault suite found: the store failed while recording the handler's
+// answer and the layer still handed that answer out, so a retry sent after it found the key
+// in flight, then unknown. Now the client is told the answer is not recorded yet (503,
+// retry with the same key), and once the store is back the retry replays the first answer;
+// the handler ran once.
+#[tokio::test(start_paused = true)]
+async fn an_answer_the_store_could_not_record_is_not_handed_out() {
+    use idem_core::StoreOp;
+    let store = FaultyStore::new(MemoryStore::new(16));
+    let engine = Engine::new(BoxStore::new(store.clone()), Policy::default());
+    let hits = Arc::new(Hits::default());
+    let router = app_with(&engine, Arc::clone(&hits), |c| {
+        c.store_retry_after(Duration::from_secs(1))
+    });
+    store.set(StoreOp::Complete, Fault::Error);
+    let got = send(&router, post_req("/respond", Some("k"), None, "{}")).await;
+    assert_eq!(got.status, StatusCode::SERVICE_UNAVAILABLE, "{got:?}");
+    assert_eq!(
+        got.problem_type(),
+        "https://idem.dev/problems/answer-not-recorded"
+    );
+    assert_eq!(got.headers["retry-after"], "1");
+    assert_eq!(hits.started(), 1, "it ran");
+    store.clear(StoreOp::Complete);
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    let again = send(&router, post_req("/respond", Some("k"), None, "{}")).await;
+    assert_eq!(again.status, StatusCode::CREATED, "{again:?}");
+    assert_eq!(again.headers["idempotent-replayed"], "true");
+    assert_eq!(hits.started(), 1, "the retry replayed, nothing ran again");
+}

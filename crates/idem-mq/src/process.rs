@@ -263,10 +263,9 @@ impl<S: Store, W: Work<S>> Processor<S, W> {
                         after: cfg.in_flight_delay,
                         counted: false,
                     }),
-                    // Interrupted: released as the policy says; unknown is an operator's.
-                    _ if interrupted == ReleaseKind::Unknown => {
-                        Now(Disposition::DeadLetter(DeadReason::Unknown))
-                    }
+                    // Interrupted: released as the policy says; unknown is settled from the
+                    // engine's probe on the redelivery if it has one, else an operator's.
+                    _ if interrupted == ReleaseKind::Unknown => self.unknown(),
                     _ => self.failed_attempt(attempt),
                 };
                 return (outcome, next);
@@ -285,9 +284,7 @@ impl<S: Store, W: Work<S>> Processor<S, W> {
                     counted: false,
                 }),
                 (Err(HandlerError::Unknown(_)), _)
-                | (_, Settled::Released(ReleaseKind::Unknown)) => {
-                    Now(Disposition::DeadLetter(DeadReason::Unknown))
-                }
+                | (_, Settled::Released(ReleaseKind::Unknown)) => self.unknown(),
                 (Err(HandlerError::Permanent(why)), _) => Park(DeadReason::Permanent(why)),
                 (Err(HandlerError::Retry(_)), _) => self.failed_attempt(attempt),
                 // `Ok` with a release only comes from a custom `Work`: treat it as retryable.
@@ -307,6 +304,21 @@ impl<S: Store, W: Work<S>> Processor<S, W> {
             }),
         };
         (outcome, next)
+    }
+
+    /// A handler whose outcome is ambiguous left its key unknown. With a probe the engine
+    /// settles it on the next delivery (stored and acknowledged, or released and run, or
+    /// still unknown and then dead-lettered), so the message comes back; without one the key
+    /// waits for an operator and the message is dead-lettered now.
+    fn unknown(&self) -> Next {
+        if self.engine.has_probe() {
+            Now(Disposition::Redeliver {
+                after: self.config.in_flight_delay,
+                counted: false,
+            })
+        } else {
+            Now(Disposition::DeadLetter(DeadReason::Unknown))
+        }
     }
 
     fn failed_attempt(&self, attempt: u32) -> Next {

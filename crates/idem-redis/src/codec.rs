@@ -9,7 +9,10 @@
 //!
 //! `state` is `p` (processing), `c` (completed), `u` (unknown) or `t` (tombstone: absent to
 //! every reader, kept only so the fence never goes backwards). Times are milliseconds on the
-//! Redis server's clock, zero-padded.
+//! Redis server's clock, zero-padded. `created` dates the current attempt (the first claim or
+//! the latest takeover). An unknown record's owner is its holder's when a claim under `hold`
+//! marked it on an expired lease (that holder may still complete or release it), and all
+//! zeros ([`OwnerId`] `0`, read as nobody) when its holder released it as unknown.
 
 use idem_core::fingerprint::FINGERPRINT_LEN;
 use idem_core::record::CodecError;
@@ -278,6 +281,20 @@ pub(crate) fn decode_meta(raw: &[u8]) -> Result<(ScopedKey, Option<String>), Cod
     ))
 }
 
+/// The holder an unknown record names: the stored owner, or nobody for the all-zero owner a
+/// release as unknown writes.
+fn holder(owner: u128) -> Option<OwnerId> {
+    (owner != 0).then_some(OwnerId(owner))
+}
+
+/// A fence as a script answers it: the record's 20-digit field.
+pub(crate) fn parse_fence(raw: &[u8]) -> Result<u64, CodecError> {
+    if raw.len() != 20 {
+        return Err(BAD);
+    }
+    number(raw)
+}
+
 /// Decodes a stored value into a record, or `None` for a tombstone.
 pub(crate) fn decode_record(value: &[u8]) -> Result<Option<Record>, CodecError> {
     let h = Header::parse(value)?;
@@ -296,6 +313,7 @@ pub(crate) fn decode_record(value: &[u8]) -> Result<Option<Record>, CodecError> 
         },
         _ => RecordState::Unknown {
             since: Timestamp(h.since),
+            owner: holder(h.owner),
         },
     };
     Ok(Some(Record {
@@ -363,6 +381,74 @@ mod tests {
             }
         );
         assert_eq!(busy.request_id, None);
+    }
+
+    #[test]
+    fn unknown_records_name_their_holder_or_nobody() {
+        let meta = encode_meta(&key(), None);
+        // Marked on an expired lease: the holder's owner stays in the header.
+        let held = decode_record(&stored('u', b"", &meta))
+            .expect("decodes")
+            .expect("live");
+        assert_eq!(
+            held.state,
+            RecordState::Unknown {
+                since: Timestamp(3000),
+                owner: Some(OwnerId(7))
+            }
+        );
+        assert_eq!(held.created_at, Timestamp(1000));
+        // What `held` (lua/prelude.lua) compares at pos 5: the token without its state.
+        let raw = stored('u', b"", &meta);
+        assert_eq!(
+            holder_token(OwnerId(7), held.fence).as_bytes()[2..],
+            raw[4..57]
+        );
+        // Released as unknown: the all-zero owner names nobody.
+        let mut given_up = stored('u', b"", &meta);
+        given_up[4..36].copy_from_slice(&[b'0'; 32]);
+        let given_up = decode_record(&given_up).expect("decodes").expect("live");
+        assert_eq!(
+            given_up.state,
+            RecordState::Unknown {
+                since: Timestamp(3000),
+                owner: None
+            }
+        );
+        assert_eq!(given_up.fence, held.fence);
+        // A processing record's owner is its owner, whatever its bits.
+        let mut zero = stored('p', b"", &meta);
+        zero[4..36].copy_from_slice(&[b'0'; 32]);
+        assert!(matches!(
+            decode_record(&zero).expect("decodes").expect("live").state,
+            RecordState::Processing {
+                owner: OwnerId(0),
+                ..
+            }
+        ));
+    }
+
+    #[test]
+    fn fences_in_replies_are_the_records_twenty_digits() {
+        assert_eq!(
+            parse_fence(b"00001700000000000123"),
+            Ok(1_700_000_000_000_123)
+        );
+        assert_eq!(parse_fence(b"18446744073709551615"), Ok(u64::MAX));
+        let v = stored('u', b"", &encode_meta(&key(), None));
+        assert_eq!(
+            parse_fence(&v[37..57]),
+            Ok(Header::parse(&v).expect("parses").fence),
+            "the bytes the scripts cut (pos 38..57)"
+        );
+        for bad in [
+            &b""[..],
+            b"123",
+            b"0000170000000000012x",
+            b"000017000000000001234",
+        ] {
+            assert_eq!(parse_fence(bad), Err(BAD), "{bad:?}");
+        }
     }
 
     #[test]

@@ -49,7 +49,8 @@
 //!   header (see `codec`), never JSON.
 //! - **Round trips**: a first request costs two scripts (claim, complete), a replay one, a
 //!   replay through [`idem_core::CachedStore`] none. Inside the scripts a replay runs one
-//!   `GET`; a fresh claim `GET`, `TIME`, `SET`.
+//!   `GET`; a claim that finds an unknown record `GET`, `TIME` (for the attempt's age); a
+//!   fresh claim `GET`, `TIME`, `SET`.
 //! - **Batching** (single node, on by default, [`RedisConfig::batching`]): claims and
 //!   completions that arrive while a script call is in flight queue up and leave together as
 //!   one `EVALSHA` of a batch script, which applies each of them in order with the same Lua

@@ -17,8 +17,8 @@ use redis::Value;
 
 use crate::batch::{self, Batcher, Kind, Op, Reply, malformed, redis_err};
 use crate::codec::{
-    HOLDER_TOKEN_LEN, Header, decode_record, holder_token, meta_tail_len, push_decimal, push_hex,
-    push_hex_str, push_holder_token, push_meta_tail,
+    HOLDER_TOKEN_LEN, Header, decode_record, holder_token, meta_tail_len, parse_fence,
+    push_decimal, push_hex, push_hex_str, push_holder_token, push_meta_tail,
 };
 use crate::config::{Durability, RedisConfig, Target};
 use crate::script::{Connection, NamedScript, Timeouts, bounded};
@@ -138,6 +138,14 @@ fn int(v: Option<&Value>) -> Result<u64, StoreError> {
         Some(Value::Int(n)) => {
             u64::try_from(*n).map_err(|_| malformed("negative number from script"))
         }
+        _ => Err(malformed("unexpected script reply")),
+    }
+}
+
+/// A fence a script answers as the record's 20-digit field.
+fn fence(v: Option<&Value>) -> Result<u64, StoreError> {
+    match v {
+        Some(Value::BulkString(raw)) => Ok(parse_fence(raw)?),
         _ => Err(malformed("unexpected script reply")),
     }
 }
@@ -417,7 +425,10 @@ fn claim_outcome(reply: Value, req: &ClaimRequest) -> Result<ClaimOutcome, Store
         1 => ClaimOutcome::Busy {
             retry_after: Duration::from_millis(int(items.get(1))?),
         },
-        2 => ClaimOutcome::Unknown,
+        2 => ClaimOutcome::Unknown {
+            fence: fence(items.get(1))?,
+            age: Duration::from_millis(int(items.get(2))?),
+        },
         3 => ClaimOutcome::Claimed {
             lease: Lease {
                 owner: req.owner,
@@ -430,7 +441,8 @@ fn claim_outcome(reply: Value, req: &ClaimRequest) -> Result<ClaimOutcome, Store
     })
 }
 
-/// A record the claim found and left alone: replay, unknown, or mismatch.
+/// A record the claim found and left alone: replay or mismatch. (An unknown record of the same
+/// fingerprint comes back as a table with its fence and age: they need the server's clock.)
 fn found(raw: &[u8], fingerprint: Fingerprint) -> Result<ClaimOutcome, StoreError> {
     let h = Header::parse(raw)?;
     let stored = h
@@ -443,9 +455,8 @@ fn found(raw: &[u8], fingerprint: Fingerprint) -> Result<ClaimOutcome, StoreErro
         b'c' => Ok(ClaimOutcome::Done {
             response: StoredResponse::decode(&raw[h.meta.end..])?,
         }),
-        b'u' => Ok(ClaimOutcome::Unknown),
         _ => Err(malformed(
-            "claim left a processing record of the same fingerprint",
+            "claim returned a processing or unknown record of the same fingerprint",
         )),
     }
 }
@@ -575,8 +586,14 @@ impl Store for RedisStore {
         &self,
         key: &ScopedKey,
         resolution: &Resolution,
+        fence_named: Option<u64>,
     ) -> Result<ResolveOutcome, StoreError> {
         let rk = self.record_key(key);
+        // The record's fence field compared whole: 20 digits, or '' for any fence.
+        let mut named = Vec::with_capacity(20);
+        if let Some(f) = fence_named {
+            push_decimal(&mut named, f, 20);
+        }
         let (mode, ttl, body): (&[u8], Vec<u8>, Vec<u8>) = match resolution {
             Resolution::Complete { response, ttl } => (b"c", ms_arg(*ttl), response.encode()),
             _ => (b"r", b"1".to_vec(), Vec::new()),
@@ -596,6 +613,7 @@ impl Store for RedisStore {
                         &self.shared.audit_max,
                         actor.as_bytes(),
                         self.shared.instance.as_bytes(),
+                        &named,
                     ],
                 )
                 .await?;
@@ -605,13 +623,17 @@ impl Store for RedisStore {
             Ok(match int(items.first())? {
                 1 => ResolveOutcome::Resolved,
                 0 => ResolveOutcome::NotFound,
-                _ => {
+                2 => {
                     let state = match items.get(1) {
                         Some(Value::BulkString(s)) if s == b"c" => StateKind::Completed,
                         _ => StateKind::Processing,
                     };
                     ResolveOutcome::NotResolvable { state }
                 }
+                3 => ResolveOutcome::Fenced {
+                    fence: fence(items.get(1))?,
+                },
+                _ => return Err(malformed("unexpected resolve reply")),
             })
         })
         .await

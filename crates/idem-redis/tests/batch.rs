@@ -66,7 +66,8 @@ fn comparable(outcome: &Result<ClaimOutcome, StoreError>) -> String {
         Ok(ClaimOutcome::Busy { .. }) => "busy".into(),
         Ok(ClaimOutcome::Done { response }) => format!("done {:?}", response.body),
         Ok(ClaimOutcome::Mismatch { stored }) => format!("mismatch {stored:?}"),
-        Ok(ClaimOutcome::Unknown) => "unknown".into(),
+        // The fence is the server's clock: each store has its own.
+        Ok(ClaimOutcome::Unknown { .. }) => "unknown".into(),
         Ok(other) => format!("{other:?}"),
         Err(StoreError::Unavailable(_)) => "unavailable".into(),
         Err(e) => format!("error {e}"),
@@ -277,6 +278,66 @@ async fn operations_on_one_key_inside_one_batch_are_sequential() {
     );
     assert_eq!(replies.0.expect("complete"), SettleOutcome::Settled);
     match replies.1 {
+        Ok(ClaimOutcome::Done { response: r }) => assert_eq!(r, response),
+        other => panic!("expected a replay, got {other:?}"),
+    }
+}
+
+// Guards the batch script's share of the hold rules: in one batch, a claim under hold marks
+// an expired lease unknown and answers the record's fence, a stranger's completion is fenced,
+// the holder's own completion settles the unknown record, and a claim after it replays.
+#[tokio::test]
+async fn hold_and_a_late_holder_inside_one_batch() {
+    if !redis_server_available() {
+        return;
+    }
+    let server = Server::start(&[]);
+    let store = store(&server, true).await;
+    load_claim_scripts(&store).await;
+    let k = key("held");
+    let mut first = request(&k, 1);
+    first.lease = Duration::from_millis(50);
+    let lease = claimed(&store.claim(&first).await);
+    // Load the complete script too, on a key of its own.
+    let warm = claimed(&store.claim(&request(&key("warm-done"), 1)).await);
+    let ttl = Duration::from_secs(60);
+    let response = StoredResponse::new(201, "late");
+    store
+        .complete(&key("warm-done"), warm.owner, warm.fence, &response, ttl)
+        .await
+        .expect("complete");
+    tokio::time::sleep(Duration::from_millis(80)).await;
+
+    let mut hold = request(&k, 1);
+    hold.takeover = TakeoverPolicy::Hold;
+    let after = request(&k, 1);
+    let blocker = request(&key("blocker"), 1);
+    server.cli(&["CONFIG", "RESETSTAT"]);
+    let (blocked, (marked, stranger, holder, replay)) =
+        futures::join!(store.claim(&blocker), async {
+            futures::join!(
+                store.claim(&hold),
+                store.complete(&k, OwnerId::random(), lease.fence, &response, ttl),
+                store.complete(&k, lease.owner, lease.fence, &response, ttl),
+                store.claim(&after)
+            )
+        });
+    claimed(&blocked);
+    assert_eq!(
+        server.calls("evalsha"),
+        2,
+        "one alone, then the rest in one batch"
+    );
+    match marked {
+        Ok(ClaimOutcome::Unknown { fence, age }) => {
+            assert_eq!(fence, lease.fence);
+            assert!(age >= Duration::from_millis(50), "age {age:?}");
+        }
+        other => panic!("expected unknown, got {other:?}"),
+    }
+    assert_eq!(stranger.expect("complete"), SettleOutcome::Fenced);
+    assert_eq!(holder.expect("complete"), SettleOutcome::Settled);
+    match replay {
         Ok(ClaimOutcome::Done { response: r }) => assert_eq!(r, response),
         other => panic!("expected a replay, got {other:?}"),
     }

@@ -156,7 +156,7 @@ async fn fences_climb_through_release_delete_and_resolve() {
                     .expect("release unknown");
                 assert_eq!(
                     store
-                        .resolve(&k, &Resolution::Release)
+                        .resolve(&k, &Resolution::Release, None)
                         .await
                         .expect("resolve"),
                     ResolveOutcome::Resolved
@@ -181,6 +181,9 @@ async fn fences_climb_through_release_delete_and_resolve() {
     );
 }
 
+/// Under `hold`, an expired lease becomes unknown naming its holder, with the record's fence
+/// and the attempt's age in every claim's answer; the holder (alone) may still complete it,
+/// and a resolve naming another fence changes nothing.
 #[tokio::test]
 async fn hold_policy_turns_an_expired_lease_unknown() {
     if !local_redis_up() {
@@ -194,48 +197,210 @@ async fn hold_policy_turns_an_expired_lease_unknown() {
             .await
             .expect("claim"),
     );
+    let claimed_at = store.get(&k).await.expect("get").expect("live").created_at;
     tokio::time::sleep(Duration::from_millis(80)).await;
+    let age = match store
+        .claim(&request(&k, 1, 50, TakeoverPolicy::Hold))
+        .await
+        .expect("claim")
+    {
+        ClaimOutcome::Unknown { fence, age } => {
+            assert_eq!(fence, lease.fence, "the record's fence");
+            assert!(age >= Duration::from_millis(50), "age {age:?}");
+            age
+        }
+        other => panic!("expected unknown, got {other:?}"),
+    };
+    let record = store.get(&k).await.expect("get").expect("live");
+    let RecordState::Unknown { owner, .. } = record.state else {
+        panic!("expected an unknown record, got {record:?}");
+    };
+    assert_eq!(
+        owner,
+        Some(lease.owner),
+        "the unknown record names its holder"
+    );
+    assert_eq!(record.created_at, claimed_at, "marking keeps created_at");
+    // Every later claim answers the same, under either policy, with a growing age.
+    for takeover in [TakeoverPolicy::Reexecute, TakeoverPolicy::Hold] {
+        match store
+            .claim(&request(&k, 1, 50, takeover))
+            .await
+            .expect("claim")
+        {
+            ClaimOutcome::Unknown { fence, age: later } => {
+                assert_eq!(fence, lease.fence);
+                assert!(later >= age, "{later:?} after {age:?}");
+            }
+            other => panic!("{takeover:?}: expected unknown, got {other:?}"),
+        }
+    }
     assert_eq!(
         store
-            .claim(&request(&k, 1, 50, TakeoverPolicy::Hold))
+            .renew(&k, lease.owner, lease.fence, Duration::from_secs(5))
             .await
-            .expect("claim"),
-        ClaimOutcome::Unknown
+            .expect("renew"),
+        RenewOutcome::Lost,
+        "an unknown record is not renewed"
     );
-    assert_eq!(
-        store.get(&k).await.expect("get").map(|r| r.state.kind()),
-        Some(StateKind::Unknown)
-    );
-    assert_eq!(
-        store
-            .complete(
-                &k,
-                lease.owner,
-                lease.fence,
-                &StoredResponse::new(200, "late"),
-                Duration::from_secs(5)
-            )
-            .await
-            .expect("complete"),
-        SettleOutcome::Fenced
-    );
+    let late = StoredResponse::new(200, "late");
+    for (owner, fence) in [
+        (OwnerId::random(), lease.fence),
+        (lease.owner, lease.fence + 1),
+        (OwnerId(0), lease.fence),
+    ] {
+        assert_eq!(
+            store
+                .complete(&k, owner, fence, &late, Duration::from_secs(5))
+                .await
+                .expect("complete"),
+            SettleOutcome::Fenced,
+            "{owner:?} at {fence}"
+        );
+    }
     let resolution = Resolution::Complete {
         response: StoredResponse::new(200, "fixed"),
         ttl: Duration::from_secs(5),
     };
     assert_eq!(
-        store.resolve(&k, &resolution).await.expect("resolve"),
-        ResolveOutcome::Resolved
+        store
+            .resolve(&k, &resolution, Some(lease.fence - 1))
+            .await
+            .expect("resolve"),
+        ResolveOutcome::Fenced { fence: lease.fence }
     );
-    assert!(matches!(
-        store.claim(&request(&k, 1, 50, TakeoverPolicy::Hold)).await,
-        Ok(ClaimOutcome::Done { .. })
-    ));
+    assert_eq!(store.get(&k).await.expect("get"), Some(record.clone()));
     assert_eq!(
-        store.resolve(&k, &resolution).await.expect("resolve"),
+        store
+            .release(&k, lease.owner, lease.fence, ReleaseKind::Unknown)
+            .await
+            .expect("release"),
+        SettleOutcome::Settled,
+        "its holder may release it as unknown: it stays as it is"
+    );
+    assert_eq!(store.get(&k).await.expect("get"), Some(record));
+    assert_eq!(
+        store
+            .complete(&k, lease.owner, lease.fence, &late, Duration::from_secs(5))
+            .await
+            .expect("complete"),
+        SettleOutcome::Settled,
+        "the holder completes its own attempt"
+    );
+    assert_eq!(
+        store
+            .claim(&request(&k, 1, 50, TakeoverPolicy::Hold))
+            .await
+            .expect("claim"),
+        ClaimOutcome::Done { response: late }
+    );
+    assert_eq!(
+        store
+            .resolve(&k, &resolution, Some(lease.fence))
+            .await
+            .expect("resolve"),
         ResolveOutcome::NotResolvable {
             state: StateKind::Completed
         }
+    );
+}
+
+/// A release as unknown writes an all-zero owner (nobody may settle it but a resolve) and
+/// keeps the fence and the header's width; a takeover dates its own attempt.
+#[tokio::test]
+async fn release_as_unknown_names_nobody_and_takeover_restarts_created() {
+    if !local_redis_up() {
+        return;
+    }
+    let store = store_at(LOCAL_URL, Duration::from_millis(500)).await;
+    let k = key("given-up");
+    let lease = claimed(
+        store
+            .claim(&request(&k, 1, 10_000, TakeoverPolicy::Hold))
+            .await
+            .expect("claim"),
+    );
+    assert_eq!(
+        store
+            .release(&k, lease.owner, lease.fence, ReleaseKind::Unknown)
+            .await
+            .expect("release"),
+        SettleOutcome::Settled
+    );
+    let raw: Vec<u8> = redis::from_redis_value(
+        store
+            .connection()
+            .query(redis::cmd("GET").arg(store.record_key(&k)))
+            .await
+            .expect("get"),
+    )
+    .expect("bytes");
+    assert_eq!(&raw[..4], b"1 u ");
+    assert_eq!(&raw[4..36], [b'0'; 32].as_slice(), "the owner is nobody");
+    assert_eq!(raw[36], b' ');
+    assert_eq!(&raw[37..57], format!("{:020}", lease.fence).as_bytes());
+    assert_eq!(raw[193], b'\n', "the header keeps its width");
+    let record = store.get(&k).await.expect("get").expect("live");
+    assert!(
+        matches!(record.state, RecordState::Unknown { owner: None, .. }),
+        "{record:?}"
+    );
+    for kind in [ReleaseKind::Unknown, ReleaseKind::Retryable] {
+        assert_eq!(
+            store
+                .release(&k, lease.owner, lease.fence, kind)
+                .await
+                .expect("release"),
+            SettleOutcome::Fenced,
+            "{kind:?}: its former holder no longer holds it"
+        );
+    }
+    assert_eq!(
+        store
+            .complete(
+                &k,
+                OwnerId(0),
+                lease.fence,
+                &StoredResponse::new(200, "x"),
+                Duration::from_secs(5)
+            )
+            .await
+            .expect("complete"),
+        SettleOutcome::Fenced,
+        "the all-zero owner is nobody, not a holder"
+    );
+    assert_eq!(store.get(&k).await.expect("get"), Some(record));
+    assert_eq!(
+        store
+            .resolve(&k, &Resolution::Release, Some(lease.fence))
+            .await
+            .expect("resolve"),
+        ResolveOutcome::Resolved
+    );
+
+    // A takeover under reexecute: created_at is the takeover's time.
+    let first = claimed(
+        store
+            .claim(&request(&k, 1, 50, TakeoverPolicy::Reexecute))
+            .await
+            .expect("claim"),
+    );
+    let before = store.get(&k).await.expect("get").expect("live");
+    tokio::time::sleep(Duration::from_millis(80)).await;
+    let second = store
+        .claim(&request(&k, 1, 10_000, TakeoverPolicy::Reexecute))
+        .await
+        .expect("claim");
+    assert!(
+        matches!(second, ClaimOutcome::Claimed { takeover: true, lease } if lease.fence > first.fence),
+        "{second:?}"
+    );
+    let after = store.get(&k).await.expect("get").expect("live");
+    assert!(
+        after.created_at.0 >= before.created_at.0 + 50,
+        "takeover dates its attempt: {:?} after {:?}",
+        after.created_at,
+        before.created_at
     );
 }
 
@@ -280,7 +445,7 @@ async fn round_trips_per_request() {
         CachedStore::new(store.clone(), 1000, Duration::from_secs(60)),
         Policy::default(),
     );
-    let plain = Engine::new(store, Policy::default());
+    let plain = Engine::new(store.clone(), Policy::default());
     // Load the scripts first so NOSCRIPT retries do not count.
     run(direct.clone(), key("warm-up")).await;
 
@@ -324,6 +489,37 @@ async fn round_trips_per_request() {
             server.calls("set")
         ),
         (1, 0, 0)
+    );
+
+    // A claim that finds an unknown record reads the clock for the attempt's age, and writes
+    // nothing.
+    let k = key("rt-unknown");
+    let lease = claimed(
+        store
+            .claim(&request(&k, 1, 10_000, TakeoverPolicy::Hold))
+            .await
+            .expect("claim"),
+    );
+    store
+        .release(&k, lease.owner, lease.fence, ReleaseKind::Unknown)
+        .await
+        .expect("release");
+    server.cli(&["CONFIG", "RESETSTAT"]);
+    assert!(matches!(
+        store
+            .claim(&request(&k, 1, 10_000, TakeoverPolicy::Hold))
+            .await
+            .expect("claim"),
+        ClaimOutcome::Unknown { fence, .. } if fence == lease.fence
+    ));
+    assert_eq!(server.calls("evalsha"), 1);
+    assert_eq!(
+        (
+            server.calls("get"),
+            server.calls("time"),
+            server.calls("set")
+        ),
+        (1, 1, 0)
     );
 
     // Through the cache: the first run fills it on completion, the replay costs nothing.

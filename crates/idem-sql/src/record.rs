@@ -127,8 +127,18 @@ impl RawRecord {
                     completed_at: ts(self.state_at),
                 }
             }
+            // The holder a claim under `hold` marked it for, who may still settle it; none
+            // when its holder released it as unknown (and on rows from before holders were
+            // named).
             UNKNOWN => RecordState::Unknown {
                 since: ts(self.state_at),
+                owner: match self.owner.as_deref() {
+                    None => None,
+                    Some(raw) => Some(
+                        owner_id(raw)
+                            .ok_or_else(|| codec("unknown record with a malformed owner"))?,
+                    ),
+                },
             },
             _ => return Err(codec("unknown state code")),
         };
@@ -161,13 +171,19 @@ impl ClaimRow {
     pub(crate) fn outcome(self, req: &ClaimRequest) -> Result<Option<ClaimOutcome>, StoreError> {
         let row = self.record;
         if self.wrote {
+            let fence = u64::try_from(row.fence).map_err(|_| codec("stored fence is negative"))?;
             return Ok(Some(match row.verdict {
-                VERDICT_HOLD => ClaimOutcome::Unknown,
+                // The statement marked the row unknown at its own clock reading (`state_at`,
+                // which is also what the MySQL upsert-then-read path needs: its read runs
+                // later), keeping the attempt's `created_at`.
+                VERDICT_HOLD => ClaimOutcome::Unknown {
+                    fence,
+                    age: ts(row.state_at).since(ts(row.created_at)),
+                },
                 verdict => ClaimOutcome::Claimed {
                     lease: Lease {
                         owner: req.owner,
-                        fence: u64::try_from(row.fence)
-                            .map_err(|_| codec("stored fence is negative"))?,
+                        fence,
                         deadline: ts(row.lease_until),
                     },
                     takeover: verdict == VERDICT_TAKEOVER,
@@ -189,11 +205,13 @@ impl ClaimRow {
     }
 }
 
-/// What the resolve probe (`state, lease_until, expires_at, now_ms`, or no row) says about a
-/// failed resolve, or `None` when the record was resolvable after all (it changed between the
-/// update and the read; run again).
+/// What the resolve probe (`state, lease_until, expires_at, now_ms, fence`, or no row) says
+/// about a failed resolve that named `fence` (if any), or `None` when the record was
+/// resolvable after all (it changed between the update and the read; run again). Judged in
+/// the contract's order: absent, then the fence, then the state.
 pub(crate) fn unresolved<D: Sql>(
     row: Option<&D::Row>,
+    fence: Option<u64>,
 ) -> Result<Option<ResolveOutcome>, StoreError> {
     let Some(row) = row else {
         return Ok(Some(ResolveOutcome::NotFound));
@@ -203,6 +221,10 @@ pub(crate) fn unresolved<D: Sql>(
     let (lease_until, expires_at, now) = (ts(int(1)?), ts(int(2)?), ts(int(3)?));
     if expires_at <= now {
         return Ok(Some(ResolveOutcome::NotFound));
+    }
+    let stored = u64::try_from(int(4)?).map_err(|_| codec("stored fence is negative"))?;
+    if fence.is_some_and(|f| f != stored) {
+        return Ok(Some(ResolveOutcome::Fenced { fence: stored }));
     }
     Ok(match state {
         COMPLETED => Some(ResolveOutcome::NotResolvable {

@@ -91,13 +91,21 @@ impl Param {
     }
 }
 
-/// The guard of every settling statement: the row is live and held by this owner and fence.
+/// The guard of a renewal: the row is live, processing, and held by this owner and fence.
 const HOLDER: &str =
     "id = :id AND owner = :owner AND fence = :fence AND state = 0 AND expires_at > {now}";
 
-/// A live record that is unknown, or processing under a lease that ran out.
-const RESOLVABLE: &str =
-    "id = :id AND expires_at > {now} AND (state = 2 OR (state = 0 AND lease_until <= {now}))";
+/// The guard of a completion or release: the row is live and held by this owner and fence,
+/// processing or unknown naming that holder (a claim under `hold` marked it on an expired
+/// lease). Completed rows and rows released as unknown name no owner, so `owner = :owner`
+/// alone rules them out; the state test says so.
+const HELD: &str =
+    "id = :id AND owner = :owner AND fence = :fence AND state IN (0, 2) AND expires_at > {now}";
+
+/// A live record that is unknown, or processing under a lease that ran out, with the fence
+/// the resolve names (`:fence` NULL names none).
+const RESOLVABLE: &str = "id = :id AND expires_at > {now} AND fence = COALESCE(:fence, fence) \
+     AND (state = 2 OR (state = 0 AND lease_until <= {now}))";
 
 /// The table and its indexes, for the dialects whose columns differ only in type names.
 const CREATE_TABLE: &str = "CREATE TABLE IF NOT EXISTS {t} (
@@ -124,7 +132,9 @@ CREATE INDEX IF NOT EXISTS {t}_created_idx ON {t} (created_at);
 /// The claim's upsert for the dialects with `INSERT … ON CONFLICT` (PostgreSQL, SQLite): `r`
 /// is the existing row and `excluded.state_at` is "now". The `WHERE` re-checks the latest row
 /// version (absent or expired: fresh claim; same fingerprint with an expired lease: takeover,
-/// or hold → unknown) and leaves any other row alone.
+/// or hold → unknown) and leaves any other row alone. A fresh claim and a takeover date the
+/// new attempt (`created_at` = now); hold keeps the attempt's `created_at` and names its
+/// holder (`owner` kept).
 const ON_CONFLICT: &str = "ON CONFLICT (id) DO UPDATE SET
     verdict = CASE WHEN r.expires_at <= excluded.state_at THEN 1 WHEN :hold THEN 3 ELSE 2 END,
     namespace = excluded.namespace,
@@ -134,32 +144,38 @@ const ON_CONFLICT: &str = "ON CONFLICT (id) DO UPDATE SET
     fence = CASE WHEN r.expires_at > excluded.state_at AND :hold THEN r.fence
                  ELSE {greatest}(r.fence + 1, excluded.fence) END,
     state = CASE WHEN r.expires_at > excluded.state_at AND :hold THEN 2 ELSE 0 END,
-    owner = CASE WHEN r.expires_at > excluded.state_at AND :hold THEN NULL ELSE excluded.owner END,
+    owner = CASE WHEN r.expires_at > excluded.state_at AND :hold THEN r.owner ELSE excluded.owner END,
     lease_until = CASE WHEN r.expires_at > excluded.state_at AND :hold THEN 0 ELSE excluded.lease_until END,
     response = NULL,
     state_at = excluded.state_at,
     request_id = CASE WHEN r.expires_at > excluded.state_at AND :hold THEN r.request_id ELSE excluded.request_id END,
-    created_at = CASE WHEN r.expires_at > excluded.state_at THEN r.created_at ELSE excluded.created_at END,
+    created_at = CASE WHEN r.expires_at > excluded.state_at AND :hold THEN r.created_at ELSE excluded.created_at END,
     expires_at = CASE WHEN r.expires_at > excluded.state_at AND :hold THEN r.expires_at ELSE excluded.expires_at END
 WHERE r.expires_at <= excluded.state_at
    OR (r.fingerprint = excluded.fingerprint AND r.state = 0 AND r.lease_until <= excluded.state_at)";
 
 // The `verdict` each writing statement leaves says what it did, for the audit triggers (see
 // `crate::audit`).
+//
+// Completions and releases accept a row held as processing or as unknown naming the caller
+// (`{held}`). A release as unknown leaves an unknown row as it is (owner and `state_at`
+// kept) and makes a processing one unknown naming nobody; its assignments read the old
+// `state` before the last one sets it, as MySQL evaluates them left to right.
 const COMPLETE: &str = "UPDATE {t} SET state = 1, response = :response, owner = NULL, lease_until = 0, \
-     state_at = {now}, expires_at = {now} + :ttl, verdict = 4 WHERE {holder}";
+     state_at = {now}, expires_at = {now} + :ttl, verdict = 4 WHERE {held}";
 const RELEASE_RETRYABLE: &str =
-    "UPDATE {t} SET expires_at = {now}, owner = NULL, response = NULL, verdict = 5 WHERE {holder}";
-const RELEASE_UNKNOWN: &str = "UPDATE {t} SET state = 2, owner = NULL, lease_until = 0, state_at = {now}, \
-     verdict = 6 WHERE {holder}";
+    "UPDATE {t} SET expires_at = {now}, owner = NULL, response = NULL, verdict = 5 WHERE {held}";
+const RELEASE_UNKNOWN: &str = "UPDATE {t} SET owner = CASE WHEN state = 0 THEN NULL ELSE owner END, \
+     state_at = CASE WHEN state = 0 THEN {now} ELSE state_at END, lease_until = 0, verdict = 6, \
+     state = 2 WHERE {held}";
 const GET: &str = "SELECT {cols} FROM {t} WHERE id = :id AND expires_at > {now}";
 const RESOLVE_COMPLETE: &str = "UPDATE {t} SET state = 1, response = :response, owner = NULL, lease_until = 0, \
      state_at = {now}, expires_at = {now} + :ttl, verdict = 7 WHERE {resolvable}";
 const RESOLVE_RELEASE: &str = "UPDATE {t} SET expires_at = {now}, owner = NULL, response = NULL, verdict = 8 \
      WHERE {resolvable}";
-/// Returns `state, lease_until, expires_at, now_ms`.
+/// Returns `state, lease_until, expires_at, now_ms, fence`.
 const RESOLVE_PROBE: &str =
-    "SELECT state, lease_until, expires_at, {now} AS now_ms FROM {t} WHERE id = :id";
+    "SELECT state, lease_until, expires_at, {now} AS now_ms, fence FROM {t} WHERE id = :id";
 const DELETE: &str = "UPDATE {t} SET expires_at = {now}, owner = NULL, response = NULL, verdict = 9 \
      WHERE id = :id AND expires_at > {now}";
 const DROP: &str = "DROP TABLE IF EXISTS {t}; DROP TABLE IF EXISTS {t}_audit{drop_audit_fn}";
@@ -268,6 +284,7 @@ pub(crate) fn expand<D: Sql>(template: &str, table: &TableName) -> String {
         .replace("{smallint}", D::SMALLINT)
         .replace("{on_conflict}", ON_CONFLICT)
         .replace("{holder}", HOLDER)
+        .replace("{held}", HELD)
         .replace("{resolvable}", RESOLVABLE)
         .replace("{greatest}", D::GREATEST)
         .replace("{now_us}", D::NOW_US)
@@ -415,9 +432,9 @@ mod tests {
             ),
             (
                 &all.resolve_complete,
-                &[Param::Id, Param::Response, Param::Ttl],
+                &[Param::Id, Param::Response, Param::Ttl, Param::Fence],
             ),
-            (&all.resolve_release, &[Param::Id]),
+            (&all.resolve_release, &[Param::Id, Param::Fence]),
             (&all.resolve_probe, &[Param::Id]),
             (&all.delete, &[Param::Id]),
             (&all.reap, &[Param::Limit]),

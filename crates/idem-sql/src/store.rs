@@ -572,10 +572,14 @@ impl<D: Dialect> Store for SqlStore<D> {
         &self,
         key: &ScopedKey,
         resolution: &Resolution,
+        fence: Option<u64>,
     ) -> Result<ResolveOutcome, StoreError> {
         let id = key.digest();
         let body;
-        let mut args = vec![(Param::Id, Value::Bytes(&id))];
+        let mut args = vec![
+            (Param::Id, Value::Bytes(&id)),
+            (Param::Fence, Value::OptInt(fence.map(fence_param))),
+        ];
         let (stmt, outcome, head) = match resolution {
             Resolution::Complete { response, ttl } => {
                 body = response.encode();
@@ -596,11 +600,11 @@ impl<D: Dialect> Store for SqlStore<D> {
             if resolved {
                 return Ok(ResolveOutcome::Resolved);
             }
-            // The probe binds only the id.
+            // The probe binds only the id; the fence is compared here.
             let probe = D::fetch_optional(On::Pool(&self.reader), &self.sql.resolve_probe, &args)
                 .await
                 .map_err(StoreError::unavailable)?;
-            if let Some(outcome) = unresolved::<D>(probe.as_ref())? {
+            if let Some(outcome) = unresolved::<D>(probe.as_ref(), fence)? {
                 return Ok(outcome);
             }
         }

@@ -46,11 +46,14 @@ pub enum Bug {
     HoldTakesOver,
     /// Resolves and deletes change the record but leave no trace in the audit trail.
     UnauditedSettlements,
+    /// `resolve` ignores the fence it is given: a settlement decided about one attempt
+    /// applies to a later one.
+    ResolveIgnoresFence,
 }
 
 impl Bug {
     /// Every bug, without [`Bug::None`].
-    pub const ALL: [Bug; 10] = [
+    pub const ALL: [Bug; 11] = [
         Bug::CompleteUnconditionally,
         Bug::FenceResetsAfterExpiry,
         Bug::CheckThenSetClaim,
@@ -61,6 +64,7 @@ impl Bug {
         Bug::RenewIgnoresFence,
         Bug::HoldTakesOver,
         Bug::UnauditedSettlements,
+        Bug::ResolveIgnoresFence,
     ];
 }
 
@@ -121,6 +125,11 @@ impl Inner {
 }
 
 impl BrokenStore {
+    /// The clock the store judges time by (clones share it).
+    pub fn clock(&self) -> &ManualClock {
+        &self.clock
+    }
+
     /// A store with `bug`, on `clock`.
     pub fn new(bug: Bug, clock: ManualClock) -> Self {
         let inner = Inner {
@@ -342,6 +351,7 @@ impl Store for BrokenStore {
         &self,
         key: &ScopedKey,
         resolution: &Resolution,
+        fence: Option<u64>,
     ) -> impl Future<Output = Result<ResolveOutcome, StoreError>> + Send {
         let bug = self.bug;
         std::future::ready(Ok(self.apply(
@@ -354,7 +364,12 @@ impl Store for BrokenStore {
                     }
                     _ => now,
                 };
-                let mut t = decide::resolve(judged_at, prev, resolution);
+                let fence = if bug == Bug::ResolveIgnoresFence {
+                    None
+                } else {
+                    fence
+                };
+                let mut t = decide::resolve(judged_at, prev, resolution, fence);
                 if let Change::Put(record) = &mut t.change
                     && let RecordState::Completed { completed_at, .. } = &mut record.state
                 {

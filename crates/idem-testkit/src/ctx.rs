@@ -170,6 +170,37 @@ impl<'h, H: Harness> Ctx<'h, H> {
         }
     }
 
+    /// Claims with `req` and insists the key is unknown at `fence`; answers the attempt's age.
+    pub(crate) async fn unknown_with(&self, req: &ClaimRequest, fence: u64) -> Duration {
+        match self.claim(req).await {
+            ClaimOutcome::Unknown { fence: f, age } => {
+                assert_eq!(
+                    f, fence,
+                    "unknown {}: names fence {f}, the record has {fence}",
+                    req.key
+                );
+                age
+            }
+            other => panic!("claim of {}: expected Unknown, got {other:?}", req.key),
+        }
+    }
+
+    /// [`Ctx::unknown_with`] for both takeover policies and another fingerprint (a mismatch):
+    /// an unknown record answers the same to every claim.
+    pub(crate) async fn unknown(&self, key: &ScopedKey, fence: u64) -> Duration {
+        let age = self.unknown_with(&self.hold_req(key, fp(1)), fence).await;
+        let again = self.unknown_with(&self.req(key, fp(1)), fence).await;
+        assert!(again >= age, "unknown {key}: the attempt's age went back");
+        assert!(
+            matches!(
+                self.claim_fp(key, fp(2)).await,
+                ClaimOutcome::Mismatch { .. }
+            ),
+            "unknown {key}: another fingerprint is a mismatch"
+        );
+        age
+    }
+
     pub(crate) async fn renew(
         &self,
         key: &ScopedKey,
@@ -257,8 +288,17 @@ impl<'h, H: Harness> Ctx<'h, H> {
     }
 
     pub(crate) async fn resolve(&self, key: &ScopedKey, resolution: &Resolution) -> ResolveOutcome {
+        self.resolve_at(key, resolution, None).await
+    }
+
+    pub(crate) async fn resolve_at(
+        &self,
+        key: &ScopedKey,
+        resolution: &Resolution,
+        fence: Option<u64>,
+    ) -> ResolveOutcome {
         self.store
-            .resolve(key, resolution)
+            .resolve(key, resolution, fence)
             .await
             .unwrap_or_else(|e| panic!("resolve of {key}: store error: {e}"))
     }

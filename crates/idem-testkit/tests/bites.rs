@@ -119,7 +119,17 @@ async fn hold_taking_over_is_caught() {
 #[test]
 fn every_bug_has_a_test_here() {
     // Adding a bug to `Bug::ALL` without a test above should not go unnoticed.
-    assert_eq!(Bug::ALL.len(), 10);
+    assert_eq!(Bug::ALL.len(), 11);
+}
+
+// Bug guarded: a resolve that ignores the fence it names, so a probe's or reconciler's
+// answer about one attempt settles the next one: a "not done" read before a retry ran
+// releases the retry's unknown record, and the key runs a third time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn resolve_ignoring_fence_is_caught() {
+    let h = BrokenHarness::new(Bug::ResolveIgnoresFence);
+    assert!(fails(rules::resolve_naming_a_fence_settles_only_that_attempt(&h)).await);
+    assert!(model_fails(Bug::ResolveIgnoresFence).await);
 }
 
 // Bug guarded: operator settlements (resolve, delete) that change a record without leaving

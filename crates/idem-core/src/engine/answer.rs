@@ -56,8 +56,10 @@ pub enum Settled {
     Released(ReleaseKind),
     /// Another holder took the key over meanwhile; the result was discarded.
     Fenced,
-    /// The store failed while settling. The record stays processing until its lease runs
-    /// out, then follows the takeover policy.
+    /// The store failed while settling, also when tried again for a lease's time. A
+    /// completion is still tried in the background; carriers must not hand the handler's
+    /// answer out as recorded (the HTTP layer answers `503 answer-not-recorded`), since a
+    /// retry could not find it yet.
     Failed(StoreError),
 }
 

@@ -113,7 +113,9 @@ impl<S: TxStore> Engine<S> {
             owner: OwnerId::random(),
             lease: policy.lease,
             ttl: policy.record_ttl,
-            takeover: policy.takeover,
+            // A crash rolls the effect back with the claim: by default, a leftover expired
+            // lease is run again.
+            takeover: policy.takeover_in_tx(),
             request_id: request_id.map(str::to_owned),
         };
         let mut tx = timed_op(policy.store_timeout, store.begin()).await?;
@@ -126,6 +128,14 @@ impl<S: TxStore> Engine<S> {
         .await?;
         let (lease, takeover) = match claim {
             ClaimOutcome::Claimed { lease, takeover } => (lease, takeover),
+            ClaimOutcome::Unknown { fence, age } => {
+                end(store, tx, policy.store_timeout).await;
+                // Settled from the probe, if any; a released key runs on the caller's retry.
+                return self
+                    .settle_unknown(key, fence, age, false)
+                    .await
+                    .map(|a| a.unwrap_or(Answer::Unknown));
+            }
             other => {
                 // Nothing to keep: the claim only read (or waited on) the record.
                 end(store, tx, policy.store_timeout).await;

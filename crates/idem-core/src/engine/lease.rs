@@ -9,7 +9,7 @@ use tokio::time::Instant;
 
 use super::Policy;
 use crate::key::ScopedKey;
-use crate::record::{Lease, ReleaseKind};
+use crate::record::{Lease, ReleaseKind, TakeoverPolicy};
 use crate::store::{RenewOutcome, Store, StoreError};
 
 /// Bounds a store call by the policy's store timeout.
@@ -37,29 +37,45 @@ pub(super) enum LeaseLoss {
     Expired,
 }
 
-/// Renews the lease every `renew_every`; resolves only when the lease is lost.
+/// Renews the lease every `renew_every`; resolves only when the lease is lost and the
+/// handler must stop.
 ///
 /// The local deadline is measured from when the last successful request was *sent*, on a
 /// monotonic clock, so it is never later than the store's own deadline.
+///
+/// Under `reexecute` a lost lease means a retry may run the key again, so the handler is
+/// stopped. Under `hold` nothing runs again blind: the watchdog keeps renewing while it can
+/// (and stops renewing once refused) but never stops the handler, whose result is recorded
+/// if it still holds the key.
 pub(super) async fn watchdog<S: Store>(
     store: &S,
     key: &ScopedKey,
     lease: Lease,
     policy: &Policy,
     sent_at: Instant,
+    takeover: TakeoverPolicy,
 ) -> LeaseLoss {
+    let stops = takeover == TakeoverPolicy::Reexecute;
     let mut deadline = sent_at + policy.lease;
     loop {
-        let wake = (Instant::now() + policy.renew_every).min(deadline);
+        let wake = if stops {
+            (Instant::now() + policy.renew_every).min(deadline)
+        } else {
+            Instant::now() + policy.renew_every
+        };
         tokio::time::sleep_until(wake).await;
-        if Instant::now() >= deadline {
+        if stops && Instant::now() >= deadline {
             return LeaseLoss::Expired;
         }
         let sent = Instant::now();
         // A renewal still pending at the deadline must not keep the handler running past it.
-        let limit = policy
-            .store_timeout
-            .min(deadline.saturating_duration_since(sent));
+        let limit = if stops {
+            policy
+                .store_timeout
+                .min(deadline.saturating_duration_since(sent))
+        } else {
+            policy.store_timeout
+        };
         match timed_op(
             limit,
             store.renew(key, lease.owner, lease.fence, policy.lease),
@@ -67,7 +83,11 @@ pub(super) async fn watchdog<S: Store>(
         .await
         {
             Ok(RenewOutcome::Renewed { .. }) => deadline = sent + policy.lease,
-            Ok(_) => return LeaseLoss::Taken,
+            Ok(_) if stops => return LeaseLoss::Taken,
+            Ok(_) => {
+                tracing::warn!(key = %key, fence = lease.fence, "lease no longer renewable (marked unknown, settled or taken); the handler goes on");
+                return std::future::pending().await;
+            }
             Err(e) => {
                 tracing::warn!(key = %key, fence = lease.fence, error = %e, "lease renewal failed")
             }

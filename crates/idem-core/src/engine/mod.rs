@@ -29,6 +29,7 @@ mod answer;
 mod in_tx;
 mod lease;
 mod policy;
+mod probe;
 
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
@@ -42,25 +43,30 @@ use tokio::time::Instant;
 
 pub use answer::{Action, Answer, EngineError, Reply, Settled, Settlement};
 pub use in_tx::TxStore;
-pub use policy::{LEASE_MARGIN, Policy, PolicyBuilder, PolicyError};
+pub use policy::{HELD_LEASE, LEASE_MARGIN, Policy, PolicyBuilder, PolicyError};
+pub use probe::{Probe, ProbeAnswer, ProbeFn, ProbeFuture};
 
 use lease::{ClaimGuard, timed_op, watchdog};
 
 use crate::fingerprint::Fingerprint;
 use crate::key::ScopedKey;
 use crate::record::{Lease, OwnerId, ReleaseKind, StoredResponse};
-use crate::store::{ClaimOutcome, ClaimRequest, SettleOutcome, Store, StoreError};
+use crate::store::{
+    ClaimOutcome, ClaimRequest, Resolution, ResolveOutcome, SettleOutcome, Store, StoreError,
+};
 
 /// The span field [`Engine::run_traced`] records the hashed scoped key in.
 pub const SPAN_KEY: &str = "idem.key";
 /// The span field [`Engine::run_traced`] records the claim's fence in.
 pub const SPAN_FENCE: &str = "idem.fence";
+/// The audit actor of the settlements the engine makes from a [`Probe`]'s answer.
+pub const PROBE_ACTOR: &str = "engine:probe";
 
 /// The idempotency engine over a store. Cheap to clone.
-#[derive(Debug)]
 pub struct Engine<S> {
     store: Arc<S>,
     policy: Arc<Policy>,
+    probe: Option<Arc<dyn Probe>>,
 }
 
 impl<S> Clone for Engine<S> {
@@ -68,7 +74,18 @@ impl<S> Clone for Engine<S> {
         Self {
             store: Arc::clone(&self.store),
             policy: Arc::clone(&self.policy),
+            probe: self.probe.clone(),
         }
+    }
+}
+
+impl<S: std::fmt::Debug> std::fmt::Debug for Engine<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Engine")
+            .field("store", &self.store)
+            .field("policy", &self.policy)
+            .field("probe", &self.probe.is_some())
+            .finish()
     }
 }
 
@@ -78,16 +95,34 @@ impl<S: Store> Engine<S> {
         Self {
             store: Arc::new(store),
             policy: Arc::new(policy),
+            probe: None,
         }
     }
 
-    /// The same store under another policy (per route or per operation).
+    /// The same store under another policy (per route or per operation), keeping the probe.
     #[must_use]
     pub fn with_policy(&self, policy: Policy) -> Self {
         Self {
             store: Arc::clone(&self.store),
             policy: Arc::new(policy),
+            probe: self.probe.clone(),
         }
+    }
+
+    /// The same engine, settling unknown keys by asking `probe` (see [`Probe`]) before it
+    /// answers "unknown".
+    #[must_use]
+    pub fn with_probe(&self, probe: Arc<dyn Probe>) -> Self {
+        Self {
+            store: Arc::clone(&self.store),
+            policy: Arc::clone(&self.policy),
+            probe: Some(probe),
+        }
+    }
+
+    /// Whether this engine asks a probe about unknown keys.
+    pub fn has_probe(&self) -> bool {
+        self.probe.is_some()
     }
 
     /// The store, for status and admin queries.
@@ -121,10 +156,17 @@ impl<S: Store> Engine<S> {
 
     /// Runs `handler` at most once for `key`, keeping `request_id` on the record.
     ///
-    /// The handler runs only after a claim is durable. While it runs, a watchdog renews the
-    /// lease; if renewal is refused, or fails until the lease would have run out, the handler
-    /// is cancelled and [`EngineError::LeaseLost`] returned. The handler's [`Settlement`]
-    /// then completes or releases the claim.
+    /// The handler runs only after a claim is durable, and is cancelled at the handler
+    /// timeout, counted from when the claim was sent. While it runs, a watchdog renews the
+    /// lease. Under `reexecute`, if renewal is refused, or fails until the lease would have
+    /// run out, the handler is cancelled and [`EngineError::LeaseLost`] returned (a retry may
+    /// run it again); under `hold` nobody runs it again blind, so the handler goes on and its
+    /// result is recorded if it still holds the key (a late holder may complete its record
+    /// after a retry marked it unknown). The handler's [`Settlement`] then completes or
+    /// releases the claim.
+    ///
+    /// A claim that finds the key unknown asks the engine's [`Probe`], if it has one (see
+    /// [`Engine::with_probe`]), and settles the key from its answer.
     ///
     /// # Errors
     /// See [`EngineError`].
@@ -180,9 +222,17 @@ impl<S: Store> Engine<S> {
             armed: true,
         };
 
+        // The attempt's time counts from before the claim was sent, so on the store's clock it
+        // ends no later than the record's age says (a probe's "not done" is believed past it).
+        let started = sent_at;
+        if Instant::now() >= started + policy.handler_timeout {
+            // Paused (or starved) between the claim and here: too late to start the effect.
+            guard.settle_now(ReleaseKind::Retryable).await;
+            tracing::warn!(key = %key, fence = lease.fence, "claim came back after the handler timeout; not run, released");
+            return Err(EngineError::HandlerTimedOut(policy.handler_timeout));
+        }
         // Call the handler inside the guarded future, so a panic in the closure body itself
         // (before it returns its future) is caught as well.
-        let started = Instant::now();
         let mut work =
             std::pin::pin!(AssertUnwindSafe(async move { handler(lease).await }).catch_unwind());
         // A handler that finishes on its first poll needs neither the timeout's timer nor the
@@ -191,7 +241,7 @@ impl<S: Store> Engine<S> {
             std::task::Poll::Ready(done) => Ok(done),
             std::task::Poll::Pending => {
                 let timed = tokio::time::timeout_at(started + policy.handler_timeout, work);
-                let lost = watchdog(&*self.store, key, lease, policy, sent_at);
+                let lost = watchdog(&*self.store, key, lease, policy, sent_at, policy.takeover);
                 tokio::select! {
                     biased;
                     r = timed => r,
@@ -303,6 +353,9 @@ impl<S: Store> Engine<S> {
         let policy = &*self.policy;
         let give_up = policy.in_flight_wait.map(|w| Instant::now() + w);
         let mut poll = Duration::from_millis(10);
+        // A settled unknown record is claimed again; twice is enough to see what others did
+        // meanwhile without looping on a record that keeps changing.
+        let mut settles = 0;
         loop {
             let sent_at = Instant::now();
             let outcome = timed_op(policy.store_timeout, self.store.claim(req)).await?;
@@ -313,7 +366,18 @@ impl<S: Store> Engine<S> {
                     sent_at,
                 },
                 ClaimOutcome::Done { response } => Claimed::Not(Answer::Replayed(response)),
-                ClaimOutcome::Unknown => Claimed::Not(Answer::Unknown),
+                ClaimOutcome::Unknown { fence, age } => {
+                    match self
+                        .settle_unknown(&req.key, fence, age, settles < 2)
+                        .await?
+                    {
+                        Some(answer) => Claimed::Not(answer),
+                        None => {
+                            settles += 1;
+                            continue;
+                        }
+                    }
+                }
                 ClaimOutcome::Mismatch { .. } => Claimed::Not(Answer::Mismatch),
                 ClaimOutcome::Busy { retry_after } => match give_up {
                     Some(deadline) if Instant::now() < deadline => {
@@ -330,9 +394,82 @@ impl<S: Store> Engine<S> {
         }
     }
 
+    /// What a claim that found `key` unknown answers: `None` when the record was settled (or
+    /// changed) and the key should be claimed again, which `again` allows.
+    ///
+    /// The table is in [`probe`](self::probe)'s docs.
+    async fn settle_unknown<T>(
+        &self,
+        key: &ScopedKey,
+        fence: u64,
+        age: Duration,
+        again: bool,
+    ) -> Result<Option<Answer<T>>, EngineError> {
+        let policy = &*self.policy;
+        // The attempt may still be running (or its request still reach the downstream
+        // system) until it is as old as the handler timeout.
+        let running = policy
+            .handler_timeout
+            .checked_sub(age)
+            .filter(|d| !d.is_zero());
+        let in_flight = |left: Duration| Answer::InFlight { retry_after: left };
+        // Without a probe nothing here can settle it: unknown at once, as it will be later.
+        let Some(probe) = &self.probe else {
+            return Ok(Some(Answer::Unknown));
+        };
+        let answer = match tokio::time::timeout(policy.probe_timeout, probe.probe(key, fence)).await
+        {
+            Ok(answer) => answer,
+            Err(_) => ProbeAnswer::Unknown(format!("no answer within {:?}", policy.probe_timeout)),
+        };
+        let resolution = match answer {
+            ProbeAnswer::Done(response) => Resolution::Complete {
+                response,
+                ttl: policy.record_ttl,
+            },
+            ProbeAnswer::NotDone if running.is_none() => Resolution::Release,
+            ProbeAnswer::NotDone | ProbeAnswer::Unknown(_) => {
+                if let ProbeAnswer::Unknown(why) = &answer {
+                    tracing::debug!(key = %key, fence, why = %why, "probe cannot say");
+                }
+                return Ok(Some(running.map_or(Answer::Unknown, in_flight)));
+            }
+        };
+        let resolved = crate::audit::acting_as(PROBE_ACTOR.to_owned(), || {
+            timed_op(
+                policy.store_timeout,
+                self.store.resolve(key, &resolution, Some(fence)),
+            )
+        })
+        .await?;
+        tracing::info!(key = %key, fence, ?resolved, settled = match &resolution {
+            Resolution::Complete { .. } => "complete",
+            _ => "release",
+        }, "unknown key settled by probe");
+        Ok(match (resolved, resolution) {
+            (ResolveOutcome::Resolved, Resolution::Complete { response, .. }) => {
+                Some(Answer::Replayed(response))
+            }
+            // Released: claimed again (and run). Or someone else settled or claimed it
+            // meanwhile: the next claim says what is there now.
+            _ if again => None,
+            // Released, but this call claims no more: the caller's retry runs it.
+            (ResolveOutcome::Resolved, _) => Some(in_flight(Duration::ZERO)),
+            _ => Some(running.map_or(Answer::Unknown, in_flight)),
+        })
+    }
+
+    /// Records the handler's response. The effect happened, so a store that fails is tried
+    /// again, with backoff, for as long as a lease lasts (at least three tries): an answer
+    /// must not reach the caller before it is durable, or a retry sent after it could find
+    /// the key in flight, unknown, or (under `reexecute`) run it again. Past that the run
+    /// answers [`Settled::Failed`] (carriers answer "not recorded, retry") and a background
+    /// task keeps trying ([`complete_later`]).
     async fn complete(&self, key: &ScopedKey, lease: Lease, response: &StoredResponse) -> Settled {
         let policy = &*self.policy;
-        let mut attempt = 0;
+        let give_up = Instant::now() + policy.lease.max(Duration::from_secs(1));
+        let mut attempt = 0u32;
+        let mut failed_before = false;
         loop {
             let result = timed_op(
                 policy.store_timeout,
@@ -342,20 +479,92 @@ impl<S: Store> Engine<S> {
             .await;
             match result {
                 Ok(SettleOutcome::Settled) => return Settled::Stored,
+                // After a failed try, "fenced" may be that try's write having landed.
+                Ok(_) if failed_before && self.holds_answer(key, response).await => {
+                    return Settled::Stored;
+                }
                 Ok(_) => return Settled::Fenced,
-                // The effect happened: try a little harder to record it before giving up.
                 // The write landed but too few replicas acknowledged it: retrying would only
-                // meet the completed record and report a false `Fenced`.
+                // meet the completed record, and nothing here can make it more durable.
                 Err(e @ StoreError::Uncertain { .. }) => return Settled::Failed(e),
-                Err(e) if attempt >= 2 => return Settled::Failed(e),
+                Err(e) if attempt >= 2 && Instant::now() >= give_up => {
+                    complete_later(
+                        Arc::clone(&self.store),
+                        key.clone(),
+                        lease,
+                        response.clone(),
+                        policy.record_ttl,
+                        policy.store_timeout,
+                    );
+                    return Settled::Failed(e);
+                }
                 Err(e) => {
                     tracing::warn!(key = %key, error = %e, attempt, "complete failed; retrying");
+                    failed_before = true;
                     attempt += 1;
-                    tokio::time::sleep(Duration::from_millis(20 << attempt)).await;
+                    let nap = Duration::from_millis(20 << attempt.min(5));
+                    tokio::time::sleep(nap.min(give_up.saturating_duration_since(Instant::now())))
+                        .await;
                 }
             }
         }
     }
+
+    /// Whether the key's record is completed with `response` (a completion whose answer was
+    /// lost landed after all).
+    async fn holds_answer(&self, key: &ScopedKey, response: &StoredResponse) -> bool {
+        matches!(
+            timed_op(self.policy.store_timeout, self.store.get(key)).await,
+            Ok(Some(crate::record::Record {
+                state: crate::record::RecordState::Completed { response: stored, .. },
+                ..
+            })) if stored == *response
+        )
+    }
+}
+
+/// How long a completion the run gave up on is still tried in the background.
+pub const COMPLETE_LATER_FOR: Duration = Duration::from_secs(300);
+
+/// Keeps trying to record a response whose run already answered "not recorded", with
+/// backoff up to 5 s, for [`COMPLETE_LATER_FOR`]: until it lands, or the store says someone
+/// else settled the key (a probe stored the same effect's answer). The holder may complete
+/// its record even after a retry marked it unknown, so an outage longer than the lease is
+/// covered too. A process that dies meanwhile leaves the key to the probe or an operator.
+fn complete_later<S: Store>(
+    store: Arc<S>,
+    key: ScopedKey,
+    lease: Lease,
+    response: StoredResponse,
+    ttl: Duration,
+    store_timeout: Duration,
+) {
+    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        return;
+    };
+    runtime.spawn(async move {
+        let until = Instant::now() + COMPLETE_LATER_FOR;
+        let mut nap = Duration::from_millis(200);
+        while Instant::now() < until {
+            tokio::time::sleep(nap).await;
+            let op = store.complete(&key, lease.owner, lease.fence, &response, ttl);
+            match timed_op(store_timeout, op).await {
+                Ok(SettleOutcome::Settled) => {
+                    tracing::info!(key = %key, fence = lease.fence, "completion recorded after the store came back");
+                    return;
+                }
+                Ok(_) => {
+                    tracing::warn!(key = %key, fence = lease.fence, "late completion fenced: the key was settled meanwhile");
+                    return;
+                }
+                Err(e) => {
+                    tracing::debug!(key = %key, error = %e, "late completion failed; trying again");
+                    nap = (nap * 2).min(Duration::from_secs(5));
+                }
+            }
+        }
+        tracing::error!(key = %key, fence = lease.fence, "completion never recorded; the key is left to the probe or an operator");
+    });
 }
 
 enum Claimed<T> {

@@ -1,4 +1,5 @@
-//! Engine policy: lease, handler timeout, record TTL, takeover, store timeout, in-flight wait.
+//! Engine policy: lease, handler timeout, record TTL, takeover, store timeout, in-flight wait,
+//! probe timeout.
 
 use std::time::Duration;
 
@@ -6,9 +7,14 @@ use thiserror::Error;
 
 use crate::record::{ReleaseKind, TakeoverPolicy};
 
-/// Margin a lease must keep beyond the handler timeout, so a slow handler never loses its
-/// claim to a retry while it can still produce an effect.
+/// Margin a lease must keep beyond the handler timeout under [`TakeoverPolicy::Reexecute`],
+/// so a slow handler never loses its claim to a retry that would run it again while it can
+/// still produce an effect.
 pub const LEASE_MARGIN: Duration = Duration::from_secs(15);
+
+/// The default lease under [`TakeoverPolicy::Hold`]. An expired lease re-runs nothing there,
+/// so the lease only says how soon a dead holder is noticed: short, renewed every third.
+pub const HELD_LEASE: Duration = Duration::from_secs(10);
 
 /// An invalid policy, caught when the engine is built.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
@@ -17,9 +23,10 @@ pub enum PolicyError {
     /// A duration that must be positive was zero.
     #[error("{0} must be greater than zero")]
     Zero(&'static str),
-    /// The lease does not cover the handler timeout plus [`LEASE_MARGIN`].
+    /// Under [`TakeoverPolicy::Reexecute`], the lease does not cover the handler timeout plus
+    /// [`LEASE_MARGIN`].
     #[error(
-        "lease {lease:?} must cover the handler timeout {handler_timeout:?} plus a {LEASE_MARGIN:?} margin"
+        "lease {lease:?} must cover the handler timeout {handler_timeout:?} plus a {LEASE_MARGIN:?} margin when an expired lease is re-executed"
     )]
     LeaseTooShort {
         /// Configured lease.
@@ -55,29 +62,38 @@ pub struct Policy {
     pub(crate) store_timeout: Duration,
     pub(crate) renew_every: Duration,
     pub(crate) in_flight_wait: Option<Duration>,
+    pub(crate) probe_timeout: Duration,
+    /// Whether the takeover policy was chosen, rather than left at its default: a
+    /// same-transaction run re-executes unless told otherwise.
+    pub(crate) takeover_set: bool,
 }
 
 impl Default for Policy {
     fn default() -> Self {
         Self {
-            lease: Duration::from_secs(45),
+            lease: HELD_LEASE,
             handler_timeout: Duration::from_secs(30),
             record_ttl: Duration::from_secs(24 * 3600),
-            takeover: TakeoverPolicy::Reexecute,
+            takeover: TakeoverPolicy::Hold,
             store_timeout: Duration::from_secs(1),
-            renew_every: Duration::from_secs(15),
+            renew_every: HELD_LEASE / 3,
             in_flight_wait: None,
+            probe_timeout: Duration::from_secs(2),
+            takeover_set: false,
         }
     }
 }
 
 impl Policy {
-    /// A builder starting from the defaults: 30 s handler timeout, 45 s lease renewed every
-    /// 15 s, 24 h record TTL, re-execute on takeover, 1 s store timeout, no in-flight wait.
+    /// A builder starting from the defaults: 30 s handler timeout, `hold` on an expired lease
+    /// with a 10 s lease ([`HELD_LEASE`]; under `reexecute` the handler timeout plus
+    /// [`LEASE_MARGIN`]) renewed every third of it, 24 h record TTL, 1 s store timeout, no
+    /// in-flight wait, 2 s probe timeout.
     pub fn builder() -> PolicyBuilder {
         PolicyBuilder {
             policy: Self::default(),
             renew_set: false,
+            lease_set: false,
         }
     }
 
@@ -109,6 +125,21 @@ impl Policy {
     pub fn in_flight_wait(&self) -> Option<Duration> {
         self.in_flight_wait
     }
+    /// How long the engine waits for its [`Probe`](super::Probe) before answering.
+    pub fn probe_timeout(&self) -> Duration {
+        self.probe_timeout
+    }
+
+    /// The takeover policy of a same-transaction run ([`Engine::run_in_tx`](super::Engine::run_in_tx)):
+    /// the one chosen, else `reexecute`, since there a crash rolls the effect back with the
+    /// claim and nothing is left to run twice.
+    pub fn takeover_in_tx(&self) -> TakeoverPolicy {
+        if self.takeover_set {
+            self.takeover
+        } else {
+            TakeoverPolicy::Reexecute
+        }
+    }
 
     /// What an interrupted handler (timed out, cancelled) leaves behind: under `reexecute`
     /// a retry may run again; under `hold` the outcome is unknown.
@@ -126,12 +157,15 @@ impl Policy {
             ("record ttl", self.record_ttl),
             ("store timeout", self.store_timeout),
             ("renew interval", self.renew_every),
+            ("probe timeout", self.probe_timeout),
         ] {
             if d.is_zero() {
                 return Err(PolicyError::Zero(name));
             }
         }
-        if self.lease < self.handler_timeout.saturating_add(LEASE_MARGIN) {
+        if self.takeover == TakeoverPolicy::Reexecute
+            && self.lease < self.handler_timeout.saturating_add(LEASE_MARGIN)
+        {
             return Err(PolicyError::LeaseTooShort {
                 lease: self.lease,
                 handler_timeout: self.handler_timeout,
@@ -158,13 +192,16 @@ impl Policy {
 pub struct PolicyBuilder {
     policy: Policy,
     renew_set: bool,
+    lease_set: bool,
 }
 
 impl PolicyBuilder {
-    /// Lease length; must cover the handler timeout plus [`LEASE_MARGIN`].
+    /// Lease length (default: [`HELD_LEASE`] under `hold`, the handler timeout plus
+    /// [`LEASE_MARGIN`] under `reexecute`, which it must cover there).
     #[must_use]
     pub fn lease(mut self, d: Duration) -> Self {
         self.policy.lease = d;
+        self.lease_set = true;
         self
     }
     /// Handler timeout.
@@ -179,10 +216,11 @@ impl PolicyBuilder {
         self.policy.record_ttl = d;
         self
     }
-    /// Takeover policy.
+    /// Takeover policy (default `hold`; same-transaction runs default to `reexecute`).
     #[must_use]
     pub fn takeover(mut self, t: TakeoverPolicy) -> Self {
         self.policy.takeover = t;
+        self.policy.takeover_set = true;
         self
     }
     /// Per-operation store timeout; past it a store call is an error (503).
@@ -204,12 +242,27 @@ impl PolicyBuilder {
         self.policy.in_flight_wait = d;
         self
     }
+    /// How long a claim that found an unknown record waits for the engine's
+    /// [`Probe`](super::Probe) (default 2 s); past it the probe counts as "cannot say".
+    #[must_use]
+    pub fn probe_timeout(mut self, d: Duration) -> Self {
+        self.policy.probe_timeout = d;
+        self
+    }
 
     /// Checks and returns the policy.
     ///
     /// # Errors
     /// [`PolicyError`] names the rule the policy breaks.
     pub fn build(mut self) -> Result<Policy, PolicyError> {
+        if !self.lease_set {
+            self.policy.lease = match self.policy.takeover {
+                TakeoverPolicy::Reexecute => {
+                    self.policy.handler_timeout.saturating_add(LEASE_MARGIN)
+                }
+                _ => HELD_LEASE,
+            };
+        }
         if !self.renew_set {
             self.policy.renew_every = self.policy.lease / 3;
         }
@@ -236,6 +289,7 @@ mod tests {
         );
         assert!(matches!(
             Policy::builder()
+                .takeover(TakeoverPolicy::Reexecute)
                 .handler_timeout(s(30))
                 .lease(s(44))
                 .build(),
@@ -246,7 +300,7 @@ mod tests {
             Err(PolicyError::TtlShorterThanLease { .. })
         ));
         assert!(matches!(
-            Policy::builder().renew_every(s(45)).build(),
+            Policy::builder().renew_every(s(10)).build(),
             Err(PolicyError::RenewTooSlow { .. })
         ));
         let p = Policy::builder()
@@ -304,8 +358,9 @@ mod tests {
                 },
             ),
             (
-                "lease under handler timeout + 15 s",
+                "lease under handler timeout + 15 s, re-executed",
                 Policy::builder()
+                    .takeover(TakeoverPolicy::Reexecute)
                     .handler_timeout(secs(30))
                     .lease(secs(44))
                     .build(),
@@ -315,8 +370,9 @@ mod tests {
                 },
             ),
             (
-                "lease exactly the handler timeout",
+                "lease exactly the handler timeout, re-executed",
                 Policy::builder()
+                    .takeover(TakeoverPolicy::Reexecute)
                     .handler_timeout(secs(30))
                     .lease(secs(30))
                     .build(),
@@ -327,10 +383,10 @@ mod tests {
             ),
             (
                 "renewal no sooner than the lease",
-                Policy::builder().renew_every(secs(45)).build(),
+                Policy::builder().renew_every(secs(10)).build(),
                 PolicyError::RenewTooSlow {
-                    renew_every: secs(45),
-                    lease: secs(45),
+                    renew_every: secs(10),
+                    lease: secs(10),
                 },
             ),
         ];
@@ -338,6 +394,7 @@ mod tests {
             assert_eq!(got, Err(want), "{what}");
         }
         let msg = Policy::builder()
+            .takeover(TakeoverPolicy::Reexecute)
             .handler_timeout(secs(30))
             .lease(secs(44))
             .build()
@@ -349,11 +406,45 @@ mod tests {
         );
         assert!(
             Policy::builder()
+                .takeover(TakeoverPolicy::Reexecute)
                 .handler_timeout(secs(30))
                 .lease(secs(45))
                 .build()
                 .is_ok(),
             "exactly the margin is enough"
         );
+    }
+
+    #[test]
+    fn the_defaults_hold_with_a_short_lease_and_re_execute_only_in_a_transaction() {
+        let p = Policy::builder().build().expect("defaults");
+        assert_eq!(p, Policy::default());
+        assert_eq!(p.takeover(), TakeoverPolicy::Hold);
+        assert_eq!(p.lease(), HELD_LEASE);
+        assert_eq!(p.renew_every(), HELD_LEASE / 3);
+        assert_eq!(p.interrupted_release(), ReleaseKind::Unknown);
+        assert_eq!(p.takeover_in_tx(), TakeoverPolicy::Reexecute);
+        // Under `hold` an expired lease re-runs nothing, so the lease may be shorter than the
+        // handler runs.
+        let short = Policy::builder()
+            .handler_timeout(secs(30))
+            .lease(secs(3))
+            .build()
+            .expect("a short lease under hold");
+        assert_eq!(short.renew_every(), Duration::from_secs(1));
+        // Chosen `reexecute`: the lease defaults to cover the handler, and a transaction
+        // follows the choice.
+        let again = Policy::builder()
+            .takeover(TakeoverPolicy::Reexecute)
+            .handler_timeout(secs(10))
+            .build()
+            .expect("reexecute");
+        assert_eq!(again.lease(), secs(25));
+        assert_eq!(again.takeover_in_tx(), TakeoverPolicy::Reexecute);
+        let held = Policy::builder()
+            .takeover(TakeoverPolicy::Hold)
+            .build()
+            .expect("hold");
+        assert_eq!(held.takeover_in_tx(), TakeoverPolicy::Hold);
     }
 }

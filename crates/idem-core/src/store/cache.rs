@@ -202,9 +202,10 @@ impl<S: Store> Store for CachedStore<S> {
         &self,
         key: &ScopedKey,
         resolution: &Resolution,
+        fence: Option<u64>,
     ) -> impl Future<Output = Result<ResolveOutcome, StoreError>> + Send {
         self.done.remove(key);
-        self.inner.resolve(key, resolution)
+        self.inner.resolve(key, resolution, fence)
     }
 
     fn delete(&self, key: &ScopedKey) -> impl Future<Output = Result<bool, StoreError>> + Send {

@@ -268,8 +268,11 @@ macro_rules! __store_op {
     };
     ($emit:ident { $($ctx:tt)* } resolve) => {
         $crate::$emit! { { $($ctx)* } resolve resolve_dyn Resolve
-            (key: [&] $crate::key::ScopedKey, resolution: [&] $crate::store::Resolution)
-            -> $crate::store::ResolveOutcome }
+            (
+                key: [&] $crate::key::ScopedKey,
+                resolution: [&] $crate::store::Resolution,
+                fence: [] ::core::option::Option<u64>
+            ) -> $crate::store::ResolveOutcome }
     };
     ($emit:ident { $($ctx:tt)* } delete) => {
         $crate::$emit! { { $($ctx)* } delete delete_dyn Delete

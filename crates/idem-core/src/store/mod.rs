@@ -75,8 +75,16 @@ pub enum ClaimOutcome {
         /// The stored response.
         response: StoredResponse,
     },
-    /// The outcome of an earlier attempt is unknown.
-    Unknown,
+    /// The outcome of an earlier attempt is unknown: the record was unknown, or this claim
+    /// found an expired lease under [`TakeoverPolicy::Hold`] and marked it so.
+    Unknown {
+        /// The record's fence: a settlement of this record names it
+        /// ([`Store::resolve`]'s `fence`), so it never applies to a later attempt.
+        fence: u64,
+        /// How long ago (store clock) the attempt claimed the key ([`Record::created_at`]):
+        /// under the handler timeout the attempt may still be running.
+        age: Duration,
+    },
     /// The key exists with a different fingerprint. Nothing changed.
     Mismatch {
         /// The fingerprint on the record.
@@ -128,6 +136,12 @@ pub enum Resolution {
 pub enum ResolveOutcome {
     /// The record was resolved.
     Resolved,
+    /// The record's fence is not the one the resolve named: another attempt claimed the key
+    /// since. Nothing changed.
+    Fenced {
+        /// The record's fence now.
+        fence: u64,
+    },
     /// There is no such record.
     NotFound,
     /// The record is completed, or processing under a live lease: not resolvable.
@@ -271,7 +285,9 @@ pub trait Store: Send + Sync + 'static {
         filter: &ListFilter,
     ) -> impl Future<Output = Result<Vec<Record>, StoreError>> + Send;
 
-    /// Settles an unknown record, or a processing one whose lease has expired.
+    /// Settles an unknown record, or a processing one whose lease has expired. With `fence`,
+    /// only if the record still has that fence (else [`ResolveOutcome::Fenced`]): whoever
+    /// decided from what it read of one attempt must not settle a later one.
     ///
     /// # Errors
     /// [`StoreError`] when the store failed.
@@ -279,6 +295,7 @@ pub trait Store: Send + Sync + 'static {
         &self,
         key: &ScopedKey,
         resolution: &Resolution,
+        fence: Option<u64>,
     ) -> impl Future<Output = Result<ResolveOutcome, StoreError>> + Send;
 
     /// Deletes a record whatever its state. The key's fence still never goes backwards.

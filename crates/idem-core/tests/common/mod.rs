@@ -64,9 +64,11 @@ pub fn fp(body: &[u8]) -> Fingerprint {
     Fingerprint::of_bytes(1, body)
 }
 
-/// A policy that validates: handler timeout `h`, lease `h + 15 s`, renewals every `renew`.
+/// A `reexecute` policy (an expired lease runs again, so a lost lease cancels the handler):
+/// handler timeout `h`, lease `h + 15 s`, renewals every `renew`.
 pub fn policy(handler: Duration, renew: Duration) -> Policy {
     Policy::builder()
+        .takeover(TakeoverPolicy::Reexecute)
         .handler_timeout(handler)
         .lease(handler + secs(15))
         .renew_every(renew)

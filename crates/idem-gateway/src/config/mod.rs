@@ -7,6 +7,7 @@ mod compile;
 mod display;
 mod key;
 mod listener;
+mod risks;
 mod route;
 mod settings;
 mod telemetry;
@@ -208,7 +209,9 @@ pub struct RawRoute {
     pub principal: Option<RawPrincipal>,
     /// What the fingerprint covers.
     pub fingerprint: Option<RawFingerprint>,
-    /// Lease length (default `timeout` + 16s); must be at least that.
+    /// Lease length: how soon a dead gateway's claim is noticed. Default `4s` on a route with
+    /// a `status_url` (the key is then settled from the webhook), else `timeout` + 16s; under
+    /// `takeover = "reexecute"` it must be at least `timeout` + 16s.
     pub lease: Option<Dur>,
     /// Upstream timeout for the route (default `30s`).
     pub timeout: Option<Dur>,
@@ -218,8 +221,20 @@ pub struct RawRoute {
     pub store_statuses: Option<Vec<StatusPattern>>,
     /// Statuses that are never stored: the claim is released (default `[401, 403, 408, 409, 429]`).
     pub release_statuses: Option<Vec<StatusPattern>>,
-    /// What an expired lease becomes: `reexecute` (default) or `hold`.
+    /// What an expired lease becomes: `hold` (default: unknown, settled from the status
+    /// webhook if there is one) or `reexecute` (run again: only for an upstream that refuses
+    /// stale fences, see `fenced_upstream`).
     pub takeover: Option<String>,
+    /// The header that carries the claim's fence to the upstream on every forwarded request
+    /// (default `Idempotency-Fence`).
+    pub fence_header: Option<String>,
+    /// Whether the upstream refuses a request whose fence is not above the last one it acted
+    /// on for the key (idem-sql's fenced write): then re-executing an expired lease cannot
+    /// act twice, and `check-config` does not warn about `takeover = "reexecute"`.
+    pub fenced_upstream: Option<bool>,
+    /// How long a request that finds its key unknown waits for the status webhook before it
+    /// is answered (default `2s`).
+    pub status_timeout: Option<Dur>,
     /// What an upstream timeout or reset after sending becomes: `hold` (default) or `retry`.
     pub upstream_failure: Option<String>,
     /// How long a duplicate waits for the in-flight result before answering 409 (default 0).

@@ -111,14 +111,20 @@ pub(super) fn compile_route(
     // The engine's handler timeout backs the proxy's own timeout up by a second, so the
     // proxy's 504 (handled per `upstream_failure`) always comes first.
     let handler_timeout = timeout + crate::app::HANDLER_BACKSTOP;
-    let default_lease = handler_timeout + idem_core::engine::LEASE_MARGIN;
-    let lease = pick!(lease).map_or(default_lease, |d| d.0);
-    let ttl = pick!(ttl).map_or(Duration::from_secs(24 * 3600), |d| d.0);
-    let takeover = match pick!(takeover).as_deref().unwrap_or("reexecute") {
+    let takeover = match pick!(takeover).as_deref().unwrap_or("hold") {
         "reexecute" => TakeoverPolicy::Reexecute,
         "hold" => TakeoverPolicy::Hold,
-        other => bail!("`takeover`: `{other}` is neither `reexecute` nor `hold`"),
+        other => bail!("`takeover`: `{other}` is neither `hold` nor `reexecute`"),
     };
+    let status_url = pick!(status_url)
+        .map(|t| status_url(&t))
+        .transpose()
+        .context("`status_url`")?;
+    let lease = pick!(lease).map_or_else(
+        || default_lease(takeover, status_url.is_some(), handler_timeout),
+        |d| d.0,
+    );
+    let ttl = pick!(ttl).map_or(Duration::from_secs(24 * 3600), |d| d.0);
     let upstream_failure = match pick!(upstream_failure).as_deref().unwrap_or("hold") {
         "hold" => UpstreamFailure::Hold,
         "retry" => UpstreamFailure::Retry,
@@ -132,8 +138,18 @@ pub(super) fn compile_route(
         .takeover(takeover)
         .store_timeout(store_timeout)
         .in_flight_wait(in_flight_wait)
+        .probe_timeout(positive(
+            pick!(status_timeout).map(|d| d.0),
+            Duration::from_secs(2),
+            "status_timeout",
+        )?)
         .build()
-        .map_err(|e| anyhow!("policy: {e} (the lease must be at least `timeout` + 16s)"))?;
+        .map_err(|e| match takeover {
+            TakeoverPolicy::Reexecute => anyhow!(
+                "policy: {e} (under `takeover = \"reexecute\"` the lease must be at least `timeout` + 16s)"
+            ),
+            _ => anyhow!("policy: {e}"),
+        })?;
 
     let store_statuses = StatusSet::parse(&pick!(store_statuses).unwrap_or_else(|| {
         ["2xx", "3xx", "4xx"]
@@ -220,10 +236,14 @@ pub(super) fn compile_route(
         max_request_body,
         max_stored_response,
         replay_headers,
-        status_url: pick!(status_url)
-            .map(|t| status_url(&t))
-            .transpose()
-            .context("`status_url`")?,
+        status_url,
+        fence_header: header_name(
+            pick!(fence_header)
+                .as_deref()
+                .unwrap_or(idem_http::IDEMPOTENCY_FENCE.as_str()),
+        )
+        .context("`fence_header`")?,
+        fenced_upstream: pick!(fenced_upstream).unwrap_or(false),
         token,
     };
     Ok(Route {
@@ -234,6 +254,20 @@ pub(super) fn compile_route(
         policy: Arc::new(policy),
     })
 }
+
+/// How long a claim lives without renewal unless the route says: under `hold` with a
+/// status webhook, short (a dead gateway's key is settled from the webhook soon after); else
+/// the handler timeout plus [`LEASE_MARGIN`](idem_core::engine::LEASE_MARGIN), as
+/// `reexecute` requires (and, without a webhook, in flight rather than unknown for longer).
+fn default_lease(takeover: TakeoverPolicy, webhook: bool, handler_timeout: Duration) -> Duration {
+    match takeover {
+        TakeoverPolicy::Hold if webhook => HELD_WEBHOOK_LEASE,
+        _ => handler_timeout + idem_core::engine::LEASE_MARGIN,
+    }
+}
+
+/// The default lease of a `hold` route with a status webhook.
+pub(crate) const HELD_WEBHOOK_LEASE: Duration = Duration::from_secs(4);
 
 /// Why a protected route must say whose keys they are, and the choices.
 pub(crate) const PRINCIPAL_REQUIRED: &str = "a protected route must say whose keys they are: \

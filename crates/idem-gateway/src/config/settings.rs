@@ -197,8 +197,13 @@ pub struct RoutePolicy {
     pub max_stored_response: usize,
     /// Response headers replayed.
     pub replay_headers: Vec<HeaderName>,
-    /// The upstream's status webhook template for reconciliation, if any.
+    /// The upstream's status webhook template for reconciliation, if any. A claim that finds
+    /// a key unknown asks it too, before it answers.
     pub status_url: Option<String>,
+    /// The header the claim's fence is forwarded in.
+    pub fence_header: HeaderName,
+    /// Whether the upstream refuses stale fences (re-executing is then safe).
+    pub fenced_upstream: bool,
     /// Token mode: the token header replaces the key, and the gateway issues tokens.
     pub token: Option<super::TokenSettings>,
 }

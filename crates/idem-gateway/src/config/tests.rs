@@ -68,7 +68,7 @@ fn garbage_is_refused_with_the_field_named() {
             "takeover",
         ),
         (
-            "upstream = \"http://x\"\n[defaults]\nlease = \"10s\"",
+            "upstream = \"http://x\"\n[defaults]\ntakeover = \"reexecute\"\nlease = \"10s\"",
             "lease",
         ),
         (

@@ -84,9 +84,10 @@ pub async fn run(
     let mut tasks = tokio::task::JoinSet::new();
     for (index, relay) in settings.relays.iter().enumerate() {
         let client = clients.get(&crate::upstream::UpstreamSpec::plain(relay.post.clone()));
+        let probe = relay_webhook(&settings, relay, &mut clients)?;
         let running = start(
             relay,
-            backend.clone(),
+            (backend.clone(), probe),
             client,
             (outcomes.clone(), index),
             stop.clone(),
@@ -161,15 +162,36 @@ fn observer(name: &str, (outcomes, index): (RequestMetrics, usize)) -> Observer 
 
 type Running = std::pin::Pin<Box<dyn std::future::Future<Output = anyhow::Result<()>> + Send>>;
 
+/// The status webhook of the route a relay follows, as its engine's probe: a message whose
+/// key is unknown is settled from it before it is dead-lettered.
+fn relay_webhook(
+    settings: &Settings,
+    relay: &RelaySettings,
+    clients: &mut crate::upstream::Clients,
+) -> anyhow::Result<Option<Arc<dyn idem_core::Probe>>> {
+    let Some(route) = settings.routes.iter().find(|r| r.name == relay.route) else {
+        return Ok(None);
+    };
+    let timeout = relay.policy.engine.probe_timeout();
+    Ok(
+        crate::webhook::Webhook::of_route(settings, route, clients, timeout)?
+            .map(|hook| Arc::new(hook) as Arc<dyn idem_core::Probe>),
+    )
+}
+
 async fn start(
     relay: &RelaySettings,
-    store: BoxStore,
+    (store, probe): (BoxStore, Option<Arc<dyn idem_core::Probe>>),
     client: proxy::HttpClient,
     outcomes: (RequestMetrics, usize),
     stop: watch::Receiver<bool>,
 ) -> anyhow::Result<Running> {
     let policy = &relay.policy;
     let engine = Engine::new(store, policy.engine.clone());
+    let engine = match probe {
+        Some(probe) => engine.with_probe(probe),
+        None => engine,
+    };
     let scope = Scope::new(policy.namespace.clone())
         .context("namespace")?
         .with_credential(format!("relay:{}", relay.name).as_bytes());
@@ -186,6 +208,7 @@ async fn start(
         timeout,
         failure: policy.upstream_failure,
         max_stored: policy.max_stored_response,
+        fence_header: policy.fence_header.clone(),
     };
     let shutdown = async move {
         let mut stop = stop;

@@ -22,6 +22,8 @@ pub(super) struct Post {
     pub(super) timeout: Duration,
     pub(super) failure: UpstreamFailure,
     pub(super) max_stored: usize,
+    /// The header the claim's fence goes in, beside `Idempotency-Key`.
+    pub(super) fence_header: http::HeaderName,
 }
 
 /// What an upstream answer means for the message.
@@ -57,8 +59,8 @@ impl<S: Store> Work<S> for Post {
         message: &Message,
     ) -> RunResult {
         engine
-            .run(key, fingerprint, |_lease| async move {
-                match self.post(key, message).await {
+            .run(key, fingerprint, |lease| async move {
+                match self.post(key, message, lease.fence).await {
                     Ok(response) => match judge(response.status, self.failure) {
                         Ok(()) => Settlement::complete(Ok(()), response),
                         Err(e) => {
@@ -81,6 +83,7 @@ impl Post {
         &self,
         key: &ScopedKey,
         message: &Message,
+        fence: u64,
     ) -> Result<StoredResponse, HandlerError> {
         let content_type = message
             .headers()
@@ -89,6 +92,7 @@ impl Post {
             .map_or(Bytes::from_static(b"application/json"), |(_, v)| v.clone());
         let request = Request::post(self.target.clone())
             .header("idempotency-key", key.key.as_str())
+            .header(&self.fence_header, fence)
             .header("content-type", content_type.as_ref())
             .body(RequestBody::from(message.payload().clone()))
             .map_err(|e| HandlerError::Permanent(format!("cannot build the request: {e}")))?;

@@ -96,10 +96,22 @@ impl Relay {
     /// Runs `idem reconcile` once on the same configuration; answers its exit code and
     /// output.
     pub fn reconcile(&self) -> (i32, String) {
+        self.reconcile_on(&self.dir.0.join("idem.toml"))
+    }
+
+    /// Runs `idem reconcile` once on `config` (the relay's store and route, with the status
+    /// webhook the relay itself runs without); answers its exit code and output.
+    pub fn reconcile_with(&self, config: &str) -> (i32, String) {
+        let path = self.dir.0.join("reconcile.toml");
+        std::fs::write(&path, config).unwrap();
+        self.reconcile_on(&path)
+    }
+
+    fn reconcile_on(&self, path: &std::path::Path) -> (i32, String) {
         let out = Command::new(bin())
             .arg("reconcile")
             .arg("--config")
-            .arg(self.dir.0.join("idem.toml"))
+            .arg(path)
             .output()
             .unwrap();
         let text = format!(
@@ -109,6 +121,16 @@ impl Relay {
         );
         (out.status.code().unwrap_or(-1), text)
     }
+}
+
+/// `config` without the route's status webhook: an ambiguous message is then dead-lettered
+/// and its key waits for an operator (or `idem reconcile` with the webhook).
+pub fn without_webhook(config: &str) -> String {
+    config
+        .lines()
+        .filter(|l| !l.starts_with("status_url"))
+        .collect::<Vec<_>>()
+        .join("\n")
 }
 
 /// The configuration of one relay: the shared Redis under a prefix of its own, route

@@ -115,7 +115,19 @@ where
             body_omitted: false,
         }
     };
+    let mut head = head;
+    head.extensions.insert(ToBeKept);
     Settlement::complete(this_caller(head, bytes, trailers), stored)
+}
+
+/// Marks an answer the engine was asked to keep, so one whose recording failed is not handed
+/// out as if it were kept.
+#[derive(Clone, Copy, Debug)]
+struct ToBeKept;
+
+/// Whether the engine was asked to release, not keep, this answer.
+fn released<B>(res: &Response<B>) -> bool {
+    res.extensions().get::<ToBeKept>().is_none()
 }
 
 /// Turns the engine's answer into the response for this caller, with its [`Outcome`].
@@ -135,6 +147,21 @@ pub(super) fn answer<B, E, St: Store>(
     };
     let outcome = answer.outcome();
     let s = match answer {
+        Answer::Executed {
+            output,
+            settled: idem_core::Settled::Failed(e),
+            ..
+        } if !matches!(output, Ok(ref res) if released(res)) => {
+            // Ran, but its answer is not recorded yet: handing it out would let a retry find
+            // the key in flight or unknown. The engine keeps trying to record it.
+            output?;
+            tracing::warn!(key = %key, error = %e, "answer not recorded; the caller is told to retry");
+            Reason::AnswerNotRecorded.status(
+                "the call ran, but the idempotency store failed to record its answer; retry with the same key to get it once it is recorded",
+                Some(key.as_str()),
+                Some(config.store_retry_after),
+            )
+        }
         Answer::Executed { output, .. } => {
             let mut res = output?;
             res.extensions_mut().insert(outcome);

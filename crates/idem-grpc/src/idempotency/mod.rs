@@ -275,7 +275,7 @@ where
         .and_then(|v| v.to_str().ok())
         .map(str::to_owned);
     let engine = bounded_engine(&method.engine, deadline(&parts.headers));
-    let req = Request::from_parts(parts, GrpcBody::new(http_body_util::Full::new(bytes)));
+    let mut req = Request::from_parts(parts, GrpcBody::new(http_body_util::Full::new(bytes)));
 
     let key = &scoped.key;
     let outcome = engine
@@ -283,7 +283,11 @@ where
             &scoped,
             &fingerprint,
             request_id.as_deref(),
-            move |_lease| async move {
+            move |lease| async move {
+                // The handler sees the claim it runs under (`tonic::Request::extensions`): its
+                // fence is the write token for downstream systems.
+                req.extensions_mut().insert(lease);
+                req.extensions_mut().insert(key.clone());
                 match inner.call(req).await {
                     Err(e) => {
                         idem_core::Settlement::release(Err(e), idem_core::ReleaseKind::Retryable)
@@ -327,6 +331,7 @@ pub(crate) fn bounded_engine<St: Store>(
         .record_ttl(policy.record_ttl())
         .takeover(policy.takeover())
         .store_timeout(policy.store_timeout())
+        .probe_timeout(policy.probe_timeout())
         // A duplicate does not wait for the first call's answer longer than its caller waits.
         .in_flight_wait(policy.in_flight_wait().map(|w| w.min(handler_timeout)))
         .build();
@@ -421,9 +426,27 @@ mod tests {
         let short = bounded_engine(&engine, Some(Duration::from_secs(2)));
         let p = short.policy();
         assert_eq!(p.handler_timeout(), Duration::from_secs(2));
-        assert_eq!(p.lease(), Duration::from_secs(2) + LEASE_MARGIN);
+        // Under `hold` the engine's short lease already is below the deadline's bound.
+        assert_eq!(p.lease(), engine.policy().lease());
+        assert!(p.lease() <= Duration::from_secs(2) + LEASE_MARGIN);
         assert!(p.renew_every() < p.lease());
         assert_eq!(p.record_ttl(), engine.policy().record_ttl());
+        // Under `reexecute` the lease is cut to the deadline plus the margin.
+        let again = engine.with_policy(
+            Policy::builder()
+                .takeover(idem_core::TakeoverPolicy::Reexecute)
+                .build()
+                .expect("policy"),
+        );
+        let short = bounded_engine(&again, Some(Duration::from_secs(2)));
+        assert_eq!(
+            short.policy().lease(),
+            Duration::from_secs(2) + LEASE_MARGIN
+        );
+        assert_eq!(
+            short.policy().takeover(),
+            idem_core::TakeoverPolicy::Reexecute
+        );
         let waiting = engine.with_policy(
             Policy::builder()
                 .in_flight_wait(Some(Duration::from_secs(10)))

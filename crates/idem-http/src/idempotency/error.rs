@@ -17,6 +17,7 @@
 //! | handler panicked (claim released) | 500 | `handler-panicked` |
 //! | handler timed out (released per takeover policy) | 504 | `handler-timeout` |
 //! | response body failed while being stored | 500 | `response-failed` |
+//! | ran, but the store failed to record its answer | 503 + `Retry-After` | `answer-not-recorded` |
 
 use std::time::Duration;
 
@@ -167,6 +168,19 @@ pub(crate) fn internal(key: &Key) -> Problem {
         "the request could not be completed",
     )
     .key(Some(key))
+}
+
+/// The request ran, but its answer could not be recorded: retry with the same key for it.
+#[cold]
+pub(crate) fn answer_not_recorded(key: &Key, retry_after: Duration) -> Problem {
+    Problem::new(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "answer-not-recorded",
+        "Answer not recorded yet",
+        "the request ran, but the idempotency store failed to record its answer; retry with the same key to get it once it is recorded",
+    )
+    .key(Some(key))
+    .retry_after(retry_after)
 }
 
 #[cold]

@@ -6,8 +6,10 @@
 //!
 //! 1. parse the key (400 if malformed, doubled or a list; 400 if missing on a required route),
 //!    find the principal (part of the scope), buffer the body up to the cap (413), fingerprint;
-//! 2. [`Engine::run_traced`]: claim, call the inner service, then keep the
-//!    response for replay or release the claim as [`StorePolicy`](crate::StorePolicy) says;
+//! 2. [`Engine::run_traced`]: claim, call the inner service (the request carries the claim's
+//!    [`Lease`](idem_core::Lease) as an extension: its fence is the write token for downstream
+//!    systems), then keep the response for replay or release the claim as
+//!    [`StorePolicy`](crate::StorePolicy) says;
 //! 3. answer: the handler's response, a replay (`Idempotent-Replayed: true`, key echoed), or a
 //!    RFC 9457 problem (the table of statuses and `type` URIs is in `docs/http.md`).
 //!
@@ -43,7 +45,7 @@ use bytes::Bytes;
 use http::{HeaderValue, Request, Response, StatusCode, header};
 use http_body::Body;
 use idem_core::{
-    Answer, Engine, Outcome, ReleaseKind, ScopedKey, Settlement, Store, StoredResponse,
+    Answer, Engine, Outcome, ReleaseKind, ScopedKey, Settled, Settlement, Store, StoredResponse,
 };
 use tower::Service;
 
@@ -237,7 +239,7 @@ where
         .get(X_REQUEST_ID)
         .and_then(|v| v.to_str().ok())
         .map(str::to_owned);
-    let req = Request::from_parts(parts, ReqB::from(bytes));
+    let mut req = Request::from_parts(parts, ReqB::from(bytes));
 
     // Dropping this future mid-run hands the rest to a spawned task (see `ResponseFuture`),
     // so a client that goes away neither cancels the handler nor loses its result.
@@ -250,7 +252,11 @@ where
             &scoped,
             &fingerprint,
             request_id.as_deref(),
-            move |_lease| async move {
+            move |lease| async move {
+                // The inner service sees the claim it runs under (its fence is the write
+                // token to hand downstream) and the key it is for.
+                req.extensions_mut().insert(lease);
+                req.extensions_mut().insert(key.clone());
                 match inner.call(req).await {
                     Err(e) => Settlement::release(Err(e), ReleaseKind::Retryable),
                     Ok(res) => settle(config, key, res).await,
@@ -385,6 +391,22 @@ fn answer<B, E, St: Store>(
     };
     let outcome = answer.outcome();
     let res = match answer {
+        Answer::Executed {
+            output,
+            settled: Settled::Failed(e),
+            ..
+        } => {
+            let res = output?;
+            if let StoreDecision::Release(_) = shared.config.store_policy.decide(res.status()) {
+                // Nothing was to be kept: the answer is the handler's.
+                res
+            } else {
+                // Ran, but its answer is not recorded yet: handing it out would let a retry
+                // find the key in flight or unknown. The engine keeps trying to record it.
+                tracing::warn!(key = %key, error = %e, "answer not recorded; the client is told to retry");
+                error::answer_not_recorded(key, shared.config.store_retry_after).into_response()
+            }
+        }
         Answer::Executed { output, .. } => output?,
         Answer::Replayed(stored) => return Ok(replay(stored, found)),
         Answer::InFlight { retry_after } => error::in_flight(key, retry_after).into_response(),

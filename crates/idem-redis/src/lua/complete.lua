@@ -1,15 +1,16 @@
 -- complete(key, holder token, ttl_ms, response, audit stream, its maxlen). Replies 1 settled
--- or 0 fenced.
+-- or 0 fenced. The holder completes its processing record, or its unknown record a claim
+-- under hold marked on its expired lease (a holder paused past its lease finishes its work).
 -- Shared by the single complete script and the batch script.
 local function complete(key, token, ttl_ms, response, stream, maxlen)
   local v = fetch(key)
-  if not holds(v, token) then
+  if not held(v, token) then
     fenced(stream, maxlen, v, token, 'complete')
     return 0
   end
   local ms = math.floor(now_us() / 1000)
   local expires = text(ms + tonumber(ttl_ms))
-  -- A processing record holds no response yet: everything after `since` is meta.
+  -- A processing or unknown record holds no response yet: everything after `since` is meta.
   redis.call('SET', key,
     '1 c ' .. string.sub(v, 5, 155) .. expires .. ' ' .. text(ms) .. string.sub(v, 183) .. response,
     'PXAT', expires)

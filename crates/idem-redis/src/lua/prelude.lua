@@ -3,11 +3,11 @@
 --
 --   pos 1    '1'           format version
 --   pos 3    state         p processing, c completed, u unknown, t tombstone (absent; keeps the fence)
---   pos 5    owner         32 hex
+--   pos 5    owner         32 hex (all zeros: nobody, on tombstones and given-up unknowns)
 --   pos 38   fence         20 digits
 --   pos 59   fingerprint   68 hex
 --   pos 128  lease_until   13 digits (ms, server clock)
---   pos 142  created       13 digits
+--   pos 142  created       13 digits (when the current attempt claimed: first claim or takeover)
 --   pos 156  expires       13 digits
 --   pos 170  since         13 digits (completed_at / unknown since)
 --   pos 184  meta_len      10 digits
@@ -57,18 +57,35 @@ local function fetch(key)
   return check(v), string.sub(v, 3, 3)
 end
 
+-- The owner field of a record that names nobody: a tombstone, or an unknown record its holder
+-- released as unknown (one marked unknown on an expired lease keeps its holder's owner).
+local NOBODY = string.rep('0', 32)
+
 -- A tombstone: absent for every reader, but keeps the fence so it never goes backwards
 -- through a release or delete followed by a quick re-claim.
 local function bury(key, v, tomb_ms)
-  local zeros = string.rep('0', 32)
-  redis.call('SET', key, header('t', zeros, num(v, 38, 20), string.rep('0', 68), 0, 0, 0, 0, 0), 'PX', tomb_ms)
+  redis.call('SET', key, header('t', NOBODY, num(v, 38, 20), string.rep('0', 68), 0, 0, 0, 0, 0), 'PX', tomb_ms)
 end
 
 -- Whether the caller's holder token ("p <owner> <fence>") still holds a live processing
--- record. A holder whose lease ran out still holds it until someone takes over.
+-- record under a lease: what a renewal needs. A holder whose lease ran out still holds it
+-- until someone takes over.
 local function holds(v, token)
   -- A plain find anchored at 3 compares without cutting a substring out of the record.
   return v ~= nil and string.find(v, token, 3, true) == 3
+end
+
+-- Whether the caller's holder token holds the record for settling it (complete, release):
+-- processing, as `holds`, or unknown naming that holder (owner and fence), which a claim
+-- under `hold` marked on its expired lease. An unknown record naming nobody is held by no
+-- one.
+local function held(v, token)
+  if holds(v, token) then
+    return true
+  end
+  return v ~= nil and string.byte(v, 3) == 117 -- 'u'
+    and string.find(v, NOBODY, 5, true) ~= 5
+    and string.find(v, string.sub(token, 3), 5, true) == 5
 end
 
 -- The audit trail: one stream per namespace (per namespace and cluster slot on a cluster),

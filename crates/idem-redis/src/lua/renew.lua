@@ -1,4 +1,6 @@
 -- KEYS[1] record; ARGV: holder token, lease_ms. Replies {1, deadline} renewed or {0} lost.
+-- Only a processing record is renewed (`holds`): an unknown one, even naming the caller, stays
+-- unknown until it is settled.
 local v = fetch(KEYS[1])
 if not holds(v, ARGV[1]) then
   return {0}

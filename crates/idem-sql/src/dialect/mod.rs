@@ -3,7 +3,7 @@
 //!
 //! Statements are templates compiled once per table (see [`crate::statements`]): `{t}` is the
 //! table, `{cols}` the record columns (all but `id`), `{now}` / `{now_us}` the database clock
-//! in milliseconds / microseconds, `{greatest}` the dialect's `GREATEST`, `{holder}`,
+//! in milliseconds / microseconds, `{greatest}` the dialect's `GREATEST`, `{holder}`, `{held}`,
 //! `{resolvable}`, `{on_conflict}` and `{create_table}` fragments several dialects share (the
 //! last with `{blob}`, `{bigint}` and `{smallint}` column types), and `:name` a parameter,
 //! which each dialect spells its own way ([`Placeholders`]).

@@ -12,7 +12,7 @@ use idem_core::{
 
 use super::coverage::claim_branch;
 use super::ensure;
-use super::ops::{Forge, Op, response};
+use super::ops::{Forge, Op, ResolveFence, response};
 use super::reference::{Model, ModelClaim, ModelRecord, ModelState};
 use crate::ctx::fp;
 use crate::harness::Harness;
@@ -222,7 +222,23 @@ impl<'h, H: Harness> Case<'h, H> {
                             "done: replayed response differs from response #{r}"
                         );
                     }
-                    (ModelClaim::Unknown, ClaimOutcome::Unknown) => {}
+                    (
+                        ModelClaim::Unknown { fence: w, age },
+                        ClaimOutcome::Unknown {
+                            fence: g,
+                            age: got_age,
+                        },
+                    ) => {
+                        ensure!(w == g, "unknown: fence {g}, model says {w}");
+                        // The store's age may run ahead of the model's by the case's slack
+                        // (its created_at does), never behind it.
+                        let want_ms = i128::from(self.step_ms * age);
+                        let got_ms = i128::try_from(got_age.as_millis()).unwrap_or(i128::MAX);
+                        ensure!(
+                            got_ms <= want_ms + self.slack_ms && got_ms >= want_ms - self.slack_ms,
+                            "unknown: attempt age {got_ms} ms, model says {want_ms} ms"
+                        );
+                    }
                     (ModelClaim::Mismatch { stored }, ClaimOutcome::Mismatch { stored: s }) => {
                         ensure!(
                             *s == fp(*stored),
@@ -356,7 +372,11 @@ impl<'h, H: Harness> Case<'h, H> {
                     "release: store answered {got:?}, model says settled={want}"
                 );
             }
-            Op::Resolve { key, complete } => {
+            Op::Resolve {
+                key,
+                complete,
+                fence,
+            } => {
                 let resolution = match complete {
                     Some((r, ttl)) => Resolution::Complete {
                         response: response(r),
@@ -364,9 +384,14 @@ impl<'h, H: Harness> Case<'h, H> {
                     },
                     None => Resolution::Release,
                 };
+                let latest = self.high_fence.get(&key).copied().unwrap_or(1);
+                let fence = fence.map(|f| match f {
+                    ResolveFence::Current => latest,
+                    ResolveFence::Stale => latest.saturating_sub(1),
+                });
                 let got = match self
                     .store
-                    .resolve(&self.keys[usize::from(key)], &resolution)
+                    .resolve(&self.keys[usize::from(key)], &resolution, fence)
                     .await
                 {
                     Ok(o) => o,
@@ -374,10 +399,11 @@ impl<'h, H: Harness> Case<'h, H> {
                 };
                 let _ = write!(self.log, " => {got:?}");
                 let pre = self.snapshot(key);
-                let want = self
-                    .model
-                    .resolve(key, complete.map(|(r, ttl)| (r, u64::from(ttl))));
+                let want =
+                    self.model
+                        .resolve(key, complete.map(|(r, ttl)| (r, u64::from(ttl))), fence);
                 self.hit(match (want, complete.is_some()) {
+                    (ResolveOutcome::Fenced { .. }, _) => "resolve: fenced",
                     (ResolveOutcome::Resolved, _)
                         if matches!(pre.map(|r| r.state), Some(ModelState::Processing { .. })) =>
                     {

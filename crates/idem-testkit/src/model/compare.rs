@@ -74,7 +74,11 @@ impl<H: Harness> Case<'_, H> {
                 );
                 self.time(&format!("k{key}: completed_at"), *completed_at, *at)?;
             }
-            (RecordState::Unknown { since }, ModelState::Unknown { since: s }) => {
+            (RecordState::Unknown { since, owner }, ModelState::Unknown { since: s, owner: o }) => {
+                ensure!(
+                    owner == o,
+                    "k{key}: unknown names holder {owner:?}, model {o:?}"
+                );
                 self.time(&format!("k{key}: unknown since"), *since, *s)?;
             }
             (g, w) => return Err(format!("k{key}: store state {g:?}, model state {w:?}")),

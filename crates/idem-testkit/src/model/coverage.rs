@@ -34,6 +34,7 @@ pub const BRANCHES: &[&str] = &[
     "resolve: expired lease",
     "resolve: not resolvable",
     "resolve: not found",
+    "resolve: fenced",
     "delete: existed",
     "delete: absent",
     "get",
@@ -50,12 +51,12 @@ pub(super) fn claim_branch(want: &ModelClaim, pre: Option<&ModelRecord>, now: u6
         ModelClaim::Claimed { .. } => "claim: absent key",
         ModelClaim::Busy { .. } => "claim: busy",
         ModelClaim::Done { .. } => "claim: replay",
-        ModelClaim::Unknown
+        ModelClaim::Unknown { .. }
             if matches!(pre.map(|r| &r.state), Some(ModelState::Processing { .. })) =>
         {
             "claim: hold marks unknown"
         }
-        ModelClaim::Unknown => "claim: unknown record",
+        ModelClaim::Unknown { .. } => "claim: unknown record",
         ModelClaim::Mismatch { .. } => "claim: mismatch",
     }
 }

@@ -23,6 +23,15 @@ pub enum Forge {
     FenceDown,
 }
 
+/// The fence a resolve names: the one the key's record has now, or one it does not have.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ResolveFence {
+    /// The latest fence granted for the key.
+    Current,
+    /// One below it: an attempt that is no longer the record's.
+    Stale,
+}
+
 /// One generated operation. Durations are in model steps; `holder` picks one of the leases the
 /// store granted so far in the case (0 is the latest), stale ones included.
 #[derive(Clone, Debug)]
@@ -77,6 +86,8 @@ pub enum Op {
         key: u8,
         /// `Some((response, ttl))` completes; `None` releases.
         complete: Option<(u8, u8)>,
+        /// Which fence the resolve names, if any.
+        fence: Option<ResolveFence>,
     },
     /// Delete a key.
     Delete {
@@ -127,7 +138,12 @@ pub fn op(time_travel: bool) -> impl Strategy<Value = Op> {
         4 => (holder(), forge(), 0..RESPONSES, ttl.clone())
             .prop_map(|(holder, forge, response, ttl)| Op::Complete { holder, forge, response, ttl }),
         3 => (holder(), forge(), any::<bool>()).prop_map(|(holder, forge, unknown)| Op::Release { holder, forge, unknown }),
-        2 => (0..KEYS, proptest::option::of((0..RESPONSES, ttl))).prop_map(|(key, complete)| Op::Resolve { key, complete }),
+        2 => (
+            0..KEYS,
+            proptest::option::of((0..RESPONSES, ttl)),
+            proptest::option::of(prop_oneof![3 => Just(ResolveFence::Current), 1 => Just(ResolveFence::Stale)]),
+        )
+            .prop_map(|(key, complete, fence)| Op::Resolve { key, complete, fence }),
         1 => (0..KEYS).prop_map(|key| Op::Delete { key }),
         2 => (0..KEYS).prop_map(|key| Op::Get { key }),
         2 => (

@@ -15,7 +15,7 @@ pub struct ModelRecord {
     pub fence: u64,
     /// Request id of the latest claim.
     pub request_id: Option<String>,
-    /// When first claimed.
+    /// When the current attempt claimed it (the first claim, or the latest takeover).
     pub created: u64,
     /// When it goes away.
     pub expires: u64,
@@ -40,10 +40,13 @@ pub enum ModelState {
         /// When.
         at: u64,
     },
-    /// Outcome unknown since `since`.
+    /// Outcome unknown since `since`; `owner` is the holder that may still settle it (one
+    /// whose lease ran out, not one that released it as unknown).
     Unknown {
         /// When.
         since: u64,
+        /// The holder named, if any.
+        owner: Option<OwnerId>,
     },
 }
 
@@ -75,8 +78,13 @@ pub enum ModelClaim {
         /// Response index.
         response: u8,
     },
-    /// Outcome unknown.
-    Unknown,
+    /// Outcome unknown: the record's fence, and its attempt's age in steps.
+    Unknown {
+        /// The record's fence.
+        fence: u64,
+        /// Steps since the attempt claimed the key.
+        age: u64,
+    },
     /// Another fingerprint is stored.
     Mismatch {
         /// Stored fingerprint index.
@@ -138,19 +146,25 @@ impl Model {
         if rec.fp != fp {
             return ModelClaim::Mismatch { stored: rec.fp };
         }
+        let unknown = ModelClaim::Unknown {
+            fence: rec.fence,
+            age: now - rec.created,
+        };
         match rec.state {
             ModelState::Completed { response, .. } => ModelClaim::Done { response },
-            ModelState::Unknown { .. } => ModelClaim::Unknown,
+            ModelState::Unknown { .. } => unknown,
             ModelState::Processing { lease_until, .. } if lease_until > now => ModelClaim::Busy {
                 steps: lease_until - now,
             },
-            ModelState::Processing { .. } if hold => {
-                rec.state = ModelState::Unknown { since: now };
-                ModelClaim::Unknown
+            ModelState::Processing { owner, .. } if hold => {
+                rec.state = ModelState::Unknown {
+                    since: now,
+                    owner: Some(owner),
+                };
+                unknown
             }
             ModelState::Processing { .. } => {
-                let created = rec.created;
-                *rec = fresh(created);
+                *rec = fresh(now);
                 ModelClaim::Claimed { takeover: true }
             }
         }
@@ -163,17 +177,25 @@ impl Model {
         }
     }
 
+    /// The record `owner` and `fence` hold: processing, or unknown naming that holder.
     fn held(&mut self, key: u8, owner: OwnerId, fence: u64) -> Option<&mut ModelRecord> {
         self.live(key).filter(|r| {
             r.fence == fence
-                && matches!(r.state, ModelState::Processing { owner: o, .. } if o == owner)
+                && match r.state {
+                    ModelState::Processing { owner: o, .. } => o == owner,
+                    ModelState::Unknown { owner: o, .. } => o == Some(owner),
+                    ModelState::Completed { .. } => false,
+                }
         })
     }
 
-    /// A renewal; true when renewed.
+    /// A renewal; true when renewed. Only a processing record is renewed.
     pub fn renew(&mut self, key: u8, owner: OwnerId, fence: u64, lease: u64) -> bool {
         let now = self.now;
-        let Some(r) = self.held(key, owner, fence) else {
+        let Some(r) = self
+            .held(key, owner, fence)
+            .filter(|r| matches!(r.state, ModelState::Processing { .. }))
+        else {
             return false;
         };
         r.state = ModelState::Processing {
@@ -208,20 +230,34 @@ impl Model {
         let Some(r) = self.held(key, owner, fence) else {
             return false;
         };
-        if unknown {
-            r.state = ModelState::Unknown { since: now };
-        } else {
+        if !unknown {
             self.records.remove(&key);
+        } else if matches!(r.state, ModelState::Processing { .. }) {
+            // The holder gave up: nobody is left who could settle it but a resolve.
+            r.state = ModelState::Unknown {
+                since: now,
+                owner: None,
+            };
         }
         true
     }
 
-    /// An operator's resolve.
-    pub fn resolve(&mut self, key: u8, complete: Option<(u8, u64)>) -> ResolveOutcome {
+    /// A resolve, naming the record's fence or not.
+    pub fn resolve(
+        &mut self,
+        key: u8,
+        complete: Option<(u8, u64)>,
+        fence: Option<u64>,
+    ) -> ResolveOutcome {
         let now = self.now;
         let Some(r) = self.live(key) else {
             return ResolveOutcome::NotFound;
         };
+        if let Some(expected) = fence
+            && expected != r.fence
+        {
+            return ResolveOutcome::Fenced { fence: r.fence };
+        }
         let resolvable = match r.state {
             ModelState::Unknown { .. } => true,
             ModelState::Processing { lease_until, .. } => lease_until <= now,

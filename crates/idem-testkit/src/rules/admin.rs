@@ -49,8 +49,12 @@ pub async fn get_reports_every_state<H: Harness>(h: &H) {
     c.release(&u, &lu, ReleaseKind::Unknown).await;
     let rec = c.record(&u).await;
     match rec.state {
-        RecordState::Unknown { since } => {
-            assert!(since >= rec.created_at && since < rec.expires_at)
+        RecordState::Unknown { since, owner } => {
+            assert!(since >= rec.created_at && since < rec.expires_at);
+            assert_eq!(
+                owner, None,
+                "a holder that released as unknown is not named"
+            );
         }
         other => panic!("unknown record reads as {other:?}"),
     }

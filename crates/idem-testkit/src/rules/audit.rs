@@ -40,7 +40,7 @@ pub async fn audit_trail_follows_claim_timeout_unknown_resolve<H: Harness>(h: &H
     c.wait_out_lease().await;
     let mut retry = c.hold_req(&k, fp(1));
     retry.request_id = Some("req-retry".into());
-    assert_eq!(c.claim(&retry).await, ClaimOutcome::Unknown);
+    c.unknown_with(&retry, lease.fence).await;
     let response = StoredResponse::new(201, "settled");
     let resolution = Resolution::Complete {
         response,

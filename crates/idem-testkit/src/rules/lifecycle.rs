@@ -1,8 +1,10 @@
 //! How a claim ends: expiry, renewal, release of both kinds, and takeover under both
 //! policies.
 
+use std::time::Duration;
+
 use idem_core::{
-    ClaimOutcome, RecordState, ReleaseKind, RenewOutcome, Resolution, ResolveOutcome,
+    ClaimOutcome, OwnerId, RecordState, ReleaseKind, RenewOutcome, Resolution, ResolveOutcome,
     SettleOutcome, StateKind, StoredResponse,
 };
 
@@ -166,15 +168,17 @@ pub async fn release_unknown_holds_key<H: Harness>(h: &H) {
     assert_eq!(rec.state.kind(), StateKind::Unknown);
     assert_eq!(rec.fence, a.fence);
     assert_eq!(rec.fingerprint, fp(1));
+    let mut age = Duration::ZERO;
     for _ in 0..2 {
-        assert_eq!(c.claim_fp(&k, fp(1)).await, ClaimOutcome::Unknown);
-        assert_eq!(c.claim(&c.hold_req(&k, fp(1))).await, ClaimOutcome::Unknown);
-        assert!(matches!(
-            c.claim_fp(&k, fp(2)).await,
-            ClaimOutcome::Mismatch { .. }
-        ));
+        let now = c.unknown(&k, a.fence).await;
+        assert!(now >= age, "the attempt's age grows");
+        age = now;
         c.wait_out_lease().await;
     }
+    assert!(
+        age >= c.lease + c.lease / 2,
+        "the age counts from the claim: {age:?}"
+    );
     assert_eq!(
         c.complete_as(&k, a.owner, a.fence, &StoredResponse::new(200, "x"))
             .await,
@@ -192,12 +196,13 @@ pub async fn release_unknown_holds_key<H: Harness>(h: &H) {
     assert_eq!(
         c.record(&k).await,
         rec,
-        "nothing may move an unknown record but resolve or delete"
+        "nothing may move a record its holder released as unknown but resolve or delete"
     );
 }
 
 /// Under `reexecute`, a claim on an expired lease takes over: `takeover: true`, a greater fence,
-/// the new owner and request id on the record, and the original `created_at` kept.
+/// the new owner and request id on the record, and `created_at` dating the new attempt (its
+/// age is what tells whether an attempt may still be running).
 pub async fn takeover_reexecute_claims_again<H: Harness>(h: &H) {
     let c = Ctx::new(h, "reexecute").await;
     let k = c.key("k");
@@ -224,38 +229,58 @@ pub async fn takeover_reexecute_claims_again<H: Harness>(h: &H) {
         Some("second"),
         "the record names the latest claim's request id"
     );
-    assert_eq!(
-        rec.created_at, before.created_at,
-        "takeover keeps created_at"
+    assert!(
+        rec.created_at > before.created_at,
+        "takeover dates the new attempt: created_at {:?}, first claim's {:?}",
+        rec.created_at,
+        before.created_at
     );
+    assert!(rec.created_at < b.deadline);
     c.busy(&k).await;
 }
 
-/// Under `hold`, a claim on an expired lease marks the record unknown and answers `Unknown`;
-/// later claims under either policy are `Unknown` and the old holder is fenced.
+/// Under `hold`, a claim on an expired lease marks the record unknown, naming its holder, and
+/// answers `Unknown` with the record's fence and the attempt's age; later claims under either
+/// policy answer the same. The holder cannot renew it back to life, but others are fenced and
+/// it may still complete it: a holder paused past its lease finishes its own work.
 pub async fn takeover_hold_marks_unknown<H: Harness>(h: &H) {
     let c = Ctx::new(h, "hold").await;
     let k = c.key("k");
     let a = c.claimed(&k).await;
     c.wait_out_lease().await;
-    assert_eq!(c.claim(&c.hold_req(&k, fp(1))).await, ClaimOutcome::Unknown);
+    let age = c.unknown_with(&c.hold_req(&k, fp(1)), a.fence).await;
+    assert!(
+        age >= c.lease,
+        "the attempt is as old as its lease at least: {age:?}"
+    );
     let rec = c.record(&k).await;
-    assert_eq!(rec.state.kind(), StateKind::Unknown);
     assert_eq!(rec.fence, a.fence, "marking unknown keeps the fence");
-    assert_eq!(
-        c.claim_fp(&k, fp(1)).await,
-        ClaimOutcome::Unknown,
-        "reexecute after hold"
-    );
-    assert_eq!(c.claim(&c.hold_req(&k, fp(1))).await, ClaimOutcome::Unknown);
-    assert_eq!(
-        c.complete_as(&k, a.owner, a.fence, &StoredResponse::new(200, "x"))
-            .await,
-        SettleOutcome::Fenced
-    );
+    let RecordState::Unknown { owner, .. } = rec.state else {
+        panic!("expected unknown, got {:?}", rec.state);
+    };
+    assert_eq!(owner, Some(a.owner), "the unknown record names its holder");
+    c.unknown(&k, a.fence).await;
     assert_eq!(
         c.renew(&k, a.owner, a.fence, c.lease).await,
-        RenewOutcome::Lost
+        RenewOutcome::Lost,
+        "an unknown record is not renewed"
     );
+    for (owner, fence, who) in [
+        (OwnerId::random(), a.fence, "another owner"),
+        (a.owner, a.fence + 1, "a higher fence"),
+    ] {
+        assert_eq!(
+            c.complete_as(&k, owner, fence, &StoredResponse::new(200, "x"))
+                .await,
+            SettleOutcome::Fenced,
+            "{who} cannot complete it"
+        );
+    }
     assert_eq!(c.record(&k).await, rec);
+    let late = StoredResponse::new(201, "late");
+    c.complete(&k, &a, &late).await;
+    match c.claim(&c.hold_req(&k, fp(1))).await {
+        ClaimOutcome::Done { response } => assert_eq!(response, late),
+        other => panic!("after the late completion: expected a replay, got {other:?}"),
+    }
 }

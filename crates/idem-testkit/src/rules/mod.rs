@@ -53,7 +53,8 @@ macro_rules! __rules {
                 resolve_unknown_with_release_frees_key,
                 resolve_refuses_completed_and_live_processing,
                 resolve_missing_is_not_found,
-                resolve_expired_lease_processing;
+                resolve_expired_lease_processing,
+                resolve_naming_a_fence_settles_only_that_attempt;
             admin:
                 get_reports_every_state,
                 delete_removes_record,
@@ -112,6 +113,6 @@ mod tests {
     fn every_rule_is_named_once() {
         let unique: BTreeSet<&str> = super::ALL.iter().copied().collect();
         assert_eq!(unique.len(), super::ALL.len(), "{:?}", super::ALL);
-        assert_eq!(super::ALL.len(), 33);
+        assert_eq!(super::ALL.len(), 34);
     }
 }

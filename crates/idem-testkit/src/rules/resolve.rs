@@ -167,3 +167,54 @@ pub async fn resolve_expired_lease_processing<H: Harness>(h: &H) {
     let b = c.claimed(&k2).await;
     assert!(b.fence > a2.fence);
 }
+
+/// A resolve that names a fence settles only the attempt that holds it: one decided from a
+/// read of an earlier attempt (a probe's or a reconciler's answer about it) must not settle
+/// the key's next attempt, which may have run since.
+pub async fn resolve_naming_a_fence_settles_only_that_attempt<H: Harness>(h: &H) {
+    let c = Ctx::new(h, "resolve-fenced").await;
+    let k = c.key("k");
+    let a = c.claimed(&k).await;
+    c.release(&k, &a, ReleaseKind::Unknown).await;
+    assert_eq!(
+        c.resolve_at(&k, &Resolution::Release, Some(a.fence)).await,
+        ResolveOutcome::Resolved
+    );
+    // The next attempt runs and its outcome is unknown too.
+    let b = c.claimed(&k).await;
+    c.release(&k, &b, ReleaseKind::Unknown).await;
+    let before = c.record(&k).await;
+    for resolution in [
+        Resolution::Release,
+        Resolution::Complete {
+            response: StoredResponse::new(200, "about the first attempt"),
+            ttl: c.ttl,
+        },
+    ] {
+        assert_eq!(
+            c.resolve_at(&k, &resolution, Some(a.fence)).await,
+            ResolveOutcome::Fenced { fence: b.fence },
+            "a resolve naming the earlier attempt's fence"
+        );
+    }
+    assert_eq!(
+        c.record(&k).await,
+        before,
+        "a fenced resolve changes nothing"
+    );
+    let response = StoredResponse::new(201, "about this attempt");
+    let resolution = Resolution::Complete {
+        response: response.clone(),
+        ttl: c.ttl,
+    };
+    assert_eq!(
+        c.resolve_at(&k, &resolution, Some(b.fence)).await,
+        ResolveOutcome::Resolved
+    );
+    assert_eq!(c.claim_fp(&k, fp(1)).await, ClaimOutcome::Done { response });
+    assert_eq!(
+        c.resolve_at(&c.key("absent"), &Resolution::Release, Some(1))
+            .await,
+        ResolveOutcome::NotFound
+    );
+}

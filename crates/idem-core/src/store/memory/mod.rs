@@ -334,10 +334,11 @@ impl Store for MemoryStore {
         &self,
         key: &ScopedKey,
         resolution: &Resolution,
+        fence: Option<u64>,
     ) -> impl Future<Output = Result<ResolveOutcome, StoreError>> + Send {
         ready(Ok(self.apply(
             key,
-            |now, prev| decide::resolve(now, prev, resolution),
+            |now, prev| decide::resolve(now, prev, resolution, fence),
             |&outcome, now, prev| {
                 audit::event_for(Step::Resolve(resolution, outcome), key, now, prev)
             },

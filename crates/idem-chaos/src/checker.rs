@@ -1,0 +1,770 @@
+//! The checker: reads the clients' [`History`], the upstream's ledger ([`Call`]s) and the
+//! fault log, and lists every anomaly per key.
+//!
+//! A key is a caller and an idempotency key (a relay's principal and a message id for
+//! messages). What it checks, and which planted gateway bug each check is there to catch, is
+//! in the README; in short:
+//!
+//! | check | anomaly |
+//! |---|---|
+//! | at most one execution per key while the store kept its data | [`Kind::DoubleExecution`] |
+//! | every upstream answer a client saw is the key's first execution's, in the caller's own scope | [`Kind::NotFirstAnswer`], [`Kind::ForeignAnswer`], [`Kind::PhantomAnswer`] |
+//! | a key reused with another body is refused and never runs | [`Kind::MismatchRan`], [`Kind::MismatchAnswered`] |
+//! | every execution carries its claim: the key header and, once fences are forwarded, a fence of its own | [`Kind::NoKey`], [`Kind::NoFence`], [`Kind::FenceReused`], [`Kind::FenceWentBack`] |
+//! | nothing runs through a gateway whose store is frozen or cut | [`Kind::ExecutedDuringOutage`] |
+//! | an answer once delivered is durable: no later run, no later in-flight or unknown | [`Kind::NotDurable`] |
+//! | every answer comes within its bound, unless the gateway was stopped | [`Kind::LateAnswer`] |
+//! | no key left processing after leases ran out | [`Kind::Stuck`] |
+//! | every message executed once | [`Kind::MessageLost`], [`Kind::MessageTwice`] |
+//!
+//! A key that runs again after the store lost its data (a Redis restarted empty) is not
+//! counted against the store, but listed apart ([`Findings::after_data_loss`]); two runs
+//! between the same two losses still are. Answers that met the emptied store are not judged.
+
+use std::collections::{BTreeMap, HashMap};
+use std::fmt;
+
+use serde::Serialize;
+
+use crate::FaultKind;
+use crate::history::{AttemptResult, History, OpKind};
+use crate::upstream::{Call, Execution};
+
+/// One kind of anomaly.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[non_exhaustive]
+pub enum Kind {
+    /// A key executed more than once while the store kept its data.
+    DoubleExecution,
+    /// A client got an upstream answer that is not the key's first execution's.
+    NotFirstAnswer,
+    /// A client got an answer naming another caller or key.
+    ForeignAnswer,
+    /// A client got an upstream answer no execution gave.
+    PhantomAnswer,
+    /// A request reusing a key with another body ran.
+    MismatchRan,
+    /// A request reusing a key with another body got an answer other than 422 or 503.
+    MismatchAnswered,
+    /// An answer no rule allows (a 4xx a normal request should never get, a 500 of idem's).
+    UnexpectedAnswer,
+    /// An execution without an `Idempotency-Key` header.
+    NoKey,
+    /// An execution without a fence, where the gateway forwards fences.
+    NoFence,
+    /// Two executions of one key with the same fence.
+    FenceReused,
+    /// An execution with a lower fence than an earlier execution of the key.
+    FenceWentBack,
+    /// A request reached the upstream through a gateway whose store was frozen or cut.
+    ExecutedDuringOutage,
+    /// After an answer was delivered, the key ran again or answered in-flight or unknown.
+    NotDurable,
+    /// An answer (or the lack of one) past the bound, with the gateway not stopped.
+    LateAnswer,
+    /// A key still processing after every lease ran out.
+    Stuck,
+    /// A published message that never executed and was not dead-lettered.
+    MessageLost,
+    /// A message executed more than once.
+    MessageTwice,
+}
+
+impl Kind {
+    /// Its name in reports.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::DoubleExecution => "double-execution",
+            Self::NotFirstAnswer => "not-first-answer",
+            Self::ForeignAnswer => "foreign-answer",
+            Self::PhantomAnswer => "phantom-answer",
+            Self::MismatchRan => "mismatch-ran",
+            Self::MismatchAnswered => "mismatch-answered",
+            Self::UnexpectedAnswer => "unexpected-answer",
+            Self::NoKey => "no-key",
+            Self::NoFence => "no-fence",
+            Self::FenceReused => "fence-reused",
+            Self::FenceWentBack => "fence-went-back",
+            Self::ExecutedDuringOutage => "executed-during-outage",
+            Self::NotDurable => "not-durable",
+            Self::LateAnswer => "late-answer",
+            Self::Stuck => "stuck",
+            Self::MessageLost => "message-lost",
+            Self::MessageTwice => "message-twice",
+        }
+    }
+}
+
+impl fmt::Display for Kind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// One anomaly.
+#[derive(Debug, Clone, Serialize)]
+pub struct Anomaly {
+    /// Its kind.
+    pub kind: Kind,
+    /// The key, as `caller/key`.
+    pub key: String,
+    /// What was seen.
+    pub detail: String,
+}
+
+/// The messages published for the relays.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Messages {
+    /// Every distinct message id, by relay principal (`relay:rabbit`).
+    pub published: BTreeMap<String, Vec<String>>,
+    /// Publishes in all, duplicates included.
+    pub publishes: usize,
+    /// Message ids found dead-lettered, by relay principal.
+    pub dead: BTreeMap<String, Vec<String>>,
+}
+
+/// What the checker needs besides the history and the ledger.
+#[derive(Debug, Clone)]
+pub struct Limits {
+    /// The longest an answer may take (ms).
+    pub answer_bound_ms: u64,
+    /// How long a request claimed just before an outage may take to reach the upstream (ms).
+    pub outage_grace_ms: u64,
+}
+
+/// What the checker found.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Findings {
+    /// Every anomaly.
+    pub anomalies: Vec<Anomaly>,
+    /// Keys whose record was left unknown at the end.
+    pub unknown: Vec<String>,
+    /// Keys that executed again after the store lost its data, with their execution count.
+    pub after_data_loss: Vec<(String, usize)>,
+    /// Keys that never got an answer and were not left unknown.
+    pub unanswered: Vec<String>,
+    /// Whether the gateways forwarded fences.
+    pub fences_forwarded: bool,
+    /// Keys in all.
+    pub keys: usize,
+    /// Executions in all.
+    pub executions: usize,
+    /// Messages executed once.
+    pub messages_once: usize,
+    /// Messages dead-lettered (their keys parked unknown).
+    pub messages_dead: usize,
+}
+
+fn name(principal: &str, key: &str) -> String {
+    format!("{principal}/{key}")
+}
+
+/// Whether `t` falls in `[start + grace, end]` of any interval.
+fn inside(t: u64, intervals: &[(u64, u64)], grace: u64) -> bool {
+    intervals
+        .iter()
+        .any(|&(s, e)| t >= s.saturating_add(grace) && t <= e)
+}
+
+/// Whether `[a, b]` overlaps any interval.
+fn overlaps(a: u64, b: u64, intervals: &[(u64, u64)]) -> bool {
+    intervals.iter().any(|&(s, e)| a <= e && s <= b)
+}
+
+fn is_mismatch_body(body: &str) -> bool {
+    body.contains("\"probe\":\"mismatch\"")
+}
+
+/// Checks a run.
+pub fn check(history: &History, calls: &[Call], messages: &Messages, limits: &Limits) -> Findings {
+    let mut f = Findings::default();
+    let mut add = |kind: Kind, key: String, detail: String| {
+        f.anomalies.push(Anomaly { kind, key, detail });
+    };
+    let loss = history.data_lost_ms.iter().copied().min();
+    let before_loss = |t: u64| loss.is_none_or(|l| t < l);
+
+    // Windows in which each via's store was out of reach, and in which each gateway was
+    // stopped.
+    let mut outages: HashMap<String, Vec<(u64, u64)>> = HashMap::new();
+    let mut store_down: Vec<(u64, u64)> = Vec::new();
+    let mut paused: HashMap<String, Vec<(u64, u64)>> = HashMap::new();
+    for r in &history.faults {
+        let span = (r.start_ms, r.end_ms);
+        match r.kind {
+            FaultKind::FreezeStore => store_down.push(span),
+            FaultKind::CutLink => {
+                let via = r.target.trim_start_matches("link ").to_owned();
+                outages.entry(via).or_default().push(span);
+            }
+            FaultKind::PauseGateway => paused.entry(r.target.clone()).or_default().push(span),
+            _ => {}
+        }
+    }
+
+    // The ledger by key, executions in the order they acted.
+    f.fences_forwarded = calls.iter().any(|c| c.fence.is_some());
+    let mut by_key: BTreeMap<(String, String), Vec<(&Call, &Execution)>> = BTreeMap::new();
+    let mut by_exec: HashMap<&str, (&Call, &Execution)> = HashMap::new();
+    for call in calls {
+        let Some(e) = call.execution() else { continue };
+        f.executions += 1;
+        by_exec.insert(e.exec.as_str(), (call, e));
+        let key = call.key.clone().unwrap_or_default();
+        if call.key.is_none() {
+            add(
+                Kind::NoKey,
+                name(&call.principal, "-"),
+                format!(
+                    "{} via {} at {}ms had no Idempotency-Key",
+                    e.exec, call.via, call.arrived_ms
+                ),
+            );
+        }
+        if f.fences_forwarded && call.fence.is_none() {
+            add(
+                Kind::NoFence,
+                name(&call.principal, &key),
+                format!(
+                    "{} via {} at {}ms carried no fence",
+                    e.exec, call.via, call.arrived_ms
+                ),
+            );
+        }
+        let out = outages.get(&call.via).map_or(&[][..], Vec::as_slice);
+        if inside(call.arrived_ms, out, limits.outage_grace_ms)
+            || inside(call.arrived_ms, &store_down, limits.outage_grace_ms)
+        {
+            add(
+                Kind::ExecutedDuringOutage,
+                name(&call.principal, &key),
+                format!(
+                    "{} arrived via {} at {}ms while its store was out of reach",
+                    e.exec, call.via, call.arrived_ms
+                ),
+            );
+        }
+        by_key
+            .entry((call.principal.clone(), key))
+            .or_default()
+            .push((call, e));
+    }
+    for list in by_key.values_mut() {
+        list.sort_by_key(|(c, e)| (e.at_ms, c.id));
+    }
+
+    // Executions per key; messages are counted below.
+    let mut first: HashMap<(String, String), &Execution> = HashMap::new();
+    for ((principal, key), list) in &by_key {
+        let k = name(principal, key);
+        let proper: Vec<&(&Call, &Execution)> = list
+            .iter()
+            .filter(|(c, _)| !is_mismatch_body(&c.body))
+            .collect();
+        for (c, e) in list.iter().filter(|(c, _)| is_mismatch_body(&c.body)) {
+            if before_loss(e.at_ms) {
+                add(
+                    Kind::MismatchRan,
+                    k.clone(),
+                    format!(
+                        "{} via {} ran a request that reused the key with another body",
+                        e.exec, c.via
+                    ),
+                );
+            }
+        }
+        if let Some((_, e)) = proper.first() {
+            first.insert((principal.clone(), key.clone()), e);
+        }
+        // Executions per store epoch (the store lost its data between two epochs): one per
+        // epoch is allowed, a second within one is a double execution.
+        let epoch = |t: u64| history.data_lost_ms.iter().filter(|&&l| l <= t).count();
+        let mut per_epoch: BTreeMap<usize, usize> = BTreeMap::new();
+        for (_, e) in &proper {
+            *per_epoch.entry(epoch(e.at_ms)).or_default() += 1;
+        }
+        let counted = per_epoch.values().copied().max().unwrap_or(0);
+        if per_epoch.len() > 1 {
+            f.after_data_loss.push((k.clone(), proper.len()));
+        }
+        let runs = |list: &[&(&Call, &Execution)]| {
+            list.iter()
+                .map(|(c, e)| {
+                    format!(
+                        "{} via {} at {}ms fence {}",
+                        e.exec,
+                        c.via,
+                        e.at_ms,
+                        c.fence.as_deref().unwrap_or("-")
+                    )
+                })
+                .collect::<Vec<_>>()
+                .join("; ")
+        };
+        if counted > 1 && !principal.starts_with("relay:") {
+            add(
+                Kind::DoubleExecution,
+                k.clone(),
+                format!("{counted} executions in one store epoch: {}", runs(&proper)),
+            );
+        }
+        if f.fences_forwarded {
+            let fences: Vec<(u64, &str)> = proper
+                .iter()
+                .filter_map(|(c, e)| {
+                    c.fence
+                        .as_deref()
+                        .and_then(|x| x.trim().parse::<u64>().ok())
+                        .map(|x| (x, e.exec.as_str()))
+                })
+                .collect();
+            for (i, (fence, exec)) in fences.iter().enumerate() {
+                if let Some((_, other)) = fences[..i].iter().find(|(x, _)| x == fence) {
+                    add(
+                        Kind::FenceReused,
+                        k.clone(),
+                        format!("{other} and {exec} both ran under fence {fence}"),
+                    );
+                }
+                if let Some((higher, other)) = fences[..i].iter().find(|(x, _)| x > fence) {
+                    add(
+                        Kind::FenceWentBack,
+                        k.clone(),
+                        format!("{exec} ran under fence {fence} after {other} ran under {higher}"),
+                    );
+                }
+            }
+        }
+    }
+    f.keys = by_key.len();
+
+    // The clients' attempts.
+    let mut delivered: HashMap<(String, String), u64> = HashMap::new();
+    for a in &history.attempts {
+        let Some(op) = history.ops.get(a.op) else {
+            continue;
+        };
+        let k = name(&op.caller, &op.key);
+        let gateway = format!("g{}", a.gateway);
+        let stopped = paused
+            .get(&gateway)
+            .is_some_and(|p| overlaps(a.start_ms, a.end_ms, p));
+        let took = a.end_ms.saturating_sub(a.start_ms);
+        let late = match &a.result {
+            AttemptResult::Answer(_) | AttemptResult::Timeout => took > limits.answer_bound_ms,
+            _ => false,
+        };
+        if late && !stopped {
+            add(
+                Kind::LateAnswer,
+                k.clone(),
+                format!(
+                    "{gateway} took {took}ms (bound {}ms) from {}ms: {}",
+                    limits.answer_bound_ms,
+                    a.start_ms,
+                    match &a.result {
+                        AttemptResult::Answer(ans) => format!("answered {}", ans.status),
+                        _ => "no answer".to_owned(),
+                    }
+                ),
+            );
+        }
+        let Some(ans) = a.result.answer() else {
+            continue;
+        };
+        // An attempt that ended after the store lost its data may have met the empty store.
+        let after_loss = !before_loss(a.end_ms);
+        if ans.from_upstream() {
+            let exec = ans.exec.as_deref().unwrap_or_default();
+            if ans.caller.as_deref() != Some(op.caller.as_str())
+                || ans.key.as_deref() != Some(op.key.as_str())
+            {
+                add(
+                    Kind::ForeignAnswer,
+                    k.clone(),
+                    format!(
+                        "{gateway} answered {exec} of {}/{}",
+                        ans.caller.as_deref().unwrap_or("?"),
+                        ans.key.as_deref().unwrap_or("?")
+                    ),
+                );
+            }
+            let Some((_, e)) = by_exec.get(exec) else {
+                add(
+                    Kind::PhantomAnswer,
+                    k.clone(),
+                    format!("{gateway} answered {exec}, which never ran"),
+                );
+                continue;
+            };
+            let after_loss = after_loss || !before_loss(e.at_ms);
+            if op.kind == OpKind::Mismatch {
+                if !after_loss {
+                    add(
+                        Kind::MismatchAnswered,
+                        k.clone(),
+                        format!("a request with another body got {exec} from {gateway}"),
+                    );
+                }
+                continue;
+            }
+            if ans.status != e.status {
+                add(
+                    Kind::PhantomAnswer,
+                    k.clone(),
+                    format!(
+                        "{gateway} answered {exec} with {}, it gave {}",
+                        ans.status, e.status
+                    ),
+                );
+            }
+            let key = (op.caller.clone(), op.key.clone());
+            if let Some(first) = first.get(&key)
+                && first.exec != e.exec
+                && !after_loss
+            {
+                add(
+                    Kind::NotFirstAnswer,
+                    k.clone(),
+                    format!(
+                        "{gateway} answered {exec} ({}), the first execution was {}",
+                        if ans.replayed { "replayed" } else { "fresh" },
+                        first.exec
+                    ),
+                );
+            }
+            let t = delivered.entry(key).or_insert(a.end_ms);
+            *t = (*t).min(a.end_ms);
+            continue;
+        }
+        let problem = ans.problem.as_deref().unwrap_or("");
+        let allowed = match op.kind {
+            OpKind::Mismatch => matches!(ans.status, 422 | 503),
+            _ => matches!(ans.status, 409 | 502 | 503 | 504),
+        };
+        if !allowed && !after_loss {
+            let kind = if op.kind == OpKind::Mismatch {
+                Kind::MismatchAnswered
+            } else {
+                Kind::UnexpectedAnswer
+            };
+            add(
+                kind,
+                k.clone(),
+                format!("{gateway} answered {} {problem}", ans.status),
+            );
+        }
+    }
+
+    // Durability: after the first delivered answer, nothing runs again and no attempt that
+    // starts later hears in-flight or unknown.
+    for ((caller, key), &t) in &delivered {
+        let k = name(caller, key);
+        if let Some(list) = by_key.get(&(caller.clone(), key.clone())) {
+            for (c, e) in list {
+                if c.arrived_ms > t && before_loss(c.arrived_ms) && !is_mismatch_body(&c.body) {
+                    add(
+                        Kind::NotDurable,
+                        k.clone(),
+                        format!(
+                            "{} via {} ran at {}ms, after an answer was delivered at {t}ms",
+                            e.exec, c.via, c.arrived_ms
+                        ),
+                    );
+                }
+            }
+        }
+        for a in &history.attempts {
+            let Some(op) = history.ops.get(a.op) else {
+                continue;
+            };
+            if op.kind != OpKind::Normal || &op.caller != caller || &op.key != key {
+                continue;
+            }
+            if a.start_ms <= t || !before_loss(a.end_ms) {
+                continue;
+            }
+            if let Some(ans) = a.result.answer()
+                && ans.status == 409
+            {
+                add(
+                    Kind::NotDurable,
+                    k.clone(),
+                    format!(
+                        "g{} answered 409 {} at {}ms, after an answer was delivered at {t}ms",
+                        a.gateway,
+                        ans.problem.as_deref().unwrap_or(""),
+                        a.start_ms
+                    ),
+                );
+            }
+        }
+    }
+
+    // What the gateways said at the end.
+    for (op, state) in &history.final_states {
+        let Some(op) = history.ops.get(*op) else {
+            continue;
+        };
+        let k = name(&op.caller, &op.key);
+        match state.as_str() {
+            "unknown" => f.unknown.push(k),
+            "processing" => add(
+                Kind::Stuck,
+                k,
+                "still processing after the settle phase".into(),
+            ),
+            _ => f.unanswered.push(format!("{k} ({state})")),
+        }
+    }
+
+    // Message keys the relays parked unknown (a dead letter after a timeout or a kill).
+    for (namespace, _, key) in &history.unknown_records {
+        if namespace == "messages" {
+            f.unknown.push(format!("message/{key}"));
+        }
+    }
+
+    // Messages.
+    for (principal, ids) in &messages.published {
+        let dead = messages.dead.get(principal);
+        for id in ids {
+            let k = name(principal, id);
+            let list = by_key.get(&(principal.clone(), id.clone()));
+            let counted = list.map_or(0, |l| {
+                l.iter().filter(|(_, e)| before_loss(e.at_ms)).count()
+            });
+            let was_dead = dead.is_some_and(|d| d.contains(id));
+            if was_dead {
+                f.messages_dead += 1;
+            }
+            match counted {
+                0 if list.is_some_and(|l| !l.is_empty()) => {}
+                0 if !was_dead => add(
+                    Kind::MessageLost,
+                    k,
+                    "never executed, not dead-lettered".into(),
+                ),
+                0 => {}
+                1 => f.messages_once += 1,
+                n => add(
+                    Kind::MessageTwice,
+                    k,
+                    format!(
+                        "{n} executions via {}",
+                        list.map(|l| l
+                            .iter()
+                            .map(|(c, _)| c.via.as_str())
+                            .collect::<Vec<_>>()
+                            .join(","))
+                            .unwrap_or_default()
+                    ),
+                ),
+            }
+        }
+    }
+    f.unknown.sort();
+    f.unknown.dedup();
+    f
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::history::{Answer, Attempt, FaultRecord, Op, Phase};
+    use crate::upstream::CallOutcome;
+
+    fn call(id: usize, via: &str, key: &str, fence: Option<&str>, at: u64, exec: &str) -> Call {
+        Call {
+            id,
+            via: via.into(),
+            principal: "alice".into(),
+            key: Some(key.into()),
+            fence: fence.map(str::to_owned),
+            arrived_ms: at,
+            body: r#"{"amount":1}"#.into(),
+            outcome: CallOutcome::Executed(Execution {
+                exec: exec.into(),
+                at_ms: at,
+                status: 201,
+                body: String::new(),
+                dropped: false,
+            }),
+        }
+    }
+
+    fn answer(exec: &str, replayed: bool) -> AttemptResult {
+        AttemptResult::Answer(Answer {
+            status: 201,
+            replayed,
+            exec: Some(exec.into()),
+            caller: Some("alice".into()),
+            key: Some("k".into()),
+            problem: None,
+            retry_after: None,
+        })
+    }
+
+    fn problem(status: u16, slug: &str) -> AttemptResult {
+        AttemptResult::Answer(Answer {
+            status,
+            replayed: false,
+            exec: None,
+            caller: None,
+            key: Some("k".into()),
+            problem: Some(slug.into()),
+            retry_after: Some(1),
+        })
+    }
+
+    fn history(attempts: Vec<(u64, u64, AttemptResult)>) -> History {
+        History {
+            ops: vec![Op {
+                id: 0,
+                client: 0,
+                caller: "alice".into(),
+                key: "k".into(),
+                body: r#"{"amount":1}"#.into(),
+                kind: OpKind::Normal,
+            }],
+            attempts: attempts
+                .into_iter()
+                .map(|(s, e, result)| Attempt {
+                    op: 0,
+                    gateway: 0,
+                    start_ms: s,
+                    end_ms: e,
+                    phase: Phase::Main,
+                    result,
+                })
+                .collect(),
+            ..History::default()
+        }
+    }
+
+    const LIMITS: Limits = Limits {
+        answer_bound_ms: 8000,
+        outage_grace_ms: 500,
+    };
+
+    fn kinds(f: &Findings) -> Vec<Kind> {
+        let mut k: Vec<Kind> = f.anomalies.iter().map(|a| a.kind).collect();
+        k.sort();
+        k.dedup();
+        k
+    }
+
+    #[test]
+    fn one_execution_replayed_is_clean() {
+        let calls = [call(0, "g0", "k", None, 10, "e-1")];
+        let h = history(vec![
+            (0, 20, answer("e-1", false)),
+            (30, 35, answer("e-1", true)),
+        ]);
+        let f = check(&h, &calls, &Messages::default(), &LIMITS);
+        assert!(f.anomalies.is_empty(), "{:?}", f.anomalies);
+        assert_eq!((f.keys, f.executions), (1, 1));
+    }
+
+    /// A gateway killed mid-request under `reexecute`: the key runs twice and the second
+    /// answer reaches the client.
+    #[test]
+    fn a_second_execution_is_reported() {
+        let calls = [
+            call(0, "g0", "k", None, 10, "e-1"),
+            call(1, "g1", "k", None, 20_000, "e-2"),
+        ];
+        let h = history(vec![
+            (0, 50, AttemptResult::Broken("reset".into())),
+            (100, 110, problem(409, "in-flight")),
+            (19_990, 20_030, answer("e-2", false)),
+        ]);
+        let f = check(&h, &calls, &Messages::default(), &LIMITS);
+        assert_eq!(kinds(&f), [Kind::DoubleExecution, Kind::NotFirstAnswer]);
+    }
+
+    /// The planted bug "answer sent before the completion is durable": a later attempt
+    /// hears in-flight, and the key runs again.
+    #[test]
+    fn an_answer_that_was_not_durable_is_reported() {
+        let calls = [
+            call(0, "g0", "k", None, 10, "e-1"),
+            call(1, "g1", "k", None, 30_000, "e-2"),
+        ];
+        let h = history(vec![
+            (0, 20, answer("e-1", false)),
+            (100, 110, problem(409, "in-flight")),
+        ]);
+        let f = check(&h, &calls, &Messages::default(), &LIMITS);
+        assert!(kinds(&f).contains(&Kind::NotDurable), "{:?}", f.anomalies);
+    }
+
+    /// The planted bug "a claim that skips fencing": two executions under one fence, and a
+    /// forwarded request without one.
+    #[test]
+    fn fences_reused_or_missing_are_reported() {
+        let calls = [
+            call(0, "g0", "k", Some("7"), 10, "e-1"),
+            call(1, "g1", "k", Some("7"), 20_000, "e-2"),
+            call(2, "g1", "j", None, 20_000, "e-3"),
+        ];
+        let f = check(&History::default(), &calls, &Messages::default(), &LIMITS);
+        let k = kinds(&f);
+        assert!(
+            k.contains(&Kind::FenceReused) && k.contains(&Kind::NoFence),
+            "{k:?}"
+        );
+    }
+
+    /// The planted bug "a store timeout that lets the request through": a request reaches
+    /// the upstream through a gateway whose link to the store is cut.
+    #[test]
+    fn executions_during_an_outage_are_reported() {
+        let calls = [call(0, "g2", "k", None, 5_000, "e-1")];
+        let h = History {
+            faults: vec![FaultRecord {
+                kind: FaultKind::CutLink,
+                target: "link g2".into(),
+                start_ms: 3_000,
+                end_ms: 7_000,
+                detail: String::new(),
+            }],
+            ..History::default()
+        };
+        let f = check(&h, &calls, &Messages::default(), &LIMITS);
+        assert_eq!(kinds(&f), [Kind::ExecutedDuringOutage]);
+    }
+
+    #[test]
+    fn runs_after_data_loss_are_listed_apart() {
+        let calls = [
+            call(0, "g0", "k", None, 10, "e-1"),
+            call(1, "g1", "k", None, 9_000, "e-2"),
+        ];
+        let mut h = history(vec![(8_990, 9_030, answer("e-2", false))]);
+        h.data_lost_ms = vec![5_000];
+        let f = check(&h, &calls, &Messages::default(), &LIMITS);
+        assert!(f.anomalies.is_empty(), "{:?}", f.anomalies);
+        assert_eq!(f.after_data_loss, [("alice/k".to_owned(), 2)]);
+    }
+
+    #[test]
+    fn late_answers_count_unless_the_gateway_was_stopped() {
+        let h = history(vec![(0, 9_000, problem(503, "store-unavailable"))]);
+        let f = check(&h, &[], &Messages::default(), &LIMITS);
+        assert_eq!(kinds(&f), [Kind::LateAnswer]);
+        let mut h = h;
+        h.faults.push(FaultRecord {
+            kind: FaultKind::PauseGateway,
+            target: "g0".into(),
+            start_ms: 100,
+            end_ms: 20_000,
+            detail: String::new(),
+        });
+        assert!(
+            check(&h, &[], &Messages::default(), &LIMITS)
+                .anomalies
+                .is_empty()
+        );
+    }
+}

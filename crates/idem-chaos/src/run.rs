@@ -1,0 +1,432 @@
+//! One run from start to report: set up, load and faults, heal, settle, check.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+
+use crate::brokers::{NATS, RABBIT, Sources};
+use crate::checker::{self, Limits, Messages};
+use crate::clients::{self, Clients};
+use crate::clock::{Clock, ms};
+use crate::config::KeepDir;
+use crate::gateway::{Role, Routes, Slot};
+use crate::history::{AttemptResult, History, Phase};
+use crate::link::Link;
+use crate::nemesis::{self, Nemesis, Plan};
+use crate::report::Report;
+use crate::store::Store;
+use crate::upstream::{Principals, Profile, Upstream};
+use crate::world::World;
+use crate::{FaultKind, RunConfig};
+
+/// Hot keys shared by every caller and client.
+const HOT_KEYS: usize = 12;
+
+/// Runs `config` and checks what happened.
+///
+/// # Errors
+/// The run could not be set up (a missing binary or server, a process that never started);
+/// anomalies are not errors, they are in the report.
+pub async fn run(config: RunConfig) -> anyhow::Result<Report> {
+    let started = Instant::now();
+    let clock = Clock::start();
+    let id = uuid::Uuid::new_v4().simple().to_string();
+    let run_id = format!("{}_{}", config.seed, &id[..8]);
+    let dir = std::env::temp_dir().join(format!("idem-chaos-{run_id}"));
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    // Removes the directory however the run ends, unless it is to be kept.
+    let mut guard = DirGuard {
+        dir: dir.clone(),
+        keep: config.keep_dir == KeepDir::Always,
+    };
+    let say = |msg: String| {
+        if config.verbose {
+            eprintln!("idem-chaos: {:>7.1}s {msg}", clock.now().as_secs_f64());
+        }
+    };
+    let idem = crate::binary::locate(config.idem.as_deref())?;
+    let kinds = config.fault_kinds();
+    say(format!(
+        "seed {} store {} gateways {} relays {} clients {} duration {:?} takeover {} webhook {} faults [{}] in {}",
+        config.seed,
+        config.store,
+        config.gateways,
+        config.relays,
+        config.clients,
+        config.duration,
+        config.takeover.as_str(),
+        if config.status_webhook { "on" } else { "off" },
+        kinds
+            .iter()
+            .map(|k| k.as_str())
+            .collect::<Vec<_>>()
+            .join(","),
+        dir.display()
+    ));
+
+    let store = Store::start(config.store, &dir).await?;
+    say(format!("store {} up", config.store));
+    let vias: Vec<String> = (0..config.gateways)
+        .map(|i| format!("g{i}"))
+        .chain((0..config.relays).map(|i| format!("r{i}")))
+        .collect();
+    let relay_names: Vec<String> = if config.relays > 0 {
+        vec![RABBIT.to_owned(), NATS.to_owned()]
+    } else {
+        Vec::new()
+    };
+    let upstream = Upstream::start(
+        &vias,
+        Profile::new(config.route_timeout),
+        config.seed,
+        clock,
+        Principals::new(&clients::callers(), &relay_names),
+    )
+    .await?;
+    let mut notes = Vec::new();
+    // A primary with a standby: the gateways take the multi-host URL if they can; otherwise
+    // they reach the primary through links that move to the standby when it is promoted.
+    let mut direct = false;
+    if config.store == crate::StoreKind::PostgresStandby {
+        let url = store.url(None);
+        let probe = Routes::of(&config).serve(
+            crate::proc::spare_port()?,
+            crate::proc::spare_port()?,
+            &upstream.url(0),
+            &url,
+            &store.options(&run_id),
+        );
+        match probe_config(&idem, &dir, &probe).await {
+            Ok(()) => {
+                direct = true;
+                notes.push(format!("the gateways take the multi-host URL `{url}`"));
+            }
+            Err(why) => notes.push(format!(
+                "the gateway refuses the multi-host URL `{url}`: {why}; the gateways reach the primary through a link each, which the nemesis moves to the standby it promotes (a virtual IP)"
+            )),
+        }
+    }
+    let mut links = Vec::new();
+    if config.store.linked()
+        && !direct
+        && let Some(target) = store.target()
+    {
+        for _ in &vias {
+            links.push(Link::start(target).await?);
+        }
+    }
+    let gateways = (0..config.gateways)
+        .map(|i| Slot::new(&format!("g{i}"), Role::Serve, &dir))
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let relays = (0..config.relays)
+        .map(|i| Slot::new(&format!("r{i}"), Role::Relay, &dir))
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let sources = if config.relays > 0 {
+        Some(Sources::create(&run_id).await?)
+    } else {
+        None
+    };
+    let relay_tables = (0..config.relays)
+        .map(|i| {
+            sources
+                .as_ref()
+                .map(|s| s.relay_tables(&upstream.url(config.gateways + i)))
+                .unwrap_or_default()
+        })
+        .collect();
+    let upstreams = (0..vias.len()).map(|i| upstream.url(i)).collect();
+    let world = Arc::new(World {
+        idem: idem.clone(),
+        run: run_id.clone(),
+        gateways,
+        relays,
+        store,
+        links,
+        routes: Routes::of(&config),
+        upstreams,
+        relay_tables,
+    });
+    for role in [Role::Serve, Role::Relay] {
+        let n = if role == Role::Serve {
+            config.gateways
+        } else {
+            config.relays
+        };
+        for i in 0..n {
+            world
+                .start(role, i, Duration::from_secs(60))
+                .await
+                .with_context(|| format!("starting {role:?} {i}"))?;
+        }
+    }
+    say(format!(
+        "{} gateways and {} relays up",
+        config.gateways, config.relays
+    ));
+
+    // Load and faults.
+    let attempt_timeout = config.answer_bound() + Duration::from_secs(2);
+    let clients = Arc::new(Clients::new(
+        clock,
+        world.gateways.iter().map(Slot::url).collect(),
+        attempt_timeout,
+        config.seed,
+    ));
+    let client_tasks: Vec<_> = (0..config.clients)
+        .map(|i| tokio::spawn(Arc::clone(&clients).client(i, HOT_KEYS)))
+        .collect();
+    let publisher = sources.as_ref().map(|s| {
+        let count = usize::try_from(config.duration.as_secs()).unwrap_or(60) * 4;
+        s.publish(count, config.duration.mul_f64(0.8), config.seed)
+    });
+    let plan = nemesis::schedule(&Plan {
+        seed: config.seed,
+        kinds: kinds.clone(),
+        duration: config.duration,
+        gap: config.fault_gap,
+        gateways: config.gateways,
+        relays: config.relays,
+        lease: config.lease(),
+    });
+    let nemesis = Nemesis::start(Arc::clone(&world), clock, plan.clone(), config.verbose);
+    let ticker = {
+        let (clients, ledger, verbose) = (Arc::clone(&clients), upstream.ledger(), config.verbose);
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(Duration::from_secs(5)).await;
+                if verbose {
+                    let (ops, attempts) = clients.counts();
+                    eprintln!(
+                        "idem-chaos: {:>7.1}s {ops} operations, {attempts} attempts, {} executions",
+                        clock.now().as_secs_f64(),
+                        ledger.executions()
+                    );
+                }
+            }
+        })
+    };
+    let published = match publisher {
+        Some(p) => {
+            let (r, ()) = tokio::join!(p, tokio::time::sleep(config.duration));
+            Some(r.context("publishing")?)
+        }
+        None => {
+            tokio::time::sleep(config.duration).await;
+            None
+        }
+    };
+    clients.stop();
+    for t in client_tasks {
+        let _ = t.await;
+    }
+    let log = nemesis.finish(Duration::from_secs(60)).await;
+    let restarted = world.heal().await;
+    say(format!(
+        "healed{}; letting leases run out",
+        if restarted.is_empty() {
+            String::new()
+        } else {
+            format!(" (restarted {})", restarted.join(", "))
+        }
+    ));
+    let last_fault = log.records().iter().map(|r| r.end_ms).max().unwrap_or(0);
+    let leases_out = Duration::from_millis(last_fault) + config.lease() + Duration::from_secs(1);
+    tokio::time::sleep(leases_out.saturating_sub(clock.now())).await;
+
+    // Settle: every key that never got an answer is retried until it does or the bound
+    // passes; messages until the brokers are drained.
+    let open = clients.open_ops();
+    say(format!("settling {} open keys", open.len()));
+    let deadline = Instant::now() + config.settle_bound;
+    let settle = futures::future::join_all(open.iter().copied().map(|op| {
+        let clients = Arc::clone(&clients);
+        let wait = config.status_webhook;
+        async move {
+            let mut rng = fastrand::Rng::with_seed(config.seed ^ (op as u64) << 20);
+            clients
+                .run_op(op, Phase::Settle, deadline, &mut rng, wait)
+                .await
+        }
+    }));
+    let drained = async {
+        let Some(s) = &sources else { return true };
+        while Instant::now() < deadline {
+            if s.waiting().await.is_ok_and(|n| n == 0) && upstream.ledger().pending() == 0 {
+                return true;
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+        false
+    };
+    let (_, drained) = tokio::join!(settle, drained);
+    if !drained {
+        notes.push("the brokers still held messages at the settle bound".into());
+    }
+    let still_open = clients.open_ops();
+    let mut states = Vec::new();
+    let gateway = world.gateways.first().map(Slot::url).unwrap_or_default();
+    for &op in &still_open {
+        states.push((op, clients.status_of(&gateway, op).await));
+    }
+    let admin = world
+        .gateways
+        .first()
+        .map(Slot::admin_url)
+        .unwrap_or_default();
+    let unknown = clients.unknown_records(&admin).await;
+    clients.set_final(states, unknown);
+    let mut messages = Messages::default();
+    if let (Some(s), Some((ids, publishes))) = (&sources, published) {
+        messages.published = ids;
+        messages.publishes = publishes;
+        messages.dead = s.dead_letters().await.unwrap_or_default();
+    }
+    ticker.abort();
+
+    // Stop everything, then judge.
+    drop(world);
+    if let Some(s) = &sources {
+        s.cleanup().await;
+    }
+    let calls = upstream.ledger().calls();
+    drop(upstream);
+    let mut history: History = clients.history();
+    history.faults = log.records();
+    history.data_lost_ms = log.data_lost();
+    for r in &history.faults {
+        if r.detail.contains("failed") {
+            notes.push(format!(
+                "{} {} at {}ms: {}",
+                r.kind, r.target, r.start_ms, r.detail
+            ));
+        }
+    }
+    if !messages.published.is_empty() {
+        notes.push(format!(
+            "{} messages published ({} publishes with duplicates)",
+            messages.published.values().map(Vec::len).sum::<usize>(),
+            messages.publishes
+        ));
+    }
+    let findings = checker::check(
+        &history,
+        &calls,
+        &messages,
+        &Limits {
+            answer_bound_ms: ms(config.answer_bound()),
+            outage_grace_ms: 500,
+        },
+    );
+    let mut statuses = BTreeMap::new();
+    let mut replays = 0;
+    for a in &history.attempts {
+        let status = match &a.result {
+            AttemptResult::Answer(ans) => {
+                replays += usize::from(ans.replayed);
+                ans.status
+            }
+            _ => 0,
+        };
+        *statuses.entry(status).or_default() += 1;
+    }
+    let mut faults: BTreeMap<FaultKind, usize> = BTreeMap::new();
+    for (k, n) in log.counts() {
+        faults.insert(k, n);
+    }
+    let keep = match config.keep_dir {
+        KeepDir::Always => true,
+        KeepDir::OnAnomaly => !findings.anomalies.is_empty(),
+        KeepDir::Never => false,
+    };
+    let mut report = Report {
+        seed: config.seed,
+        setup: format!(
+            "store {}, {} gateways, {} relays, {} clients, {:?}, takeover {}, status webhook {}",
+            config.store,
+            config.gateways,
+            config.relays,
+            config.clients,
+            config.duration,
+            config.takeover.as_str(),
+            if config.status_webhook { "on" } else { "off" }
+        ),
+        operations: history.ops.len(),
+        attempts: history.attempts.len(),
+        statuses,
+        replays,
+        faults,
+        findings,
+        elapsed: started.elapsed(),
+        notes,
+        dir: keep.then(|| dir.display().to_string()),
+    };
+    if keep {
+        save(&dir, &history, &calls, &plan, &report);
+        report.dir = Some(dir.display().to_string());
+    }
+    guard.keep = keep;
+    Ok(report)
+}
+
+/// Starts one gateway on `config` and stops it; the line of its log that says why it did
+/// not start, if it did not.
+async fn probe_config(idem: &Path, dir: &Path, config: &str) -> Result<(), String> {
+    let slot = Slot::new("probe", Role::Serve, dir).map_err(|e| e.to_string())?;
+    let started = slot.start(idem, config, Duration::from_secs(15)).await;
+    slot.kill();
+    started.map_err(|e| {
+        let text = format!("{e:#}");
+        text.lines()
+            .rev()
+            .find(|l| l.contains("error"))
+            .unwrap_or(text.as_str())
+            .trim()
+            .to_owned()
+    })
+}
+
+fn save(
+    dir: &Path,
+    history: &History,
+    calls: &[crate::upstream::Call],
+    plan: &[nemesis::Planned],
+    report: &Report,
+) {
+    let write = |name: &str, value: &dyn erased::Json| {
+        let _ = std::fs::write(dir.join(name), value.json());
+    };
+    write("history.json", history);
+    write("ledger.json", &calls);
+    write("schedule.json", &plan);
+    write("findings.json", &report.findings);
+    let _ = std::fs::write(dir.join("report.txt"), report.to_string());
+}
+
+mod erased {
+    /// Serializes anything serde can, for [`super::save`].
+    pub(super) trait Json {
+        fn json(&self) -> String;
+    }
+    impl<T: serde::Serialize> Json for T {
+        fn json(&self) -> String {
+            serde_json::to_string_pretty(self).unwrap_or_default()
+        }
+    }
+}
+
+/// Removes the run's directory when dropped, unless it is to be kept.
+struct DirGuard {
+    dir: PathBuf,
+    keep: bool,
+}
+
+impl Drop for DirGuard {
+    fn drop(&mut self) {
+        if !self.keep {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
+    }
+}
