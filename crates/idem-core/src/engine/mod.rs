@@ -30,6 +30,7 @@ mod in_tx;
 mod lease;
 mod policy;
 mod probe;
+mod unseen;
 
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
@@ -358,7 +359,21 @@ impl<S: Store> Engine<S> {
         let mut settles = 0;
         loop {
             let sent_at = Instant::now();
-            let outcome = timed_op(policy.store_timeout, self.store.claim(req)).await?;
+            let outcome = match timed_op(policy.store_timeout, self.store.claim(req)).await {
+                Ok(outcome) => outcome,
+                Err(e) => {
+                    // The claim may have been applied all the same; nothing runs under it.
+                    unseen::release_unseen_claim(
+                        Arc::clone(&self.store),
+                        req.key.clone(),
+                        req.owner,
+                        sent_at,
+                        req.lease,
+                        policy.store_timeout,
+                    );
+                    return Err(e.into());
+                }
+            };
             return Ok(match outcome {
                 ClaimOutcome::Claimed { lease, takeover } => Claimed::Now {
                     lease,

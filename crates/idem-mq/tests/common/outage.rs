@@ -118,8 +118,9 @@ pub async fn store_outage<B: Broker>(broker: &B) {
     );
     redis.restart();
     // The store's connection comes back on its own reconnect schedule. A claim the server
-    // applied after the client had given up on it (timed out while reconnecting) holds its key
-    // until the lease runs out; then a redelivery takes it over and runs it once.
+    // applied after the client had given up on it (timed out while reconnecting) would hold
+    // its key, and under `hold` turn unknown; the engine finds it in its own name and gives
+    // the key back (nothing ran under it), so a redelivery runs the message once.
     let recovered = eventually(Duration::from_secs(60), || async {
         Stats::get(&running.stats().acked) >= n
     })
