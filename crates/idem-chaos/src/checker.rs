@@ -10,7 +10,7 @@
 //! | at most one execution per key while the store kept its data | [`Kind::DoubleExecution`] |
 //! | every upstream answer a client saw is the key's first execution's, in the caller's own scope | [`Kind::NotFirstAnswer`], [`Kind::ForeignAnswer`], [`Kind::PhantomAnswer`] |
 //! | a key reused with another body is refused and never runs | [`Kind::MismatchRan`], [`Kind::MismatchAnswered`] |
-//! | every execution carries its claim: the key header and, once fences are forwarded, a fence of its own | [`Kind::NoKey`], [`Kind::NoFence`], [`Kind::FenceReused`], [`Kind::FenceWentBack`] |
+//! | every execution carries its claim: the key header and, once fences are forwarded, a fence of its own that a store granted (above 0) | [`Kind::NoKey`], [`Kind::NoFence`], [`Kind::FenceReused`], [`Kind::FenceWentBack`] |
 //! | nothing runs through a gateway whose store is frozen or cut | [`Kind::ExecutedDuringOutage`] |
 //! | an answer once delivered is durable: no later run, no later in-flight or unknown | [`Kind::NotDurable`] |
 //! | every answer comes within its bound, unless the gateway was stopped | [`Kind::LateAnswer`] |
@@ -221,13 +221,23 @@ pub fn check(history: &History, calls: &[Call], messages: &Messages, limits: &Li
                 ),
             );
         }
-        if f.fences_forwarded && call.fence.is_none() {
+        // Every store's fences start at 1: a fence of 0 (or one that is no number) is no
+        // store's grant, so the execution ran without a claim.
+        let granted = call
+            .fence
+            .as_deref()
+            .and_then(|x| x.trim().parse::<u64>().ok())
+            .is_some_and(|x| x > 0);
+        if f.fences_forwarded && !granted {
             add(
                 Kind::NoFence,
                 name(&call.principal, &key),
                 format!(
-                    "{} via {} at {}ms carried no fence",
-                    e.exec, call.via, call.arrived_ms
+                    "{} via {} at {}ms carried no fence a store granted ({})",
+                    e.exec,
+                    call.via,
+                    call.arrived_ms,
+                    call.fence.as_deref().unwrap_or("none")
                 ),
             );
         }

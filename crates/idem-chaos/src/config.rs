@@ -77,18 +77,58 @@ impl fmt::Display for StoreKind {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 #[non_exhaustive]
 pub enum Takeover {
-    /// An expired lease is claimed again with a higher fence (the gateway's default).
+    /// The routes name no policy: the gateway's default (`hold`).
+    Default,
+    /// `takeover = "reexecute"`: an expired lease is claimed again with a higher fence.
     Reexecute,
-    /// An expired lease makes the record unknown.
+    /// `takeover = "hold"`: an expired lease makes the record unknown.
     Hold,
 }
 
 impl Takeover {
-    /// Its name in the gateway's configuration.
+    /// Its name in reports and on the command line.
     pub fn as_str(self) -> &'static str {
         match self {
+            Self::Default => "default",
             Self::Reexecute => "reexecute",
             Self::Hold => "hold",
+        }
+    }
+
+    /// The routes' `takeover` line, if they set one.
+    pub fn config_line(self) -> Option<&'static str> {
+        match self {
+            Self::Default => None,
+            Self::Reexecute => Some("takeover = \"reexecute\""),
+            Self::Hold => Some("takeover = \"hold\""),
+        }
+    }
+
+    /// Whether an expired lease is re-run rather than held.
+    pub fn reexecutes(self) -> bool {
+        self == Self::Reexecute
+    }
+}
+
+/// A deliberate gateway bug, to show the checker catches it (`crates/idem-gateway/src/planted.rs`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+#[non_exhaustive]
+pub enum PlantedBug {
+    /// A claim that finds the key held or unknown runs the handler anyway.
+    ClaimSkipsFencing,
+    /// The completion is written in the background, after the answer went out.
+    AnswerBeforeDurable,
+    /// A claim the store failed (timeout, unreachable) runs the handler anyway.
+    StoreTimeoutRuns,
+}
+
+impl PlantedBug {
+    /// Its `IDEM_PLANTED_BUG` value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::ClaimSkipsFencing => "claim-skips-fencing",
+            Self::AnswerBeforeDurable => "answer-before-durable",
+            Self::StoreTimeoutRuns => "store-timeout-runs",
         }
     }
 }
@@ -172,6 +212,11 @@ pub struct RunConfig {
     pub seed: u64,
     /// The routes' takeover policy.
     pub takeover: Takeover,
+    /// The routes' `lease`; `None`: the gateway's default for the route.
+    pub lease: Option<Duration>,
+    /// The planted bug the gateways run with (`IDEM_PLANTED_BUG`, a build of `idem` with the
+    /// `planted-bugs` feature); `None`: a sound gateway.
+    pub planted: Option<PlantedBug>,
     /// Whether the routes have a `status_url` on the upstream's webhook and `serve` runs the
     /// reconciler (`[reconcile] every`).
     pub status_webhook: bool,
@@ -181,8 +226,7 @@ pub struct RunConfig {
     pub faults: Option<Vec<FaultKind>>,
     /// The gap between two faults' starts is drawn from this range.
     pub fault_gap: (Duration, Duration),
-    /// The routes' upstream `timeout`; the lease is this plus 16 s (the least the gateway
-    /// takes).
+    /// The routes' upstream `timeout`.
     pub route_timeout: Duration,
     /// The gateways' `store_timeout`.
     pub store_timeout: Duration,
@@ -203,7 +247,9 @@ impl Default for RunConfig {
             clients: 32,
             duration: Duration::from_secs(40),
             seed: 1,
-            takeover: Takeover::Reexecute,
+            takeover: Takeover::Default,
+            lease: None,
+            planted: None,
             status_webhook: false,
             idem: None,
             faults: None,
@@ -218,9 +264,15 @@ impl Default for RunConfig {
 }
 
 impl RunConfig {
-    /// The routes' lease: the least the gateway accepts for the route timeout.
+    /// The routes' lease: the one set, else the gateway's default for such a route (short
+    /// under `hold` with a status webhook; otherwise the route timeout plus a margin, rounded
+    /// up here to 16 s).
     pub fn lease(&self) -> Duration {
-        self.route_timeout + Duration::from_secs(16)
+        match self.lease {
+            Some(lease) => lease,
+            None if self.status_webhook && !self.takeover.reexecutes() => Duration::from_secs(4),
+            None => self.route_timeout + Duration::from_secs(16),
+        }
     }
 
     /// The faults this run injects.

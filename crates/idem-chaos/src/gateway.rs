@@ -10,7 +10,7 @@ use anyhow::Context;
 use parking_lot::Mutex;
 
 use crate::proc::{Proc, Spawn, spare_port};
-use crate::{RunConfig, Takeover};
+use crate::{PlantedBug, RunConfig, Takeover};
 
 /// The admin token every gateway of a run takes.
 pub const ADMIN_TOKEN: &str = "chaos-admin-token-0123456789";
@@ -29,6 +29,10 @@ pub struct Routes {
     pub webhook: bool,
     /// The lease, to set the reconciler's threshold for stuck records past it.
     pub lease: Duration,
+    /// The routes' `lease` line, when the run sets one (else the gateway's default).
+    pub lease_set: Option<Duration>,
+    /// The planted bug every process runs with.
+    pub planted: Option<PlantedBug>,
     /// `store_timeout`.
     pub store_timeout: Duration,
 }
@@ -41,6 +45,8 @@ impl Routes {
             takeover: config.takeover,
             webhook: config.status_webhook,
             lease: config.lease(),
+            lease_set: config.lease,
+            planted: config.planted,
             store_timeout: config.store_timeout,
         }
     }
@@ -51,6 +57,13 @@ impl Routes {
         } else {
             ""
         };
+        let takeover = self
+            .takeover
+            .config_line()
+            .map_or_else(String::new, |line| format!("{line}\n"));
+        let lease = self
+            .lease_set
+            .map_or_else(String::new, |l| format!("lease = \"{}ms\"\n", l.as_millis()));
         format!(
             r#"upstream = "{upstream}"
 store = "{store}"
@@ -62,8 +75,7 @@ level = "info"
 
 [defaults]
 timeout = "{timeout}ms"
-takeover = "{takeover}"
-upstream_failure = "hold"
+{takeover}{lease}upstream_failure = "hold"
 # This upstream's 500 comes after it acted: store it, as a real service of that kind must.
 store_statuses = ["2xx", "3xx", "4xx", "500"]
 {status_url}
@@ -81,7 +93,6 @@ principal = {{ from = "none" }}
 "#,
             store_timeout = self.store_timeout.as_millis(),
             timeout = self.timeout.as_millis(),
-            takeover = self.takeover.as_str(),
         )
     }
 
@@ -179,7 +190,13 @@ impl Slot {
     ///
     /// # Errors
     /// It exited or did not get ready within `limit`.
-    pub async fn start(&self, idem: &Path, config: &str, limit: Duration) -> anyhow::Result<()> {
+    pub async fn start(
+        &self,
+        idem: &Path,
+        config: &str,
+        planted: Option<PlantedBug>,
+        limit: Duration,
+    ) -> anyhow::Result<()> {
         self.kill();
         let n = self.incarnation.fetch_add(1, Ordering::SeqCst) + 1;
         let path = self.dir.join(format!("idem.{n}.toml"));
@@ -188,11 +205,15 @@ impl Slot {
             Role::Serve => "serve",
             Role::Relay => "relay",
         };
+        let mut env = vec![("RUST_LOG", "info"), ("NO_COLOR", "1")];
+        if let Some(bug) = planted {
+            env.push(("IDEM_PLANTED_BUG", bug.as_str()));
+        }
         let proc = Proc::spawn(&Spawn {
             name: &self.name,
             program: idem,
             args: vec![command.as_ref(), "--config".as_ref(), path.as_os_str()],
-            env: vec![("RUST_LOG", "info"), ("NO_COLOR", "1")],
+            env,
             dir: &self.dir,
             log: self.dir.join(format!("idem.{n}")),
             stop_signal: "KILL",
@@ -217,13 +238,14 @@ impl Slot {
         &self,
         idem: &Path,
         config: impl Fn() -> String,
+        planted: Option<PlantedBug>,
         limit: Duration,
     ) -> anyhow::Result<()> {
         let give_up = Instant::now() + limit;
         loop {
             let left = give_up.saturating_duration_since(Instant::now());
             match self
-                .start(idem, &config(), left.min(Duration::from_secs(15)))
+                .start(idem, &config(), planted, left.min(Duration::from_secs(15)))
                 .await
             {
                 Ok(()) => return Ok(()),

@@ -45,10 +45,11 @@ pub mod postgres;
 pub mod proc;
 pub mod report;
 mod run;
+pub mod settle;
 pub mod store;
 pub mod upstream;
 pub mod world;
 
-pub use config::{FaultKind, RunConfig, StoreKind, Takeover};
+pub use config::{FaultKind, PlantedBug, RunConfig, StoreKind, Takeover};
 pub use report::Report;
 pub use run::run;

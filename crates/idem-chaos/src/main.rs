@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use clap::{Parser, Subcommand, ValueEnum};
 use idem_chaos::config::KeepDir;
-use idem_chaos::{FaultKind, RunConfig, StoreKind, Takeover};
+use idem_chaos::{FaultKind, PlantedBug, RunConfig, StoreKind, Takeover};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -58,9 +58,15 @@ struct Args {
     /// The seed; a random one when omitted (printed, so the run can be replayed).
     #[arg(long)]
     seed: Option<u64>,
-    /// The routes' takeover policy.
-    #[arg(long, value_enum, default_value = "reexecute")]
+    /// The routes' takeover policy (`default`: the routes name none).
+    #[arg(long, value_enum, default_value = "default")]
     takeover: Takeover,
+    /// The routes' lease (default: the gateway's default for the route).
+    #[arg(long, value_parser = humantime::parse_duration)]
+    lease: Option<Duration>,
+    /// Run `idem-planted` with this deliberate bug, to see the checker catch it.
+    #[arg(long, value_enum)]
+    planted: Option<PlantedBug>,
     /// Routes with the upstream's status webhook and the reconciler in `serve`.
     #[arg(long, value_enum, default_value = "off")]
     status_webhook: OnOff,
@@ -91,6 +97,8 @@ async fn main() -> ExitCode {
         duration: args.duration,
         seed,
         takeover: args.takeover,
+        lease: args.lease,
+        planted: args.planted,
         status_webhook: args.status_webhook == OnOff::On,
         idem: args.idem,
         faults: args.faults,

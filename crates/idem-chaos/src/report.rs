@@ -9,6 +9,7 @@ use serde::Serialize;
 
 use crate::FaultKind;
 use crate::checker::{Anomaly, Findings, Kind};
+use crate::settle::SettleTimes;
 
 /// What one run did and found.
 #[derive(Debug, Clone, Serialize)]
@@ -29,6 +30,8 @@ pub struct Report {
     pub faults: BTreeMap<FaultKind, usize>,
     /// What the checker found.
     pub findings: Findings,
+    /// The time from a gateway's crash or stop to each key it held being settled.
+    pub settle: SettleTimes,
     /// How long the whole run took.
     pub elapsed: Duration,
     /// Things worth knowing that are not anomalies (a store URL the gateway refused, a fault
@@ -102,6 +105,21 @@ impl fmt::Display for Report {
                 fd.messages_once, fd.messages_dead
             )?;
         }
+        let st = &self.settle;
+        let secs = |q: f64| {
+            st.quantile_ms(q)
+                .map_or_else(|| "-".to_owned(), |ms| format!("{:.1}s", ms as f64 / 1000.0))
+        };
+        writeln!(
+            f,
+            "crash to settled key: {} keys hit, {} settled (median {}, p90 {}, max {}), {} not",
+            st.hit,
+            st.settled_ms.len(),
+            secs(0.5),
+            secs(0.9),
+            secs(1.0),
+            st.unsettled
+        )?;
         writeln!(f)?;
         writeln!(f, "{:<24} {:>6}", "fault", "count")?;
         for (kind, n) in &self.faults {

@@ -47,7 +47,10 @@ pub async fn run(config: RunConfig) -> anyhow::Result<Report> {
             eprintln!("idem-chaos: {:>7.1}s {msg}", clock.now().as_secs_f64());
         }
     };
-    let idem = crate::binary::locate(config.idem.as_deref())?;
+    let idem = match config.planted {
+        None => crate::binary::locate(config.idem.as_deref())?,
+        Some(_) => crate::binary::locate_planted()?,
+    };
     let kinds = config.fault_kinds();
     say(format!(
         "seed {} store {} gateways {} relays {} clients {} duration {:?} takeover {} webhook {} faults [{}] in {}",
@@ -344,14 +347,19 @@ pub async fn run(config: RunConfig) -> anyhow::Result<Report> {
     let mut report = Report {
         seed: config.seed,
         setup: format!(
-            "store {}, {} gateways, {} relays, {} clients, {:?}, takeover {}, status webhook {}",
+            "store {}, {} gateways, {} relays, {} clients, {:?}, takeover {}, lease {:?}{}, status webhook {}{}",
             config.store,
             config.gateways,
             config.relays,
             config.clients,
             config.duration,
             config.takeover.as_str(),
-            if config.status_webhook { "on" } else { "off" }
+            config.lease(),
+            if config.lease.is_some() { "" } else { " (default)" },
+            if config.status_webhook { "on" } else { "off" },
+            config
+                .planted
+                .map_or_else(String::new, |b| format!(", PLANTED BUG {}", b.as_str()))
         ),
         operations: history.ops.len(),
         attempts: history.attempts.len(),
@@ -359,6 +367,7 @@ pub async fn run(config: RunConfig) -> anyhow::Result<Report> {
         replays,
         faults,
         findings,
+        settle: crate::settle::measure(&history),
         elapsed: started.elapsed(),
         notes,
         dir: keep.then(|| dir.display().to_string()),
@@ -375,7 +384,7 @@ pub async fn run(config: RunConfig) -> anyhow::Result<Report> {
 /// not start, if it did not.
 async fn probe_config(idem: &Path, dir: &Path, config: &str) -> Result<(), String> {
     let slot = Slot::new("probe", Role::Serve, dir).map_err(|e| e.to_string())?;
-    let started = slot.start(idem, config, Duration::from_secs(15)).await;
+    let started = slot.start(idem, config, None, Duration::from_secs(15)).await;
     slot.kill();
     started.map_err(|e| {
         let text = format!("{e:#}");

@@ -81,7 +81,8 @@ impl World {
             Role::Serve => self.gateway_config(i),
             Role::Relay => self.relay_config(i),
         };
-        slot.start_until(&self.idem, config, limit).await
+        slot.start_until(&self.idem, config, self.routes.planted, limit)
+            .await
     }
 
     /// Lifts every fault: links pass, the store and every process run, nothing is stopped.

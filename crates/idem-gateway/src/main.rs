@@ -160,7 +160,8 @@ impl ServeArgs {
     }
 }
 
-fn main() -> ExitCode {
+// `pub(crate)`: `src/planted_main.rs` builds this same program as `idem-planted`.
+pub(crate) fn main() -> ExitCode {
     // One crypto provider for every TLS connection the process makes or accepts.
     if rustls::crypto::ring::default_provider()
         .install_default()

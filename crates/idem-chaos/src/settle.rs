@@ -1,0 +1,135 @@
+//! The time from a crash to a settled key: for every gateway the nemesis killed or stopped,
+//! the operations that had an attempt in flight there at that moment, and how long after the
+//! fault each first got the upstream's answer (fresh or replayed) from any gateway.
+
+use serde::Serialize;
+
+use crate::FaultKind;
+use crate::history::History;
+
+/// What the crashes cost the keys they hit.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct SettleTimes {
+    /// Operations with an attempt in flight at a gateway when it was killed or stopped.
+    pub hit: usize,
+    /// Of those, how long each took from the fault to its first upstream answer, in ms,
+    /// sorted.
+    pub settled_ms: Vec<u64>,
+    /// Of those, how many never got one (left unknown, or given up).
+    pub unsettled: usize,
+}
+
+impl SettleTimes {
+    /// The `q`-quantile of the settled times (nearest rank), if any settled.
+    pub fn quantile_ms(&self, q: f64) -> Option<u64> {
+        let n = self.settled_ms.len();
+        if n == 0 {
+            return None;
+        }
+        // Nearest rank: the smallest time at or above the q-th fraction of the sample.
+        let rank = (q * n as f64).ceil().clamp(1.0, n as f64) as usize;
+        self.settled_ms.get(rank - 1).copied()
+    }
+}
+
+/// Measures [`SettleTimes`] over `history`.
+pub fn measure(history: &History) -> SettleTimes {
+    let mut out = SettleTimes::default();
+    for fault in &history.faults {
+        if !matches!(fault.kind, FaultKind::KillGateway | FaultKind::PauseGateway) {
+            continue;
+        }
+        let Some(gateway) = fault
+            .target
+            .strip_prefix('g')
+            .and_then(|n| n.parse::<usize>().ok())
+        else {
+            continue;
+        };
+        let t = fault.start_ms;
+        let mut hit: Vec<usize> = history
+            .attempts
+            .iter()
+            .filter(|a| a.gateway == gateway && a.start_ms <= t && a.end_ms > t)
+            .map(|a| a.op)
+            .collect();
+        hit.sort_unstable();
+        hit.dedup();
+        for op in hit {
+            out.hit += 1;
+            let first = history
+                .attempts
+                .iter()
+                .filter(|a| a.op == op && a.end_ms > t)
+                .filter(|a| a.result.answer().is_some_and(|ans| ans.from_upstream()))
+                .map(|a| a.end_ms)
+                .min();
+            match first {
+                Some(end) => out.settled_ms.push(end - t),
+                None => out.unsettled += 1,
+            }
+        }
+    }
+    out.settled_ms.sort_unstable();
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::history::{Answer, Attempt, AttemptResult, FaultRecord, Phase};
+
+    fn attempt(op: usize, gateway: usize, start_ms: u64, end_ms: u64, ok: bool) -> Attempt {
+        Attempt {
+            op,
+            gateway,
+            start_ms,
+            end_ms,
+            phase: Phase::Main,
+            result: if ok {
+                AttemptResult::Answer(Answer {
+                    status: 201,
+                    replayed: true,
+                    exec: Some("e1".into()),
+                    caller: None,
+                    key: None,
+                    problem: None,
+                    retry_after: None,
+                })
+            } else {
+                AttemptResult::Broken("reset".into())
+            },
+        }
+    }
+
+    #[test]
+    fn a_key_in_flight_at_a_killed_gateway_settles_at_its_first_upstream_answer() {
+        let history = History {
+            attempts: vec![
+                // In flight at g1 when it dies at 1000, answered by g0 at 5200.
+                attempt(0, 1, 900, 1001, false),
+                attempt(0, 0, 1100, 1500, false),
+                attempt(0, 0, 5000, 5200, true),
+                // In flight at g1, never answered.
+                attempt(1, 1, 950, 1001, false),
+                // At another gateway: not hit.
+                attempt(2, 0, 950, 1200, true),
+                // At g1 but finished before the fault: not hit.
+                attempt(3, 1, 100, 200, true),
+            ],
+            faults: vec![FaultRecord {
+                kind: FaultKind::KillGateway,
+                target: "g1".into(),
+                start_ms: 1000,
+                end_ms: 2000,
+                detail: String::new(),
+            }],
+            ..History::default()
+        };
+        let times = measure(&history);
+        assert_eq!(times.hit, 2);
+        assert_eq!(times.settled_ms, vec![4200]);
+        assert_eq!(times.unsettled, 1);
+        assert_eq!(times.quantile_ms(0.5), Some(4200));
+    }
+}
