@@ -41,7 +41,11 @@ pub fn locate_planted() -> anyhow::Result<PathBuf> {
         return existing(PathBuf::from(path), "IDEM_PLANTED_BIN");
     }
     let profile_dir = profile_dir()?;
-    build(&profile_dir, "idem-planted", &["--features", "planted-bugs"])?;
+    build(
+        &profile_dir,
+        "idem-planted",
+        &["--features", "planted-bugs"],
+    )?;
     existing(profile_dir.join("idem-planted"), "the build")
 }
 

@@ -190,7 +190,7 @@ pub fn check(history: &History, calls: &[Call], messages: &Messages, limits: &Li
     let mut store_down: Vec<(u64, u64)> = Vec::new();
     let mut paused: HashMap<String, Vec<(u64, u64)>> = HashMap::new();
     for r in &history.faults {
-        let span = (r.start_ms, r.end_ms);
+        let span = r.held();
         match r.kind {
             FaultKind::FreezeStore => store_down.push(span),
             FaultKind::CutLink => {
@@ -738,6 +738,7 @@ mod tests {
                 start_ms: 3_000,
                 end_ms: 7_000,
                 detail: String::new(),
+                in_force: None,
             }],
             ..History::default()
         };
@@ -770,6 +771,7 @@ mod tests {
             start_ms: 100,
             end_ms: 20_000,
             detail: String::new(),
+            in_force: None,
         });
         assert!(
             check(&h, &[], &Messages::default(), &LIMITS)

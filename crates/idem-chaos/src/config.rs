@@ -123,7 +123,7 @@ pub enum PlantedBug {
 }
 
 impl PlantedBug {
-    /// Its `IDEM_PLANTED_BUG` value.
+    /// Its `CHAOS_PLANTED_BUG` value.
     pub fn as_str(self) -> &'static str {
         match self {
             Self::ClaimSkipsFencing => "claim-skips-fencing",
@@ -214,7 +214,7 @@ pub struct RunConfig {
     pub takeover: Takeover,
     /// The routes' `lease`; `None`: the gateway's default for the route.
     pub lease: Option<Duration>,
-    /// The planted bug the gateways run with (`IDEM_PLANTED_BUG`, a build of `idem` with the
+    /// The planted bug the gateways run with (`CHAOS_PLANTED_BUG`, a build of `idem` with the
     /// `planted-bugs` feature); `None`: a sound gateway.
     pub planted: Option<PlantedBug>,
     /// Whether the routes have a `status_url` on the upstream's webhook and `serve` runs the

@@ -61,9 +61,9 @@ impl Routes {
             .takeover
             .config_line()
             .map_or_else(String::new, |line| format!("{line}\n"));
-        let lease = self
-            .lease_set
-            .map_or_else(String::new, |l| format!("lease = \"{}ms\"\n", l.as_millis()));
+        let lease = self.lease_set.map_or_else(String::new, |l| {
+            format!("lease = \"{}ms\"\n", l.as_millis())
+        });
         format!(
             r#"upstream = "{upstream}"
 store = "{store}"
@@ -207,7 +207,7 @@ impl Slot {
         };
         let mut env = vec![("RUST_LOG", "info"), ("NO_COLOR", "1")];
         if let Some(bug) = planted {
-            env.push(("IDEM_PLANTED_BUG", bug.as_str()));
+            env.push(("CHAOS_PLANTED_BUG", bug.as_str()));
         }
         let proc = Proc::spawn(&Spawn {
             name: &self.name,

@@ -119,8 +119,19 @@ pub struct FaultRecord {
     pub start_ms: u64,
     /// When it was healed.
     pub end_ms: u64,
+    /// When it was fully in force, where that differs from `start_ms..end_ms` (a PostgreSQL
+    /// freeze signals every backend, which takes a while each way): from when the last
+    /// process was stopped to when the first was continued.
+    pub in_force: Option<(u64, u64)>,
     /// What happened, for the log.
     pub detail: String,
+}
+
+impl FaultRecord {
+    /// The span in which the fault certainly held.
+    pub fn held(&self) -> (u64, u64) {
+        self.in_force.unwrap_or((self.start_ms, self.end_ms))
+    }
 }
 
 /// Everything the clients and the nemesis recorded.

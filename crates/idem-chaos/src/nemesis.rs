@@ -168,8 +168,15 @@ impl FaultLog {
             start_ms,
             end_ms: start_ms,
             detail: String::new(),
+            in_force: None,
         });
         r.len() - 1
+    }
+
+    fn in_force(&self, index: usize, from_ms: u64, to_ms: u64) {
+        if let Some(r) = self.records.lock().get_mut(index) {
+            r.in_force = Some((from_ms, to_ms));
+        }
     }
 
     fn end(&self, index: usize, end_ms: u64, detail: String) {
@@ -289,7 +296,9 @@ async fn inject(world: &World, clock: &Clock, log: &FaultLog, p: &Planned, verbo
         }
         FaultKind::FreezeStore => match world.store.freeze(true) {
             Ok(()) => {
+                let from = clock.ms();
                 tokio::time::sleep(length).await;
+                log.in_force(entry, from, clock.ms());
                 match world.store.freeze(false) {
                     Ok(()) => format!("frozen {:.1}s", length.as_secs_f64()),
                     Err(e) => format!("thaw failed: {e:#}"),

@@ -107,8 +107,10 @@ impl fmt::Display for Report {
         }
         let st = &self.settle;
         let secs = |q: f64| {
-            st.quantile_ms(q)
-                .map_or_else(|| "-".to_owned(), |ms| format!("{:.1}s", ms as f64 / 1000.0))
+            st.quantile_ms(q).map_or_else(
+                || "-".to_owned(),
+                |ms| format!("{:.1}s", ms as f64 / 1000.0),
+            )
         };
         writeln!(
             f,

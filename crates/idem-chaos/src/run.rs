@@ -355,7 +355,11 @@ pub async fn run(config: RunConfig) -> anyhow::Result<Report> {
             config.duration,
             config.takeover.as_str(),
             config.lease(),
-            if config.lease.is_some() { "" } else { " (default)" },
+            if config.lease.is_some() {
+                ""
+            } else {
+                " (default)"
+            },
             if config.status_webhook { "on" } else { "off" },
             config
                 .planted
@@ -384,7 +388,9 @@ pub async fn run(config: RunConfig) -> anyhow::Result<Report> {
 /// not start, if it did not.
 async fn probe_config(idem: &Path, dir: &Path, config: &str) -> Result<(), String> {
     let slot = Slot::new("probe", Role::Serve, dir).map_err(|e| e.to_string())?;
-    let started = slot.start(idem, config, None, Duration::from_secs(15)).await;
+    let started = slot
+        .start(idem, config, None, Duration::from_secs(15))
+        .await;
     slot.kill();
     started.map_err(|e| {
         let text = format!("{e:#}");

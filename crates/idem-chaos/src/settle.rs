@@ -123,6 +123,7 @@ mod tests {
                 start_ms: 1000,
                 end_ms: 2000,
                 detail: String::new(),
+                in_force: None,
             }],
             ..History::default()
         };

@@ -246,7 +246,12 @@ async fn an_answer_before_the_completion_is_durable_is_caught() {
     if !available(StoreKind::Redis) {
         return;
     }
-    let report = planted(22, PlantedBug::AnswerBeforeDurable, &[FaultKind::KillGateway]).await;
+    let report = planted(
+        22,
+        PlantedBug::AnswerBeforeDurable,
+        &[FaultKind::KillGateway],
+    )
+    .await;
     assert!(
         report.count(Kind::NotDurable) > 0,
         "seed 22: an answer sent before its completion is durable must show as not-durable\n{report}"

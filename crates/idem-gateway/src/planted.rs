@@ -1,7 +1,7 @@
 //! Deliberately broken gateways, for the fault suite to show it catches what it claims to.
 //!
 //! Only in builds with the `planted-bugs` feature, which no release enables. The variable
-//! `IDEM_PLANTED_BUG` names the bug; the store the gateway opens is wrapped to have it:
+//! `CHAOS_PLANTED_BUG` names the bug; the store the gateway opens is wrapped to have it:
 //!
 //! | value | the bug | what the suite must see |
 //! |---|---|---|
@@ -21,7 +21,7 @@ use idem_core::{
 };
 
 /// The variable that names the planted bug.
-pub const VARIABLE: &str = "IDEM_PLANTED_BUG";
+pub const VARIABLE: &str = "CHAOS_PLANTED_BUG";
 
 /// A planted bug.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -35,7 +35,7 @@ pub enum Bug {
 }
 
 impl Bug {
-    /// The bug `IDEM_PLANTED_BUG` names, if any.
+    /// The bug `CHAOS_PLANTED_BUG` names, if any.
     ///
     /// # Errors
     /// An unknown name: a typo must not run a test against a sound gateway.
@@ -50,7 +50,7 @@ impl Bug {
     }
 }
 
-/// `store` with the bug `IDEM_PLANTED_BUG` names, or as it is.
+/// `store` with the bug `CHAOS_PLANTED_BUG` names, or as it is.
 ///
 /// # Errors
 /// See [`Bug::from_env`].

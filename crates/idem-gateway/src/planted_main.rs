@@ -1,5 +1,5 @@
 //! `idem-planted`: the `idem` program built with the `planted-bugs` feature, whose
-//! `IDEM_PLANTED_BUG` gives the gateway a deliberate bug (`src/planted.rs`). The fault suite
+//! `CHAOS_PLANTED_BUG` gives the gateway a deliberate bug (`src/planted.rs`). The fault suite
 //! (idem-chaos) runs it to show that its checker catches each bug; nothing else should.
 
 use std::process::ExitCode;
