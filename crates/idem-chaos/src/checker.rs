@@ -158,6 +158,9 @@ pub struct Findings {
 /// 2001-09-09 in µs since the Unix epoch: a fence above it is a server time, not a counter.
 const MICROS_2001: u64 = 1_000_000_000_000_000;
 
+/// How far from a loss a claim's server time must be to be placed before or after it.
+const LOSS_SLACK_US: u64 = 100_000;
+
 fn name(principal: &str, key: &str) -> String {
     format!("{principal}/{key}")
 }
@@ -294,28 +297,43 @@ pub fn check(history: &History, calls: &[Call], messages: &Messages, limits: &Li
         // to the epoch of its claim, which can be earlier than its arrival (a request claimed
         // just before the loss reaches the upstream after it): a Redis fence is the server's
         // time in µs when the claim was granted, which places it; otherwise the arrival does.
-        let epoch = |c: &Call, e: &Execution| {
+        // A claim within the loss itself (between the old server's last grant and the new
+        // one's first, give or take the clocks' resolution) cannot be placed, and is not
+        // counted.
+        let epoch = |c: &Call, e: &Execution| -> Option<usize> {
             let claimed_us = c
                 .fence
                 .as_deref()
                 .and_then(|x| x.trim().parse::<u64>().ok())
                 .filter(|&us| us > MICROS_2001 && !history.data_lost_wall_us.is_empty());
             match claimed_us {
-                Some(us) => history
-                    .data_lost_wall_us
-                    .iter()
-                    .filter(|&&l| l <= us)
-                    .count(),
-                None => history
-                    .data_lost_ms
-                    .iter()
-                    .filter(|&&l| l <= e.at_ms)
-                    .count(),
+                Some(us) => {
+                    let unsure = history
+                        .data_lost_wall_us
+                        .iter()
+                        .any(|&(from, to)| us + LOSS_SLACK_US >= from && us <= to + LOSS_SLACK_US);
+                    (!unsure).then(|| {
+                        history
+                            .data_lost_wall_us
+                            .iter()
+                            .filter(|&&(from, _)| from <= us)
+                            .count()
+                    })
+                }
+                None => Some(
+                    history
+                        .data_lost_ms
+                        .iter()
+                        .filter(|&&l| l <= e.at_ms)
+                        .count(),
+                ),
             }
         };
         let mut per_epoch: BTreeMap<usize, usize> = BTreeMap::new();
         for (c, e) in &proper {
-            *per_epoch.entry(epoch(c, e)).or_default() += 1;
+            if let Some(at) = epoch(c, e) {
+                *per_epoch.entry(at).or_default() += 1;
+            }
         }
         let counted = per_epoch.values().copied().max().unwrap_or(0);
         if per_epoch.len() > 1 {
@@ -351,7 +369,7 @@ pub fn check(history: &History, calls: &[Call], messages: &Messages, limits: &Li
                     c.fence
                         .as_deref()
                         .and_then(|x| x.trim().parse::<u64>().ok())
-                        .map(|x| (x, e.exec.as_str(), epoch(c, e)))
+                        .and_then(|x| epoch(c, e).map(|at| (x, e.exec.as_str(), at)))
                 })
                 .collect();
             for (i, (fence, exec, at)) in fences.iter().enumerate() {
@@ -792,11 +810,11 @@ mod tests {
         // claimed before (its Redis fence is the server time then) and reached the upstream
         // after e-2, which was claimed after the loss: one execution per epoch, and e-1's
         // lower fence, arriving later, is no fence going back (another epoch).
-        let before = "1796000000400000";
+        let before = "1796000000300000";
         let after = "1796000000900000";
         let mut h = history(vec![]);
         h.data_lost_ms = vec![5_000];
-        h.data_lost_wall_us = vec![1_796_000_000_500_000];
+        h.data_lost_wall_us = vec![(1_796_000_000_500_000, 1_796_000_000_550_000)];
         let calls = [
             call(0, "g0", "k", Some(after), 5_100, "e-2"),
             call(1, "g1", "k", Some(before), 5_300, "e-1"),

@@ -157,7 +157,7 @@ pub fn schedule(plan: &Plan) -> Vec<Planned> {
 pub struct FaultLog {
     records: Mutex<Vec<FaultRecord>>,
     data_lost: Mutex<Vec<u64>>,
-    data_lost_wall: Mutex<Vec<u64>>,
+    data_lost_wall: Mutex<Vec<(u64, u64)>>,
 }
 
 impl FaultLog {
@@ -197,8 +197,9 @@ impl FaultLog {
         self.data_lost.lock().clone()
     }
 
-    /// The same moments on the wall clock, in microseconds since the Unix epoch.
-    pub fn data_lost_wall_us(&self) -> Vec<u64> {
+    /// The same losses on the wall clock, in microseconds since the Unix epoch: from just
+    /// before the old server was killed to just after the new one answered.
+    pub fn data_lost_wall_us(&self) -> Vec<(u64, u64)> {
         self.data_lost_wall.lock().clone()
     }
 
@@ -318,7 +319,7 @@ async fn inject(world: &World, clock: &Clock, log: &FaultLog, p: &Planned, verbo
             match world.store.restart_empty().await {
                 Ok(()) => {
                     log.data_lost.lock().push(lost);
-                    log.data_lost_wall.lock().push(lost_wall);
+                    log.data_lost_wall.lock().push((lost_wall, wall_us()));
                     "restarted empty: data lost".to_owned()
                 }
                 Err(e) => format!("restart failed: {e:#}"),
