@@ -188,6 +188,8 @@ impl App {
         let log = tracing::enabled!(tracing::Level::INFO);
         let (mut parts, body) = req.into_parts();
         let grpc = crate::grpc::is_grpc(&parts.headers);
+        // First, so `Connection` can drop only the client's headers, never the gateway's.
+        crate::proxy::strip_client_connection(&mut parts.headers, &self.request_id);
         let request_id = request_id(&mut parts, &self.request_id);
         let span = RequestSpan::new(&request_id, &parts.headers);
         append_forwarded_for(&mut parts, peer);
@@ -527,7 +529,7 @@ fn request_id(parts: &mut Parts, name: &HeaderName) -> HeaderValue {
     id
 }
 
-const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
+use crate::proxy::X_FORWARDED_FOR;
 
 fn append_forwarded_for(parts: &mut Parts, peer: &Peer) {
     let joined = match parts.headers.get(&X_FORWARDED_FOR) {
