@@ -571,7 +571,7 @@ pub(crate) fn strip_client_connection(headers: &mut http::HeaderMap, request_id:
     }
     let named = connection_named(headers);
     let owned = |n: &HeaderName| gateway_owned(n, None) || n == request_id;
-    if !named.iter().any(|n| owned(n)) {
+    if !named.iter().any(owned) {
         return;
     }
     if named.contains(&X_FORWARDED_FOR) {
