@@ -94,6 +94,8 @@ pub enum Refusal {
     BodyTooLarge,
     /// The request body could not be read.
     BodyUnreadable,
+    /// The request body could mean two things (a JSON object naming a member twice).
+    BodyAmbiguous,
     /// The key completed, but its answer was too large to keep, so it cannot be replayed.
     ResponseNotStored,
     /// No route matches the request.
@@ -134,7 +136,7 @@ impl Outcome {
 
 impl Refusal {
     /// A short, stable, lower-case name: `key_missing`, `key_malformed`, `key_multiple`,
-    /// `unauthenticated`, `body_too_large`, `body_unreadable`, `response_not_stored`,
+    /// `unauthenticated`, `body_too_large`, `body_unreadable`, `body_ambiguous`, `response_not_stored`,
     /// `no_route`, `bad_target`, `overloaded`, `token`.
     pub fn as_str(self) -> &'static str {
         match self {
@@ -144,6 +146,7 @@ impl Refusal {
             Self::Unauthenticated => "unauthenticated",
             Self::BodyTooLarge => "body_too_large",
             Self::BodyUnreadable => "body_unreadable",
+            Self::BodyAmbiguous => "body_ambiguous",
             Self::ResponseNotStored => "response_not_stored",
             Self::NoRoute => "no_route",
             Self::BadTarget => "bad_target",

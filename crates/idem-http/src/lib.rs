@@ -37,10 +37,10 @@ pub use config::{
 pub use idempotency::{Idempotency, IdempotencyLayer, ResponseFuture};
 pub use key::{KeyRejection, parse_key};
 pub use policy::{
-    CanonicalJson, ExtensionPrincipal, ExtractKey, ExtractPrincipal, FingerprintRequest, FoundKey,
-    HeaderKey, HeaderPrincipal, IDEMPOTENCY_FENCE, IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED,
-    NoPrincipal, Principal, PrincipalRejection, RawBody, StoreDecision, StorePolicy,
-    StoreUnless5xx, X_IDEMPOTENCY_KEY, X_REQUEST_ID,
+    AmbiguousBody, CanonicalJson, ExtensionPrincipal, ExtractKey, ExtractPrincipal,
+    FingerprintRequest, FoundKey, HeaderKey, HeaderPrincipal, IDEMPOTENCY_FENCE, IDEMPOTENCY_KEY,
+    IDEMPOTENT_REPLAYED, NoPrincipal, Principal, PrincipalRejection, RawBody, StoreDecision,
+    StorePolicy, StoreUnless5xx, X_IDEMPOTENCY_KEY, X_REQUEST_ID,
 };
 pub use problem::{PROBLEM_BASE, Problem, retry_after_secs};
 pub use source::{PathParams, SourceKey};

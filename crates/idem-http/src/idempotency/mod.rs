@@ -232,7 +232,10 @@ where
             }
         },
     };
-    let fingerprint = config.fingerprint.fingerprint(&parts, &bytes);
+    let fingerprint = match config.fingerprint.fingerprint(&parts, &bytes) {
+        Ok(fingerprint) => fingerprint,
+        Err(why) => return Ok(error::body_ambiguous(&found.key, &why).into_response()),
+    };
     let scoped = ScopedKey::new(config.scope_for(principal), found.key.clone());
     let request_id = parts
         .headers
