@@ -58,6 +58,7 @@ use crate::buffer::{
     BodyFailure, Collected, collect_body, fields_size, header_map, read_body, stored_fields,
 };
 use crate::config::{IdempotencyConfig, NEVER_REPLAYED, StreamingResponses};
+use crate::guard::RunGuard;
 use crate::policy::{FoundKey, IDEMPOTENT_REPLAYED, StoreDecision, X_REQUEST_ID};
 
 pub(crate) struct Shared<St> {
@@ -175,7 +176,7 @@ type Handled<B, E> = Result<Response<ResponseBody<B>>, E>;
 async fn protect<S, St, ReqB, ResB>(
     shared: Arc<Shared<St>>,
     mut inner: S,
-    parts: http::request::Parts,
+    mut parts: http::request::Parts,
     body: ReqB,
     found: Option<FoundKey>,
 ) -> Result<Response<ResponseBody<ResB>>, S::Error>
@@ -191,6 +192,8 @@ where
     ResB::Error: Into<BoxError>,
 {
     let config = &shared.config;
+    // Held to the end of the run, which may go on in a spawned task after the client left.
+    let _guard = parts.extensions.remove::<RunGuard>();
     let principal = match config.principal.principal(&parts) {
         Ok(p) => p,
         Err(r) => return Ok(error::unauthenticated(r.0).into_response()),

@@ -1,0 +1,168 @@
+//! Resource limits under abuse, against the real gateway: a request body that stalls, and
+//! clients that abandon their requests, must not take the gateway's request slots from
+//! everyone else.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::{Gateway, Http, Upstream, key};
+use http::StatusCode;
+use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+use tokio::net::TcpStream;
+
+/// A gateway in front of `up` allowing `cap` requests in progress, every route protected,
+/// with `extra` appended to its `[limits]` table.
+fn capped(up: &Upstream, cap: usize, extra: &str) -> String {
+    format!(
+        r#"
+upstream = "{}"
+store = "memory:"
+[limits]
+max_concurrent_requests = {cap}
+{extra}
+[defaults]
+principal = {{ from = "none" }}
+"#,
+        up.url()
+    )
+}
+
+/// Opens a connection and sends a protected `POST` head declaring `declared` body bytes,
+/// followed by `sent` of them; the rest never comes.
+async fn stalled_post(gw: &Gateway, key: &str, declared: usize, sent: &[u8]) -> TcpStream {
+    let mut stream = TcpStream::connect(gw.addr).await.expect("connect");
+    let head = format!(
+        "POST /charge HTTP/1.1\r\nhost: idem\r\ncontent-type: application/json\r\n\
+         idempotency-key: {key}\r\ncontent-length: {declared}\r\n\r\n"
+    );
+    stream.write_all(head.as_bytes()).await.expect("head");
+    stream.write_all(sent).await.expect("body");
+    stream.flush().await.expect("flush");
+    stream
+}
+
+/// The status line's code of the first answer on `stream`, read within `within`.
+async fn status_of(stream: &mut TcpStream, within: Duration) -> Option<u16> {
+    let mut buf = Vec::new();
+    let read = tokio::time::timeout(within, async {
+        let mut chunk = [0u8; 1024];
+        while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
+            match stream.read(&mut chunk).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => buf.extend_from_slice(&chunk[..n]),
+            }
+        }
+    })
+    .await;
+    read.ok()?;
+    let line = std::str::from_utf8(&buf).ok()?.lines().next()?;
+    line.split(' ').nth(1)?.parse().ok()
+}
+
+// Bug guarded: nothing timed out a request body being read, so connections that sent a
+// protected head and one byte of a 100-byte body held a request slot each, forever: with the
+// cap at 4, eight of them made every other caller get `503 overloaded`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_body_is_cut_off_and_frees_its_slot() {
+    let up = Upstream::start().await;
+    // The default body limits: the point is that a production gateway is protected as is.
+    let gw = Gateway::start(&capped(&up, 4, ""), &[]);
+    let http = Http::new();
+    let started = Instant::now();
+    let mut stalled = Vec::new();
+    for i in 0..8 {
+        stalled.push(stalled_post(&gw, &format!("stall-{i}"), 100, b"{").await);
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let refused = http.post(&gw.url("/charge"), Some(&key()), "{}").await;
+    assert_eq!(
+        refused.status,
+        StatusCode::SERVICE_UNAVAILABLE,
+        "the stalled bodies hold the slots at first"
+    );
+    // Within a few seconds every stalled body has been cut off with 408.
+    for (i, stream) in stalled.iter_mut().enumerate() {
+        let status = status_of(stream, Duration::from_secs(8)).await;
+        assert_eq!(
+            status,
+            Some(408),
+            "stalled body {i} after {:?}",
+            started.elapsed()
+        );
+    }
+    let served = http.post(&gw.url("/charge"), Some(&key()), "{}").await;
+    assert_eq!(
+        served.status,
+        StatusCode::CREATED,
+        "a caller is served once the stalled bodies are cut off ({:?} after they began)",
+        started.elapsed()
+    );
+    // Nothing was claimed for a body that never arrived: its key runs when sent in full.
+    let retry = http.post(&gw.url("/charge"), Some("stall-0"), "{}").await;
+    assert_eq!(retry.status, StatusCode::CREATED, "{:?}", retry.body);
+    assert!(!retry.replayed());
+    assert_eq!(
+        up.seen.count("/charge"),
+        2,
+        "only the two complete requests ran"
+    );
+}
+
+// A body that arrives in full, only slowly, within the configured rate and timeout is
+// served; one slower than `min_body_rate` is cut off even though it keeps sending.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_slower_than_the_minimum_rate_is_cut_off() {
+    let up = Upstream::start().await;
+    let gw = Gateway::start(
+        &capped(&up, 4, "body_timeout = \"3s\"\nmin_body_rate = \"1KiB\""),
+        &[],
+    );
+    // 600 bytes, 100 every 300 ms: far below 1 KiB/s once the grace is over.
+    let mut slow = stalled_post(&gw, &key(), 600, b"").await;
+    let trickle = async {
+        for _ in 0..6 {
+            if slow.write_all(&[b' '; 100]).await.is_err() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(600)).await;
+        }
+    };
+    let started = Instant::now();
+    trickle.await;
+    let status = status_of(&mut slow, Duration::from_secs(5)).await;
+    assert_eq!(status, Some(408), "after {:?}", started.elapsed());
+    assert_eq!(up.seen.total(), 0, "nothing ran for a body cut off");
+}
+
+// Bug guarded: a request whose client went away finished in the background without its
+// concurrency permit, so with the cap at 4, twenty requests each abandoned after 0.2 s all
+// ran at the upstream at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_abandoned_request_keeps_its_slot_until_its_run_ends() {
+    let up = Upstream::start().await;
+    let gw = Gateway::start(&capped(&up, 4, ""), &[]);
+    let mut refused = 0;
+    for i in 0..20 {
+        let body = "{}";
+        let mut stream = TcpStream::connect(gw.addr).await.expect("connect");
+        let req = format!(
+            "POST /slow?delay_ms=3000 HTTP/1.1\r\nhost: idem\r\ncontent-type: application/json\r\n\
+             idempotency-key: gone-{i}\r\ncontent-length: {}\r\n\r\n{body}",
+            body.len()
+        );
+        stream.write_all(req.as_bytes()).await.expect("send");
+        if status_of(&mut stream, Duration::from_millis(200)).await == Some(503) {
+            refused += 1;
+        }
+        // The client gives up and closes the connection.
+        drop(stream);
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let peak = up.seen.peak();
+    assert!(
+        peak <= 4,
+        "{peak} runs at the upstream at once with the cap at 4"
+    );
+    assert!(refused >= 16, "only {refused} of 20 refused as overloaded");
+}
