@@ -64,11 +64,13 @@ impl fmt::Display for Settings {
         let l = &self.limits;
         writeln!(
             f,
-            "limits:    {} connections, {} requests in progress, headers within {}, idle {}",
+            "limits:    {} connections, {} requests in progress, headers within {}, idle {}, protected bodies within {} at {} bytes/s after 2s",
             l.max_connections,
             l.max_concurrent_requests,
             Dur(l.header_read_timeout),
-            Dur(l.idle_timeout)
+            Dur(l.idle_timeout),
+            Dur(l.body_pace.timeout),
+            l.body_pace.min_rate
         )?;
         match &self.admin {
             Some(a) => writeln!(

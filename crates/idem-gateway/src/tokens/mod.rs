@@ -30,6 +30,7 @@ use http::request::Parts;
 use http::{HeaderMap, HeaderName, HeaderValue, Method, Response, StatusCode, header};
 use idem_core::token::{IssueRequest, Token};
 use idem_core::{Engine, Outcome, Refusal, Scope};
+use idem_http::buffer::BodyPace;
 use idem_http::policy::ExtractPrincipal;
 use idem_http::{Idempotency, IdempotencyLayer, Problem, ResponseBody};
 use metrics::Counter;
@@ -65,7 +66,8 @@ impl std::fmt::Debug for TokenRoute {
 }
 
 impl TokenRoute {
-    /// The handler of `route` (with token mode `t`) over `proxy`, and its issue endpoint.
+    /// The handler of `route` (with token mode `t`) over `proxy`, reading request bodies at
+    /// `pace`, and its issue endpoint.
     ///
     /// # Errors
     /// A policy the layer refuses or an invalid namespace (both refused when the
@@ -76,6 +78,7 @@ impl TokenRoute {
         engine: &Engine<GatewayStore>,
         proxy: TimedProxy,
         tokens: &GatewayTokens,
+        pace: BodyPace,
     ) -> anyhow::Result<(Self, TokenIssuer)> {
         let counters = Counters::new(&route.name);
         let issuer = TokenIssuer::new(route, tokens.clone(), counters.clone())?;
@@ -87,9 +90,11 @@ impl TokenRoute {
             principal: route.policy.principal.clone(),
             counters: counters.clone(),
         };
-        let config = layer_config(&route.policy)?.key(TokenKey {
-            header: t.header.clone(),
-        });
+        let config = layer_config(&route.policy)?
+            .key(TokenKey {
+                header: t.header.clone(),
+            })
+            .body_pace(pace);
         let svc = IdempotencyLayer::new(engine, config).layer(gate);
         let check = TokenCheck::new(t, counters);
         Ok((Self { svc, check }, issuer))

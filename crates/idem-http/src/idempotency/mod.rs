@@ -207,12 +207,15 @@ where
     if declared.is_some_and(|n| n > limit as u64) {
         return Ok(error::body_too_large(key, limit).into_response());
     }
-    let bytes = match read_body(body, limit).await {
+    let bytes = match read_body(body, limit, config.body_pace).await {
         Ok(bytes) => bytes,
         Err(BodyFailure::TooLarge) => {
             return Ok(error::body_too_large(key, limit).into_response());
         }
-        Err(BodyFailure::Unreadable) => {
+        Err(BodyFailure::TimedOut) => {
+            return Ok(error::body_timeout(key).into_response());
+        }
+        Err(_) => {
             return Ok(error::body_unreadable(key).into_response());
         }
     };
