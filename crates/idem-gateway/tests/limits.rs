@@ -172,3 +172,68 @@ async fn an_abandoned_request_keeps_its_slot_until_its_run_ends() {
     );
     assert!(refused >= 16, "only {refused} of 20 refused as overloaded");
 }
+
+/// Sends `victim`'s charge, then `flood` cheap requests with fresh keys, then the victim's
+/// retry: returns how many of the flood were refused with `503 store-unavailable`, and
+/// asserts the retry was a replay and the victim ran once.
+async fn flood_then_retry(gw: &Gateway, up: &Upstream, body: &str, flood: usize) -> usize {
+    let http = Http::new();
+    let first = http
+        .post(&gw.url("/charge/victim"), Some("victim"), body)
+        .await;
+    assert_eq!(first.status, StatusCode::CREATED);
+    let mut refused = 0;
+    for _ in 0..flood {
+        let res = http.post(&gw.url("/flood"), Some(&key()), body).await;
+        match res.status {
+            StatusCode::CREATED => {}
+            StatusCode::SERVICE_UNAVAILABLE => {
+                assert_eq!(res.problem_type(), "store-unavailable");
+                refused += 1;
+            }
+            other => panic!("flood answered {other}"),
+        }
+    }
+    let retry = http
+        .post(&gw.url("/charge/victim"), Some("victim"), body)
+        .await;
+    assert_eq!(retry.status, StatusCode::CREATED);
+    assert!(
+        retry.replayed(),
+        "the victim's retry ran again: {:?}",
+        retry.body
+    );
+    assert_eq!(up.seen.count("/charge/victim"), 1, "the victim ran twice");
+    refused
+}
+
+// Bug guarded: at capacity the memory store evicted completed records that had not
+// expired, so a flood of cheap requests turned a victim's retry into a second execution.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_memory_store_refuses_new_keys_and_keeps_live_answers() {
+    let up = Upstream::start().await;
+    let config = capped(&up, 64, "").replace("memory:", "memory:8");
+    let gw = Gateway::start(&config, &[]);
+    let refused = flood_then_retry(&gw, &up, "{}", 20).await;
+    assert_eq!(refused, 13, "7 of the flood fit beside the victim");
+}
+
+// The memory store's byte bound (`store_max_bytes`) refuses new keys the same way once the
+// answers it holds fill it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_memory_store_is_bounded_in_bytes() {
+    let up = Upstream::start().await;
+    let config = capped(&up, 64, "").replace(
+        "store = \"memory:\"",
+        "store = \"memory:\"\nstore_max_bytes = \"32KiB\"",
+    );
+    let gw = Gateway::start(&config, &[]);
+    // The upstream echoes the body: every answer holds about 4 KB, so about eight fit (a
+    // claim is admitted while the bytes are under the bound, and its answer always kept).
+    let body = format!("{{\"pad\":\"{}\"}}", "x".repeat(4000));
+    let refused = flood_then_retry(&gw, &up, &body, 20).await;
+    assert!(
+        (10..=15).contains(&refused),
+        "{refused} of 20 refused in 32 KiB"
+    );
+}

@@ -38,6 +38,16 @@ impl fmt::Display for Settings {
                     ))
             )?;
         }
+        if matches!(self.store, crate::store::StoreSpec::Memory { .. }) {
+            let bytes = self
+                .store_options
+                .memory_max_bytes
+                .unwrap_or(idem_core::memory::DEFAULT_MAX_BYTES);
+            writeln!(
+                f,
+                "store bound: records take at most {bytes} bytes; a full store refuses new keys (503), never drops a live record"
+            )?;
+        }
         if let Some((replicas, timeout)) = self.store_options.wait {
             writeln!(
                 f,
