@@ -216,11 +216,12 @@ impl fmt::Display for Settings {
             match &p.token {
                 Some(t) => writeln!(
                     f,
-                    "      token:       header {} replaces the key (required on POST/PUT/PATCH/DELETE); POST {} issues one, valid {}, at most {} per principal (never proxied)",
+                    "      token:       header {} replaces the key (required on POST/PUT/PATCH/DELETE); POST {} issues one, valid {}, at most {} per principal and {} for all callers together (never proxied)",
                     t.header,
                     t.issue,
                     Dur(t.ttl),
-                    t.rate
+                    t.rate,
+                    t.global_rate
                 )?,
                 None => writeln!(
                     f,
