@@ -129,7 +129,8 @@ impl App {
                     .with_fence_header(p.fence_header.clone(), false);
                 let proxy = TimedProxy::new(proxy, &route.name);
                 let engine = with_webhook(&engine, settings, route, clients)?;
-                let (token_route, issuer) = TokenRoute::build(route, t, &engine, proxy, tokens)?;
+                let (token_route, issuer) =
+                    TokenRoute::build(route, t, &engine, proxy, tokens, settings.limits.body_pace)?;
                 issuers.push((index, issuer));
                 Handler::Token(Box::new(token_route))
             } else if p.idempotency {
@@ -138,7 +139,8 @@ impl App {
                 let proxy = Proxy::new(client, target, timeout, Some(p.max_stored_response))?
                     .with_fence_header(p.fence_header.clone(), true);
                 let engine = with_webhook(&engine, settings, route, clients)?;
-                let layer = IdempotencyLayer::new(&engine, layer_config(p)?);
+                let config = layer_config(p)?.body_pace(settings.limits.body_pace);
+                let layer = IdempotencyLayer::new(&engine, config);
                 Handler::Protected(layer.layer(TimedProxy::new(proxy, &route.name)))
             } else {
                 let proxy = Proxy::new(client, target, timeout, None)?;

@@ -175,7 +175,7 @@ const OUTCOMES: [&str; 10] = [
 ];
 
 /// The label values of `idem_refusals_total{reason}`, in [`refusal_index`] order.
-const REFUSALS: [&str; 12] = [
+const REFUSALS: [&str; 13] = [
     "key_missing",
     "key_malformed",
     "key_multiple",
@@ -183,6 +183,7 @@ const REFUSALS: [&str; 12] = [
     "body_too_large",
     "body_unreadable",
     "body_ambiguous",
+    "body_timeout",
     "response_not_stored",
     "no_route",
     "bad_target",
@@ -314,6 +315,7 @@ mod tests {
             Refusal::BodyTooLarge,
             Refusal::BodyUnreadable,
             Refusal::BodyAmbiguous,
+            Refusal::BodyTimeout,
             Refusal::ResponseNotStored,
             Refusal::NoRoute,
             Refusal::BadTarget,

@@ -307,6 +307,8 @@ pub struct StoreOptions {
     pub wait: Option<(u32, Duration)>,
     /// `rediss://`: certificate files.
     pub tls: Option<StoreTls>,
+    /// `memory:`: most bytes the records take (`None`: [`idem_core::memory::DEFAULT_MAX_BYTES`]).
+    pub memory_max_bytes: Option<usize>,
 }
 
 /// Certificate files for a `rediss://` store.
@@ -452,7 +454,11 @@ async fn open_backend(
     available(spec)?;
     match spec {
         StoreSpec::Memory { capacity } => {
-            let store = MemoryStore::with_audit(*capacity, idem_core::SystemClock, options.audit);
+            let max_bytes = options
+                .memory_max_bytes
+                .unwrap_or(idem_core::memory::DEFAULT_MAX_BYTES);
+            let store =
+                MemoryStore::bounded(*capacity, max_bytes, idem_core::SystemClock, options.audit);
             store.spawn_sweeper(Duration::from_secs(30));
             Ok(BoxStore::new(store))
         }

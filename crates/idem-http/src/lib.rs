@@ -22,6 +22,7 @@
 mod body;
 pub mod buffer;
 mod config;
+mod guard;
 mod idempotency;
 pub mod key;
 pub mod policy;
@@ -34,6 +35,7 @@ pub use config::{
     DEFAULT_MAX_REQUEST_BODY, DEFAULT_MAX_STORED_RESPONSE, DEFAULT_REPLAY_HEADERS,
     IdempotencyConfig, NEVER_REPLAYED, RouteConfigError, StreamingResponses,
 };
+pub use guard::RunGuard;
 pub use idempotency::{Idempotency, IdempotencyLayer, ResponseFuture};
 pub use key::{KeyRejection, parse_key};
 pub use policy::{

@@ -9,6 +9,7 @@
 //! | request body unreadable | 400 | `body-unreadable` |
 //! | request body means two things (a JSON member named twice) | 400 | `body-ambiguous` |
 //! | request body above the cap | 413 | `body-too-large` |
+//! | request body stalled or too slow (its [`BodyPace`](crate::buffer::BodyPace)) | 408 | `body-timeout` |
 //! | same key, different request | 422 | `key-reused` |
 //! | same key in flight | 409 + `Retry-After` | `in-flight` |
 //! | earlier outcome unknown | 409 | `outcome-unknown` |
@@ -106,6 +107,18 @@ pub(crate) fn body_unreadable(key: Option<&Key>) -> Refused {
     )
     .key(key);
     Refused::new(problem, Refusal::BodyUnreadable)
+}
+
+#[cold]
+pub(crate) fn body_timeout(key: Option<&Key>) -> Refused {
+    let problem = Problem::new(
+        StatusCode::REQUEST_TIMEOUT,
+        "body-timeout",
+        "Request body too slow",
+        "the request body did not arrive in time; nothing ran, and the key is free",
+    )
+    .key(key);
+    Refused::new(problem, Refusal::BodyTimeout)
 }
 
 #[cold]
