@@ -13,7 +13,7 @@ use std::marker::PhantomData;
 
 use http::request::Parts;
 use http::{HeaderName, HeaderValue, StatusCode};
-use idem_core::key::credential_principal;
+use idem_core::key::{INTERNAL_PRINCIPAL_PREFIX, credential_principal, is_internal_principal};
 use idem_core::{Fingerprint, FingerprintError, JsonFields, Key, ReleaseKind};
 
 use crate::key::{KeyRejection, parse_key};
@@ -279,7 +279,16 @@ impl<T> fmt::Debug for ExtensionPrincipal<T> {
 impl<T: fmt::Display + Send + Sync + Clone + 'static> ExtractPrincipal for ExtensionPrincipal<T> {
     fn principal(&self, parts: &Parts) -> Result<Option<String>, PrincipalRejection> {
         match parts.extensions.get::<T>() {
-            Some(p) => Ok(Some(p.to_string())),
+            Some(p) => {
+                let p = p.to_string();
+                // A principal in the internal space would share a scope with a relay's keys.
+                if is_internal_principal(&p) {
+                    return Err(PrincipalRejection(format!(
+                        "the principal starts with the reserved `{INTERNAL_PRINCIPAL_PREFIX}`"
+                    )));
+                }
+                Ok(Some(p))
+            }
             None => Err(PrincipalRejection(
                 "the request is not authenticated".into(),
             )),
@@ -552,6 +561,10 @@ mod tests {
         let mut with = parts(&[]);
         with.extensions.insert(Principal("alice".into()));
         assert_eq!(e.principal(&with), Ok(Some("alice".into())));
+        // An application's principal in the internal space would share a relay's scope.
+        with.extensions
+            .insert(Principal("idem:relay:orders".into()));
+        assert!(e.principal(&with).is_err());
     }
 
     #[test]
