@@ -148,6 +148,10 @@ pub struct PrincipalRejection(pub String);
 
 /// Finds whose key this is. The principal becomes part of the scope, so two principals'
 /// keys never meet.
+///
+/// An implementation that passes a caller's own text through must refuse a value in idem's
+/// internal space ([`idem_core::key::is_internal_principal`], the `idem:` prefix), as the
+/// shipped ones do: it would share a scope with a relay's keys.
 pub trait ExtractPrincipal: fmt::Debug + Send + Sync + 'static {
     /// The principal, or `Ok(None)` for an anonymous scope.
     ///
