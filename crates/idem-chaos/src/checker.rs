@@ -155,6 +155,9 @@ pub struct Findings {
     pub messages_dead: usize,
 }
 
+/// 2001-09-09 in µs since the Unix epoch: a fence above it is a server time, not a counter.
+const MICROS_2001: u64 = 1_000_000_000_000_000;
+
 fn name(principal: &str, key: &str) -> String {
     format!("{principal}/{key}")
 }
@@ -287,11 +290,32 @@ pub fn check(history: &History, calls: &[Call], messages: &Messages, limits: &Li
             first.insert((principal.clone(), key.clone()), e);
         }
         // Executions per store epoch (the store lost its data between two epochs): one per
-        // epoch is allowed, a second within one is a double execution.
-        let epoch = |t: u64| history.data_lost_ms.iter().filter(|&&l| l <= t).count();
+        // epoch is allowed, a second within one is a double execution. An execution belongs
+        // to the epoch of its claim, which can be earlier than its arrival (a request claimed
+        // just before the loss reaches the upstream after it): a Redis fence is the server's
+        // time in µs when the claim was granted, which places it; otherwise the arrival does.
+        let epoch = |c: &Call, e: &Execution| {
+            let claimed_us = c
+                .fence
+                .as_deref()
+                .and_then(|x| x.trim().parse::<u64>().ok())
+                .filter(|&us| us > MICROS_2001 && !history.data_lost_wall_us.is_empty());
+            match claimed_us {
+                Some(us) => history
+                    .data_lost_wall_us
+                    .iter()
+                    .filter(|&&l| l <= us)
+                    .count(),
+                None => history
+                    .data_lost_ms
+                    .iter()
+                    .filter(|&&l| l <= e.at_ms)
+                    .count(),
+            }
+        };
         let mut per_epoch: BTreeMap<usize, usize> = BTreeMap::new();
-        for (_, e) in &proper {
-            *per_epoch.entry(epoch(e.at_ms)).or_default() += 1;
+        for (c, e) in &proper {
+            *per_epoch.entry(epoch(c, e)).or_default() += 1;
         }
         let counted = per_epoch.values().copied().max().unwrap_or(0);
         if per_epoch.len() > 1 {
@@ -319,24 +343,27 @@ pub fn check(history: &History, calls: &[Call], messages: &Messages, limits: &Li
             );
         }
         if f.fences_forwarded {
-            let fences: Vec<(u64, &str)> = proper
+            // Fences are compared within an epoch: a store that lost its data starts a key's
+            // fences afresh.
+            let fences: Vec<(u64, &str, usize)> = proper
                 .iter()
                 .filter_map(|(c, e)| {
                     c.fence
                         .as_deref()
                         .and_then(|x| x.trim().parse::<u64>().ok())
-                        .map(|x| (x, e.exec.as_str()))
+                        .map(|x| (x, e.exec.as_str(), epoch(c, e)))
                 })
                 .collect();
-            for (i, (fence, exec)) in fences.iter().enumerate() {
-                if let Some((_, other)) = fences[..i].iter().find(|(x, _)| x == fence) {
+            for (i, (fence, exec, at)) in fences.iter().enumerate() {
+                let earlier = || fences[..i].iter().filter(|(_, _, e)| e == at);
+                if let Some((_, other, _)) = earlier().find(|(x, _, _)| x == fence) {
                     add(
                         Kind::FenceReused,
                         k.clone(),
                         format!("{other} and {exec} both ran under fence {fence}"),
                     );
                 }
-                if let Some((higher, other)) = fences[..i].iter().find(|(x, _)| x > fence) {
+                if let Some((higher, other, _)) = earlier().find(|(x, _, _)| x > fence) {
                     add(
                         Kind::FenceWentBack,
                         k.clone(),
@@ -757,6 +784,32 @@ mod tests {
         let f = check(&h, &calls, &Messages::default(), &LIMITS);
         assert!(f.anomalies.is_empty(), "{:?}", f.anomalies);
         assert_eq!(f.after_data_loss, [("alice/k".to_owned(), 2)]);
+    }
+
+    #[test]
+    fn an_execution_belongs_to_the_epoch_of_its_claim() {
+        // The store lost its data at 5 000 ms, 1 796 000 000.5 s on the wall clock. e-1 was
+        // claimed before (its Redis fence is the server time then) and reached the upstream
+        // after e-2, which was claimed after the loss: one execution per epoch, and e-1's
+        // lower fence, arriving later, is no fence going back (another epoch).
+        let before = "1796000000400000";
+        let after = "1796000000900000";
+        let mut h = history(vec![]);
+        h.data_lost_ms = vec![5_000];
+        h.data_lost_wall_us = vec![1_796_000_000_500_000];
+        let calls = [
+            call(0, "g0", "k", Some(after), 5_100, "e-2"),
+            call(1, "g1", "k", Some(before), 5_300, "e-1"),
+        ];
+        let f = check(&h, &calls, &Messages::default(), &LIMITS);
+        assert!(f.anomalies.is_empty(), "{:?}", f.anomalies);
+        // Two claims after the loss are one epoch: a double execution.
+        let calls = [
+            call(0, "g0", "k", Some(after), 5_100, "e-2"),
+            call(1, "g1", "k", Some("1796000000950000"), 5_300, "e-3"),
+        ];
+        let f = check(&h, &calls, &Messages::default(), &LIMITS);
+        assert_eq!(kinds(&f), [Kind::DoubleExecution]);
     }
 
     #[test]

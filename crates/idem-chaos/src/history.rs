@@ -145,6 +145,9 @@ pub struct History {
     pub faults: Vec<FaultRecord>,
     /// When the store lost its data (a Redis restarted empty).
     pub data_lost_ms: Vec<u64>,
+    /// The same moments on the wall clock (µs since the Unix epoch), to place a claim whose
+    /// fence is a Redis server time (µs) before or after a loss.
+    pub data_lost_wall_us: Vec<u64>,
     /// What the gateways said at the end about keys still open, by operation.
     pub final_states: Vec<(usize, String)>,
     /// Unknown records the admin API listed at the end, as (namespace, principal, key).

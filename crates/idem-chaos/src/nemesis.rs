@@ -157,6 +157,7 @@ pub fn schedule(plan: &Plan) -> Vec<Planned> {
 pub struct FaultLog {
     records: Mutex<Vec<FaultRecord>>,
     data_lost: Mutex<Vec<u64>>,
+    data_lost_wall: Mutex<Vec<u64>>,
 }
 
 impl FaultLog {
@@ -194,6 +195,11 @@ impl FaultLog {
     /// When the store lost its data.
     pub fn data_lost(&self) -> Vec<u64> {
         self.data_lost.lock().clone()
+    }
+
+    /// The same moments on the wall clock, in microseconds since the Unix epoch.
+    pub fn data_lost_wall_us(&self) -> Vec<u64> {
+        self.data_lost_wall.lock().clone()
     }
 
     /// Faults by kind.
@@ -308,9 +314,11 @@ async fn inject(world: &World, clock: &Clock, log: &FaultLog, p: &Planned, verbo
         },
         FaultKind::RestartStoreEmpty => {
             let lost = clock.ms();
+            let lost_wall = wall_us();
             match world.store.restart_empty().await {
                 Ok(()) => {
                     log.data_lost.lock().push(lost);
+                    log.data_lost_wall.lock().push(lost_wall);
                     "restarted empty: data lost".to_owned()
                 }
                 Err(e) => format!("restart failed: {e:#}"),
@@ -356,6 +364,13 @@ async fn inject(world: &World, clock: &Clock, log: &FaultLog, p: &Planned, verbo
         }
     };
     log.end(entry, clock.ms(), detail);
+}
+
+/// Microseconds since the Unix epoch: the clock Redis's `TIME`, and so its fences, read.
+fn wall_us() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
 }
 
 #[cfg(test)]

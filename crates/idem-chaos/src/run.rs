@@ -299,6 +299,7 @@ pub async fn run(config: RunConfig) -> anyhow::Result<Report> {
     let mut history: History = clients.history();
     history.faults = log.records();
     history.data_lost_ms = log.data_lost();
+    history.data_lost_wall_us = log.data_lost_wall_us();
     for r in &history.faults {
         if r.detail.contains("failed") {
             notes.push(format!(
