@@ -1,7 +1,7 @@
 //! Canonical JSON: never panics; the canonical form is valid JSON, is a fixed point
 //! (canonicalising it again changes nothing) and means the same value as the input; and the
 //! one-pass canonicaliser agrees byte for byte with the serde_json-tree reference (both refuse
-//! the same inputs).
+//! the same inputs, duplicate member names included).
 #![no_main]
 
 use idem_core::canonical_json;
@@ -16,7 +16,8 @@ fuzz_target!(|data: &[u8]| {
     assert_eq!(Ok(&canon), tree.as_ref(), "the two paths disagree on the canonical form");
     let again = canonical_json(&canon).expect("canonical form must parse");
     assert_eq!(canon, again, "canonical form is not a fixed point");
-    let original: serde_json::Value = serde_json::from_slice(data).expect("input parsed once");
+    // serde_json's tree refuses numbers beyond f64 (1e400), which canonical JSON keeps exactly.
+    let Ok(original) = serde_json::from_slice::<serde_json::Value>(data) else { return };
     let reparsed: serde_json::Value = serde_json::from_slice(&canon).expect("canonical form parses");
     // Numbers may change spelling (1.0 -> 1); compare structure with numbers as f64.
     assert!(same(&original, &reparsed), "canonical form changed the value");

@@ -296,7 +296,8 @@ impl Ledger {
     }
 }
 
-/// Maps a scope's principal as idem derives it (`credential_principal`) back to its caller.
+/// Maps a scope's principal as idem derives it (`credential_principal` for a caller,
+/// `internal_principal("relay", name)` for a relay) back to its caller.
 #[derive(Debug, Default, Clone)]
 pub struct Principals {
     by_hash: HashMap<String, String>,
@@ -308,7 +309,7 @@ impl Principals {
         format!("ak-{caller}")
     }
 
-    /// Knows `callers` (their API keys) and `relays` (principal `relay:<name>`).
+    /// Knows `callers` (their API keys) and `relays` (named `relay:<name>`).
     pub fn new(callers: &[String], relays: &[String]) -> Self {
         let mut by_hash = HashMap::new();
         for c in callers {
@@ -318,10 +319,9 @@ impl Principals {
             );
         }
         for r in relays {
-            let name = format!("relay:{r}");
             by_hash.insert(
-                idem_core::key::credential_principal(name.as_bytes()),
-                name.clone(),
+                idem_core::key::internal_principal("relay", r),
+                format!("relay:{r}"),
             );
         }
         Self { by_hash }
@@ -610,8 +610,11 @@ mod tests {
         let p = Principals::new(&["alice".into()], &["rabbit".into()]);
         let alice = idem_core::key::credential_principal(b"ak-alice");
         assert_eq!(p.caller(&alice), Some("alice"));
-        let relay = idem_core::key::credential_principal(b"relay:rabbit");
+        let relay = idem_core::key::internal_principal("relay", "rabbit");
         assert_eq!(p.caller(&relay), Some("relay:rabbit"));
+        // A caller whose API key reads like a relay's name is not that relay.
+        let pretender = idem_core::key::credential_principal(b"relay:rabbit");
+        assert_eq!(p.caller(&pretender), None);
         assert_eq!(p.caller("h:00"), None);
     }
 }

@@ -155,6 +155,13 @@ impl Scope {
         self.with_principal(credential_principal(credential))
     }
 
+    /// The same scope narrowed to an internal principal ([`internal_principal`]): keys of
+    /// idem's own components (a relay) that no caller's credential or claim can reach.
+    #[must_use]
+    pub fn with_internal(self, kind: &str, name: &str) -> Self {
+        self.with_principal(internal_principal(kind, name))
+    }
+
     /// The namespace.
     pub fn namespace(&self) -> &str {
         &self.namespace
@@ -191,6 +198,34 @@ pub fn credential_principal(credential: &[u8]) -> String {
     out.push_str("h:");
     out.push_str(&hex::encode(&digest.as_bytes()[..16]));
     out
+}
+
+/// The prefix of every [`internal_principal`]. A credential principal starts with `h:`, so it
+/// never carries it; principal sources that pass a caller's own text through (a JWT claim, an
+/// application's extension) refuse a value that does ([`is_internal_principal`]).
+pub const INTERNAL_PRINCIPAL_PREFIX: &str = "idem:";
+
+/// The principal of one of idem's own components, `idem:<kind>:<name>` (a relay:
+/// `idem:relay:orders`). It lives in a space no caller reaches: [`credential_principal`]
+/// always answers `h:` and hex digits, and the shipped principal sources refuse any other
+/// value starting with [`INTERNAL_PRINCIPAL_PREFIX`].
+///
+/// ```
+/// use idem_core::key::{credential_principal, internal_principal, is_internal_principal};
+/// let relay = internal_principal("relay", "orders");
+/// assert_eq!(relay, "idem:relay:orders");
+/// assert!(is_internal_principal(&relay));
+/// assert!(!is_internal_principal(&credential_principal(relay.as_bytes())));
+/// ```
+pub fn internal_principal(kind: &str, name: &str) -> String {
+    format!("{INTERNAL_PRINCIPAL_PREFIX}{kind}:{name}")
+}
+
+/// Whether `principal` lies in the internal space ([`internal_principal`]): a principal source
+/// that reads a caller's text must refuse such a value, or that caller would share a scope
+/// with one of idem's own components.
+pub fn is_internal_principal(principal: &str) -> bool {
+    principal.starts_with(INTERNAL_PRINCIPAL_PREFIX)
 }
 
 /// A key inside its scope: the unit the store keeps one record for.
@@ -292,6 +327,23 @@ mod tests {
             scope.principal(),
             Some(credential_principal(b"alice-secret").as_str())
         );
+    }
+
+    #[test]
+    fn internal_principals_are_out_of_credentials_reach() {
+        // Regression: a relay's scope was `credential_principal("relay:<name>")`, which an
+        // HTTP caller reached by sending `relay:<name>` as its credential.
+        let internal = Scope::new("ns")
+            .expect("valid")
+            .with_internal("relay", "rabbit");
+        let caller = Scope::new("ns")
+            .expect("valid")
+            .with_credential(b"relay:rabbit");
+        assert_ne!(internal, caller);
+        assert_eq!(internal.principal(), Some("idem:relay:rabbit"));
+        for credential in [&b"relay:rabbit"[..], b"idem:relay:rabbit", b"", b"\xff"] {
+            assert!(!is_internal_principal(&credential_principal(credential)));
+        }
     }
 
     #[test]

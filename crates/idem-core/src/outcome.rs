@@ -94,6 +94,10 @@ pub enum Refusal {
     BodyTooLarge,
     /// The request body could not be read.
     BodyUnreadable,
+    /// The request body could mean two things (a JSON object naming a member twice).
+    BodyAmbiguous,
+    /// The request body did not arrive in time (stalled, or slower than the minimum rate).
+    BodyTimeout,
     /// The key completed, but its answer was too large to keep, so it cannot be replayed.
     ResponseNotStored,
     /// No route matches the request.
@@ -134,8 +138,8 @@ impl Outcome {
 
 impl Refusal {
     /// A short, stable, lower-case name: `key_missing`, `key_malformed`, `key_multiple`,
-    /// `unauthenticated`, `body_too_large`, `body_unreadable`, `response_not_stored`,
-    /// `no_route`, `bad_target`, `overloaded`, `token`.
+    /// `unauthenticated`, `body_too_large`, `body_unreadable`, `body_ambiguous`,
+    /// `body_timeout`, `response_not_stored`, `no_route`, `bad_target`, `overloaded`, `token`.
     pub fn as_str(self) -> &'static str {
         match self {
             Self::KeyMissing => "key_missing",
@@ -144,6 +148,8 @@ impl Refusal {
             Self::Unauthenticated => "unauthenticated",
             Self::BodyTooLarge => "body_too_large",
             Self::BodyUnreadable => "body_unreadable",
+            Self::BodyAmbiguous => "body_ambiguous",
+            Self::BodyTimeout => "body_timeout",
             Self::ResponseNotStored => "response_not_stored",
             Self::NoRoute => "no_route",
             Self::BadTarget => "bad_target",

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use http::header::{HeaderName, HeaderValue};
 use http::request::Parts;
 use http::uri::PathAndQuery;
-use http::{Request, Response, StatusCode, Uri};
+use http::{Method, Request, Response, StatusCode, Uri};
 use hyper::body::Incoming;
 use idem_core::{BoxStore, Engine, Kept, Outcome, Policy, Refusal};
 use idem_http::{Idempotency, IdempotencyLayer, PathParams, Problem, RequestBody, X_REQUEST_ID};
@@ -21,11 +21,12 @@ use tracing::Instrument as _;
 
 use crate::claims::TrackedStore;
 use crate::config::{Route, Settings, Unmatched};
+use crate::matcher::MethodSet;
 use crate::metrics::{NO_ROUTE, RequestMetrics};
 use crate::observe::{RequestSpan, TimedProxy};
 use crate::path::{self, PathRejection, TrailingSlash};
 use crate::protect::layer_config;
-use crate::proxy::{self, Proxy, ResBody};
+use crate::proxy::{self, Proxy, ResBody, X_FORWARDED_FOR};
 use crate::status::StatusEndpoint;
 use crate::tokens::{GatewayTokens, TokenIssuer, TokenNote, TokenRoute};
 use crate::upstream::{Clients, UpstreamSpec};
@@ -65,6 +66,9 @@ pub struct App {
     trailing_slash: TrailingSlash,
     request_id: HeaderName,
     metrics: RequestMetrics,
+    /// The standard methods and every method a route names: one of them spelled in another
+    /// case is refused ([`App::miscased`]).
+    methods: Vec<Method>,
 }
 
 impl std::fmt::Debug for App {
@@ -125,7 +129,8 @@ impl App {
                     .with_fence_header(p.fence_header.clone(), false);
                 let proxy = TimedProxy::new(proxy, &route.name);
                 let engine = with_webhook(&engine, settings, route, clients)?;
-                let (token_route, issuer) = TokenRoute::build(route, t, &engine, proxy, tokens)?;
+                let (token_route, issuer) =
+                    TokenRoute::build(route, t, &engine, proxy, tokens, settings.limits.body_pace)?;
                 issuers.push((index, issuer));
                 Handler::Token(Box::new(token_route))
             } else if p.idempotency {
@@ -134,7 +139,8 @@ impl App {
                 let proxy = Proxy::new(client, target, timeout, Some(p.max_stored_response))?
                     .with_fence_header(p.fence_header.clone(), true);
                 let engine = with_webhook(&engine, settings, route, clients)?;
-                let layer = IdempotencyLayer::new(&engine, layer_config(p)?);
+                let config = layer_config(p)?.body_pace(settings.limits.body_pace);
+                let layer = IdempotencyLayer::new(&engine, config);
                 Handler::Protected(layer.layer(TimedProxy::new(proxy, &route.name)))
             } else {
                 let proxy = Proxy::new(client, target, timeout, None)?;
@@ -157,7 +163,18 @@ impl App {
             .as_ref()
             .map(|s| StatusEndpoint::new(s, &settings.routes, &engine))
             .transpose()?;
+        let mut methods = STANDARD_METHODS.to_vec();
+        for e in &entries {
+            if let MethodSet::Only(list) = &e.route.methods {
+                methods.extend(
+                    list.iter()
+                        .filter(|m| !STANDARD_METHODS.contains(m))
+                        .cloned(),
+                );
+            }
+        }
         Ok(Self {
+            methods,
             entries,
             fallback,
             status,
@@ -188,6 +205,8 @@ impl App {
         let log = tracing::enabled!(tracing::Level::INFO);
         let (mut parts, body) = req.into_parts();
         let grpc = crate::grpc::is_grpc(&parts.headers);
+        // First, so `Connection` can drop only the client's headers, never the gateway's.
+        crate::proxy::strip_client_connection(&mut parts.headers, &self.request_id);
         let request_id = request_id(&mut parts, &self.request_id);
         let span = RequestSpan::new(&request_id, &parts.headers);
         append_forwarded_for(&mut parts, peer);
@@ -280,6 +299,10 @@ impl App {
     /// unmatched proxy, or 404. Also says which route answered (its index, or
     /// [`RequestMetrics::no_route`]).
     async fn route(&self, mut parts: Parts, body: Incoming) -> (Response<ResBody>, usize) {
+        if let Some(canonical) = self.miscased(&parts.method) {
+            let res = method_not_canonical(&parts.method, canonical);
+            return (proxy::boxed(res), self.metrics.no_route());
+        }
         let trailers = proxy::TrailerClient::of(&parts);
         let found = self.entries.iter().position(|e| {
             e.route.methods.contains(&parts.method) && e.route.pattern.matches(parts.uri.path())
@@ -411,6 +434,45 @@ fn set_path(uri: &mut Uri, path: String) -> Result<(), PathRejection> {
     Ok(())
 }
 
+/// Methods every route set is compared with, whatever the configuration names.
+const STANDARD_METHODS: [Method; 9] = [
+    Method::GET,
+    Method::HEAD,
+    Method::POST,
+    Method::PUT,
+    Method::DELETE,
+    Method::CONNECT,
+    Method::OPTIONS,
+    Method::TRACE,
+    Method::PATCH,
+];
+
+impl App {
+    /// The method `m` spells in another case, if it does. Methods are case-sensitive
+    /// (RFC 9110 section 9.1), so `post` matches no `POST` route, yet many servers read it as
+    /// `POST`: forwarded, it would be an unprotected charge. It is refused instead of
+    /// matched, because the upstream may equally treat it as another method; either way
+    /// the gateway cannot know what it will do.
+    fn miscased(&self, m: &Method) -> Option<&Method> {
+        self.methods
+            .iter()
+            .find(|c| c.as_str() != m.as_str() && c.as_str().eq_ignore_ascii_case(m.as_str()))
+    }
+}
+
+#[cold]
+fn method_not_canonical(got: &Method, canonical: &Method) -> proxy::Upstream {
+    let mut res = proxy::problem(Problem::new(
+        StatusCode::BAD_REQUEST,
+        "method-not-canonical",
+        "Method not canonical",
+        format!("methods are case-sensitive: send `{canonical}`, not `{got}`"),
+    ));
+    res.extensions_mut()
+        .insert(Outcome::Refused(Refusal::BadTarget));
+    res
+}
+
 #[cold]
 fn path_rejected(rejection: PathRejection) -> proxy::Upstream {
     let mut res = proxy::problem(Problem::new(
@@ -526,8 +588,6 @@ fn request_id(parts: &mut Parts, name: &HeaderName) -> HeaderValue {
     }
     id
 }
-
-const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 
 fn append_forwarded_for(parts: &mut Parts, peer: &Peer) {
     let joined = match parts.headers.get(&X_FORWARDED_FOR) {

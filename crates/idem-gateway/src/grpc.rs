@@ -128,6 +128,7 @@ fn row(slug: &str) -> Option<Row> {
         "status-path" => Own(Code::InvalidArgument, "STATUS_PATH"),
         "status-route" => Own(Code::InvalidArgument, "STATUS_ROUTE"),
         "overloaded" => Own(Code::Unavailable, "OVERLOADED"),
+        "body-timeout" => Own(Code::DeadlineExceeded, "BODY_TIMEOUT"),
         // The upstream. A retry with the same key is safe on a protected route: it replays,
         // waits or is refused, never runs twice.
         "upstream-unavailable" => Own(Code::Unavailable, "UPSTREAM_UNAVAILABLE"),
@@ -145,6 +146,7 @@ fn row(slug: &str) -> Option<Row> {
         "token-mismatch" => Own(Code::FailedPrecondition, "TOKEN_MISMATCH"),
         "token-rate-limited" => Own(Code::ResourceExhausted, "TOKEN_RATE_LIMITED"),
         "token-store-unavailable" => Own(Code::Unavailable, "TOKEN_STORE_UNAVAILABLE"),
+        "token-store-full" => Own(Code::Unavailable, "TOKEN_STORE_FULL"),
         _ => return None,
     })
 }
@@ -436,6 +438,8 @@ mod tests {
             "token-mismatch",
             "token-rate-limited",
             "token-store-unavailable",
+            "token-store-full",
+            "body-timeout",
         ];
         let mut reasons = std::collections::HashSet::new();
         for slug in slugs {

@@ -160,13 +160,21 @@ pub fn unauthorized() -> Response {
     res
 }
 
-async fn ready(State(health): State<Arc<Health>>) -> Response {
+/// Readiness. Anyone may ask, so a failing store is answered with a generic reason; the
+/// store's own error (addresses, driver messages) is logged, and shown to a caller with the
+/// admin token.
+async fn ready(State(health): State<Arc<Health>>, headers: HeaderMap) -> Response {
     match tokio::time::timeout(health.store_timeout, health.store.get(&health.probe)).await {
         Ok(Ok(_)) => text(StatusCode::OK, "ready\n"),
-        Ok(Err(e)) => text(
-            StatusCode::SERVICE_UNAVAILABLE,
-            &format!("store unavailable: {e}\n"),
-        ),
+        Ok(Err(e)) => {
+            tracing::warn!(error = %e, "readiness probe: store unavailable");
+            let body = if bearer_is(&headers, &health.admin_token) {
+                format!("store unavailable: {e}\n")
+            } else {
+                "store unavailable\n".to_owned()
+            };
+            text(StatusCode::SERVICE_UNAVAILABLE, &body)
+        }
         Err(_) => text(StatusCode::SERVICE_UNAVAILABLE, "store timed out\n"),
     }
 }
@@ -205,4 +213,54 @@ fn text(status: StatusCode, body: &str) -> Response {
         HeaderValue::from_static("text/plain; charset=utf-8"),
     );
     res
+}
+
+#[cfg(test)]
+mod tests {
+    use http_body_util::BodyExt as _;
+    use idem_core::{BoxStore, MemoryStore};
+    use idem_testkit::doubles::{Fault, FaultyStore};
+    use tower::ServiceExt as _;
+
+    use super::*;
+    use crate::claims::TrackedStore;
+
+    async fn readyz(health: &Arc<Health>, token: Option<&str>) -> (StatusCode, String) {
+        let mut req = axum::http::Request::get("/readyz");
+        if let Some(token) = token {
+            req = req.header(header::AUTHORIZATION, format!("Bearer {token}"));
+        }
+        let req = req.body(axum::body::Body::empty()).expect("request");
+        let res = Arc::clone(health)
+            .router()
+            .oneshot(req)
+            .await
+            .expect("answer");
+        let status = res.status();
+        let body = res.into_body().collect().await.expect("body").to_bytes();
+        (status, String::from_utf8_lossy(&body).into_owned())
+    }
+
+    /// Regression: `/readyz` needs no token, and answered the store's raw error (addresses,
+    /// driver messages) to anyone who asked.
+    #[tokio::test]
+    async fn readiness_tells_the_public_a_generic_reason() {
+        let store = FaultyStore::new(MemoryStore::new(16)).with_all(Fault::Error);
+        let health = Arc::new(Health::new(
+            TrackedStore::new(BoxStore::new(store)),
+            Duration::from_secs(1),
+            "admin-token-0123456789".into(),
+            None,
+        ));
+        let (status, public) = readyz(&health, None).await;
+        assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(public, "store unavailable\n");
+        let (status, admin) = readyz(&health, Some("admin-token-0123456789")).await;
+        assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+        assert!(admin.starts_with("store unavailable: "), "{admin}");
+        assert!(
+            admin.len() > public.len(),
+            "the admin sees the detail: {admin}"
+        );
+    }
 }

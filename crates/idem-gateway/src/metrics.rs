@@ -175,13 +175,15 @@ const OUTCOMES: [&str; 10] = [
 ];
 
 /// The label values of `idem_refusals_total{reason}`, in [`refusal_index`] order.
-const REFUSALS: [&str; 11] = [
+const REFUSALS: [&str; 13] = [
     "key_missing",
     "key_malformed",
     "key_multiple",
     "unauthenticated",
     "body_too_large",
     "body_unreadable",
+    "body_ambiguous",
+    "body_timeout",
     "response_not_stored",
     "no_route",
     "bad_target",
@@ -312,6 +314,8 @@ mod tests {
             Refusal::Unauthenticated,
             Refusal::BodyTooLarge,
             Refusal::BodyUnreadable,
+            Refusal::BodyAmbiguous,
+            Refusal::BodyTimeout,
             Refusal::ResponseNotStored,
             Refusal::NoRoute,
             Refusal::BadTarget,

@@ -123,6 +123,14 @@ impl JwtVerifier {
         )
         .map_err(|e| rejection(format!("invalid credentials: token rejected: {e}")))?;
         match data.claims.get(&self.claim) {
+            // A claim in the internal space would share a scope with a relay's keys.
+            Some(Value::String(s)) if idem_core::key::is_internal_principal(s) => {
+                Err(rejection(format!(
+                    "invalid credentials: the `{}` claim starts with the reserved `{}`",
+                    self.claim,
+                    idem_core::key::INTERNAL_PRINCIPAL_PREFIX
+                )))
+            }
             Some(Value::String(s)) if !s.is_empty() => Ok(s.clone()),
             Some(Value::Number(n)) => Ok(n.to_string()),
             _ => Err(rejection(format!(
@@ -207,6 +215,21 @@ mod tests {
         assert_eq!(a, idem_core::key::credential_principal(b"alice-secret"));
         assert!(extract(&src, &none()).is_err());
         assert!(extract(&src, &headers("x-api-key", "")).is_err(), "empty");
+    }
+
+    #[test]
+    fn jwt_claims_in_the_internal_space_are_refused() {
+        // Regression guard: a signed `sub` of `idem:relay:orders` would share the relay's
+        // scope, as `x-api-key: relay:orders` once did.
+        let src = jwt_source(RawPrincipal::default());
+        let inside = token(
+            serde_json::json!({"sub": idem_core::key::internal_principal("relay", "orders"), "exp": exp()}),
+            SECRET,
+        );
+        assert!(invalid(extract(
+            &src,
+            &headers("authorization", &format!("Bearer {inside}"))
+        )));
     }
 
     #[test]

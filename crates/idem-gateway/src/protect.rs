@@ -9,7 +9,7 @@ use http::request::Parts;
 use idem_core::Fingerprint;
 use idem_core::fingerprint::canonical_json_filtered;
 use idem_core::key_source::KeySource;
-use idem_http::policy::{FingerprintRequest, HeaderKey, StoreDecision, StorePolicy};
+use idem_http::policy::{AmbiguousBody, FingerprintRequest, HeaderKey, StoreDecision, StorePolicy};
 use idem_http::{IdempotencyConfig, RouteConfigError, SourceKey, StreamingResponses};
 
 use crate::config::{FingerprintBody, FingerprintSettings, RoutePolicy, UpstreamFailure};
@@ -49,7 +49,7 @@ pub fn layer_config(p: &RoutePolicy) -> Result<IdempotencyConfig, RouteConfigErr
 struct GatewayFingerprint(FingerprintSettings);
 
 impl FingerprintRequest for GatewayFingerprint {
-    fn fingerprint(&self, parts: &Parts, body: &[u8]) -> Fingerprint {
+    fn fingerprint(&self, parts: &Parts, body: &[u8]) -> Result<Fingerprint, AmbiguousBody> {
         let route = parts.uri.path_and_query().map_or("/", |pq| pq.as_str());
         let mut fp = Fingerprint::builder(1)
             .part("method", parts.method.as_str().as_bytes())
@@ -60,15 +60,20 @@ impl FingerprintRequest for GatewayFingerprint {
                 fp = fp.part("value", value.as_bytes());
             }
         }
-        match self.0.body {
+        let fp = match self.0.body {
             FingerprintBody::Ignore => fp,
             FingerprintBody::Raw => fp.part("body", body),
+            FingerprintBody::Json if body.is_empty() => fp.part("body", body),
             FingerprintBody::Json => match canonical_json_filtered(body, &self.0.fields) {
-                Ok(canonical) if !body.is_empty() => fp.part("json", &canonical),
-                _ => fp.part("body", body),
+                Ok(canonical) => fp.part("json", &canonical),
+                // A member named twice: the upstream may read the other one. Refused (400).
+                Err(e) => match AmbiguousBody::from_json_error(&e) {
+                    Some(ambiguous) => return Err(ambiguous),
+                    None => fp.part("body", body),
+                },
             },
-        }
-        .finish()
+        };
+        Ok(fp.finish())
     }
 }
 
@@ -143,6 +148,12 @@ mod tests {
                 &parts("PUT", "/charge", &[("x-tenant", "a")]),
                 br#"{"amount":1}"#
             )
+        );
+        // Regression: of a member named twice the last counted, an upstream may take the first.
+        assert!(json.fingerprint(&p, br#"{"amount":1,"amount":9}"#).is_err());
+        assert_ne!(
+            json.fingerprint(&p, br#"{"amount":10000000000000000000001}"#),
+            json.fingerprint(&p, br#"{"amount":10000000000000000000002}"#)
         );
         let ignore = GatewayFingerprint(FingerprintSettings {
             body: FingerprintBody::Ignore,

@@ -246,9 +246,8 @@ struct ProxyInner {
     fence_header: Option<(HeaderName, bool)>,
 }
 
-/// Sets the claim's key and fence on a forwarded request (after the hop-by-hop strip, so a
-/// client's `Connection` header cannot remove them); removes any the client sent when the
-/// request runs under no claim.
+/// Sets the claim's key and fence on a forwarded request (after the hop-by-hop strip, which
+/// spares them anyway); removes any the client sent when the request runs under no claim.
 fn claim_headers(parts: &mut http::request::Parts, fence: &HeaderName, key: bool) {
     match parts.extensions.get::<idem_core::Lease>() {
         Some(lease) => {
@@ -350,7 +349,8 @@ impl Proxy {
         } else {
             None
         };
-        strip_hop_by_hop(&mut parts.headers);
+        let fence = p.fence_header.as_ref().map(|(name, _)| name);
+        strip_hop_by_hop(&mut parts.headers, |n| gateway_owned(n, fence));
         if let Some((name, key)) = &p.fence_header {
             claim_headers(&mut parts, name, *key);
         }
@@ -408,7 +408,7 @@ impl Proxy {
                 _ => None,
             };
             let (mut head, body) = res.into_parts();
-            strip_hop_by_hop(&mut head.headers);
+            strip_hop_by_hop(&mut head.headers, |_| false);
             if let Some(protocol) = switched {
                 head.headers
                     .insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
@@ -469,6 +469,7 @@ pub fn restore_shown_status<B>(res: &mut Response<B>) {
 }
 
 const X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
+pub(crate) const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 pub(crate) const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
 
 impl ProxyInner {
@@ -547,7 +548,64 @@ async fn tunnel(client: hyper::upgrade::OnUpgrade, upstream: hyper::upgrade::OnU
     }
 }
 
-fn strip_hop_by_hop(headers: &mut http::HeaderMap) {
+/// The headers a message's `Connection` header names.
+fn connection_named(headers: &http::HeaderMap) -> Vec<HeaderName> {
+    headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .filter_map(|n| HeaderName::from_bytes(n.trim().as_bytes()).ok())
+        .collect()
+}
+
+/// Takes the gateway's own headers out of a client's `Connection` header, as the request
+/// arrives and before the gateway sets any of them, so naming one there can never remove
+/// the value the gateway sets. A client that names `X-Forwarded-For` said its copy is for
+/// the gateway alone: that copy is dropped, and the gateway's list starts at the client.
+/// The other headers it names stay hop-by-hop: the gateway may read them (a key header), the
+/// proxy does not forward them.
+pub(crate) fn strip_client_connection(headers: &mut http::HeaderMap, request_id: &HeaderName) {
+    if !headers.contains_key(header::CONNECTION) {
+        return;
+    }
+    let named = connection_named(headers);
+    let owned = |n: &HeaderName| gateway_owned(n, None) || n == request_id;
+    if !named.iter().any(owned) {
+        return;
+    }
+    if named.contains(&X_FORWARDED_FOR) {
+        headers.remove(X_FORWARDED_FOR);
+    }
+    let rest: Vec<&str> = named
+        .iter()
+        .filter(|n| !owned(n))
+        .map(HeaderName::as_str)
+        .collect();
+    match HeaderValue::from_str(&rest.join(", ")) {
+        Ok(v) if !rest.is_empty() => {
+            headers.insert(header::CONNECTION, v);
+        }
+        _ => {
+            headers.remove(header::CONNECTION);
+        }
+    }
+}
+
+/// The headers the gateway sets on a forwarded request. A `Connection` header never removes
+/// them, whoever wrote it: [`strip_client_connection`] already dropped the client's copies.
+fn gateway_owned(name: &HeaderName, fence: Option<&HeaderName>) -> bool {
+    name == X_FORWARDED_FOR
+        || name == X_FORWARDED_HOST
+        || name == X_FORWARDED_PROTO
+        || name == idem_http::X_REQUEST_ID
+        || name == idem_http::IDEMPOTENCY_KEY
+        || fence.is_some_and(|f| f == name)
+}
+
+/// Removes hop-by-hop headers: the standard ones and those named in `Connection`, except the
+/// gateway's own (`keep`) on a request.
+fn strip_hop_by_hop(headers: &mut http::HeaderMap, keep: impl Fn(&HeaderName) -> bool) {
     // Most messages carry none of these: one pass over the names instead of a lookup each.
     let any = headers
         .keys()
@@ -556,14 +614,8 @@ fn strip_hop_by_hop(headers: &mut http::HeaderMap) {
         return;
     }
     // Headers named in `Connection` are hop-by-hop too.
-    let named: Vec<HeaderName> = headers
-        .get_all(header::CONNECTION)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .filter_map(|n| HeaderName::from_bytes(n.trim().as_bytes()).ok())
-        .collect();
-    for name in HOP_BY_HOP.iter().chain(named.iter()) {
+    let named = connection_named(headers);
+    for name in HOP_BY_HOP.iter().chain(named.iter().filter(|n| !keep(n))) {
         headers.remove(name);
     }
     // Transfer-Encoding is framing: hyper sets its own.

@@ -17,7 +17,7 @@ use http::{Request, Response};
 use http_body_util::BodyExt as _;
 use hyper::body::Incoming;
 use idem_core::{BoxStore, CachedStore};
-use idem_http::BoxError;
+use idem_http::{BoxError, RunGuard};
 use metrics_exporter_prometheus::PrometheusHandle;
 use tokio::net::TcpListener;
 use tokio::sync::{Semaphore, watch};
@@ -252,14 +252,20 @@ impl hyper::service::Service<Request<Incoming>> for DataService {
     type Error = Infallible;
     type Future = Pin<Box<dyn Future<Output = Result<Response<ResBody>, Infallible>> + Send>>;
 
-    fn call(&self, req: Request<Incoming>) -> Self::Future {
+    fn call(&self, mut req: Request<Incoming>) -> Self::Future {
         let this = self.clone();
         Box::pin(async move {
             let app = this.live.app();
-            let Ok(_permit) = this.requests.try_acquire() else {
+            let Ok(permit) = Arc::clone(&this.requests).try_acquire_owned() else {
                 return Ok(app.overloaded());
             };
-            Ok(app.handle_from(req, &this.peer).await)
+            // The permit is released when both this future and the protected run are done:
+            // a run whose client went away finishes in the background, and still counts.
+            let guard = RunGuard::new(permit);
+            req.extensions_mut().insert(guard.clone());
+            let res = app.handle_from(req, &this.peer).await;
+            drop(guard);
+            Ok(res)
         })
     }
 }

@@ -52,7 +52,8 @@ impl StoreSpec {
         let url = url.trim();
         let Some((scheme, rest)) = url.split_once(':') else {
             bail!(
-                "`{url}` is not a store URL: use memory:, sqlite:PATH, redis://, redis+cluster://, postgres:// or mysql://"
+                "`{}` is not a store URL: use memory:, sqlite:PATH, redis://, redis+cluster://, postgres:// or mysql://",
+                redact(url)
             );
         };
         Ok(match scheme.to_ascii_lowercase().as_str() {
@@ -151,10 +152,10 @@ fn check_single_host(url: &str, rest: &str) -> anyhow::Result<()> {
 /// only its first seed is checked here; the Redis client checks the rest.
 fn need_host(url: &str, rest: &str) -> anyhow::Result<()> {
     let first = url.split(',').next().unwrap_or(url);
-    let parsed = url::Url::parse(first).map_err(|e| anyhow::anyhow!("`{url}`: {e}"))?;
+    let parsed = url::Url::parse(first).map_err(|e| anyhow::anyhow!("`{}`: {e}", redact(url)))?;
     match parsed.host_str() {
         Some(h) if !h.is_empty() && rest.starts_with("//") => Ok(()),
-        _ => bail!("`{url}` has no host"),
+        _ => bail!("`{}` has no host", redact(url)),
     }
 }
 
@@ -172,25 +173,93 @@ fn check_redis_url(_url: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// A URL with any password replaced by `***`. What does not parse as one URL (a cluster's
-/// seed list) prints with its whole user part hidden, so a credential never shows.
-fn redact(text: &str) -> String {
+/// Query parameters that carry a credential in the URLs the stores read (libpq's
+/// `password`, sslkey passphrases, tokens).
+const SECRET_PARAMS: [&str; 6] = ["password", "pass", "pwd", "sslpassword", "token", "secret"];
+
+fn secret_param(name: &str) -> bool {
+    SECRET_PARAMS.iter().any(|p| name.eq_ignore_ascii_case(p))
+}
+
+/// A URL with any password (in its user part or a `?password=` parameter) replaced by
+/// `***`. What does not parse as one URL (a cluster's seed list, a URL without a host)
+/// prints with every user part hidden and its query dropped, so a credential never shows.
+pub(crate) fn redact(text: &str) -> String {
     match url::Url::parse(text) {
         Ok(mut url) => {
             if url.password().is_some() {
                 // Only fails for URLs that cannot have a password, which this one has.
                 let _ = url.set_password(Some("***"));
             }
+            if url.query_pairs().any(|(k, _)| secret_param(&k)) {
+                let pairs: Vec<(String, String)> = url
+                    .query_pairs()
+                    .map(|(k, v)| {
+                        let v = if secret_param(&k) {
+                            "***".into()
+                        } else {
+                            v.into_owned()
+                        };
+                        (k.into_owned(), v)
+                    })
+                    .collect();
+                url.query_pairs_mut().clear().extend_pairs(pairs);
+            }
             url.to_string()
         }
-        Err(_) => match text.split_once("://") {
-            Some((scheme, rest)) => match rest.rsplit_once('@') {
-                Some((_, hosts)) => format!("{scheme}://***@{hosts}"),
-                None => text.to_owned(),
-            },
-            None => text.to_owned(),
-        },
+        Err(_) => {
+            let no_query = text.split(['?', '#']).next().unwrap_or(text);
+            match no_query.split_once("://") {
+                Some((scheme, rest)) => {
+                    let hosts: Vec<&str> = rest
+                        .split(',')
+                        .map(|seed| seed.rsplit_once('@').map_or(seed, |(_, host)| host))
+                        .collect();
+                    let hidden = rest.contains('@') || no_query.len() < text.len();
+                    format!(
+                        "{scheme}://{}{}",
+                        if hidden { "***@" } else { "" },
+                        hosts.join(",")
+                    )
+                }
+                None => no_query.to_owned(),
+            }
+        }
     }
+}
+
+/// `message` (a store error) with every credential of `url` in it replaced by `***`: a
+/// driver may quote what it was given.
+pub(crate) fn scrub(message: &str, url: &str) -> String {
+    let mut secrets: Vec<String> = Vec::new();
+    for seed in url.split(',') {
+        let seed = if seed.contains("://") {
+            seed.to_owned()
+        } else {
+            format!("x://{seed}")
+        };
+        if let Ok(u) = url::Url::parse(&seed) {
+            if let Some(p) = u.password() {
+                secrets.push(p.to_owned());
+                // The password as a driver decodes it (form decoding also turns `+` into a
+                // space, so the raw text is kept as well).
+                let decoded: String = form_urlencoded::parse(format!("p={p}").as_bytes())
+                    .map(|(_, v)| v.into_owned())
+                    .collect();
+                secrets.push(decoded);
+            }
+            secrets.extend(
+                u.query_pairs()
+                    .filter(|(k, _)| secret_param(k))
+                    .map(|(_, v)| v.into_owned()),
+            );
+        }
+    }
+    let mut out = message.replace(url, &redact(url));
+    for secret in secrets.iter().filter(|s| !s.is_empty()) {
+        out = out.replace(secret.as_str(), "***");
+    }
+    out
 }
 
 impl fmt::Display for StoreSpec {
@@ -238,6 +307,8 @@ pub struct StoreOptions {
     pub wait: Option<(u32, Duration)>,
     /// `rediss://`: certificate files.
     pub tls: Option<StoreTls>,
+    /// `memory:`: most bytes the records take (`None`: [`idem_core::memory::DEFAULT_MAX_BYTES`]).
+    pub memory_max_bytes: Option<usize>,
 }
 
 /// Certificate files for a `rediss://` store.
@@ -304,7 +375,7 @@ pub async fn open(
     )
     .await
     {
-        Ok(result) => result.map_err(tls_hint)?,
+        Ok(result) => result.map_err(tls_hint).map_err(|e| scrub_error(e, spec))?,
         Err(_) => bail!("store {spec}: no answer while connecting"),
     };
     #[cfg(feature = "planted-bugs")]
@@ -313,6 +384,17 @@ pub async fn open(
         Some((entries, max_age)) => BoxStore::new(CachedStore::new(store, entries, max_age)),
         None => store,
     })
+}
+
+/// `e` with the store's credentials taken out of its text, since a driver may quote the URL
+/// it was given.
+fn scrub_error(e: anyhow::Error, spec: &StoreSpec) -> anyhow::Error {
+    match spec {
+        StoreSpec::Redis { url, .. } | StoreSpec::Postgres { url } | StoreSpec::Mysql { url } => {
+            anyhow::anyhow!("{}", scrub(&format!("{e:#}"), url))
+        }
+        StoreSpec::Memory { .. } | StoreSpec::Sqlite { .. } => e,
+    }
 }
 
 /// Adds what to check to an error from a TLS handshake with the store.
@@ -372,7 +454,11 @@ async fn open_backend(
     available(spec)?;
     match spec {
         StoreSpec::Memory { capacity } => {
-            let store = MemoryStore::with_audit(*capacity, idem_core::SystemClock, options.audit);
+            let max_bytes = options
+                .memory_max_bytes
+                .unwrap_or(idem_core::memory::DEFAULT_MAX_BYTES);
+            let store =
+                MemoryStore::bounded(*capacity, max_bytes, idem_core::SystemClock, options.audit);
             store.spawn_sweeper(Duration::from_secs(30));
             Ok(BoxStore::new(store))
         }
@@ -445,6 +531,40 @@ async fn open_backend(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Regression: a `?password=` query parameter (and a URL that failed to parse) printed
+    /// the credential in clear in `check-config`, the start-up log and errors.
+    #[test]
+    fn credentials_never_print() {
+        for url in [
+            "postgres://idem@db.internal/idem?password=hunter2&sslmode=require",
+            "postgres://idem:hunter2@db.internal/idem",
+            "mysql://root:hunter2@127.0.0.1/idem",
+            "redis://:hunter2@127.0.0.1:6379/0",
+            "redis://default:hunter2@127.0.0.1:6379/?password=hunter2",
+            "redis+cluster://:hunter2@a:7000,:hunter2@b:7001",
+        ] {
+            let spec = StoreSpec::parse(url).expect(url);
+            let shown = format!("{spec} {spec:?}");
+            assert!(!shown.contains("hunter2"), "{shown}");
+            assert!(shown.contains("***"), "{shown}");
+        }
+        for bad in [
+            "postgres://idem:hunter2@/idem?password=hunter2",
+            "mysql://root:hunter2@",
+            "redis://:hunter2@",
+        ] {
+            let err = StoreSpec::parse(bad).expect_err(bad).to_string();
+            assert!(!err.contains("hunter2"), "{err}");
+        }
+        assert_eq!(
+            scrub(
+                "connect to db.internal as idem with hunter2 failed",
+                "postgres://idem:hunter2@db.internal/idem"
+            ),
+            "connect to db.internal as idem with *** failed"
+        );
+    }
 
     #[test]
     fn urls_parse_by_scheme() {

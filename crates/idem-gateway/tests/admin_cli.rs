@@ -247,3 +247,43 @@ async fn an_https_admin_listener_is_reached_with_its_ca_file() {
     assert_eq!(code, 2, "{err}");
     assert!(err.contains("http:// or https://"), "{err}");
 }
+
+/// Regression: `idem admin` printed stored strings raw, so an upstream whose stored answer
+/// held terminal escapes (`ESC [ 2 J` clears the screen, `ESC ] 0 ; … BEL` retitles it, a
+/// bidi override reverses text) repainted the operator's terminal through `records get`.
+/// The table shows them as visible escapes; `--json` keeps serde_json's exact escaping.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stored_terminal_escapes_are_shown_not_obeyed() {
+    const NASTY: &str = "paid\u{1b}[2J\u{1b}]0;owned\u{7}\r\u{202e}gpj.exe";
+    let app = axum::Router::new().route(
+        "/charges",
+        axum::routing::post(|| async { (axum::http::StatusCode::CREATED, NASTY) }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let upstream = format!("http://{}", listener.local_addr().expect("addr"));
+    tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    });
+    let gw = Gateway::start(&config(&upstream), &[]);
+    let k = key();
+    let r = Http::new().post(&gw.url("/charges"), Some(&k), "{}").await;
+    assert_eq!(r.status, StatusCode::CREATED);
+
+    let t = Some(ADMIN_TOKEN);
+    let (code, shown) = admin(&gw, t, &["records", "get", &k, "-n", "payments"]);
+    assert_eq!(code, 0, "{shown}");
+    assert!(
+        !shown.contains(['\u{1b}', '\u{7}', '\r', '\u{202e}']),
+        "raw terminal controls printed: {shown:?}"
+    );
+    assert!(
+        shown.contains(r"paid\x1b[2J\x1b]0;owned\x07\r\u{202e}gpj.exe"),
+        "{shown}"
+    );
+    let (code, out) = admin(&gw, t, &["--json", "records", "get", &k, "-n", "payments"]);
+    assert_eq!(code, 0, "{out}");
+    let record: Value = serde_json::from_str(&out).expect("json");
+    assert_eq!(record["response"]["body"], NASTY);
+}

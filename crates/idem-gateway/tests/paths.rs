@@ -147,3 +147,40 @@ async fn unmatched_requests_follow_the_setting() {
     assert_eq!(r.status, StatusCode::CREATED, "safe methods pass through");
     assert_eq!(up.seen.count("/elsewhere"), 2, "one POST, one GET");
 }
+
+/// Regression: methods are case-sensitive, so `post /charge` matched no `POST` route and was
+/// proxied unprotected under `unmatched = "proxy"`; servers that read methods without regard
+/// to case then charged it. A standard method (or a route's) in another case is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_method_in_another_case_is_refused() {
+    let up = Upstream::start().await;
+    let gw = Gateway::start(&config(&up.url(), "proxy"), &[]);
+    let http = Http::new();
+    for spelled in ["post", "Post", "pOST", "get", "Delete"] {
+        let method = Method::from_bytes(spelled.as_bytes()).expect("a method token");
+        let r = http
+            .send(
+                method,
+                &gw.url("/charge"),
+                &[("idempotency-key", &key())],
+                "{}",
+            )
+            .await;
+        assert_eq!(
+            (r.status, r.problem_type().as_str()),
+            (StatusCode::BAD_REQUEST, "method-not-canonical"),
+            "{spelled}"
+        );
+    }
+    assert_eq!(up.seen.total(), 0, "nothing reached the upstream");
+    // A method no route or standard names passes as configured (here: proxied).
+    let r = http
+        .send(
+            Method::from_bytes(b"purge").expect("method"),
+            &gw.url("/charge"),
+            &[],
+            "",
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::CREATED);
+}

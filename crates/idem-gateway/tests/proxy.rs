@@ -418,6 +418,60 @@ async fn request_ids_are_propagated_or_made() {
     );
 }
 
+/// Regression: the hop-by-hop strip ran after the gateway set its own headers, so a client's
+/// `Connection: X-Forwarded-For, X-Request-Id` removed them and an upstream trusting
+/// `X-Forwarded-For` saw the gateway's address.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_clients_connection_header_cannot_strip_the_gateways_headers() {
+    let (up, gw, http) = setup().await;
+    let named = "X-Forwarded-For, X-Request-Id, X-Forwarded-Proto, X-Forwarded-Host, \
+                 Idempotency-Key, Idempotency-Fence, X-Hop";
+    for path in ["/conn", "/plain/conn"] {
+        http.send(
+            Method::POST,
+            &gw.url(path),
+            &[
+                ("idempotency-key", &key()),
+                ("connection", named),
+                ("x-hop", "for the gateway only"),
+                ("x-forwarded-for", "203.0.113.9"),
+            ],
+            "{}",
+        )
+        .await;
+        let headers = up.seen.headers.lock();
+        let last = headers.last().expect("the upstream was reached");
+        for own in [
+            "x-forwarded-for",
+            "x-request-id",
+            "x-forwarded-proto",
+            "x-forwarded-host",
+        ] {
+            assert!(
+                last.get(own).is_some(),
+                "{path}: {own} was stripped: {last:?}"
+            );
+        }
+        if path == "/conn" {
+            for own in ["idempotency-key", "idempotency-fence"] {
+                assert!(
+                    last.get(own).is_some(),
+                    "{path}: {own} was stripped: {last:?}"
+                );
+            }
+        }
+        // The client's own copy was for the gateway alone; the list starts at the client.
+        assert_eq!(
+            last.get("x-forwarded-for").map(|v| v.as_bytes()),
+            Some(&b"127.0.0.1"[..]),
+            "{path}"
+        );
+        // What the client named as hop-by-hop for itself is still not forwarded.
+        assert!(last.get("x-hop").is_none(), "{path}: {last:?}");
+        assert!(last.get("connection").is_none(), "{path}: {last:?}");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_admin_api_needs_its_token_and_its_own_listener() {
     let (up, gw, http) = setup().await;

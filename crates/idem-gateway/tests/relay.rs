@@ -9,7 +9,8 @@ mod relay_kit;
 
 use std::process::Command;
 
-use common::{TempDir, bin};
+use common::{Gateway, Http, TempDir, bin};
+use http::Method;
 use idem_testkit::brokers::{
     AMQP_URL, amqp, declare_queue, eventually, publish_with_id, queue_ready,
 };
@@ -154,6 +155,85 @@ async fn relay_client_errors_dead_letter_and_server_errors_retry() {
     assert_eq!(orders.calls("down-1"), 3, "max_attempts = 3");
     assert_eq!(orders.total(), 1);
     drop(relay);
+}
+
+/// Regression: a relay's keys lived under `credential_principal("relay:<name>")`, the
+/// principal a `from = "header"` route derives for a caller who sends that very header value,
+/// so such a caller read the relay's answers through the status endpoint and, claiming a
+/// message's key first, had the relay replay the caller's answer instead of executing the
+/// message. The relay's principal is now an internal one no credential hashes to.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http_callers_cannot_reach_relay_keys() {
+    let conn = amqp().await;
+    let (upstream, orders) = Orders::start().await;
+    let q = unique("scope");
+    declare_queue(&conn, &q).await;
+    let source = format!("broker = \"{AMQP_URL}\"\nqueue = \"{q}\"");
+    let cfg = config(&q, &upstream, "/orders", "hold", &source).replace(
+        r#"principal = { from = "none" }"#,
+        r#"principal = { from = "header", header = "x-api-key" }"#,
+    ) + "\n[status]\npath = \"/idem/status\"\n";
+    let gateway = Gateway::start(&cfg, &[]);
+    let http = Http::new();
+    // The header value that hashed to the relay's principal.
+    let pretender = "relay:orders";
+
+    // Claimed (and completed) first over HTTP, with the body the relay will post.
+    let body = r#"{"order":"claimed-1"}"#;
+    let first = http
+        .send_as(
+            Method::POST,
+            &gateway.url("/orders"),
+            pretender,
+            &[
+                ("idempotency-key", "claimed-1"),
+                ("content-type", "application/json"),
+            ],
+            body,
+        )
+        .await;
+    assert_eq!(first.status, 201, "{:?}", first.body);
+    assert_eq!(orders.executed("claimed-1"), 1);
+
+    let relay = Relay::start(&cfg);
+    publish(&conn, &q, "claimed-1", 1).await;
+    publish(&conn, &q, "relayed-1", 1).await;
+    assert!(
+        eventually(WAIT, || async {
+            orders.executed("relayed-1") == 1 && queue_ready(&conn, &q).await == 0
+        })
+        .await,
+        "{}",
+        relay.log()
+    );
+    assert_eq!(
+        orders.executed("claimed-1"),
+        2,
+        "the relay's message ran in its own scope, not replayed from the caller's\n{}",
+        relay.log()
+    );
+
+    // The relay's completed key reads as absent to the pretender.
+    let status = http
+        .send_as(
+            Method::GET,
+            &gateway.url("/idem/status/relayed-1?route=orders"),
+            pretender,
+            &[],
+            "",
+        )
+        .await;
+    assert_eq!(status.status, 404, "{:?}", status.body);
+    let answer = http
+        .send_as(
+            Method::GET,
+            &gateway.url("/idem/status/relayed-1?route=orders&answer=1"),
+            pretender,
+            &[],
+            "",
+        )
+        .await;
+    assert_eq!(answer.status, 404, "{:?}", answer.body);
 }
 
 /// `check-config` shows each relay; an incomplete one is refused, naming the field.

@@ -30,6 +30,29 @@ mod idempotency;
 mod status;
 mod wire;
 
+/// The wire readers' entry points for the fuzz targets (`fuzz/`), behind the `fuzzing`
+/// feature: not part of the API.
+#[cfg(feature = "fuzzing")]
+#[doc(hidden)]
+pub mod fuzzing {
+    use std::borrow::Cow;
+
+    /// A gRPC body split into its messages, each as its compressed flag and bytes; `None` for
+    /// a body that is not a whole number of messages.
+    pub fn messages(body: &[u8]) -> Option<Vec<(bool, &[u8])>> {
+        let split = crate::wire::messages(body).ok()?;
+        Some(split.into_iter().map(|m| (m.compressed, m.bytes)).collect())
+    }
+
+    /// The protobuf scalar at `path` in `msg`, as a key is read from a request.
+    ///
+    /// # Errors
+    /// Why the field cannot be read, as text.
+    pub fn field<'a>(msg: &'a [u8], path: &[u32]) -> Result<Option<Cow<'a, [u8]>>, String> {
+        crate::wire::field(msg, path).map_err(|e| format!("{e:?}"))
+    }
+}
+
 pub use codes::{
     ERROR_DOMAIN, GrpcStorePolicy, LayerDetails, Reason, StoreDeterministic, layer_status,
 };

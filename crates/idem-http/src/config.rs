@@ -7,6 +7,7 @@ use std::time::Duration;
 use http::{HeaderName, Method, header};
 use idem_core::{Policy, Scope};
 
+use crate::buffer::BodyPace;
 use crate::policy::{
     CanonicalJson, ExtractKey, ExtractPrincipal, FingerprintRequest, HeaderKey, NoPrincipal,
     StorePolicy, StoreUnless5xx,
@@ -84,6 +85,7 @@ pub struct IdempotencyConfig {
     pub(crate) store_policy: Arc<dyn StorePolicy>,
     pub(crate) policy: Option<Policy>,
     pub(crate) max_request_body: usize,
+    pub(crate) body_pace: BodyPace,
     pub(crate) max_stored_response: usize,
     pub(crate) replay_headers: Vec<HeaderName>,
     pub(crate) streaming: StreamingResponses,
@@ -102,6 +104,7 @@ impl fmt::Debug for IdempotencyConfig {
             .field("store_policy", &self.store_policy)
             .field("policy", &self.policy)
             .field("max_request_body", &self.max_request_body)
+            .field("body_pace", &self.body_pace)
             .field("max_stored_response", &self.max_stored_response)
             .field("replay_headers", &self.replay_headers)
             .field("streaming", &self.streaming)
@@ -113,7 +116,7 @@ impl IdempotencyConfig {
     /// The defaults for `namespace`: key required in `Idempotency-Key`, **no principal** (one
     /// key space shared by every caller: set [`principal`](Self::principal) on any service
     /// with more than one tenant), canonical-JSON fingerprint v1, [`StoreUnless5xx`], the engine's own [`Policy`],
-    /// 1 MiB request and stored-response caps, [`DEFAULT_REPLAY_HEADERS`] replayed, streaming
+    /// 1 MiB request and stored-response caps, request bodies at [`BodyPace::default`], [`DEFAULT_REPLAY_HEADERS`] replayed, streaming
     /// responses released, `GET`/`HEAD`/`OPTIONS` passed through.
     ///
     /// # Errors
@@ -131,6 +134,7 @@ impl IdempotencyConfig {
             store_policy: Arc::new(StoreUnless5xx::new()),
             policy: None,
             max_request_body: DEFAULT_MAX_REQUEST_BODY,
+            body_pace: BodyPace::default(),
             max_stored_response: DEFAULT_MAX_STORED_RESPONSE,
             replay_headers: DEFAULT_REPLAY_HEADERS.to_vec(),
             streaming: StreamingResponses::Release,
@@ -203,6 +207,16 @@ impl IdempotencyConfig {
     #[must_use]
     pub fn max_request_body(mut self, bytes: usize) -> Self {
         self.max_request_body = bytes;
+        self
+    }
+
+    /// How fast a request body must arrive while it is buffered (default
+    /// [`BodyPace::default`]: in full within 30 s, and at 16 KiB/s on average after the first
+    /// 2 s). A slower one gets 408 `body-timeout` and nothing is claimed: the body is read
+    /// before the claim, so the key stays free for a retry.
+    #[must_use]
+    pub fn body_pace(mut self, pace: BodyPace) -> Self {
+        self.body_pace = pace;
         self
     }
 

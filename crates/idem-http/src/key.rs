@@ -52,14 +52,20 @@ pub enum KeyRejection {
     /// A key source is present but unusable (a field that is not a scalar, too long, …).
     #[error("{0}")]
     Source(idem_core::key_source::KeySourceError),
+    /// The key would be read from a body that could mean two things (a JSON object naming
+    /// a member twice: which one is the key depends on the parser).
+    #[error("{0}")]
+    AmbiguousBody(crate::policy::AmbiguousBody),
 }
 
 impl KeyRejection {
-    /// The problem `type` slug: `key-missing`, `key-multiple` or `key-malformed`.
+    /// The problem `type` slug: `key-missing`, `key-multiple`, `key-malformed` or
+    /// `body-ambiguous`.
     pub fn slug(&self) -> &'static str {
         match self.refusal() {
             Refusal::KeyMissing => "key-missing",
             Refusal::KeyMultiple => "key-multiple",
+            Refusal::BodyAmbiguous => crate::policy::AmbiguousBody::SLUG,
             _ => "key-malformed",
         }
     }
@@ -69,6 +75,7 @@ impl KeyRejection {
         match self {
             Self::Missing | Self::NotFound(_) => Refusal::KeyMissing,
             Self::Multiple | Self::List => Refusal::KeyMultiple,
+            Self::AmbiguousBody(_) => Refusal::BodyAmbiguous,
             _ => Refusal::KeyMalformed,
         }
     }

@@ -22,6 +22,7 @@
 mod body;
 pub mod buffer;
 mod config;
+mod guard;
 mod idempotency;
 pub mod key;
 pub mod policy;
@@ -34,13 +35,14 @@ pub use config::{
     DEFAULT_MAX_REQUEST_BODY, DEFAULT_MAX_STORED_RESPONSE, DEFAULT_REPLAY_HEADERS,
     IdempotencyConfig, NEVER_REPLAYED, RouteConfigError, StreamingResponses,
 };
+pub use guard::RunGuard;
 pub use idempotency::{Idempotency, IdempotencyLayer, ResponseFuture};
 pub use key::{KeyRejection, parse_key};
 pub use policy::{
-    CanonicalJson, ExtensionPrincipal, ExtractKey, ExtractPrincipal, FingerprintRequest, FoundKey,
-    HeaderKey, HeaderPrincipal, IDEMPOTENCY_FENCE, IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED,
-    NoPrincipal, Principal, PrincipalRejection, RawBody, StoreDecision, StorePolicy,
-    StoreUnless5xx, X_IDEMPOTENCY_KEY, X_REQUEST_ID,
+    AmbiguousBody, CanonicalJson, ExtensionPrincipal, ExtractKey, ExtractPrincipal,
+    FingerprintRequest, FoundKey, HeaderKey, HeaderPrincipal, IDEMPOTENCY_FENCE, IDEMPOTENCY_KEY,
+    IDEMPOTENT_REPLAYED, NoPrincipal, Principal, PrincipalRejection, RawBody, StoreDecision,
+    StorePolicy, StoreUnless5xx, X_IDEMPOTENCY_KEY, X_REQUEST_ID,
 };
 pub use problem::{PROBLEM_BASE, Problem, retry_after_secs};
 pub use source::{PathParams, SourceKey};

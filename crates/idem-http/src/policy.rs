@@ -13,8 +13,8 @@ use std::marker::PhantomData;
 
 use http::request::Parts;
 use http::{HeaderName, HeaderValue, StatusCode};
-use idem_core::key::credential_principal;
-use idem_core::{Fingerprint, JsonFields, Key, ReleaseKind};
+use idem_core::key::{INTERNAL_PRINCIPAL_PREFIX, credential_principal, is_internal_principal};
+use idem_core::{Fingerprint, FingerprintError, JsonFields, Key, ReleaseKind};
 
 use crate::key::{KeyRejection, parse_key};
 
@@ -148,6 +148,10 @@ pub struct PrincipalRejection(pub String);
 
 /// Finds whose key this is. The principal becomes part of the scope, so two principals'
 /// keys never meet.
+///
+/// An implementation that passes a caller's own text through must refuse a value in idem's
+/// internal space ([`idem_core::key::is_internal_principal`], the `idem:` prefix), as the
+/// shipped ones do: it would share a scope with a relay's keys.
 pub trait ExtractPrincipal: fmt::Debug + Send + Sync + 'static {
     /// The principal, or `Ok(None)` for an anonymous scope.
     ///
@@ -279,7 +283,16 @@ impl<T> fmt::Debug for ExtensionPrincipal<T> {
 impl<T: fmt::Display + Send + Sync + Clone + 'static> ExtractPrincipal for ExtensionPrincipal<T> {
     fn principal(&self, parts: &Parts) -> Result<Option<String>, PrincipalRejection> {
         match parts.extensions.get::<T>() {
-            Some(p) => Ok(Some(p.to_string())),
+            Some(p) => {
+                let p = p.to_string();
+                // A principal in the internal space would share a scope with a relay's keys.
+                if is_internal_principal(&p) {
+                    return Err(PrincipalRejection(format!(
+                        "the principal starts with the reserved `{INTERNAL_PRINCIPAL_PREFIX}`"
+                    )));
+                }
+                Ok(Some(p))
+            }
             None => Err(PrincipalRejection(
                 "the request is not authenticated".into(),
             )),
@@ -290,7 +303,31 @@ impl<T: fmt::Display + Send + Sync + Clone + 'static> ExtractPrincipal for Exten
 /// Computes a request's fingerprint from its head and buffered body.
 pub trait FingerprintRequest: fmt::Debug + Send + Sync + 'static {
     /// The fingerprint. Must be deterministic.
-    fn fingerprint(&self, parts: &Parts, body: &[u8]) -> Fingerprint;
+    ///
+    /// # Errors
+    /// [`AmbiguousBody`] when the body can be read two ways (a JSON object naming a member
+    /// twice): two requests that mean different things to the handler could share one
+    /// fingerprint. The layer answers `400` (`body-ambiguous`) and nothing runs.
+    fn fingerprint(&self, parts: &Parts, body: &[u8]) -> Result<Fingerprint, AmbiguousBody>;
+}
+
+/// A request body that could mean two things to two readers, such as a JSON object that
+/// names a member twice (one parser keeps the first, another the last).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct AmbiguousBody(pub String);
+
+impl AmbiguousBody {
+    /// The problem `type` slug of the refusal.
+    pub const SLUG: &'static str = "body-ambiguous";
+
+    /// The ambiguity `error` describes, if it is one (anything else is not JSON at all).
+    pub fn from_json_error(error: &FingerprintError) -> Option<Self> {
+        match error {
+            FingerprintError::DuplicateMember(_) => Some(Self(error.to_string())),
+            _ => None,
+        }
+    }
 }
 
 fn route(parts: &Parts) -> &str {
@@ -298,7 +335,8 @@ fn route(parts: &Parts) -> &str {
 }
 
 /// Method + path and query + the canonical form of a JSON body, so member order and
-/// whitespace do not change it; a body that is not JSON is hashed as raw bytes.
+/// whitespace do not change it; a body that is not JSON is hashed as raw bytes, and a JSON
+/// body that names a member twice is refused ([`AmbiguousBody`]).
 #[derive(Clone, Debug, Default)]
 pub struct CanonicalJson {
     version: u16,
@@ -330,15 +368,24 @@ impl CanonicalJson {
 }
 
 impl FingerprintRequest for CanonicalJson {
-    fn fingerprint(&self, parts: &Parts, body: &[u8]) -> Fingerprint {
+    fn fingerprint(&self, parts: &Parts, body: &[u8]) -> Result<Fingerprint, AmbiguousBody> {
         let method = parts.method.as_str();
-        if !body.is_empty()
-            && let Ok(fp) =
-                Fingerprint::http_json(self.version, method, route(parts), body, &self.fields)
-        {
-            return fp;
+        if !body.is_empty() {
+            match Fingerprint::http_json(self.version, method, route(parts), body, &self.fields) {
+                Ok(fp) => return Ok(fp),
+                Err(e) => {
+                    if let Some(ambiguous) = AmbiguousBody::from_json_error(&e) {
+                        return Err(ambiguous);
+                    }
+                }
+            }
         }
-        Fingerprint::http_raw(self.version, method, route(parts), body)
+        Ok(Fingerprint::http_raw(
+            self.version,
+            method,
+            route(parts),
+            body,
+        ))
     }
 }
 
@@ -369,8 +416,13 @@ impl RawBody {
 }
 
 impl FingerprintRequest for RawBody {
-    fn fingerprint(&self, parts: &Parts, body: &[u8]) -> Fingerprint {
-        Fingerprint::http_raw(self.version, parts.method.as_str(), route(parts), body)
+    fn fingerprint(&self, parts: &Parts, body: &[u8]) -> Result<Fingerprint, AmbiguousBody> {
+        Ok(Fingerprint::http_raw(
+            self.version,
+            parts.method.as_str(),
+            route(parts),
+            body,
+        ))
     }
 }
 
@@ -513,6 +565,10 @@ mod tests {
         let mut with = parts(&[]);
         with.extensions.insert(Principal("alice".into()));
         assert_eq!(e.principal(&with), Ok(Some("alice".into())));
+        // An application's principal in the internal space would share a relay's scope.
+        with.extensions
+            .insert(Principal("idem:relay:orders".into()));
+        assert!(e.principal(&with).is_err());
     }
 
     #[test]

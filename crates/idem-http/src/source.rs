@@ -21,11 +21,12 @@ use std::collections::HashMap;
 use http::request::Parts;
 use http::{HeaderName, HeaderValue};
 use idem_core::Key;
+use idem_core::fingerprint::validate_json;
 use idem_core::key_source::{KeyInputs, KeySource, KeySourceError, KeySources};
 use serde_json::Value;
 
 use crate::key::{KeyRejection, parse_key};
-use crate::policy::{ExtractKey, FoundKey};
+use crate::policy::{AmbiguousBody, ExtractKey, FoundKey};
 
 /// The route's path parameters, as a request extension: `id` → `42` for
 /// `/v1/orders/{id}/pay`. The gateway sets it from its route; an application puts it there
@@ -61,7 +62,7 @@ impl SourceKey {
     }
 
     fn find(&self, parts: &Parts, body: Option<&[u8]>) -> Result<Option<FoundKey>, KeyRejection> {
-        let inputs = Inputs::new(parts, body);
+        let inputs = Inputs::new(parts, body)?;
         let found = self
             .sources
             .resolve(&inputs)
@@ -113,10 +114,22 @@ struct Inputs<'a> {
 }
 
 impl<'a> Inputs<'a> {
-    fn new(parts: &'a Parts, body: Option<&[u8]>) -> Self {
-        let json = body
-            .filter(|b| !b.is_empty())
-            .and_then(|b| serde_json::from_slice(b).ok());
+    /// # Errors
+    /// [`KeyRejection::AmbiguousBody`] for a JSON body that names a member twice: serde_json
+    /// keeps the last, an upstream may keep the first, so the key could name another order
+    /// than the one the upstream acts on.
+    fn new(parts: &'a Parts, body: Option<&[u8]>) -> Result<Self, KeyRejection> {
+        let json = match body.filter(|b| !b.is_empty()) {
+            None => None,
+            Some(b) => match validate_json(b) {
+                Ok(()) => serde_json::from_slice(b).ok(),
+                Err(e) => match AmbiguousBody::from_json_error(&e) {
+                    Some(ambiguous) => return Err(KeyRejection::AmbiguousBody(ambiguous)),
+                    // Not JSON: a JSON key source finds nothing in it.
+                    None => None,
+                },
+            },
+        };
         let mut query: HashMap<String, Vec<String>> = HashMap::new();
         for (k, v) in form_urlencoded::parse(parts.uri.query().unwrap_or("").as_bytes()) {
             query
@@ -124,7 +137,7 @@ impl<'a> Inputs<'a> {
                 .or_default()
                 .push(v.into_owned());
         }
-        Self { parts, json, query }
+        Ok(Self { parts, json, query })
     }
 }
 

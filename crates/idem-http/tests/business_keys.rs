@@ -164,3 +164,14 @@ async fn bad_and_missing_fields_answer_400_and_nothing_runs() {
     assert!(text.contains("255"), "{text}");
     assert_eq!(runs.load(Ordering::SeqCst), 0);
 }
+
+/// Regression: the key field was read from a tree where the last duplicate won, so
+/// `{"order":{"id":1,"id":2}}` paid order 2 while an upstream keeping the first member paid 1.
+#[tokio::test]
+async fn a_body_with_duplicate_members_is_refused() {
+    let (app, runs) = app(&["{json.order.id}:pay"]);
+    let (status, text, _) = pay(&app, "/orders/42/pay", &[], r#"{"order":{"id":1,"id":2}}"#).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{text}");
+    assert!(text.contains("body-ambiguous"), "{text}");
+    assert_eq!(runs.load(Ordering::SeqCst), 0);
+}

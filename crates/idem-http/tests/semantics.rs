@@ -136,6 +136,68 @@ async fn different_body_is_422_and_reordered_json_replays() {
     );
 }
 
+/// Regression: numbers were compared as f64 (two amounts beyond 2^53 replayed each other) and
+/// of duplicate members the last won, while an upstream that keeps the first one charges it.
+#[tokio::test]
+async fn json_that_means_two_things_is_not_the_same_request() {
+    let engine = engine();
+    let hits = Arc::new(Hits::default());
+    let router = app(&engine, Arc::clone(&hits));
+    let first = send(
+        &router,
+        post_req(
+            "/respond",
+            Some("big"),
+            None,
+            r#"{"amount":10000000000000000000001}"#,
+        ),
+    )
+    .await;
+    assert_eq!(first.status, StatusCode::CREATED);
+    let other = send(
+        &router,
+        post_req(
+            "/respond",
+            Some("big"),
+            None,
+            r#"{"amount":10000000000000000000002}"#,
+        ),
+    )
+    .await;
+    assert_eq!(other.status, StatusCode::UNPROCESSABLE_ENTITY, "{other:?}");
+    let same = send(
+        &router,
+        post_req(
+            "/respond",
+            Some("big"),
+            None,
+            r#"{"amount":1000000000000000000000.1e1}"#,
+        ),
+    )
+    .await;
+    assert!(
+        same.replayed(),
+        "one exact value, another spelling: {same:?}"
+    );
+
+    let twice = send(
+        &router,
+        post_req("/respond", Some("dup"), None, r#"{"amount":1,"amount":9}"#),
+    )
+    .await;
+    assert_eq!(twice.status, StatusCode::BAD_REQUEST, "{twice:?}");
+    assert_eq!(
+        twice.problem_type(),
+        "https://idem.dev/problems/body-ambiguous"
+    );
+    assert!(
+        twice.json()["detail"]
+            .as_str()
+            .is_some_and(|d| d.contains("amount"))
+    );
+    assert_eq!(hits.started(), 1, "only the first request ran");
+}
+
 #[tokio::test]
 async fn missing_and_malformed_keys_are_400() {
     let engine = engine();

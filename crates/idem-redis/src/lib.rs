@@ -86,6 +86,29 @@ pub mod script;
 mod store;
 pub mod tokens;
 
+/// The record codec's entry points for the fuzz targets (`fuzz/`), behind the `fuzzing`
+/// feature: not part of the API.
+#[cfg(feature = "fuzzing")]
+#[doc(hidden)]
+pub mod fuzzing {
+    use idem_core::Record;
+    use idem_core::record::CodecError;
+
+    /// Decodes a stored value as the store reads it: a record, `None` for a tombstone.
+    ///
+    /// # Errors
+    /// The value is not a stored record.
+    pub fn decode_record(value: &[u8]) -> Result<Option<Record>, CodecError> {
+        crate::codec::decode_record(value)
+    }
+
+    /// The stored form of `record`, as the Lua scripts write it; `None` for a state it has
+    /// no form for.
+    pub fn encode_record(record: &Record) -> Option<Vec<u8>> {
+        crate::codec::encode_record(record)
+    }
+}
+
 pub use config::{Durability, RedisConfig, RedisConfigError, Target, TlsPem};
 pub use lock::{Held, LockError, LockLease, RedisLock};
 pub use store::RedisStore;

@@ -11,12 +11,15 @@ use std::str::FromStr;
 use thiserror::Error;
 
 mod json;
+mod number;
 mod stream;
 #[cfg(test)]
 mod tests;
 
 use json::canonical_via_value;
-pub use json::{JsonFields, canonical_json, canonical_json_filtered, canonical_json_tree};
+pub use json::{
+    JsonFields, canonical_json, canonical_json_filtered, canonical_json_tree, validate_json,
+};
 
 /// A versioned request digest.
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
@@ -35,6 +38,10 @@ pub enum FingerprintError {
     /// The body was not valid JSON.
     #[error("body is not valid JSON: {0}")]
     Json(String),
+    /// A JSON object names the same member twice: parsers disagree on which one counts (the
+    /// first, the last, an error), so the body could mean two things to two readers.
+    #[error("body is ambiguous JSON: the member {0:?} appears twice in one object")]
+    DuplicateMember(String),
     /// A stored or transmitted fingerprint did not parse.
     #[error("malformed fingerprint")]
     Malformed,
@@ -73,7 +80,8 @@ impl Fingerprint {
     /// whitespace do not change it.
     ///
     /// # Errors
-    /// [`FingerprintError::Json`] if the body is not JSON.
+    /// [`FingerprintError::Json`] if the body is not JSON, [`FingerprintError::DuplicateMember`]
+    /// if it could mean two things.
     pub fn http_json(
         version: u16,
         method: &str,

@@ -2,17 +2,17 @@
 //!
 //! Every protected request is fingerprinted, so this is a hot path. It writes exactly what
 //! the tree-based [`super::canonical_via_value`] writes, and accepts exactly the documents
-//! serde_json accepts: anything unusual (escaped strings, numbers that are not small
-//! integers) is handed to serde_json itself, piece by piece, and the differential tests in
+//! that path accepts: escaped strings are handed to serde_json itself, numbers that are not
+//! small integers to the exact [`super::number`] form, and the differential tests in
 //! `super::tests` (and the `canonical_json` fuzz target) hold the two paths together.
 
 use std::borrow::Cow;
 
 use super::FingerprintError;
-use super::json::{write_number, write_string};
+use super::json::write_string;
 
 /// serde_json's nesting limit: the 128th nested array or object is refused.
-const MAX_DEPTH: usize = 127;
+pub(super) const MAX_DEPTH: usize = 127;
 
 /// Appends the canonical form of `body` to `out`.
 pub(super) fn canonicalize(body: &[u8], out: &mut Vec<u8>) -> Result<(), FingerprintError> {
@@ -179,7 +179,7 @@ impl<'a> Parser<'a> {
         // Written in input order; most bodies are already sorted and free of duplicates.
         let members = &mut self.members[first..];
         if !members.windows(2).all(|w| w[0].name < w[1].name) {
-            sort_members(out, body_start, members);
+            sort_members(out, body_start, members)?;
         }
         self.members.truncate(first);
         out.push(b'}');
@@ -274,28 +274,29 @@ impl<'a> Parser<'a> {
             out.extend_from_slice(lexeme);
             return Ok(());
         }
-        let n: serde_json::Number =
-            serde_json::from_slice(lexeme).map_err(|e| FingerprintError::Json(e.to_string()))?;
-        write_number(&n, out);
-        Ok(())
+        super::number::write_exact(lexeme, out)
     }
 }
 
-/// Rewrites an object's members in name order; of duplicate names the last one wins, as in
-/// serde_json's map.
-fn sort_members(out: &mut Vec<u8>, body_start: usize, members: &mut [Member<'_>]) {
+/// Rewrites an object's members in name order. A name given twice is refused: parsers
+/// disagree on which member counts, so the body could mean two things.
+fn sort_members(
+    out: &mut Vec<u8>,
+    body_start: usize,
+    members: &mut [Member<'_>],
+) -> Result<(), FingerprintError> {
+    members.sort_unstable_by(|a, b| a.name.cmp(&b.name));
+    if let Some(w) = members.windows(2).find(|w| w[0].name == w[1].name) {
+        return Err(FingerprintError::DuplicateMember(
+            w[0].name.clone().into_owned(),
+        ));
+    }
     let text = out.split_off(body_start);
-    // Stable, so among equal names the input order stays and the last is the one kept.
-    members.sort_by(|a, b| a.name.cmp(&b.name));
-    let mut first = true;
     for (i, m) in members.iter().enumerate() {
-        if members.get(i + 1).is_some_and(|next| next.name == m.name) {
-            continue;
-        }
-        if !first {
+        if i > 0 {
             out.push(b',');
         }
-        first = false;
         out.extend_from_slice(&text[m.start - body_start..m.end - body_start]);
     }
+    Ok(())
 }

@@ -17,6 +17,30 @@ fn key_order_and_whitespace_do_not_matter() {
     assert_ne!(canon(r#"{"a":"1"}"#), canon(r#"{"a":1}"#));
 }
 
+/// Regression: numbers went through f64, so distinct values beyond its precision had one
+/// canonical form; and of duplicate members the last silently won.
+#[test]
+fn numbers_are_exact_and_duplicates_are_refused() {
+    assert_ne!(
+        canon("10000000000000000000001"),
+        canon("10000000000000000000002")
+    );
+    assert_eq!(canon("9007199254740993"), canon("9007199254740993.0"));
+    assert_ne!(canon("0.30000000000000001"), canon("0.3"));
+    for body in [r#"{"amount":1,"amount":9}"#, r#"{"a":{"b":1,"\u0062":2}}"#] {
+        for got in [
+            canonical_json(body.as_bytes()),
+            canonical_json_tree(body.as_bytes()),
+            canonical_json_filtered(body.as_bytes(), &JsonFields::all().exclude(["x"])),
+        ] {
+            assert!(
+                matches!(&got, Err(FingerprintError::DuplicateMember(_))),
+                "{body}: {got:?}"
+            );
+        }
+    }
+}
+
 #[test]
 fn invalid_json_is_an_error() {
     assert!(matches!(
@@ -166,8 +190,14 @@ fn one_pass_matches_the_tree_on_edge_cases() {
     for case in &cases {
         same_as_tree(case);
     }
-    assert_eq!(canon(r#"{"a":1,"\u0061":2}"#), r#"{"a":2}"#);
-    assert_eq!(canon(r#"{"b":1,"a":2,"b":3}"#), r#"{"a":2,"b":3}"#);
+    for twice in [r#"{"a":1,"\u0061":2}"#, r#"{"b":1,"a":2,"b":3}"#] {
+        assert_eq!(
+            canonical_json(twice.as_bytes()),
+            Err(FingerprintError::DuplicateMember(
+                if twice.contains('b') { "b" } else { "a" }.to_owned()
+            ))
+        );
+    }
     assert!(canonical_json(deep(127).as_bytes()).is_ok());
     assert!(canonical_json(deep(128).as_bytes()).is_err());
 }
@@ -227,9 +257,9 @@ mod differential {
         })
     }
 
-    /// Writes `v` with random whitespace, member order, duplicated members and
-    /// number spellings (`1.0`, `10e-1`) that mean the same.
-    fn spell(v: &Value, noise: &mut impl Iterator<Item = u8>, out: &mut String) {
+    /// Writes `v` with random whitespace, member order, number spellings (`1.0`, `10e-1`)
+    /// that mean the same, and sometimes a duplicated member (`dup` is then set).
+    fn spell(v: &Value, noise: &mut impl Iterator<Item = u8>, out: &mut String, dup: &mut bool) {
         let ws = |out: &mut String, n: &mut dyn Iterator<Item = u8>| match n.next().unwrap_or(0) % 6
         {
             0 => out.push(' '),
@@ -244,7 +274,7 @@ mod differential {
                         out.push(',');
                     }
                     ws(out, noise);
-                    spell(item, noise, out);
+                    spell(item, noise, out, dup);
                     ws(out, noise);
                 }
                 out.push(']');
@@ -257,9 +287,10 @@ mod differential {
                 out.push('{');
                 let mut first = true;
                 for (name, item) in members {
-                    // Sometimes an earlier duplicate that the later one overrides.
-                    let dup = noise.next().unwrap_or(0).is_multiple_of(5);
-                    for value in [dup.then_some(&Value::Null), Some(item)]
+                    // Sometimes an earlier duplicate, which makes the document ambiguous.
+                    let twice = noise.next().unwrap_or(0).is_multiple_of(5);
+                    *dup |= twice;
+                    for value in [twice.then_some(&Value::Null), Some(item)]
                         .into_iter()
                         .flatten()
                     {
@@ -271,7 +302,7 @@ mod differential {
                         out.push_str(&serde_json::to_string(name).unwrap_or_default());
                         ws(out, noise);
                         out.push(':');
-                        spell(value, noise, out);
+                        spell(value, noise, out, dup);
                     }
                 }
                 out.push('}');
@@ -293,15 +324,18 @@ mod differential {
 
         #[test]
         fn respelled_documents_agree(v in json(), noise in prop::collection::vec(any::<u8>(), 64)) {
-            let mut text = String::new();
-            spell(&v, &mut noise.iter().copied().cycle(), &mut text);
+            let (mut text, mut dup) = (String::new(), false);
+            spell(&v, &mut noise.iter().copied().cycle(), &mut text, &mut dup);
             super::same_as_tree(text.as_bytes());
-            // Every spelling of the same document has the same canonical form.
-            let plain = serde_json::to_vec(&v).unwrap_or_default();
-            prop_assert_eq!(
-                super::canonical_json(text.as_bytes()).ok(),
-                super::canonical_json(&plain).ok()
-            );
+            let got = super::canonical_json(text.as_bytes());
+            if dup {
+                // A member given twice is refused, never resolved one way or the other.
+                prop_assert!(matches!(got, Err(super::FingerprintError::DuplicateMember(_))));
+            } else {
+                // Every spelling of the same document has the same canonical form.
+                let plain = serde_json::to_vec(&v).unwrap_or_default();
+                prop_assert_eq!(got.ok(), super::canonical_json(&plain).ok());
+            }
         }
 
         #[test]

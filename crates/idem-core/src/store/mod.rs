@@ -186,11 +186,19 @@ pub enum StoreError {
     /// The store could not be reached or answered with an error.
     #[error("store unavailable: {0}")]
     Unavailable(#[source] Box<dyn StdError + Send + Sync>),
-    /// The store is at capacity and every record holds a live lease.
-    #[error("store is full: all {capacity} entries hold live leases")]
+    /// The store holds as many records as it may, and none of them has expired: a new key
+    /// is refused rather than a live record dropped.
+    #[error("store is full: {capacity} records held, none expired")]
     Full {
         /// The configured capacity.
         capacity: usize,
+    },
+    /// The store's records take as many bytes as it may, and none of them has expired: a
+    /// new key is refused rather than a live record dropped.
+    #[error("store is full: its records take {max_bytes} bytes, none expired")]
+    FullBytes {
+        /// The configured bound, in bytes.
+        max_bytes: usize,
     },
     /// Fewer replicas than required acknowledged a write, so the claim may not survive a
     /// failover. The handler must not run.

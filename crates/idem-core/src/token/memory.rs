@@ -1,6 +1,6 @@
 //! [`MemoryTokens`]: one-time tokens in process memory, under one lock.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::fmt;
 use std::future::{Future, ready};
 use std::sync::{Arc, PoisonError};
@@ -20,10 +20,13 @@ use crate::sync::Mutex;
 
 /// A bounded in-memory token store. Clones share the same tokens.
 ///
-/// At capacity, an issue first forgets tokens past their retention, then expired and consumed
-/// ones (they only serve to answer "expired" or "already used" instead of "unknown"); live
-/// tokens are never dropped, and when only live ones remain the issue fails with
-/// [`StoreError::Full`].
+/// At capacity, an issue first forgets expired tokens, oldest expiry first, then consumed ones,
+/// earliest consumed first (either only serves to answer "expired" or "already used" instead
+/// of "unknown"); live tokens are never dropped, and when only live ones remain the issue
+/// fails with [`StoreError::Full`]. Consuming or inspecting a token never needs room, so a
+/// full store keeps honouring every live token. Spent tokens are found through an expiry
+/// index and a queue of consumed tokens, never by walking the store: a refused issue costs
+/// a lookup, however many tokens are held.
 #[derive(Clone)]
 pub struct MemoryTokens {
     shared: Arc<Shared>,
@@ -33,7 +36,82 @@ struct Shared {
     clock: Box<dyn Clock>,
     capacity: usize,
     retention: Duration,
-    tokens: Mutex<HashMap<[u8; 32], Entry>>,
+    tokens: Mutex<Tokens>,
+}
+
+/// The tokens and the indexes that find spent ones without a scan.
+#[derive(Default)]
+struct Tokens {
+    map: HashMap<[u8; 32], Entry>,
+    /// Expiry time -> the tokens issued to expire then. Kept lazily: a token forgotten
+    /// through `consumed` leaves its id here, skipped when reached because it is gone.
+    by_expiry: BTreeMap<Timestamp, Vec<[u8; 32]>>,
+    /// Ids in `by_expiry`, stale ones included.
+    expiry_len: usize,
+    /// Consumed tokens, earliest first; lazy in the same way.
+    consumed: VecDeque<[u8; 32]>,
+}
+
+/// Stale index entries tolerated beyond the live ones before an index is rebuilt.
+const STALE_SLACK: usize = 1024;
+
+impl Tokens {
+    /// Forgets spent tokens until there is room for one more under `capacity`, or none is
+    /// left to forget. Each step takes one index entry off the front, so the work is at
+    /// most the entries it removes.
+    fn make_room(&mut self, now: Timestamp, capacity: usize) {
+        while self.map.len() >= capacity {
+            let Some(mut first) = self.by_expiry.first_entry() else {
+                break;
+            };
+            if *first.key() > now {
+                break;
+            }
+            let at = *first.key();
+            let ids = first.get_mut();
+            let Some(id) = ids.pop() else {
+                first.remove();
+                continue;
+            };
+            if ids.is_empty() {
+                first.remove();
+            }
+            self.expiry_len -= 1;
+            if self.map.get(&id).is_some_and(|e| e.expires_at == at) {
+                self.map.remove(&id);
+            }
+        }
+        while self.map.len() >= capacity {
+            let Some(id) = self.consumed.pop_front() else {
+                break;
+            };
+            if self.map.get(&id).is_some_and(|e| e.consumed_at.is_some()) {
+                self.map.remove(&id);
+            }
+        }
+    }
+
+    fn insert(&mut self, id: [u8; 32], entry: Entry) {
+        self.by_expiry.entry(entry.expires_at).or_default().push(id);
+        self.expiry_len += 1;
+        self.map.insert(id, entry);
+        if self.expiry_len > 2 * self.map.len() + STALE_SLACK {
+            self.by_expiry.clear();
+            for (id, e) in &self.map {
+                self.by_expiry.entry(e.expires_at).or_default().push(*id);
+            }
+            self.expiry_len = self.map.len();
+        }
+    }
+
+    fn consumed(&mut self, id: [u8; 32]) {
+        self.consumed.push_back(id);
+        if self.consumed.len() > 2 * self.map.len() + STALE_SLACK {
+            let map = &self.map;
+            self.consumed
+                .retain(|id| map.get(id).is_some_and(|e| e.consumed_at.is_some()));
+        }
+    }
 }
 
 struct Entry {
@@ -45,10 +123,6 @@ struct Entry {
 impl Entry {
     fn forget_at(&self, retention: Duration) -> Timestamp {
         self.expires_at.plus(retention)
-    }
-
-    fn live(&self, now: Timestamp) -> bool {
-        self.consumed_at.is_none() && now < self.expires_at
     }
 }
 
@@ -65,14 +139,14 @@ impl MemoryTokens {
                 clock: Box::new(clock),
                 capacity: capacity.max(1),
                 retention: DEFAULT_RETENTION,
-                tokens: Mutex::new(HashMap::new()),
+                tokens: Mutex::new(Tokens::default()),
             }),
         }
     }
 
     /// Number of tokens held, forgotten ones included until the next sweep.
     pub fn len(&self) -> usize {
-        self.lock().len()
+        self.lock().map.len()
     }
 
     /// True when no token is held.
@@ -80,7 +154,7 @@ impl MemoryTokens {
         self.len() == 0
     }
 
-    fn lock(&self) -> crate::sync::MutexGuard<'_, HashMap<[u8; 32], Entry>> {
+    fn lock(&self) -> crate::sync::MutexGuard<'_, Tokens> {
         // Every critical section leaves the map consistent, so a poisoned lock is still usable.
         self.shared
             .tokens
@@ -92,21 +166,15 @@ impl MemoryTokens {
         let token = Token::generate()?;
         let id = token.digest(&req.scope);
         let now = self.shared.clock.now();
-        let retention = self.shared.retention;
-        let mut map = self.lock();
-        if map.len() >= self.shared.capacity {
-            map.retain(|_, e| now < e.forget_at(retention));
-        }
-        if map.len() >= self.shared.capacity {
-            map.retain(|_, e| e.live(now));
-        }
-        if map.len() >= self.shared.capacity {
+        let mut tokens = self.lock();
+        tokens.make_room(now, self.shared.capacity);
+        if tokens.map.len() >= self.shared.capacity {
             return Err(StoreError::Full {
                 capacity: self.shared.capacity,
             });
         }
         let expires_at = now.plus(req.ttl);
-        map.insert(
+        tokens.insert(
             id,
             Entry {
                 expires_at,
@@ -125,9 +193,11 @@ impl MemoryTokens {
     ) -> ConsumeOutcome {
         let now = self.shared.clock.now();
         let retention = self.shared.retention;
-        let mut map = self.lock();
-        let Some(entry) = map
-            .get_mut(&token.digest(scope))
+        let mut tokens = self.lock();
+        let id = token.digest(scope);
+        let Some(entry) = tokens
+            .map
+            .get_mut(&id)
             .filter(|e| now < e.forget_at(retention))
         else {
             return ConsumeOutcome::Unknown;
@@ -142,16 +212,17 @@ impl MemoryTokens {
             return ConsumeOutcome::Mismatch;
         }
         entry.consumed_at = Some(now);
-        ConsumeOutcome::Consumed {
-            payload: entry.payload.clone(),
-        }
+        let payload = entry.payload.clone();
+        tokens.consumed(id);
+        ConsumeOutcome::Consumed { payload }
     }
 
     fn inspect_now(&self, scope: &Scope, token: &Token) -> TokenState {
         let now = self.shared.clock.now();
         let retention = self.shared.retention;
-        let map = self.lock();
-        match map
+        let tokens = self.lock();
+        match tokens
+            .map
             .get(&token.digest(scope))
             .filter(|e| now < e.forget_at(retention))
         {
@@ -235,5 +306,44 @@ mod tests {
             tokens.consume_now(&scope, &third.token, None),
             ConsumeOutcome::Consumed { .. }
         ));
+    }
+
+    // The indexes are lazy: churn (issues, consumes, expiries at capacity) must not let them
+    // grow without bound, and what they find must be right: a live token is never dropped.
+    #[test]
+    fn indexes_stay_bounded_and_never_drop_a_live_token() {
+        let clock = ManualClock::new(Timestamp(1_000_000));
+        let tokens = MemoryTokens::with_clock(16, clock.clone());
+        let scope = Scope::new("ns").expect("ns");
+        let mut live: Vec<(Token, Timestamp)> = Vec::new();
+        for i in 0..5_000u64 {
+            let ttl = Duration::from_millis(500 + (i % 7) * 300);
+            let req = IssueRequest::new(scope.clone(), ttl).expect("req");
+            let now = clock.now();
+            live.retain(|(_, until)| *until > now);
+            match tokens.issue_now(&req) {
+                Ok(issued) => live.push((issued.token, issued.expires_at)),
+                Err(StoreError::Full { .. }) => assert_eq!(live.len(), 16, "refused with room"),
+                Err(e) => panic!("{e}"),
+            }
+            if i % 3 == 0
+                && let Some((token, _)) = live.pop()
+            {
+                let used = tokens.consume_now(&scope, &token, None);
+                assert!(matches!(used, ConsumeOutcome::Consumed { .. }));
+            }
+            for (token, _) in &live {
+                let state = tokens.inspect_now(&scope, token);
+                assert!(matches!(state, TokenState::Live { .. }), "{state:?}");
+            }
+            let inner = tokens.lock();
+            assert!(inner.map.len() <= 16);
+            assert!(inner.expiry_len <= 2 * inner.map.len() + STALE_SLACK + 1);
+            assert!(inner.consumed.len() <= 2 * inner.map.len() + STALE_SLACK + 1);
+            let counted: usize = inner.by_expiry.values().map(Vec::len).sum();
+            assert_eq!(counted, inner.expiry_len);
+            drop(inner);
+            clock.advance(Duration::from_millis(100));
+        }
     }
 }

@@ -19,6 +19,7 @@ use http_body_util::BodyExt;
 use idem_http::RequestBody;
 use serde_json::{Value, json};
 
+use super::visible::visible;
 use crate::admin::ACTOR_HEADER;
 use crate::upstream::{Clients, RawUpstream, RawUpstreamTable, UpstreamSpec};
 
@@ -351,7 +352,7 @@ pub async fn run(args: AdminArgs) -> u8 {
     let answer = match answer {
         Ok(a) => a,
         Err(e) => {
-            eprintln!("error: {e}");
+            eprintln!("error: {}", visible(&e));
             return EXIT_FAILED;
         }
     };
@@ -363,7 +364,7 @@ pub async fn run(args: AdminArgs) -> u8 {
         _ => EXIT_FAILED,
     };
     if code != EXIT_OK {
-        let why = answer.body["error"].as_str().unwrap_or("").to_owned();
+        let why = visible(answer.body["error"].as_str().unwrap_or("")).into_owned();
         if args.json {
             println!("{}", answer.body);
         }
@@ -377,8 +378,12 @@ pub async fn run(args: AdminArgs) -> u8 {
     match &args.command {
         AdminCommand::Records(RecordsCommand::List { .. }) => print_records(&answer.body),
         AdminCommand::Records(RecordsCommand::Get { .. }) => print_record(&answer.body),
-        AdminCommand::Records(RecordsCommand::Resolve { key, .. }) => println!("resolved {key}"),
-        AdminCommand::Records(RecordsCommand::Delete { key, .. }) => println!("deleted {key}"),
+        AdminCommand::Records(RecordsCommand::Resolve { key, .. }) => {
+            println!("resolved {}", visible(key));
+        }
+        AdminCommand::Records(RecordsCommand::Delete { key, .. }) => {
+            println!("deleted {}", visible(key));
+        }
         AdminCommand::Audit { .. } => print_audit(&answer.body),
     }
     EXIT_OK
@@ -409,8 +414,9 @@ fn cell(v: &Value) -> String {
     match v {
         Value::Null => "-".into(),
         Value::String(s) if s.is_empty() => "-".into(),
-        Value::String(s) => s.clone(),
-        other => other.to_string(),
+        // Stored strings come from callers and upstreams: never raw to the terminal.
+        Value::String(s) => visible(s).into_owned(),
+        other => visible(&other.to_string()).into_owned(),
     }
 }
 

@@ -1,3 +1,4 @@
 //! Command-line clients of the gateway's own APIs.
 
 pub mod admin;
+mod visible;

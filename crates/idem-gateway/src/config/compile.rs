@@ -8,7 +8,7 @@ use http::{HeaderName, Method};
 
 use super::route::compile_route;
 use super::settings::{AdminSettings, LogFormat, Settings, StatusSettings, Unmatched};
-use super::{DEFAULT_LISTEN, DEFAULT_STORE, RawConfig, RawRoute, listener};
+use super::{ByteSize, DEFAULT_LISTEN, DEFAULT_STORE, RawConfig, RawRoute, listener};
 use crate::path::TrailingSlash;
 use crate::store::{StoreOptions, StoreSpec};
 use crate::upstream::UpstreamSpec;
@@ -87,6 +87,17 @@ pub fn compile(raw: &RawConfig) -> anyhow::Result<Settings> {
             ),
         },
         tls: store_tls(raw, &store)?,
+        memory_max_bytes: match (raw.store_max_bytes, &store) {
+            (None, _) => None,
+            (Some(ByteSize(0)), _) => bail!("`store_max_bytes` must be greater than zero"),
+            (Some(ByteSize(n)), StoreSpec::Memory { .. }) => {
+                Some(usize::try_from(n).unwrap_or(usize::MAX))
+            }
+            (Some(_), other) => bail!(
+                "`store_max_bytes` applies to the memory store only, not `{}`",
+                other.kind()
+            ),
+        },
     };
     let store_timeout = positive(
         raw.store_timeout.map(|d| d.0),

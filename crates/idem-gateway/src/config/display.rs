@@ -38,6 +38,16 @@ impl fmt::Display for Settings {
                     ))
             )?;
         }
+        if matches!(self.store, crate::store::StoreSpec::Memory { .. }) {
+            let bytes = self
+                .store_options
+                .memory_max_bytes
+                .unwrap_or(idem_core::memory::DEFAULT_MAX_BYTES);
+            writeln!(
+                f,
+                "store bound: records take at most {bytes} bytes; a full store refuses new keys (503), never drops a live record"
+            )?;
+        }
         if let Some((replicas, timeout)) = self.store_options.wait {
             writeln!(
                 f,
@@ -64,11 +74,13 @@ impl fmt::Display for Settings {
         let l = &self.limits;
         writeln!(
             f,
-            "limits:    {} connections, {} requests in progress, headers within {}, idle {}",
+            "limits:    {} connections, {} requests in progress, headers within {}, idle {}, protected bodies within {} at {} bytes/s after 2s",
             l.max_connections,
             l.max_concurrent_requests,
             Dur(l.header_read_timeout),
-            Dur(l.idle_timeout)
+            Dur(l.idle_timeout),
+            Dur(l.body_pace.timeout),
+            l.body_pace.min_rate
         )?;
         match &self.admin {
             Some(a) => writeln!(
@@ -204,11 +216,12 @@ impl fmt::Display for Settings {
             match &p.token {
                 Some(t) => writeln!(
                     f,
-                    "      token:       header {} replaces the key (required on POST/PUT/PATCH/DELETE); POST {} issues one, valid {}, at most {} per principal (never proxied)",
+                    "      token:       header {} replaces the key (required on POST/PUT/PATCH/DELETE); POST {} issues one, valid {}, at most {} per principal and {} for all callers together (never proxied)",
                     t.header,
                     t.issue,
                     Dur(t.ttl),
-                    t.rate
+                    t.rate,
+                    t.global_rate
                 )?,
                 None => writeln!(
                     f,

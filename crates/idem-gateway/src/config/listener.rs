@@ -7,7 +7,9 @@ use std::time::Duration;
 use anyhow::{Context as _, bail};
 use serde::{Deserialize, Serialize};
 
-use super::Dur;
+use idem_http::buffer::BodyPace;
+
+use super::{ByteSize, Dur};
 
 /// A listener's certificate, as written by a user.
 #[derive(Debug, Clone, Default, Deserialize, Serialize)]
@@ -31,6 +33,11 @@ pub struct RawLimits {
     pub header_read_timeout: Option<Dur>,
     /// Longest a connection may stay open with nothing sent either way (default `60s`).
     pub idle_timeout: Option<Dur>,
+    /// Longest a protected request's body may take to arrive in full (default `30s`).
+    pub body_timeout: Option<Dur>,
+    /// Least average rate of a protected request's body once its first 2 s are over, per
+    /// second (default `16KiB`); `0` checks no rate.
+    pub min_body_rate: Option<ByteSize>,
 }
 
 /// A listener's certificate files. Read at start and on every reload, so a renewed
@@ -54,6 +61,8 @@ pub struct Limits {
     pub header_read_timeout: Duration,
     /// Longest a connection may stay open with nothing sent either way.
     pub idle_timeout: Duration,
+    /// How fast a protected request's body must arrive.
+    pub body_pace: BodyPace,
 }
 
 impl Default for Limits {
@@ -63,6 +72,7 @@ impl Default for Limits {
             max_concurrent_requests: 1024,
             header_read_timeout: Duration::from_secs(10),
             idle_timeout: Duration::from_secs(60),
+            body_pace: BodyPace::default(),
         }
     }
 }
@@ -118,5 +128,9 @@ pub(super) fn limits(raw: Option<&RawLimits>) -> anyhow::Result<Limits> {
             "header_read_timeout",
         )?,
         idle_timeout: time(raw.idle_timeout, d.idle_timeout, "idle_timeout")?,
+        body_pace: BodyPace {
+            timeout: time(raw.body_timeout, d.body_pace.timeout, "body_timeout")?,
+            min_rate: raw.min_body_rate.map_or(d.body_pace.min_rate, |r| r.0),
+        },
     })
 }

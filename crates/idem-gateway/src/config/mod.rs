@@ -60,6 +60,9 @@ pub struct RawConfig {
     pub store_prefix: Option<String>,
     /// PostgreSQL and MySQL: connections per gateway (default 32).
     pub store_pool: Option<u32>,
+    /// `memory:`: most bytes the records take (default `256MiB`); past it, and past the
+    /// capacity in records, new keys get 503 rather than a live record being dropped.
+    pub store_max_bytes: Option<ByteSize>,
     /// Redis: replicas that must acknowledge each claim and completion (`WAIT`) before the
     /// request goes on (default: none). With it, a failover cannot lose a claim the gateway
     /// acted on.

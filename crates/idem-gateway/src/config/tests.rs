@@ -319,3 +319,20 @@ fn waiting_for_redis_replicas_is_checked() {
         assert!(e.contains(field), "{bad}: {e}");
     }
 }
+
+#[test]
+fn body_limits_default_to_a_protective_pace_and_can_be_set() {
+    let base = "upstream = \"http://127.0.0.1:1\"\n[defaults]\nprincipal = { from = \"none\" }\n";
+    let s = compiled(base).expect("valid");
+    assert_eq!(s.limits.body_pace.timeout, Duration::from_secs(30));
+    assert_eq!(s.limits.body_pace.min_rate, 16 * 1024);
+    let s = compiled(&format!(
+        "{base}[limits]\nbody_timeout = \"5s\"\nmin_body_rate = \"1KiB\"\n"
+    ))
+    .expect("valid");
+    assert_eq!(s.limits.body_pace.timeout, Duration::from_secs(5));
+    assert_eq!(s.limits.body_pace.min_rate, 1024);
+    let zero = compiled(&format!("{base}[limits]\nbody_timeout = \"0s\"\n"));
+    let e = zero.expect_err("a zero body timeout");
+    assert!(format!("{e:#}").contains("body_timeout"), "{e:#}");
+}

@@ -1,4 +1,4 @@
-//! A route's token mode: `token = { header, issue, ttl, rate }`.
+//! A route's token mode: `token = { header, issue, ttl, rate, global_rate }`.
 //!
 //! The gateway issues one-time tokens at the `issue` path (answered by the gateway, never
 //! forwarded) and the route takes its idempotency key from the token header instead of
@@ -21,6 +21,11 @@ const DEFAULT_TOKEN_HEADER: &str = "idempotency-token";
 const DEFAULT_TOKEN_TTL: Duration = Duration::from_secs(15 * 60);
 /// Issues per principal unless `token.rate` says otherwise.
 const DEFAULT_TOKEN_RATE: &str = "20/min";
+/// Issues of one route for all callers together unless `token.global_rate` says otherwise.
+/// With the default TTL (15 min) it keeps at most 90 000 live tokens per route, far below the
+/// memory store's default capacity (1 000 000), so callers who invent credentials cannot
+/// fill the token store for everyone.
+const DEFAULT_GLOBAL_RATE: &str = "100/s";
 
 /// A route's token mode as written.
 #[derive(Debug, Clone, Default, Deserialize, Serialize)]
@@ -34,6 +39,9 @@ pub struct RawToken {
     pub ttl: Option<Dur>,
     /// Issues allowed per principal: `20/min`, `5/s`, `100/h`, `3/10s` (default `20/min`).
     pub rate: Option<String>,
+    /// Issues allowed for the route, all callers together (default `100/s`): the bound
+    /// that holds when callers can invent principals (a `header` or `none` principal).
+    pub global_rate: Option<String>,
 }
 
 /// A route's checked token mode.
@@ -47,6 +55,8 @@ pub struct TokenSettings {
     pub ttl: Duration,
     /// Issues allowed per principal.
     pub rate: Rate,
+    /// Issues allowed for the route, all callers together.
+    pub global_rate: Rate,
 }
 
 /// At most `count` events per `per`, with bursts of up to `count`.
@@ -135,11 +145,14 @@ pub(super) fn compile(raw: &RawToken) -> anyhow::Result<TokenSettings> {
     }
     let rate = Rate::parse(raw.rate.as_deref().unwrap_or(DEFAULT_TOKEN_RATE))
         .map_err(|e| anyhow!("`token.rate`: {e}"))?;
+    let global_rate = Rate::parse(raw.global_rate.as_deref().unwrap_or(DEFAULT_GLOBAL_RATE))
+        .map_err(|e| anyhow!("`token.global_rate`: {e}"))?;
     Ok(TokenSettings {
         header,
         issue,
         ttl,
         rate,
+        global_rate,
     })
 }
 
@@ -270,7 +283,7 @@ mod tests {
                 [[routes]]
                 name = "form"
                 path = "/form"
-                token = { header = "X-Form-Token", issue = "/form/token", ttl = "1h", rate = "5/s" }
+                token = { header = "X-Form-Token", issue = "/form/token", ttl = "1h", rate = "5/s", global_rate = "50/s" }
                 [[routes]]
                 name = "plain"
                 path = "/*"
@@ -287,6 +300,15 @@ mod tests {
             checkout.rate,
             Rate::parse(DEFAULT_TOKEN_RATE).expect("rate")
         );
+        // By default the route's global rate keeps its live tokens (at the default TTL) far
+        // below the memory store's default capacity.
+        let global = checkout.global_rate;
+        assert_eq!(global, Rate::parse(DEFAULT_GLOBAL_RATE).expect("rate"));
+        let live = u128::from(global.count) * DEFAULT_TOKEN_TTL.as_nanos() / global.per.as_nanos();
+        assert!(
+            live * 10 <= crate::store::DEFAULT_MEMORY_CAPACITY as u128,
+            "{live}"
+        );
         // The token is always required, whatever `defaults` says of keys.
         assert!(s.routes[0].policy.key_required);
         let form = s.routes[1].policy.token.as_ref().expect("token mode");
@@ -299,6 +321,7 @@ mod tests {
                 per: Duration::from_secs(1)
             }
         );
+        assert_eq!(form.global_rate.count, 50);
         assert!(s.routes[2].policy.token.is_none());
         assert!(!s.routes[2].policy.key_required);
     }

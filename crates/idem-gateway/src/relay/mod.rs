@@ -194,7 +194,8 @@ async fn start(
     };
     let scope = Scope::new(policy.namespace.clone())
         .context("namespace")?
-        .with_credential(format!("relay:{}", relay.name).as_bytes());
+        // An internal principal: no caller's credential or claim reaches the relay's keys.
+        .with_internal("relay", &relay.name);
     // The route's upstream timeout, as `serve` uses it: the engine's handler timeout is that
     // plus a backstop, so the relay's timeout fires first and the route's failure policy
     // decides what an upstream that took too long leaves behind.

@@ -30,6 +30,7 @@ use http::request::Parts;
 use http::{HeaderMap, HeaderName, HeaderValue, Method, Response, StatusCode, header};
 use idem_core::token::{IssueRequest, Token};
 use idem_core::{Engine, Outcome, Refusal, Scope};
+use idem_http::buffer::BodyPace;
 use idem_http::policy::ExtractPrincipal;
 use idem_http::{Idempotency, IdempotencyLayer, Problem, ResponseBody};
 use metrics::Counter;
@@ -65,7 +66,8 @@ impl std::fmt::Debug for TokenRoute {
 }
 
 impl TokenRoute {
-    /// The handler of `route` (with token mode `t`) over `proxy`, and its issue endpoint.
+    /// The handler of `route` (with token mode `t`) over `proxy`, reading request bodies at
+    /// `pace`, and its issue endpoint.
     ///
     /// # Errors
     /// A policy the layer refuses or an invalid namespace (both refused when the
@@ -76,6 +78,7 @@ impl TokenRoute {
         engine: &Engine<GatewayStore>,
         proxy: TimedProxy,
         tokens: &GatewayTokens,
+        pace: BodyPace,
     ) -> anyhow::Result<(Self, TokenIssuer)> {
         let counters = Counters::new(&route.name);
         let issuer = TokenIssuer::new(route, tokens.clone(), counters.clone())?;
@@ -87,9 +90,11 @@ impl TokenRoute {
             principal: route.policy.principal.clone(),
             counters: counters.clone(),
         };
-        let config = layer_config(&route.policy)?.key(TokenKey {
-            header: t.header.clone(),
-        });
+        let config = layer_config(&route.policy)?
+            .key(TokenKey {
+                header: t.header.clone(),
+            })
+            .body_pace(pace);
         let svc = IdempotencyLayer::new(engine, config).layer(gate);
         let check = TokenCheck::new(t, counters);
         Ok((Self { svc, check }, issuer))
@@ -337,6 +342,8 @@ pub struct TokenIssuer {
     namespace: Scope,
     principal: PrincipalSource,
     limiter: Limiter,
+    /// The route's rate for all callers together: one bucket, checked after the caller's.
+    global: Limiter,
     tokens: GatewayTokens,
     counters: Counters,
 }
@@ -369,6 +376,7 @@ impl TokenIssuer {
             namespace: Scope::new(p.namespace.clone())?,
             principal: p.principal.clone(),
             limiter: Limiter::new(t.rate, limit::DEFAULT_CAPACITY)?,
+            global: Limiter::new(t.global_rate, 1)?,
             tokens,
             counters,
         })
@@ -421,13 +429,27 @@ impl TokenIssuer {
                 );
             }
         };
-        if let Err(wait) = self.limiter.check(principal.as_deref()) {
+        // The caller's own rate first, so a caller past it uses none of the route's; then the
+        // route's for everyone, which bounds callers who invent a credential per request.
+        let limited = match self.limiter.check(principal.as_deref()) {
+            Err(wait) => Some((
+                wait,
+                "this caller asked for tokens faster than the route allows; retry after the time given",
+            )),
+            Ok(()) => self.global.check(None).err().map(|wait| {
+                (
+                    wait,
+                    "this route is issuing tokens as fast as it allows for all callers together; retry after the time given",
+                )
+            }),
+        };
+        if let Some((wait, detail)) = limited {
             self.counters.count(TokenEvent::RateLimited);
             let problem = Problem::new(
                 StatusCode::TOO_MANY_REQUESTS,
                 "token-rate-limited",
                 "Too many tokens requested",
-                "this caller asked for tokens faster than the route allows; retry after the time given",
+                detail,
             )
             .retry_after(wait);
             return answer(
@@ -449,6 +471,20 @@ impl TokenIssuer {
             Ok(issued) => {
                 self.counters.count(TokenEvent::Issued);
                 self.issued(&issued.token, issued.expires_at.as_millis())
+            }
+            Err(e @ idem_core::StoreError::Full { .. }) => {
+                // Full of live tokens: new ones wait for some to be used or expire, while
+                // every live one keeps working (consuming one needs no room).
+                tracing::warn!(error = %e, "token store full; no token issued");
+                self.counters.count(TokenEvent::IssueFailed);
+                let problem = Problem::new(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "token-store-full",
+                    "Token store full",
+                    "the token store holds as many live tokens as it may; no token was issued, and tokens already issued still work. Retry later",
+                )
+                .retry_after(Duration::from_secs(5));
+                answer(problem, Outcome::StoreUnavailable, TokenEvent::IssueFailed)
             }
             Err(e) => {
                 tracing::warn!(error = %e, "token issue failed");

@@ -245,6 +245,9 @@ pub struct Seen {
     pub headers: Mutex<Vec<HeaderMap>>,
     /// Notified when a request arrives (before any delay).
     pub arrived: Notify,
+    /// Requests being handled right now, and the most there ever were at once.
+    pub running: AtomicU64,
+    pub peak: AtomicU64,
 }
 
 impl Seen {
@@ -253,6 +256,27 @@ impl Seen {
     }
     pub fn total(&self) -> u64 {
         self.executions.load(Ordering::SeqCst)
+    }
+    /// The most requests the upstream was handling at once.
+    pub fn peak(&self) -> u64 {
+        self.peak.load(Ordering::SeqCst)
+    }
+}
+
+/// Counts one request as running at the upstream until dropped.
+struct Running<'a>(&'a Seen);
+
+impl<'a> Running<'a> {
+    fn start(seen: &'a Seen) -> Self {
+        let now = seen.running.fetch_add(1, Ordering::SeqCst) + 1;
+        seen.peak.fetch_max(now, Ordering::SeqCst);
+        Self(seen)
+    }
+}
+
+impl Drop for Running<'_> {
+    fn drop(&mut self) {
+        self.0.running.fetch_sub(1, Ordering::SeqCst);
     }
 }
 
@@ -350,6 +374,7 @@ async fn handle(
         .map(|c| c.to_bytes())
         .unwrap_or_default();
     let path = parts.uri.path().to_owned();
+    let _running = Running::start(&seen);
     let n = seen.executions.fetch_add(1, Ordering::SeqCst) + 1;
     *seen.by_path.lock().entry(path.clone()).or_default() += 1;
     if let Some(id) = parts

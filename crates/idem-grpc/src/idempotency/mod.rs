@@ -36,7 +36,7 @@ use http_body::Body;
 use idem_core::engine::LEASE_MARGIN;
 use idem_core::key_source::{FieldNumbers, KeyInputs, KeySourceError};
 use idem_core::{Engine, Fingerprint, Outcome, Policy, Refusal, ScopedKey, Store};
-use idem_http::buffer::{BodyFailure, read_body};
+use idem_http::buffer::{BodyFailure, BodyPace, read_body};
 use idem_http::{BoxError, ResponseBody, ResponseFuture};
 use tower::Service;
 
@@ -209,7 +209,8 @@ where
             ));
         }
     };
-    let bytes = match read_body(body, config.max_request).await {
+    // No pace here (as before): a server in front of this layer must bound slow bodies.
+    let bytes = match read_body(body, config.max_request, BodyPace::UNBOUNDED).await {
         Ok(bytes) => bytes,
         Err(BodyFailure::TooLarge) => {
             return Ok(refused(

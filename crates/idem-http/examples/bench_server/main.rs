@@ -17,7 +17,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let addr: SocketAddr = std::env::var("BENCH_ADDR")
         .unwrap_or_else(|_| "127.0.0.1:3999".into())
         .parse()?;
-    // BENCH_CAPACITY bounds the store, to measure it at capacity (evicting) instead of growing.
+    // BENCH_CAPACITY bounds the store. A full memory store refuses new keys (503) rather than
+    // drop a live record, so size it above the fresh keys a run sends.
     let capacity = match std::env::var("BENCH_CAPACITY") {
         Ok(v) => v.parse()?,
         Err(_) => 4_000_000,

@@ -7,7 +7,9 @@
 //! | two key headers, or a list | 400 | `key-multiple` |
 //! | principal refused | 401 | `unauthenticated` |
 //! | request body unreadable | 400 | `body-unreadable` |
+//! | request body means two things (a JSON member named twice) | 400 | `body-ambiguous` |
 //! | request body above the cap | 413 | `body-too-large` |
+//! | request body stalled or too slow (its [`BodyPace`](crate::buffer::BodyPace)) | 408 | `body-timeout` |
 //! | same key, different request | 422 | `key-reused` |
 //! | same key in flight | 409 + `Retry-After` | `in-flight` |
 //! | earlier outcome unknown | 409 | `outcome-unknown` |
@@ -51,10 +53,25 @@ pub(crate) fn key_rejection(r: &KeyRejection) -> Refused {
     let title = match r {
         KeyRejection::Missing | KeyRejection::NotFound(_) => "Idempotency key missing",
         KeyRejection::Multiple | KeyRejection::List => "More than one idempotency key",
+        KeyRejection::AmbiguousBody(_) => AMBIGUOUS_TITLE,
         _ => "Idempotency key malformed",
     };
     let problem = Problem::new(StatusCode::BAD_REQUEST, r.slug(), title, r.to_string());
     Refused::new(problem, r.refusal())
+}
+
+const AMBIGUOUS_TITLE: &str = "Request body ambiguous";
+
+#[cold]
+pub(crate) fn body_ambiguous(key: &Key, why: &crate::policy::AmbiguousBody) -> Refused {
+    let problem = Problem::new(
+        StatusCode::BAD_REQUEST,
+        crate::policy::AmbiguousBody::SLUG,
+        AMBIGUOUS_TITLE,
+        why.to_string(),
+    )
+    .key(Some(key));
+    Refused::new(problem, Refusal::BodyAmbiguous)
 }
 
 #[cold]
@@ -90,6 +107,18 @@ pub(crate) fn body_unreadable(key: Option<&Key>) -> Refused {
     )
     .key(key);
     Refused::new(problem, Refusal::BodyUnreadable)
+}
+
+#[cold]
+pub(crate) fn body_timeout(key: Option<&Key>) -> Refused {
+    let problem = Problem::new(
+        StatusCode::REQUEST_TIMEOUT,
+        "body-timeout",
+        "Request body too slow",
+        "the request body did not arrive in time; nothing ran, and the key is free",
+    )
+    .key(key);
+    Refused::new(problem, Refusal::BodyTimeout)
 }
 
 #[cold]

@@ -58,6 +58,7 @@ use crate::buffer::{
     BodyFailure, Collected, collect_body, fields_size, header_map, read_body, stored_fields,
 };
 use crate::config::{IdempotencyConfig, NEVER_REPLAYED, StreamingResponses};
+use crate::guard::RunGuard;
 use crate::policy::{FoundKey, IDEMPOTENT_REPLAYED, StoreDecision, X_REQUEST_ID};
 
 pub(crate) struct Shared<St> {
@@ -175,7 +176,7 @@ type Handled<B, E> = Result<Response<ResponseBody<B>>, E>;
 async fn protect<S, St, ReqB, ResB>(
     shared: Arc<Shared<St>>,
     mut inner: S,
-    parts: http::request::Parts,
+    mut parts: http::request::Parts,
     body: ReqB,
     found: Option<FoundKey>,
 ) -> Result<Response<ResponseBody<ResB>>, S::Error>
@@ -191,6 +192,8 @@ where
     ResB::Error: Into<BoxError>,
 {
     let config = &shared.config;
+    // Held to the end of the run, which may go on in a spawned task after the client left.
+    let _guard = parts.extensions.remove::<RunGuard>();
     let principal = match config.principal.principal(&parts) {
         Ok(p) => p,
         Err(r) => return Ok(error::unauthenticated(r.0).into_response()),
@@ -204,12 +207,15 @@ where
     if declared.is_some_and(|n| n > limit as u64) {
         return Ok(error::body_too_large(key, limit).into_response());
     }
-    let bytes = match read_body(body, limit).await {
+    let bytes = match read_body(body, limit, config.body_pace).await {
         Ok(bytes) => bytes,
         Err(BodyFailure::TooLarge) => {
             return Ok(error::body_too_large(key, limit).into_response());
         }
-        Err(BodyFailure::Unreadable) => {
+        Err(BodyFailure::TimedOut) => {
+            return Ok(error::body_timeout(key).into_response());
+        }
+        Err(_) => {
             return Ok(error::body_unreadable(key).into_response());
         }
     };
@@ -232,7 +238,10 @@ where
             }
         },
     };
-    let fingerprint = config.fingerprint.fingerprint(&parts, &bytes);
+    let fingerprint = match config.fingerprint.fingerprint(&parts, &bytes) {
+        Ok(fingerprint) => fingerprint,
+        Err(why) => return Ok(error::body_ambiguous(&found.key, &why).into_response()),
+    };
     let scoped = ScopedKey::new(config.scope_for(principal), found.key.clone());
     let request_id = parts
         .headers

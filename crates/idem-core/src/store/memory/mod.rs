@@ -2,17 +2,22 @@
 //! fast path for single-process deployments.
 //!
 //! Transitions are the pure functions of [`crate::decide`], applied under a lock, so every
-//! operation is atomic. Capacity is a hard bound: a claim for a new key at capacity first
-//! drops expired records, then the oldest records that no one depends on. Processing records
-//! with a live lease and unknown records are never evicted (evicting them would let a retry
-//! run twice); when nothing else is left the claim fails with [`StoreError::Full`].
+//! operation is atomic. Capacity is a hard bound, in records and in bytes (see
+//! [`MemoryStore::bounded`]): a claim for a new key at either bound first drops expired
+//! records, and if that is not enough it fails with [`StoreError::Full`] or
+//! [`StoreError::FullBytes`] (carriers answer 503). A record that has not expired is never
+//! dropped to make room: a completed one would turn its key's retry into a second execution,
+//! and a processing or unknown one likewise. The byte bound is checked when a new key is
+//! claimed; the answer a claim completes with is always kept, so the records may pass the
+//! bound by at most the answers of the claims in flight.
 //!
 //! A large store (capacity of at least [`SHARD_SIZE`] × 2) is split into up to
 //! [`MAX_SHARDS`] shards by key hash, each with its own lock, capacity share, age order and
 //! fence counter, so concurrent requests rarely wait on each other and a growing table
 //! rehashes one shard at a time. A key always lives in the same shard, so everything the
-//! state machine promises per key holds unchanged; eviction order ("oldest first") is then
-//! kept per shard. Smaller stores are one shard, exactly bounded.
+//! state machine promises per key holds unchanged; a shard refuses new keys once its share of
+//! the capacity is full, while the byte bound is the whole store's. Smaller stores are one
+//! shard, exactly bounded.
 
 mod shard;
 
@@ -22,7 +27,7 @@ use std::hash::BuildHasher;
 use std::sync::{Arc, PoisonError, Weak};
 use std::time::Duration;
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use crate::audit::{self, AuditEvent, AuditQuery, AuditRetention, Step};
 use crate::clock::{Clock, SystemClock};
@@ -34,12 +39,15 @@ use crate::store::{
     SettleOutcome, Store, StoreError,
 };
 use crate::sync::Mutex;
-use shard::Inner;
+use shard::{Inner, footprint};
 
 /// Records per shard below which a store is not split further.
 pub const SHARD_SIZE: usize = 8192;
 /// The most shards a store is split into.
 pub const MAX_SHARDS: usize = 16;
+
+/// Most bytes a memory store's records take unless told otherwise: 256 MiB.
+pub const DEFAULT_MAX_BYTES: usize = 256 << 20;
 
 /// The audit trail a memory store keeps unless told otherwise: 10 000 events, 7 days.
 pub const MEMORY_AUDIT: AuditRetention = AuditRetention {
@@ -56,6 +64,9 @@ pub struct MemoryStore {
 struct Shared {
     clock: Box<dyn Clock>,
     capacity: usize,
+    max_bytes: usize,
+    /// What the records take, shared with every shard (see [`Inner::bytes`]).
+    bytes: Arc<AtomicUsize>,
     /// Seeded per store, so key hashes cannot be predicted from outside.
     hasher: foldhash::fast::RandomState,
     shards: Box<[Mutex<Inner>]>,
@@ -78,19 +89,42 @@ impl MemoryStore {
 
     /// A store on a given clock that keeps `retention` of its audit trail: at most
     /// `max_events` events in all (split evenly between shards), none older than `max_age`
-    /// before the newest of its shard.
+    /// before the newest of its shard. Its records take at most [`DEFAULT_MAX_BYTES`].
     pub fn with_audit(capacity: usize, clock: impl Clock, retention: AuditRetention) -> Self {
+        Self::bounded(capacity, DEFAULT_MAX_BYTES, clock, retention)
+    }
+
+    /// As [`MemoryStore::with_audit`], holding at most `capacity` records that take at most
+    /// `max_bytes` bytes in all (keys, stored answers and a fixed overhead per record). A
+    /// sharded store splits the capacity evenly between its shards; the byte bound is the
+    /// whole store's.
+    pub fn bounded(
+        capacity: usize,
+        max_bytes: usize,
+        clock: impl Clock,
+        retention: AuditRetention,
+    ) -> Self {
         let capacity = capacity.max(1);
         let shards = (capacity / SHARD_SIZE)
             .clamp(1, MAX_SHARDS)
             .next_power_of_two()
             .min(MAX_SHARDS);
+        let bytes = Arc::new(AtomicUsize::new(0));
         Self {
             shared: Arc::new(Shared {
                 clock: Box::new(clock),
                 capacity,
+                max_bytes,
+                bytes: Arc::clone(&bytes),
                 hasher: foldhash::fast::RandomState::default(),
-                shards: (0..shards).map(|_| Mutex::new(Inner::default())).collect(),
+                shards: (0..shards)
+                    .map(|_| {
+                        Mutex::new(Inner {
+                            bytes: Arc::clone(&bytes),
+                            ..Inner::default()
+                        })
+                    })
+                    .collect(),
                 audit: AuditRetention {
                     max_events: retention.max_events.div_ceil(shards),
                     max_age: retention.max_age,
@@ -117,6 +151,16 @@ impl MemoryStore {
     /// The configured capacity.
     pub fn capacity(&self) -> usize {
         self.shared.capacity
+    }
+
+    /// The configured bound on the bytes the records take.
+    pub fn max_bytes(&self) -> usize {
+        self.shared.max_bytes
+    }
+
+    /// The bytes the records take now, as the bound counts them.
+    pub fn bytes(&self) -> usize {
+        self.shared.bytes.load(Ordering::Relaxed)
     }
 
     /// Removes expired records now; returns how many.
@@ -207,6 +251,7 @@ impl fmt::Debug for MemoryStore {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("MemoryStore")
             .field("capacity", &self.shared.capacity)
+            .field("max_bytes", &self.shared.max_bytes)
             .finish_non_exhaustive()
     }
 }
@@ -224,7 +269,12 @@ impl Store for MemoryStore {
         let t = decide::claim(now, previous, req, floor);
         let event = audit::event_for(Step::Claim(req, &t.outcome), &req.key, now, previous);
         let result = match (&t.change, exists) {
-            (Change::Put(_), false) => inner.make_room(now, self.shared.shard_capacity(index)),
+            (Change::Put(record), false) => inner.make_room(
+                now,
+                footprint(record),
+                self.shared.shard_capacity(index),
+                self.shared.max_bytes,
+            ),
             _ => Ok(()),
         };
         let result = result.map(|()| {
@@ -385,6 +435,16 @@ mod tests {
     }
 
     async fn claim_and_complete(store: &MemoryStore, name: &str, ttl: Duration) {
+        try_claim_and_complete(store, name, ttl)
+            .await
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+    }
+
+    async fn try_claim_and_complete(
+        store: &MemoryStore,
+        name: &str,
+        ttl: Duration,
+    ) -> Result<(), StoreError> {
         let req = ClaimRequest {
             key: key(name),
             fingerprint: Fingerprint::of_bytes(1, b"x"),
@@ -394,7 +454,7 @@ mod tests {
             takeover: TakeoverPolicy::Reexecute,
             request_id: None,
         };
-        let ClaimOutcome::Claimed { lease, .. } = store.claim(&req).await.expect("claim") else {
+        let ClaimOutcome::Claimed { lease, .. } = store.claim(&req).await? else {
             panic!("{name} not claimed");
         };
         let done = store
@@ -408,6 +468,7 @@ mod tests {
             .await
             .expect("complete");
         assert_eq!(done, SettleOutcome::Settled);
+        Ok(())
     }
 
     #[tokio::test]
@@ -436,46 +497,53 @@ mod tests {
         assert_eq!(all[0].key, "b");
     }
 
+    // A full store sweeps before it refuses: a record whose TTL ran out makes room, and is
+    // audited as expired when its TTL ran out, not when the room was needed.
     #[tokio::test]
-    async fn an_eviction_at_capacity_is_recorded() {
+    async fn a_full_store_makes_room_only_from_expired_records() {
         let clock = ManualClock::new(Timestamp(1_000_000));
         let store = MemoryStore::with_clock(1, clock.clone());
         claim_and_complete(&store, "a", Duration::from_secs(100)).await;
+        let refused = try_claim_and_complete(&store, "b", Duration::from_secs(100)).await;
+        assert!(
+            matches!(refused, Err(StoreError::Full { capacity: 1 })),
+            "{refused:?}"
+        );
+        assert!(store.get(&key("a")).await.expect("get").is_some());
+        clock.advance(Duration::from_secs(101));
         claim_and_complete(&store, "b", Duration::from_secs(100)).await;
-        let evicted = store
+        let expired = store
             .audit(&AuditQuery {
                 kind: Some(crate::audit::AuditKind::Expired),
                 ..AuditQuery::default()
             })
             .await
             .expect("audit");
-        assert_eq!(evicted.len(), 1);
+        assert_eq!(expired.len(), 1);
         assert_eq!(
-            (evicted[0].key.as_str(), evicted[0].outcome.as_deref()),
-            ("a", Some("evicted"))
+            (expired[0].key.as_str(), expired[0].at),
+            ("a", Timestamp(1_100_000))
         );
     }
 
-    // Bug guarded: a key claimed again over its expired (unswept) record kept the old
-    // record's place in age order, so eviction dropped it as "oldest" while it was the newest.
+    // A key claimed again over its expired (unswept) record replaces it in place: it takes
+    // no new room, so it is never refused at capacity, and the records beside it stay.
     #[tokio::test]
-    async fn a_reclaimed_key_is_young_for_eviction() {
+    async fn a_key_reclaimed_over_its_expired_record_takes_no_new_room() {
         let clock = ManualClock::new(Timestamp(1_000_000));
         let store = MemoryStore::with_clock(2, clock.clone());
         claim_and_complete(&store, "a", Duration::from_secs(5)).await;
         claim_and_complete(&store, "b", Duration::from_secs(100)).await;
         clock.advance(Duration::from_secs(10));
-        // "a" expired but is still held in memory; claimed again it is the newest record.
         claim_and_complete(&store, "a", Duration::from_secs(100)).await;
-        claim_and_complete(&store, "c", Duration::from_secs(100)).await;
+        let refused = try_claim_and_complete(&store, "c", Duration::from_secs(100)).await;
         assert!(
-            store.get(&key("a")).await.expect("get").is_some(),
-            "the newest record was evicted"
+            matches!(refused, Err(StoreError::Full { .. })),
+            "{refused:?}"
         );
-        assert!(
-            store.get(&key("b")).await.expect("get").is_none(),
-            "the oldest record should go"
-        );
+        assert!(store.get(&key("a")).await.expect("get").is_some());
+        assert!(store.get(&key("b")).await.expect("get").is_some());
+        assert_eq!(only_shard(&store).oldest_first().count(), 2);
     }
 
     /// The one shard of a small store, for looking at its indexes.
@@ -520,7 +588,8 @@ mod tests {
 
     // The lazy indexes keep stale entries; churn (claims, completions, deletes and
     // re-claims over expired records) must not let them grow without bound, and what they
-    // say must stay true: eviction takes the oldest live record, never a deleted one.
+    // say must stay true: every live record in age order, the byte count exact, and a full
+    // store refusing rather than dropping.
     #[tokio::test]
     async fn lazy_indexes_stay_bounded_and_true_under_churn() {
         let clock = ManualClock::new(Timestamp(1_000_000));
@@ -546,6 +615,8 @@ mod tests {
             );
             let counted: usize = inner.by_expiry.values().map(Vec::len).sum();
             assert_eq!(counted, inner.expiry_len);
+            let bytes: usize = inner.records.iter().map(|e| footprint(&e.record)).sum();
+            assert_eq!(store.bytes(), bytes, "the byte count drifted");
             assert_eq!(
                 inner.oldest_first().count(),
                 live,
@@ -553,7 +624,7 @@ mod tests {
             );
         }
         // Fill to capacity with long-lived records, delete the oldest, add two more: the
-        // second addition evicts the oldest *live* record.
+        // first takes the deleted one's room, the second is refused and nothing is dropped.
         clock.advance(Duration::from_secs(10));
         store.sweep();
         for i in 0..64 {
@@ -561,14 +632,15 @@ mod tests {
         }
         store.delete(&key("f0")).await.expect("delete");
         claim_and_complete(&store, "g0", Duration::from_secs(1000)).await;
-        claim_and_complete(&store, "g1", Duration::from_secs(1000)).await;
-        assert_eq!(store.len(), 64);
+        let refused = try_claim_and_complete(&store, "g1", Duration::from_secs(1000)).await;
         assert!(
-            store.get(&key("f1")).await.expect("get").is_none(),
-            "oldest live kept"
+            matches!(refused, Err(StoreError::Full { .. })),
+            "{refused:?}"
         );
-        assert!(store.get(&key("f2")).await.expect("get").is_some());
-        assert!(store.get(&key("g1")).await.expect("get").is_some());
+        assert_eq!(store.len(), 64);
+        assert!(store.get(&key("f1")).await.expect("get").is_some());
+        assert!(store.get(&key("g0")).await.expect("get").is_some());
+        assert_eq!(only_shard(&store).oldest_first().count(), 64);
     }
 
     #[tokio::test]
@@ -577,19 +649,25 @@ mod tests {
         let capacity = 3 * SHARD_SIZE + 5;
         let store = MemoryStore::with_clock(capacity, clock.clone());
         assert!(store.shared.shards.len() > 1, "expected a sharded store");
+        let mut refused = 0;
         for i in 0..capacity + 2_000 {
-            claim_and_complete(&store, &format!("k{i}"), Duration::from_secs(100)).await;
+            if try_claim_and_complete(&store, &format!("k{i}"), Duration::from_secs(100))
+                .await
+                .is_err()
+            {
+                refused += 1;
+            }
         }
         let held = store.len();
         assert!(held <= capacity, "{held} records held, capacity {capacity}");
-        // Every shard filled up to its share before evicting.
+        assert_eq!(held + refused, capacity + 2_000);
+        // Every shard filled up to its share before refusing.
         assert!(
             held > capacity - 2 * store.shared.shards.len(),
             "only {held} held"
         );
-        // The newest record is always kept: eviction takes the oldest of its shard.
-        let last = format!("k{}", capacity + 1_999);
-        assert!(store.get(&key(&last)).await.expect("get").is_some());
+        // Nothing held was dropped to make room: the first record is still there.
+        assert!(store.get(&key("k0")).await.expect("get").is_some());
     }
 
     // Bug guarded: a completed response whose body was a slice of a larger buffer (as an HTTP

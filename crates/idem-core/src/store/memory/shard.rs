@@ -1,7 +1,9 @@
 //! One shard of a [`MemoryStore`](super::MemoryStore): its records, the lazy age and expiry
-//! indexes over them, the sweep, and eviction at capacity.
+//! indexes over them, the bytes they take, the sweep, and the capacity check.
 
 use std::collections::{BTreeMap, VecDeque};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use hashbrown::HashTable;
 
@@ -29,6 +31,10 @@ pub(super) struct Inner {
     pub(super) by_expiry: BTreeMap<u64, Vec<(Timestamp, u64, u64)>>,
     /// Triples held in `by_expiry`, stale ones included.
     pub(super) expiry_len: usize,
+    /// What the records of the whole store take in memory, as [`footprint`] counts it: one
+    /// counter shared by every shard, so the byte bound holds for the store, however its
+    /// keys fall between shards.
+    pub(super) bytes: Arc<AtomicUsize>,
     pub(super) next_seq: u64,
     /// Highest fence ever issued in this shard; outlives every record, so fences never
     /// repeat for any key of the shard.
@@ -67,9 +73,11 @@ impl Inner {
             Change::Put(record) => {
                 self.fence_high = self.fence_high.max(record.fence);
                 let expires_at = record.expires_at;
+                let size = footprint(&record);
                 let seq = match self.records.find_mut(hash, |e| e.record.key == *key) {
                     Some(entry) if entry.record.created_at == record.created_at => {
                         let moved = entry.record.expires_at != expires_at;
+                        resize(&self.bytes, footprint(&entry.record), size);
                         entry.record = record;
                         if moved {
                             let seq = entry.seq;
@@ -78,14 +86,16 @@ impl Inner {
                         return;
                     }
                     // A record created anew over an expired one is young: it takes a new
-                    // place in age order (for list and eviction) instead of inheriting the
+                    // place in age order (for list) instead of inheriting the
                     // old one's. Its old index entries go stale with the old seq.
                     Some(entry) => {
+                        resize(&self.bytes, footprint(&entry.record), size);
                         entry.seq = self.next_seq;
                         entry.record = record;
                         entry.seq
                     }
                     None => {
+                        self.bytes.fetch_add(size, Ordering::Relaxed);
                         let seq = self.next_seq;
                         self.records.insert_unique(
                             hash,
@@ -134,7 +144,9 @@ impl Inner {
     /// Removes the record under `key`; its index entries go stale.
     pub(super) fn remove(&mut self, hash: u64, key: &ScopedKey) {
         if let Ok(found) = self.records.find_entry(hash, |e| e.record.key == *key) {
-            found.remove();
+            let (entry, _) = found.remove();
+            self.bytes
+                .fetch_sub(footprint(&entry.record), Ordering::Relaxed);
         }
     }
 
@@ -152,6 +164,7 @@ impl Inner {
             by_expiry,
             expiry_len,
             expired,
+            bytes,
             ..
         } = self;
         while let Some(mut bucket) = by_expiry.first_entry() {
@@ -166,6 +179,7 @@ impl Inner {
                 let due = records.find_entry(hash, |e| e.seq == seq && e.record.expires_at == t);
                 if let Ok(found) = due {
                     let (entry, _) = found.remove();
+                    bytes.fetch_sub(footprint(&entry.record), Ordering::Relaxed);
                     expired.push(crate::audit::expired(&entry.record));
                     swept += 1;
                 }
@@ -179,52 +193,72 @@ impl Inner {
         swept
     }
 
-    /// Makes room for one new record, or says the shard is full.
-    pub(super) fn make_room(&mut self, now: Timestamp, capacity: usize) -> Result<(), StoreError> {
-        if self.records.len() < capacity {
+    /// Makes room for one new record taking `size` bytes, or says the shard (at `capacity`
+    /// records) or the store (at `max_bytes`) is full.
+    ///
+    /// Only expired records are dropped for it. A completed record still within its TTL is a
+    /// promise to replay its answer, and a processing or unknown one stands between a retry
+    /// and a second execution: dropping any of them early would let a flood of cheap new keys
+    /// turn a victim's retry into a second run. Past that, the new claim is refused.
+    pub(super) fn make_room(
+        &mut self,
+        now: Timestamp,
+        size: usize,
+        capacity: usize,
+        max_bytes: usize,
+    ) -> Result<(), StoreError> {
+        let fits = |inner: &Self| {
+            inner.records.len() < capacity
+                && inner.bytes.load(Ordering::Relaxed).saturating_add(size) <= max_bytes
+        };
+        if fits(self) {
             return Ok(());
         }
         self.sweep(now);
-        if self.records.len() < capacity {
+        if fits(self) {
             return Ok(());
         }
-        while let Some(&(seq, hash)) = self.by_age.front() {
-            if self.current(seq, hash).is_some() {
-                break;
-            }
-            self.by_age.pop_front();
-        }
-        let victim = self
-            .oldest_first()
-            .find(|e| evictable(now, &e.record))
-            .map(|e| (e.seq, e.hash));
-        match victim {
-            Some((seq, hash)) => {
-                if let Ok(found) = self.records.find_entry(hash, |e| e.seq == seq) {
-                    let (entry, _) = found.remove();
-                    // Removed before the end of its life to make room: recorded as expired
-                    // now, with the reason.
-                    let mut event = crate::audit::expired(&entry.record);
-                    event.at = now;
-                    event.outcome = Some("evicted".into());
-                    self.expired.push(event);
-                }
-                Ok(())
-            }
-            None => Err(StoreError::Full { capacity }),
+        if self.records.len() >= capacity {
+            Err(StoreError::Full { capacity })
+        } else {
+            Err(StoreError::FullBytes { max_bytes })
         }
     }
+}
+
+/// Moves the shared byte count from a record's old footprint to its new one. Every change
+/// happens under the shard's lock; the counter is shared so the shards can add up.
+fn resize(bytes: &AtomicUsize, old: usize, new: usize) {
+    if new >= old {
+        bytes.fetch_add(new - old, Ordering::Relaxed);
+    } else {
+        bytes.fetch_sub(old - new, Ordering::Relaxed);
+    }
+}
+
+/// Bytes a held record takes besides its key's table slot, roughly: the boxed entry, its
+/// index entries, and the allocation headers of its strings.
+const RECORD_OVERHEAD: usize = 256;
+/// Bytes a stored header or trailer takes besides its name and value.
+const FIELD_OVERHEAD: usize = 48;
+
+/// What `record` takes in memory: a fixed overhead, its key, request id and stored answer.
+pub(super) fn footprint(record: &Record) -> usize {
+    let key = &record.key;
+    let text = key.scope.namespace().len()
+        + key.scope.principal().map_or(0, str::len)
+        + key.key.as_str().len()
+        + record.request_id.as_ref().map_or(0, String::len);
+    let answer = match &record.state {
+        RecordState::Completed { response, .. } => {
+            response.size() + FIELD_OVERHEAD * (response.headers.len() + response.trailers.len())
+        }
+        RecordState::Processing { .. } | RecordState::Unknown { .. } => 0,
+    };
+    RECORD_OVERHEAD + text + answer
 }
 
 /// The entry under `hash` with age sequence number `seq`, if one is held.
 fn named(records: &HashTable<Box<Entry>>, seq: u64, hash: u64) -> Option<&Entry> {
     records.find(hash, |e| e.seq == seq).map(|e| &**e)
-}
-
-fn evictable(now: Timestamp, record: &Record) -> bool {
-    match &record.state {
-        RecordState::Completed { .. } => true,
-        RecordState::Processing { lease_until, .. } => *lease_until <= now,
-        RecordState::Unknown { .. } => false,
-    }
 }
