@@ -361,6 +361,11 @@ impl<S: Store> Engine<S> {
             let sent_at = Instant::now();
             let outcome = match timed_op(policy.store_timeout, self.store.claim(req)).await {
                 Ok(outcome) => outcome,
+                // A full store refused the claim outright: nothing to look for (and a flood
+                // of refused claims must not start a watcher each).
+                Err(e @ (StoreError::Full { .. } | StoreError::FullBytes { .. })) => {
+                    return Err(e.into());
+                }
                 Err(e) => {
                     // The claim may have been applied all the same; nothing runs under it.
                     unseen::release_unseen_claim(
