@@ -2,7 +2,7 @@
 //! shared local brokers (unique names, removed afterwards), publishers that put messages on
 //! them with duplicates sharing a message id, and the dead letters read back at the end.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use anyhow::Context;
@@ -24,6 +24,22 @@ pub const RABBIT: &str = "rabbit";
 /// The relay principal of the JetStream relay.
 pub const NATS: &str = "nats";
 
+/// The message ids found dead-lettered so far, by relay principal.
+#[derive(Debug, Default)]
+pub struct DeadLetters {
+    /// Message ids by relay principal (`relay:rabbit`).
+    pub ids: BTreeMap<String, BTreeSet<String>>,
+    /// The first stream sequence not read yet.
+    next_seq: u64,
+}
+
+impl DeadLetters {
+    /// Whether `id` was dead-lettered by `principal`'s relay.
+    pub fn contains(&self, principal: &str, id: &str) -> bool {
+        self.ids.get(principal).is_some_and(|d| d.contains(id))
+    }
+}
+
 /// The sources of one run.
 #[derive(Debug)]
 pub struct Sources {
@@ -37,19 +53,23 @@ pub struct Sources {
 
 impl Sources {
     /// Declares the queue (and its dead-letter queue) and creates the stream, with names no
-    /// other run uses.
+    /// other run uses, kept for `keep`: the queues expire that long after their last use and
+    /// the stream drops messages that old. `keep` must outlast the run with its settle phase,
+    /// or dead letters and redelivered messages vanish before they are counted (the dead-letter
+    /// queue has no consumer, so publishing to it does not count as use).
     ///
     /// # Errors
     /// A broker is not reachable or refuses.
-    pub async fn create(run: &str) -> anyhow::Result<Self> {
+    pub async fn create(run: &str, keep: Duration) -> anyhow::Result<Self> {
         let amqp = Connection::connect(AMQP_URL, ConnectionProperties::default())
             .await
             .context("connecting to RabbitMQ on 5672")?;
         let queue = format!("chaos_{run}");
         let ch = amqp.create_channel().await?;
         let mut args = FieldTable::default();
-        // Gone ten minutes after the run if the cleanup never happens.
-        args.insert("x-expires".into(), AMQPValue::LongInt(600_000));
+        // Gone `keep` after the run if the cleanup never happens.
+        let keep_ms = i32::try_from(keep.as_millis()).unwrap_or(i32::MAX);
+        args.insert("x-expires".into(), AMQPValue::LongInt(keep_ms));
         for q in [queue.clone(), format!("{queue}.dead")] {
             ch.queue_declare(
                 q.as_str().into(),
@@ -69,7 +89,7 @@ impl Sources {
             name: stream.clone(),
             subjects: vec![format!("{stream}.>")],
             duplicate_window: Duration::from_secs(120),
-            max_age: Duration::from_secs(600),
+            max_age: keep,
             ..Default::default()
         })
         .await
@@ -213,12 +233,12 @@ concurrency = 8
         Ok(u64::from(q.message_count()) + info.num_pending + info.num_ack_pending as u64)
     }
 
-    /// The message ids dead-lettered, by relay principal.
+    /// Reads the dead letters that arrived since the last read into `into`: RabbitMQ's are
+    /// taken off their queue, JetStream's read from the stream past the last sequence seen.
     ///
     /// # Errors
     /// A broker did not answer.
-    pub async fn dead_letters(&self) -> anyhow::Result<BTreeMap<String, Vec<String>>> {
-        let mut out: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    pub async fn read_dead_letters(&self, into: &mut DeadLetters) -> anyhow::Result<()> {
         let ch = self.amqp.create_channel().await?;
         let dead = format!("{}.dead", self.queue);
         while let Some(m) = ch
@@ -226,26 +246,32 @@ concurrency = 8
             .await?
         {
             if let Some(id) = m.delivery.properties.message_id() {
-                out.entry(format!("relay:{RABBIT}"))
+                into.ids
+                    .entry(format!("relay:{RABBIT}"))
                     .or_default()
-                    .push(id.to_string());
+                    .insert(id.to_string());
             }
         }
         let _ = ch.close(200, "read".into()).await;
         let stream = self.js.get_stream(&self.stream).await?;
         let info = stream.cached_info().clone();
         let subject = format!("{}.dead", self.stream);
-        for seq in info.state.first_sequence..=info.state.last_sequence {
+        let from = info.state.first_sequence.max(into.next_seq);
+        for seq in from..=info.state.last_sequence {
             if let Ok(m) = stream.get_raw_message(seq).await
                 && m.subject.as_str() == subject
                 && let Some(id) = m.headers.get("x-idem-original-id")
             {
-                out.entry(format!("relay:{NATS}"))
+                into.ids
+                    .entry(format!("relay:{NATS}"))
                     .or_default()
-                    .push(id.to_string());
+                    .insert(id.to_string());
             }
         }
-        Ok(out)
+        into.next_seq = into
+            .next_seq
+            .max(info.state.last_sequence.saturating_add(1));
+        Ok(())
     }
 
     /// Deletes the queues and the stream.

@@ -275,6 +275,17 @@ impl RunConfig {
         }
     }
 
+    /// How long the run's queues and stream keep what they hold: past the load, the faults'
+    /// last heal, the leases running out and the settle phase, with ten minutes to spare for
+    /// the checker's reads (and a slow machine).
+    pub fn broker_keep(&self) -> Duration {
+        self.duration
+            + Duration::from_secs(60)
+            + self.lease()
+            + self.settle_bound
+            + Duration::from_secs(600)
+    }
+
     /// The faults this run injects.
     pub fn fault_kinds(&self) -> Vec<FaultKind> {
         let possible = self.store.faults(self.relays);

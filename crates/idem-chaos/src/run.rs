@@ -1,13 +1,13 @@
 //! One run from start to report: set up, load and faults, heal, settle, check.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
 
-use crate::brokers::{NATS, RABBIT, Sources};
+use crate::brokers::{DeadLetters, NATS, RABBIT, Sources};
 use crate::checker::{self, Limits, Messages};
 use crate::clients::{self, Clients};
 use crate::clock::{Clock, ms};
@@ -18,7 +18,7 @@ use crate::link::Link;
 use crate::nemesis::{self, Nemesis, Plan};
 use crate::report::Report;
 use crate::store::Store;
-use crate::upstream::{Principals, Profile, Upstream};
+use crate::upstream::{Call, CallOutcome, Principals, Profile, Upstream};
 use crate::world::World;
 use crate::{FaultKind, RunConfig};
 
@@ -128,7 +128,7 @@ pub async fn run(config: RunConfig) -> anyhow::Result<Report> {
         .map(|i| Slot::new(&format!("r{i}"), Role::Relay, &dir))
         .collect::<anyhow::Result<Vec<_>>>()?;
     let sources = if config.relays > 0 {
-        Some(Sources::create(&run_id).await?)
+        Some(Sources::create(&run_id, config.broker_keep()).await?)
     } else {
         None
     };
@@ -254,19 +254,38 @@ pub async fn run(config: RunConfig) -> anyhow::Result<Report> {
                 .await
         }
     }));
+    // A message on its way back (nacked with a delay, or held unacknowledged by a relay that
+    // waits before requeueing it) is in neither broker's count, so the brokers look drained
+    // only once every published message has run or been dead-lettered too.
+    let mut dead = DeadLetters::default();
     let drained = async {
-        let Some(s) = &sources else { return true };
-        while Instant::now() < deadline {
-            if s.waiting().await.is_ok_and(|n| n == 0) && upstream.ledger().pending() == 0 {
-                return true;
+        let (Some(s), Some((ids, _))) = (&sources, &published) else {
+            return 0;
+        };
+        loop {
+            let mut left = usize::MAX;
+            if s.waiting().await.is_ok_and(|n| n == 0)
+                && upstream.ledger().pending() == 0
+                && s.read_dead_letters(&mut dead).await.is_ok()
+            {
+                left = unaccounted(ids, &upstream.ledger().calls(), &dead);
+                if left == 0 {
+                    return 0;
+                }
+            }
+            if Instant::now() >= deadline {
+                return left;
             }
             tokio::time::sleep(Duration::from_millis(500)).await;
         }
-        false
     };
-    let (_, drained) = tokio::join!(settle, drained);
-    if !drained {
-        notes.push("the brokers still held messages at the settle bound".into());
+    let (_, left) = tokio::join!(settle, drained);
+    match left {
+        0 => {}
+        usize::MAX => notes.push("the brokers still held messages at the settle bound".into()),
+        n => notes.push(format!(
+            "{n} messages had neither run nor been dead-lettered at the settle bound"
+        )),
     }
     let still_open = clients.open_ops();
     let mut states = Vec::new();
@@ -285,7 +304,12 @@ pub async fn run(config: RunConfig) -> anyhow::Result<Report> {
     if let (Some(s), Some((ids, publishes))) = (&sources, published) {
         messages.published = ids;
         messages.publishes = publishes;
-        messages.dead = s.dead_letters().await.unwrap_or_default();
+        let _ = s.read_dead_letters(&mut dead).await;
+        messages.dead = dead
+            .ids
+            .into_iter()
+            .map(|(p, ids)| (p, ids.into_iter().collect()))
+            .collect();
     }
     ticker.abort();
 
@@ -444,5 +468,86 @@ impl Drop for DirGuard {
         if !self.keep {
             let _ = std::fs::remove_dir_all(&self.dir);
         }
+    }
+}
+
+/// Published messages that have neither reached the upstream nor been dead-lettered.
+fn unaccounted(
+    published: &BTreeMap<String, Vec<String>>,
+    calls: &[Call],
+    dead: &DeadLetters,
+) -> usize {
+    let ran: HashSet<(&str, &str)> = calls
+        .iter()
+        .filter(|c| matches!(c.outcome, CallOutcome::Executed(_)))
+        .filter_map(|c| Some((c.principal.as_str(), c.key.as_deref()?)))
+        .collect();
+    published
+        .iter()
+        .flat_map(|(p, ids)| ids.iter().map(move |id| (p.as_str(), id.as_str())))
+        .filter(|&(p, id)| !ran.contains(&(p, id)) && !dead.contains(p, id))
+        .count()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::upstream::Execution;
+
+    fn call(principal: &str, key: &str, outcome: CallOutcome) -> Call {
+        Call {
+            id: 0,
+            via: "r0".into(),
+            principal: principal.into(),
+            key: Some(key.into()),
+            fence: None,
+            arrived_ms: 0,
+            body: String::new(),
+            outcome,
+        }
+    }
+
+    #[test]
+    fn a_message_counts_as_settled_once_it_ran_or_was_dead_lettered() {
+        let published = BTreeMap::from([
+            (
+                "relay:rabbit".to_owned(),
+                vec!["m-1".to_owned(), "m-2".to_owned()],
+            ),
+            (
+                "relay:nats".to_owned(),
+                vec!["m-1".to_owned(), "m-3".to_owned()],
+            ),
+        ]);
+        let ran = CallOutcome::Executed(Execution {
+            exec: "e-1".into(),
+            at_ms: 1,
+            status: 200,
+            body: String::new(),
+            dropped: false,
+        });
+        let calls = vec![
+            call("relay:rabbit", "m-1", ran),
+            // Refused without acting, and the same id run by the other relay: neither settles.
+            call("relay:rabbit", "m-2", CallOutcome::Refused),
+            call("relay:nats", "m-2", CallOutcome::Refused),
+        ];
+        let mut dead = DeadLetters::default();
+        assert_eq!(unaccounted(&published, &calls, &dead), 3);
+        dead.ids
+            .entry("relay:nats".into())
+            .or_default()
+            .insert("m-3".into());
+        assert_eq!(unaccounted(&published, &calls, &dead), 2);
+        dead.ids
+            .entry("relay:rabbit".into())
+            .or_default()
+            .insert("m-2".into());
+        dead.ids
+            .entry("relay:rabbit".into())
+            .or_default()
+            .insert("m-1-elsewhere".into());
+        // relay:nats m-1 still has neither.
+        assert_eq!(unaccounted(&published, &calls, &dead), 1);
     }
 }
