@@ -265,7 +265,9 @@ idempotency = false
 async fn open_tunnel(addr: SocketAddr) -> Result<TcpStream, String> {
     let mut stream = TcpStream::connect(addr).await.map_err(|e| e.to_string())?;
     stream
-        .write_all(b"GET /ws HTTP/1.1\r\nhost: idem\r\nconnection: upgrade\r\nupgrade: echo\r\n\r\n")
+        .write_all(
+            b"GET /ws HTTP/1.1\r\nhost: idem\r\nconnection: upgrade\r\nupgrade: echo\r\n\r\n",
+        )
         .await
         .map_err(|e| e.to_string())?;
     let mut head = Vec::new();
