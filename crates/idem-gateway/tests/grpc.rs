@@ -430,15 +430,12 @@ async fn a_stalled_grpc_message_is_deadline_exceeded_and_claims_nothing() {
         futures::stream::iter([Ok::<_, std::convert::Infallible>(first)]),
         futures::stream::pending(),
     );
-    let req = http::Request::post(format!(
-        "http://{}/idem.gwtest.v1.Ledger/Charge",
-        gw.addr
-    ))
-    .header("content-type", "application/grpc")
-    .header("te", "trailers")
-    .header("idempotency-key", stalled_key.as_str())
-    .body(http_body_util::StreamBody::new(stalling))
-    .expect("request");
+    let req = http::Request::post(format!("http://{}/idem.gwtest.v1.Ledger/Charge", gw.addr))
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .header("idempotency-key", stalled_key.as_str())
+        .body(http_body_util::StreamBody::new(stalling))
+        .expect("request");
     let started = std::time::Instant::now();
     let stalled = tokio::spawn(send.send_request(req));
     tokio::time::sleep(Duration::from_millis(300)).await;
@@ -454,16 +451,19 @@ async fn a_stalled_grpc_message_is_deadline_exceeded_and_claims_nothing() {
         .await
         .expect_err("overloaded while the stalled call holds the slot");
     assert_eq!(refused.code(), Code::Unavailable, "{refused:?}");
-    assert_eq!(
-        LayerDetails::of(&refused).map(|d| d.reason).as_deref(),
-        Some("OVERLOADED"),
-        "{refused:?}"
-    );
+    let details = LayerDetails::of(&refused).expect("idem details");
+    assert_eq!(details.reason, "OVERLOADED", "{refused:?}");
+    assert_eq!(details.retry_after, Some(Duration::from_secs(1)));
 
     // Cut off at the body timeout: a trailers-only answer, DEADLINE_EXCEEDED, BODY_TIMEOUT.
     let res = tokio::time::timeout(Duration::from_secs(6), stalled)
         .await
-        .unwrap_or_else(|_| panic!("no answer to the stalled call after {:?}", started.elapsed()))
+        .unwrap_or_else(|_| {
+            panic!(
+                "no answer to the stalled call after {:?}",
+                started.elapsed()
+            )
+        })
         .expect("join")
         .expect("an answer");
     assert_eq!(res.status(), http::StatusCode::OK);
