@@ -3,6 +3,7 @@
 //!
 //! The binary (`src/main.rs`) is a thin CLI over these modules; see `docs/gateway.md`.
 
+mod activity;
 pub mod admin;
 pub mod app;
 pub mod claims;
@@ -31,6 +32,7 @@ pub mod store;
 #[cfg(test)]
 mod test_support;
 pub mod tokens;
+mod tunnel;
 pub mod ui;
 pub mod upstream;
 pub mod webhook;

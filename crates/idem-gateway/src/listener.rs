@@ -1,14 +1,13 @@
 //! Accepting connections: optional TLS (with certificates that can be swapped while the
-//! listener runs), a cap on open connections, a header read timeout, an idle timeout, and a
-//! graceful stop that lets every open connection finish its requests.
+//! listener runs), a cap on open connections (an upgraded tunnel keeps its connection's
+//! slot), a header read timeout, an idle timeout, and a graceful stop that lets every open
+//! connection finish its requests.
 
 use std::convert::Infallible;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::task::{Context, Poll};
 use std::time::Duration;
 
 use anyhow::Context as _;
@@ -21,13 +20,15 @@ use hyper_util::server::conn::auto;
 use idem_http::BoxError;
 use rustls::pki_types::pem::PemObject as _;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{Semaphore, watch};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
 use tokio::time::Instant;
 use tokio_rustls::TlsAcceptor;
 
+use crate::activity::{Activity, InFlight, Tracked};
 use crate::config::{Limits, TlsFiles};
+use crate::tunnel::Terms;
 
 /// Reads a certificate chain and key into a server configuration offering HTTP/2 and
 /// HTTP/1.1.
@@ -179,16 +180,14 @@ pub async fn serve<M: MakeService>(
             make: Arc::clone(&make),
             limits,
             stop: stop.clone(),
+            slot: Arc::new(permit),
         };
         let acceptor = tls.0.load_full();
-        tokio::spawn(async move {
-            conn.run(stream, acceptor).await;
-            drop(permit);
-        });
+        tokio::spawn(conn.run(stream, acceptor));
     }
     drop(listener);
     let stopped_at = Instant::now();
-    // Every permit back means every connection closed.
+    // Every permit back means every connection (and every tunnel) closed.
     let all = u32::try_from(limits.max_connections).unwrap_or(u32::MAX);
     if tokio::time::timeout(grace(), slots.acquire_many(all))
         .await
@@ -205,6 +204,9 @@ struct Connection<M> {
     make: Arc<M>,
     limits: Limits,
     stop: watch::Receiver<bool>,
+    /// The connection's place under `max_connections`, given back when the connection and
+    /// any tunnel upgraded from it are closed.
+    slot: Arc<OwnedSemaphorePermit>,
 }
 
 impl<M: MakeService> Connection<M> {
@@ -244,6 +246,11 @@ impl<M: MakeService> Connection<M> {
         let service = Counted {
             inner: self.make.make(self.remote, tls),
             activity: Arc::clone(&activity),
+            tunnel: Terms::new(
+                self.slot,
+                self.limits.tunnel_idle_timeout,
+                self.stop.clone(),
+            ),
         };
         let conn = self
             .builder
@@ -277,118 +284,13 @@ async fn stopped(stop: &mut watch::Receiver<bool>) {
     let _ = stop.wait_for(|s| *s).await;
 }
 
-/// When a connection last moved bytes, and how many requests it has in progress.
-#[derive(Debug)]
-struct Activity {
-    origin: Instant,
-    last_ms: AtomicU64,
-    in_flight: AtomicUsize,
-}
-
-impl Activity {
-    fn new() -> Self {
-        Self {
-            origin: Instant::now(),
-            last_ms: AtomicU64::new(0),
-            in_flight: AtomicUsize::new(0),
-        }
-    }
-
-    fn touch(&self) {
-        let ms = u64::try_from(self.origin.elapsed().as_millis()).unwrap_or(u64::MAX);
-        self.last_ms.store(ms, Ordering::Relaxed);
-    }
-
-    /// Resolves once nothing moved for `idle` and no request is in progress.
-    async fn idle_for(&self, idle: Duration) {
-        loop {
-            let last = self.origin + Duration::from_millis(self.last_ms.load(Ordering::Relaxed));
-            let due = last + idle;
-            if Instant::now() >= due && self.in_flight.load(Ordering::Relaxed) == 0 {
-                return;
-            }
-            tokio::time::sleep_until(due.max(Instant::now() + Duration::from_millis(100))).await;
-        }
-    }
-}
-
-pin_project_lite::pin_project! {
-    /// A stream that records when it last moved bytes.
-    struct Tracked<S> {
-        #[pin]
-        inner: S,
-        activity: Arc<Activity>,
-    }
-}
-
-impl<S> Tracked<S> {
-    fn new(inner: S, activity: Arc<Activity>) -> Self {
-        activity.touch();
-        Self { inner, activity }
-    }
-}
-
-impl<S: AsyncRead> AsyncRead for Tracked<S> {
-    fn poll_read(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<std::io::Result<()>> {
-        let this = self.project();
-        let before = buf.filled().len();
-        let out = this.inner.poll_read(cx, buf);
-        if buf.filled().len() > before {
-            this.activity.touch();
-        }
-        out
-    }
-}
-
-impl<S: AsyncWrite> AsyncWrite for Tracked<S> {
-    fn poll_write(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<std::io::Result<usize>> {
-        let this = self.project();
-        let out = this.inner.poll_write(cx, buf);
-        if matches!(out, Poll::Ready(Ok(n)) if n > 0) {
-            this.activity.touch();
-        }
-        out
-    }
-
-    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        self.project().inner.poll_flush(cx)
-    }
-
-    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        self.project().inner.poll_shutdown(cx)
-    }
-
-    fn poll_write_vectored(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[std::io::IoSlice<'_>],
-    ) -> Poll<std::io::Result<usize>> {
-        let this = self.project();
-        let out = this.inner.poll_write_vectored(cx, bufs);
-        if matches!(out, Poll::Ready(Ok(n)) if n > 0) {
-            this.activity.touch();
-        }
-        out
-    }
-
-    fn is_write_vectored(&self) -> bool {
-        self.inner.is_write_vectored()
-    }
-}
-
-/// Counts a connection's requests in progress, so an idle timeout never cuts one short.
+/// Counts a connection's requests in progress, so an idle timeout never cuts one short, and
+/// hands a request that asks for an upgrade the terms its tunnel runs under.
 #[derive(Clone)]
 struct Counted<S> {
     inner: S,
     activity: Arc<Activity>,
+    tunnel: Terms,
 }
 
 impl<S, B> hyper::service::Service<Request<Incoming>> for Counted<S>
@@ -405,7 +307,15 @@ where
     type Error = Infallible;
     type Future = Pin<Box<dyn Future<Output = Result<Response<B>, Infallible>> + Send>>;
 
-    fn call(&self, req: Request<Incoming>) -> Self::Future {
+    fn call(&self, mut req: Request<Incoming>) -> Self::Future {
+        // Only a request that may upgrade carries them: hyper adds its upgrade handle then.
+        if req
+            .extensions()
+            .get::<hyper::upgrade::OnUpgrade>()
+            .is_some()
+        {
+            req.extensions_mut().insert(self.tunnel.clone());
+        }
         let guard = InFlight::new(Arc::clone(&self.activity));
         let fut = self.inner.call(req);
         Box::pin(async move {
@@ -413,23 +323,5 @@ where
             drop(guard);
             res
         })
-    }
-}
-
-/// One request in progress on a connection; the count drops with it, even if the request's
-/// future is dropped.
-struct InFlight(Arc<Activity>);
-
-impl InFlight {
-    fn new(activity: Arc<Activity>) -> Self {
-        activity.in_flight.fetch_add(1, Ordering::Relaxed);
-        Self(activity)
-    }
-}
-
-impl Drop for InFlight {
-    fn drop(&mut self) {
-        self.0.in_flight.fetch_sub(1, Ordering::Relaxed);
-        self.0.touch();
     }
 }

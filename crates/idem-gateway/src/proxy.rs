@@ -343,9 +343,9 @@ impl Proxy {
         };
         // An unprotected route passes an HTTP/1.1 protocol upgrade (WebSocket and the like)
         // through: the upgrade headers go to the upstream, and after its `101` the client's
-        // connection and the upstream's are joined byte for byte.
+        // connection and the upstream's are joined byte for byte (see [`crate::tunnel`]).
         let upgrade = if p.buffer.is_none() && !p.http2 {
-            take_upgrade(&mut parts)
+            crate::tunnel::take(&mut parts)
         } else {
             None
         };
@@ -354,11 +354,13 @@ impl Proxy {
         if let Some((name, key)) = &p.fence_header {
             claim_headers(&mut parts, name, *key);
         }
-        if let Some((_, protocol)) = &upgrade {
+        if let Some(upgrade) = &upgrade {
             parts
                 .headers
                 .insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
-            parts.headers.insert(header::UPGRADE, protocol.clone());
+            parts
+                .headers
+                .insert(header::UPGRADE, upgrade.protocol.clone());
         }
         if let Some(host) = parts.headers.remove(header::HOST).or_else(|| {
             parts
@@ -400,9 +402,9 @@ impl Proxy {
         let exchange = async {
             let mut res = p.client.request(req).await.map_err(Failure::from_client)?;
             let switched = match upgrade {
-                Some((client_side, _)) if res.status() == StatusCode::SWITCHING_PROTOCOLS => {
+                Some(upgrade) if res.status() == StatusCode::SWITCHING_PROTOCOLS => {
                     let upstream_side = hyper::upgrade::on(&mut res);
-                    tokio::spawn(tunnel(client_side, upstream_side));
+                    tokio::spawn(upgrade.tunnel(upstream_side));
                     res.headers().get(header::UPGRADE).cloned()
                 }
                 _ => None,
@@ -504,47 +506,6 @@ impl tower::Service<Request<RequestBody>> for Proxy {
     fn call(&mut self, req: Request<RequestBody>) -> Self::Future {
         let this = self.clone();
         Box::pin(async move { Ok(this.forward(req).await) })
-    }
-}
-
-/// The request's upgrade, if it asks for one the way HTTP/1.1 does (`Connection: upgrade` and
-/// `Upgrade: <protocol>`): the client connection's upgrade handle and the protocol asked for.
-fn take_upgrade(
-    parts: &mut http::request::Parts,
-) -> Option<(hyper::upgrade::OnUpgrade, HeaderValue)> {
-    if parts.version != http::Version::HTTP_11 {
-        return None;
-    }
-    let protocol = parts.headers.get(header::UPGRADE)?.clone();
-    let asked = parts
-        .headers
-        .get_all(header::CONNECTION)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .any(|t| t.trim().eq_ignore_ascii_case("upgrade"));
-    if !asked {
-        return None;
-    }
-    let on = parts.extensions.remove::<hyper::upgrade::OnUpgrade>()?;
-    Some((on, protocol))
-}
-
-/// Joins an upgraded client connection to the upgraded upstream connection until either
-/// side closes.
-async fn tunnel(client: hyper::upgrade::OnUpgrade, upstream: hyper::upgrade::OnUpgrade) {
-    let (client, upstream) = match tokio::try_join!(client, upstream) {
-        Ok(both) => both,
-        Err(e) => {
-            tracing::debug!(error = %e, "upgrade failed");
-            return;
-        }
-    };
-    let mut client = hyper_util::rt::TokioIo::new(client);
-    let mut upstream = hyper_util::rt::TokioIo::new(upstream);
-    match tokio::io::copy_bidirectional(&mut client, &mut upstream).await {
-        Ok((up, down)) => tracing::debug!(up, down, "upgraded connection closed"),
-        Err(e) => tracing::debug!(error = %e, "upgraded connection ended with an error"),
     }
 }
 

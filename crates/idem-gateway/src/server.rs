@@ -257,7 +257,12 @@ impl hyper::service::Service<Request<Incoming>> for DataService {
         Box::pin(async move {
             let app = this.live.app();
             let Ok(permit) = Arc::clone(&this.requests).try_acquire_owned() else {
-                return Ok(app.overloaded());
+                let res = app.overloaded();
+                // A gRPC client reads only gRPC statuses, as every other refusal gives it.
+                if crate::grpc::is_grpc(req.headers()) {
+                    return Ok(crate::grpc::refusal(res).await);
+                }
+                return Ok(res);
             };
             // The permit is released when both this future and the protected run are done:
             // a run whose client went away finishes in the background, and still counts.

@@ -1,8 +1,9 @@
 //! A gRPC service behind `idem serve` over h2c: a protected unary method runs once and its
 //! replay returns the same message and `grpc-status`; an unprotected method passes through
 //! with its trailers; the gateway's own refusals are the statuses idem-grpc answers for the
-//! same situation (code, `ErrorInfo` reason, `RetryInfo`). Client and server are tonic, the
-//! service is compiled from tests/proto with protox.
+//! same situation (code, `ErrorInfo` reason, `RetryInfo`); a call whose message stalls is cut
+//! off at the body pace. Client and server are tonic (a raw hyper client for the stalled
+//! call), the service is compiled from tests/proto with protox.
 
 mod common;
 
@@ -398,5 +399,90 @@ async fn a_store_outage_is_unavailable_with_store_unavailable_and_retry_info() {
         Some(Duration::from_secs(1)),
     );
     assert_eq!(executions.load(Ordering::SeqCst), 1, "nothing ran");
+    task.abort();
+}
+
+// A gRPC call's message is a protected request body like any other: one that stalls over
+// HTTP/2 is cut off at `limits.body_timeout` with DEADLINE_EXCEEDED (`BODY_TIMEOUT`), frees
+// its request slot, and claims nothing, so its key runs when the call is sent in full.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_grpc_message_is_deadline_exceeded_and_claims_nothing() {
+    let (addr, executions, task) = upstream().await;
+    let config = config(addr).replace(
+        "[defaults]",
+        "[limits]\nmax_concurrent_requests = 1\nbody_timeout = \"2s\"\n[defaults]",
+    );
+    let gw = Gateway::start(&config, &[]);
+    let tcp = tokio::net::TcpStream::connect(gw.addr)
+        .await
+        .expect("connect");
+    let (mut send, conn) = hyper::client::conn::http2::handshake(
+        hyper_util::rt::TokioExecutor::new(),
+        hyper_util::rt::TokioIo::new(tcp),
+    )
+    .await
+    .expect("h2c handshake");
+    tokio::spawn(conn);
+    let stalled_key = key();
+    // A gRPC frame announcing a 100-byte message, then 1 byte of it; the rest never comes.
+    let first = http_body::Frame::data(bytes::Bytes::from_static(b"\0\0\0\0\x64\x08"));
+    let stalling = futures::StreamExt::chain(
+        futures::stream::iter([Ok::<_, std::convert::Infallible>(first)]),
+        futures::stream::pending(),
+    );
+    let req = http::Request::post(format!("http://{}/idem.gwtest.v1.Ledger/Charge", gw.addr))
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .header("idempotency-key", stalled_key.as_str())
+        .body(http_body_util::StreamBody::new(stalling))
+        .expect("request");
+    let started = std::time::Instant::now();
+    let stalled = tokio::spawn(send.send_request(req));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+
+    // The stalled call holds the only request slot.
+    let mut ledger = client(&gw).await;
+    let req = ChargeRequest {
+        amount: 5,
+        fail_code: 0,
+    };
+    let refused = ledger
+        .charge(with_key(req, &key()))
+        .await
+        .expect_err("overloaded while the stalled call holds the slot");
+    assert_eq!(refused.code(), Code::Unavailable, "{refused:?}");
+    let details = LayerDetails::of(&refused).expect("idem details");
+    assert_eq!(details.reason, "OVERLOADED", "{refused:?}");
+    assert_eq!(details.retry_after, Some(Duration::from_secs(1)));
+
+    // Cut off at the body timeout: a trailers-only answer, DEADLINE_EXCEEDED, BODY_TIMEOUT.
+    let res = tokio::time::timeout(Duration::from_secs(6), stalled)
+        .await
+        .unwrap_or_else(|_| {
+            panic!(
+                "no answer to the stalled call after {:?}",
+                started.elapsed()
+            )
+        })
+        .expect("join")
+        .expect("an answer");
+    assert_eq!(res.status(), http::StatusCode::OK);
+    let status = Status::from_header_map(res.headers())
+        .unwrap_or_else(|| panic!("no grpc-status in the head: {:?}", res.headers()));
+    assert_eq!(status.code(), Code::DeadlineExceeded, "{status:?}");
+    assert_eq!(
+        LayerDetails::of(&status).map(|d| d.reason).as_deref(),
+        Some("BODY_TIMEOUT"),
+        "{status:?}"
+    );
+    assert_eq!(executions.load(Ordering::SeqCst), 0, "nothing ran");
+
+    // The slot is free, and nothing was claimed: the key runs when the call is sent whole.
+    let ran = ledger
+        .charge(with_key(req, &stalled_key))
+        .await
+        .expect("the key runs");
+    assert_eq!(ran.get_ref().execution, 1);
+    assert_eq!(executions.load(Ordering::SeqCst), 1);
     task.abort();
 }

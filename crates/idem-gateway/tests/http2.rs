@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
-use common::{Gateway, Http, TempDir, key};
+use common::{Gateway, Http, TempDir, Upstream, key};
 use http::{HeaderMap, Method, Request, Response, StatusCode, Version};
 use http_body_util::{BodyExt, Full, StreamBody};
 use hyper_util::rt::{TokioExecutor, TokioIo};
@@ -21,10 +21,9 @@ use tokio::net::{TcpListener, TcpStream};
 
 type Body = http_body_util::combinators::BoxBody<Bytes, std::convert::Infallible>;
 
-/// An upstream serving HTTP/2 with prior knowledge (h2c) or HTTP/1.1 with upgrades, per
-/// `h2`. `…/grpc` answers like a gRPC server (data, then `grpc-status` trailers), `…/ws`
-/// switches to a protocol that echoes every byte, anything else a 201 naming the execution
-/// and the HTTP version it arrived in.
+/// An upstream serving HTTP/2 with prior knowledge (h2c) or HTTP/1.1, per `h2`. `…/grpc`
+/// answers like a gRPC server (data, then `grpc-status` trailers), anything else a 201
+/// naming the execution and the HTTP version it arrived in.
 struct Upstream2 {
     addr: SocketAddr,
     executions: Arc<AtomicU64>,
@@ -60,7 +59,6 @@ async fn upstream(h2: bool) -> Upstream2 {
                 } else {
                     let _ = hyper::server::conn::http1::Builder::new()
                         .serve_connection(TokioIo::new(tcp), svc)
-                        .with_upgrades()
                         .await;
                 }
             });
@@ -73,34 +71,9 @@ async fn upstream(h2: bool) -> Upstream2 {
     }
 }
 
-async fn handle(mut req: Request<hyper::body::Incoming>, count: &AtomicU64) -> Response<Body> {
+async fn handle(req: Request<hyper::body::Incoming>, count: &AtomicU64) -> Response<Body> {
     let path = req.uri().path().to_owned();
     let version = format!("{:?}", req.version());
-    if path.ends_with("/ws") {
-        let on = hyper::upgrade::on(&mut req);
-        tokio::spawn(async move {
-            let Ok(upgraded) = on.await else { return };
-            let mut io = TokioIo::new(upgraded);
-            let mut buf = [0u8; 1024];
-            loop {
-                match io.read(&mut buf).await {
-                    Ok(0) | Err(_) => return,
-                    Ok(n) => {
-                        if io.write_all(&buf[..n]).await.is_err() {
-                            return;
-                        }
-                    }
-                }
-            }
-        });
-        let mut res = Response::new(Full::new(Bytes::new()).boxed());
-        *res.status_mut() = StatusCode::SWITCHING_PROTOCOLS;
-        res.headers_mut()
-            .insert("upgrade", "echo".parse().expect("value"));
-        res.headers_mut()
-            .insert("connection", "upgrade".parse().expect("value"));
-        return res;
-    }
     let body = req.into_body().collect().await.map(|c| c.to_bytes());
     let n = count.fetch_add(1, Ordering::SeqCst) + 1;
     if path.ends_with("/grpc") {
@@ -260,8 +233,9 @@ async fn h2c_through_the_gateway_to_an_h2c_upstream() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_http11_upgrade_is_carried_through_an_unprotected_route() {
-    let up = upstream(false).await;
-    let gw = Gateway::start(&config(&format!("http://{}", up.addr), ""), &[]);
+    // The shared upstream answers `…/ws` upgrades with a protocol that echoes every byte.
+    let up = Upstream::start().await;
+    let gw = Gateway::start(&config(&up.url(), ""), &[]);
     let mut tcp = TcpStream::connect(gw.addr).await.expect("connect");
     tcp.write_all(
         b"GET /plain/ws HTTP/1.1\r\nHost: gateway\r\nConnection: Upgrade\r\nUpgrade: echo\r\n\r\n",

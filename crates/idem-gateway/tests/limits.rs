@@ -1,9 +1,11 @@
-//! Resource limits under abuse, against the real gateway: a request body that stalls, and
-//! clients that abandon their requests, must not take the gateway's request slots from
+//! Resource limits under abuse, against the real gateway: a request body that stalls (over
+//! HTTP/1.1 here, gRPC in `grpc.rs`), clients that abandon their requests, and upgraded
+//! tunnels that are many or idle must not take the gateway's request or connection slots from
 //! everyone else.
 
 mod common;
 
+use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use common::{Gateway, Http, Upstream, key};
@@ -236,4 +238,124 @@ async fn the_memory_store_is_bounded_in_bytes() {
         (10..=15).contains(&refused),
         "{refused} of 20 refused in 32 KiB"
     );
+}
+
+/// A gateway in front of `up` whose `/ws` route is unprotected (so it passes upgrades), with
+/// `limits` as its `[limits]` table.
+fn with_tunnels(up: &Upstream, limits: &str) -> String {
+    format!(
+        r#"
+upstream = "{}"
+store = "memory:"
+[limits]
+{limits}
+[defaults]
+principal = {{ from = "none" }}
+[[routes]]
+name = "ws"
+path = "/ws"
+idempotency = false
+"#,
+        up.url()
+    )
+}
+
+/// Opens a connection to `addr` and upgrades it through the `/ws` route: the stream once the
+/// `101` arrived, or what came instead.
+async fn open_tunnel(addr: SocketAddr) -> Result<TcpStream, String> {
+    let mut stream = TcpStream::connect(addr).await.map_err(|e| e.to_string())?;
+    stream
+        .write_all(
+            b"GET /ws HTTP/1.1\r\nhost: idem\r\nconnection: upgrade\r\nupgrade: echo\r\n\r\n",
+        )
+        .await
+        .map_err(|e| e.to_string())?;
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        match stream.read(&mut byte).await {
+            Ok(1) => head.push(byte[0]),
+            other => return Err(format!("closed before switching: {other:?}")),
+        }
+    }
+    let head = String::from_utf8_lossy(&head).to_ascii_lowercase();
+    if head.starts_with("http/1.1 101 ") {
+        Ok(stream)
+    } else {
+        Err(head)
+    }
+}
+
+/// Sends `msg` through a tunnel and reads it back from the echoing upstream.
+async fn echoes(tunnel: &mut TcpStream, msg: &[u8]) {
+    tunnel.write_all(msg).await.expect("write to the tunnel");
+    let mut got = vec![0u8; msg.len()];
+    tokio::time::timeout(Duration::from_secs(5), tunnel.read_exact(&mut got))
+        .await
+        .expect("echo in time")
+        .expect("read from the tunnel");
+    assert_eq!(got, msg);
+}
+
+// Bug guarded: after its `101` a tunnel left the listener's connection count (the HTTP
+// connection ended and gave its slot back while the tunnel lived on in a task of its own),
+// so a client could hold any number of tunnels past `max_connections`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tunnel_keeps_its_connection_slot_until_it_closes() {
+    let up = Upstream::start().await;
+    let gw = Gateway::start(&with_tunnels(&up, "max_connections = 2"), &[]);
+    let mut first = open_tunnel(gw.addr).await.expect("the first tunnel");
+    let second = open_tunnel(gw.addr).await.expect("the second tunnel");
+    echoes(&mut first, b"one").await;
+    // Both slots are held by tunnels: a third connection waits in the backlog, unserved.
+    let third = tokio::spawn(open_tunnel(gw.addr));
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(
+        !third.is_finished(),
+        "a third connection was served while two tunnels held both slots: {:?}",
+        third.await
+    );
+    assert_eq!(up.seen.tunnels(), 2);
+    // A tunnel that closes gives its slot back.
+    drop(second);
+    let mut third = tokio::time::timeout(Duration::from_secs(5), third)
+        .await
+        .expect("the third connection is served once a tunnel closed")
+        .expect("join")
+        .expect("the third tunnel");
+    echoes(&mut third, b"three").await;
+    echoes(&mut first, b"still open").await;
+}
+
+// Bug guarded: nothing timed a tunnel out, so one nobody used kept a connection open at the
+// gateway and another at the upstream for as long as its client kept the socket.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_tunnel_is_closed_at_both_ends() {
+    let up = Upstream::start().await;
+    let gw = Gateway::start(&with_tunnels(&up, "tunnel_idle_timeout = \"1s\""), &[]);
+    let mut tunnel = open_tunnel(gw.addr).await.expect("tunnel");
+    // Traffic keeps it open well past the timeout: a message every 400 ms for 2.4 s.
+    for i in 0..6u8 {
+        echoes(&mut tunnel, &[b'0' + i]).await;
+        tokio::time::sleep(Duration::from_millis(400)).await;
+    }
+    assert_eq!(up.seen.tunnels(), 1, "the upstream's side is open");
+    // Silent, it is closed after about the timeout: the client's side sees the end...
+    let started = Instant::now();
+    let mut byte = [0u8; 1];
+    let read = tokio::time::timeout(Duration::from_secs(5), tunnel.read(&mut byte)).await;
+    assert!(
+        matches!(read, Ok(Ok(0) | Err(_))),
+        "the idle tunnel was still open after {:?}: {read:?}",
+        started.elapsed()
+    );
+    // ... and the upstream's connection is closed too.
+    let closed = async {
+        while up.seen.tunnels() > 0 {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(2), closed)
+        .await
+        .expect("the upstream's side of the idle tunnel is closed");
 }

@@ -74,13 +74,14 @@ impl fmt::Display for Settings {
         let l = &self.limits;
         writeln!(
             f,
-            "limits:    {} connections, {} requests in progress, headers within {}, idle {}, protected bodies within {} at {} bytes/s after 2s",
+            "limits:    {} connections (upgraded tunnels included), {} requests in progress, headers within {}, idle {}, protected bodies within {} at {} bytes/s after 2s, tunnels idle {}",
             l.max_connections,
             l.max_concurrent_requests,
             Dur(l.header_read_timeout),
             Dur(l.idle_timeout),
             Dur(l.body_pace.timeout),
-            l.body_pace.min_rate
+            l.body_pace.min_rate,
+            Dur(l.tunnel_idle_timeout)
         )?;
         match &self.admin {
             Some(a) => writeln!(

@@ -38,6 +38,9 @@ pub struct RawLimits {
     /// Least average rate of a protected request's body once its first 2 s are over, per
     /// second (default `16KiB`); `0` checks no rate.
     pub min_body_rate: Option<ByteSize>,
+    /// Longest an upgraded connection (a WebSocket) may stay open with nothing sent either
+    /// way (default `5m`).
+    pub tunnel_idle_timeout: Option<Dur>,
 }
 
 /// A listener's certificate files. Read at start and on every reload, so a renewed
@@ -63,6 +66,8 @@ pub struct Limits {
     pub idle_timeout: Duration,
     /// How fast a protected request's body must arrive.
     pub body_pace: BodyPace,
+    /// Longest an upgraded connection may stay open with nothing sent either way.
+    pub tunnel_idle_timeout: Duration,
 }
 
 impl Default for Limits {
@@ -73,6 +78,9 @@ impl Default for Limits {
             header_read_timeout: Duration::from_secs(10),
             idle_timeout: Duration::from_secs(60),
             body_pace: BodyPace::default(),
+            // WebSocket peers that keep a connection open ping every 30 to 60 s: a live
+            // tunnel is never quiet this long, and one its client left is closed in minutes.
+            tunnel_idle_timeout: Duration::from_secs(300),
         }
     }
 }
@@ -132,5 +140,10 @@ pub(super) fn limits(raw: Option<&RawLimits>) -> anyhow::Result<Limits> {
             timeout: time(raw.body_timeout, d.body_pace.timeout, "body_timeout")?,
             min_rate: raw.min_body_rate.map_or(d.body_pace.min_rate, |r| r.0),
         },
+        tunnel_idle_timeout: time(
+            raw.tunnel_idle_timeout,
+            d.tunnel_idle_timeout,
+            "tunnel_idle_timeout",
+        )?,
     })
 }

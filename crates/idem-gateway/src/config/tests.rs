@@ -336,3 +336,23 @@ fn body_limits_default_to_a_protective_pace_and_can_be_set() {
     let e = zero.expect_err("a zero body timeout");
     assert!(format!("{e:#}").contains("body_timeout"), "{e:#}");
 }
+
+#[test]
+fn the_tunnel_idle_timeout_defaults_to_five_minutes_and_is_checked() {
+    let base = "upstream = \"http://127.0.0.1:1\"\n[defaults]\nprincipal = { from = \"none\" }\n";
+    let s = compiled(base).expect("valid");
+    assert_eq!(s.limits.tunnel_idle_timeout, Duration::from_secs(300));
+    assert!(
+        s.to_string().contains("tunnels idle 5m"),
+        "check-config shows it: {s}"
+    );
+    let s = compiled(&format!("{base}[limits]\ntunnel_idle_timeout = \"90s\"\n")).expect("valid");
+    assert_eq!(s.limits.tunnel_idle_timeout, Duration::from_secs(90));
+    for bad in ["\"0s\"", "\"soon\"", "30"] {
+        let e = compiled(&format!("{base}[limits]\ntunnel_idle_timeout = {bad}\n")).expect_err(bad);
+        assert!(
+            format!("{e:#}").contains("tunnel_idle_timeout"),
+            "{bad}: {e:#}"
+        );
+    }
+}

@@ -248,6 +248,8 @@ pub struct Seen {
     /// Requests being handled right now, and the most there ever were at once.
     pub running: AtomicU64,
     pub peak: AtomicU64,
+    /// Upgraded (`/ws`) connections open at the upstream right now.
+    pub tunnels: AtomicU64,
 }
 
 impl Seen {
@@ -260,6 +262,10 @@ impl Seen {
     /// The most requests the upstream was handling at once.
     pub fn peak(&self) -> u64 {
         self.peak.load(Ordering::SeqCst)
+    }
+    /// Upgraded connections open at the upstream.
+    pub fn tunnels(&self) -> u64 {
+        self.tunnels.load(Ordering::SeqCst)
     }
 }
 
@@ -281,7 +287,8 @@ impl Drop for Running<'_> {
 }
 
 /// A test upstream: a path containing `/status/{code}` answers that status, `?delay_ms=N`
-/// waits first, a path ending in `/reset` drops the connection without answering; every
+/// waits first, a path ending in `/reset` drops the connection without answering, one ending
+/// in `/ws` with an `Upgrade` header switches to a protocol that echoes every byte; every
 /// request is counted by path.
 pub struct Upstream {
     pub addr: SocketAddr,
@@ -349,6 +356,7 @@ async fn serve(listener: TcpListener, seen: Arc<Seen>) {
             });
             let _ = hyper::server::conn::http1::Builder::new()
                 .serve_connection(TokioIo::new(stream), svc)
+                .with_upgrades()
                 .await;
         });
     }
@@ -364,9 +372,24 @@ impl std::fmt::Display for Reset {
 impl std::error::Error for Reset {}
 
 async fn handle(
-    req: Request<hyper::body::Incoming>,
+    mut req: Request<hyper::body::Incoming>,
     seen: Arc<Seen>,
 ) -> Result<http::Response<Full<Bytes>>, Reset> {
+    if req.uri().path().ends_with("/ws") && req.headers().contains_key(http::header::UPGRADE) {
+        *seen
+            .by_path
+            .lock()
+            .entry(req.uri().path().to_owned())
+            .or_default() += 1;
+        let on = hyper::upgrade::on(&mut req);
+        tokio::spawn(echo(on, seen));
+        let mut res = http::Response::new(Full::new(Bytes::new()));
+        *res.status_mut() = StatusCode::SWITCHING_PROTOCOLS;
+        let h = res.headers_mut();
+        h.insert("upgrade", "echo".parse().expect("value"));
+        h.insert("connection", "upgrade".parse().expect("value"));
+        return Ok(res);
+    }
     let (parts, body) = req.into_parts();
     let body = body
         .collect()
@@ -439,6 +462,27 @@ async fn handle(
     res.headers_mut()
         .insert("set-cookie", "session=secret".parse().expect("value"));
     Ok(res)
+}
+
+/// Echoes every byte of an upgraded connection until its other side closes it, counted in
+/// [`Seen::tunnels`] while open.
+async fn echo(on: hyper::upgrade::OnUpgrade, seen: Arc<Seen>) {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let Ok(upgraded) = on.await else { return };
+    seen.tunnels.fetch_add(1, Ordering::SeqCst);
+    let mut io = TokioIo::new(upgraded);
+    let mut buf = [0u8; 1024];
+    loop {
+        match io.read(&mut buf).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => {
+                if io.write_all(&buf[..n]).await.is_err() {
+                    break;
+                }
+            }
+        }
+    }
+    seen.tunnels.fetch_sub(1, Ordering::SeqCst);
 }
 
 /// `{"charged":true,"amount":100}` gzip-compressed (mtime 0).
