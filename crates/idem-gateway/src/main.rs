@@ -316,6 +316,12 @@ fn relay(args: &ServeArgs, metrics_listen: Option<SocketAddr>) -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    if metrics_listen.is_some()
+        && let Err(e) = relay::metrics_tokens(&settings)
+    {
+        eprintln!("error: {e:#}");
+        return ExitCode::from(2);
+    }
     if let Err(e) = logging::init(settings.log_format, &settings.log_level, None) {
         eprintln!("error: {e:#}");
         return ExitCode::from(2);
