@@ -90,6 +90,9 @@ pub enum Refusal {
     KeyMultiple,
     /// The principal could not be determined (missing or invalid credential).
     Unauthenticated,
+    /// The credential was sent more than once: which one names the principal depends on
+    /// who reads it.
+    CredentialAmbiguous,
     /// The request body is larger than the route accepts.
     BodyTooLarge,
     /// The request body could not be read.
@@ -138,7 +141,7 @@ impl Outcome {
 
 impl Refusal {
     /// A short, stable, lower-case name: `key_missing`, `key_malformed`, `key_multiple`,
-    /// `unauthenticated`, `body_too_large`, `body_unreadable`, `body_ambiguous`,
+    /// `unauthenticated`, `credential_ambiguous`, `body_too_large`, `body_unreadable`, `body_ambiguous`,
     /// `body_timeout`, `response_not_stored`, `no_route`, `bad_target`, `overloaded`, `token`.
     pub fn as_str(self) -> &'static str {
         match self {
@@ -146,6 +149,7 @@ impl Refusal {
             Self::KeyMalformed => "key_malformed",
             Self::KeyMultiple => "key_multiple",
             Self::Unauthenticated => "unauthenticated",
+            Self::CredentialAmbiguous => "credential_ambiguous",
             Self::BodyTooLarge => "body_too_large",
             Self::BodyUnreadable => "body_unreadable",
             Self::BodyAmbiguous => "body_ambiguous",

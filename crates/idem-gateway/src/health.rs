@@ -1,7 +1,8 @@
 //! Probes and the Prometheus scrape on the admin listener: `/healthz` (the process answers)
 //! and `/readyz` (the store answers) need no token, so an orchestrator can probe them;
 //! `/metrics` takes the admin token or, if configured, the read-only metrics token, which
-//! opens nothing else.
+//! opens nothing else ([`metrics_only`] serves it, with the same tokens, where there is no
+//! admin listener).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -123,13 +124,41 @@ impl Health {
     }
 
     fn may_scrape(&self, headers: &HeaderMap) -> bool {
-        bearer_is(headers, &self.admin_token)
-            || self
-                .scrape
-                .as_ref()
-                .and_then(|s| s.token.as_deref())
-                .is_some_and(|t| bearer_is(headers, t))
+        may_scrape(
+            headers,
+            &self.admin_token,
+            self.scrape.as_ref().and_then(|s| s.token.as_deref()),
+        )
     }
+}
+
+/// Whether `headers` carry the admin token or the read-only metrics token.
+fn may_scrape(headers: &HeaderMap, admin_token: &str, read_token: Option<&str>) -> bool {
+    bearer_is(headers, admin_token) || read_token.is_some_and(|t| bearer_is(headers, t))
+}
+
+/// `/metrics` alone, for a process without an admin listener (`idem relay
+/// --metrics-listen`): it takes the same tokens as the admin listener's `/metrics`, the
+/// admin token or the read-only `read_token`, and answers `401` without one.
+pub fn metrics_only(
+    handle: PrometheusHandle,
+    admin_token: String,
+    read_token: Option<String>,
+) -> Router {
+    let tokens = Arc::new((admin_token, read_token));
+    Router::new().route(
+        "/metrics",
+        get(move |headers: HeaderMap| {
+            let (handle, tokens) = (handle.clone(), Arc::clone(&tokens));
+            async move {
+                if may_scrape(&headers, &tokens.0, tokens.1.as_deref()) {
+                    prometheus(&handle.render())
+                } else {
+                    unauthorized()
+                }
+            }
+        }),
+    )
 }
 
 /// Whether `headers` carry `Authorization: Bearer <token>`, compared in constant time.
@@ -184,16 +213,18 @@ async fn metrics(State(health): State<Arc<Health>>, headers: HeaderMap) -> Respo
         return unauthorized();
     }
     match &health.scrape {
-        Some(scrape) => {
-            let mut res = text(StatusCode::OK, &scrape.render(health.store.held()));
-            res.headers_mut().insert(
-                header::CONTENT_TYPE,
-                HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
-            );
-            res
-        }
+        Some(scrape) => prometheus(&scrape.render(health.store.held())),
         None => json_error(StatusCode::NOT_FOUND, "metrics are not enabled"),
     }
+}
+
+fn prometheus(body: &str) -> Response {
+    let mut res = text(StatusCode::OK, body);
+    res.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
+    );
+    res
 }
 
 fn json_error(status: StatusCode, detail: &str) -> Response {

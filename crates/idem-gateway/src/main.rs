@@ -235,17 +235,23 @@ fn check_config(args: &ServeArgs) -> ExitCode {
                 println!("env:       {}", sources.env.join(", "));
             }
             print!("{settings}");
-            let risks = settings.risks();
-            for risk in &risks {
+            let promise = settings.risks();
+            let credentials = settings.credential_risks();
+            for risk in promise.iter().chain(&credentials) {
                 println!("risk:      {risk}");
             }
-            if risks.is_empty() {
-                println!("ok: configuration is valid");
-            } else {
-                println!(
-                    "ok: configuration is valid, with {} risk(s) to the at-most-once promise above",
-                    risks.len()
-                );
+            match (promise.len(), credentials.len()) {
+                (0, 0) => println!("ok: configuration is valid"),
+                (n, 0) => println!(
+                    "ok: configuration is valid, with {n} risk(s) to the at-most-once promise above"
+                ),
+                (0, c) => println!(
+                    "ok: configuration is valid, with {c} risk(s) to whose keys they are above"
+                ),
+                (n, c) => println!(
+                    "ok: configuration is valid, with {} risk(s) above: {n} to the at-most-once promise, {c} to whose keys they are",
+                    n + c
+                ),
             }
             ExitCode::SUCCESS
         }
@@ -293,6 +299,9 @@ fn serve(args: &ServeArgs, demo: bool) -> ExitCode {
     for risk in settings.risks() {
         tracing::warn!(risk = %risk, "configuration risks the at-most-once promise");
     }
+    for risk in settings.credential_risks() {
+        tracing::warn!(risk = %risk, "configuration accepts tokens minted for another service");
+    }
     let again = args.clone();
     let load = Box::new(move || again.settings(demo).map(|(settings, _)| settings));
     let result = runtime.block_on(server::run(settings, metrics, load));
@@ -316,6 +325,12 @@ fn relay(args: &ServeArgs, metrics_listen: Option<SocketAddr>) -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    if metrics_listen.is_some()
+        && let Err(e) = relay::metrics_tokens(&settings)
+    {
+        eprintln!("error: {e:#}");
+        return ExitCode::from(2);
+    }
     if let Err(e) = logging::init(settings.log_format, &settings.log_level, None) {
         eprintln!("error: {e:#}");
         return ExitCode::from(2);

@@ -175,11 +175,12 @@ const OUTCOMES: [&str; 10] = [
 ];
 
 /// The label values of `idem_refusals_total{reason}`, in [`refusal_index`] order.
-const REFUSALS: [&str; 13] = [
+const REFUSALS: [&str; 14] = [
     "key_missing",
     "key_malformed",
     "key_multiple",
     "unauthenticated",
+    "credential_ambiguous",
     "body_too_large",
     "body_unreadable",
     "body_ambiguous",
@@ -312,6 +313,7 @@ mod tests {
             Refusal::KeyMalformed,
             Refusal::KeyMultiple,
             Refusal::Unauthenticated,
+            Refusal::CredentialAmbiguous,
             Refusal::BodyTooLarge,
             Refusal::BodyUnreadable,
             Refusal::BodyAmbiguous,

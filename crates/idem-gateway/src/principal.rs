@@ -20,7 +20,17 @@ impl ExtractPrincipal for PrincipalSource {
             Self::None => Ok(None),
             Self::Header(header) => header.principal(parts),
             Self::Jwt(jwt) => {
-                let Some(value) = parts.headers.get(&jwt.header) else {
+                let mut values = parts.headers.get_all(&jwt.header).iter();
+                let (value, again) = (values.next(), values.next());
+                // Verifying one token while the upstream reads the other would act for a
+                // principal nobody checked.
+                if again.is_some() {
+                    return Err(PrincipalRejection::Ambiguous(format!(
+                        "more than one {} header: send the credential once",
+                        jwt.header
+                    )));
+                }
+                let Some(value) = value else {
                     return if jwt.required {
                         Err(rejection(format!(
                             "missing credentials in `{}`",
@@ -48,7 +58,7 @@ impl ExtractPrincipal for PrincipalSource {
 }
 
 fn rejection(detail: impl Into<String>) -> PrincipalRejection {
-    PrincipalRejection(detail.into())
+    PrincipalRejection::Unauthenticated(detail.into())
 }
 
 /// Verifies JWTs with one key and reads the principal from one claim.
@@ -90,7 +100,9 @@ impl JwtVerifier {
 
     fn with(key: DecodingKey, alg: Algorithm, p: &RawPrincipal) -> Self {
         let mut validation = Validation::new(alg);
+        // `exp` and `nbf` both, with one leeway for clocks a little apart.
         validation.leeway = 5;
+        validation.validate_nbf = true;
         match &p.audience {
             Some(aud) => validation.set_audience(&[aud]),
             None => validation.validate_aud = false,
@@ -110,8 +122,18 @@ impl JwtVerifier {
         &self.claim
     }
 
-    /// Verifies `token` (signature, algorithm, `exp`, and `iss`/`aud` when configured) and
-    /// returns the principal claim.
+    /// Whether a token must carry the configured `aud`.
+    pub fn checks_audience(&self) -> bool {
+        self.validation.validate_aud && self.validation.aud.is_some()
+    }
+
+    /// Whether a token must carry the configured `iss`.
+    pub fn checks_issuer(&self) -> bool {
+        self.validation.iss.is_some()
+    }
+
+    /// Verifies `token` (signature, algorithm, `exp`, `nbf` when present, and `iss`/`aud`
+    /// when configured) and returns the principal claim.
     ///
     /// # Errors
     /// A rejection naming what failed.
@@ -188,7 +210,7 @@ mod tests {
     }
 
     fn invalid(r: Result<Option<String>, PrincipalRejection>) -> bool {
-        matches!(r, Err(PrincipalRejection(m)) if m.starts_with("invalid credentials"))
+        matches!(r, Err(PrincipalRejection::Unauthenticated(m)) if m.starts_with("invalid credentials"))
     }
 
     fn exp() -> u64 {
@@ -230,6 +252,29 @@ mod tests {
             &src,
             &headers("authorization", &format!("Bearer {inside}"))
         )));
+    }
+
+    // Regression: `nbf` was not checked, so a token minted to start later (a pre-issued
+    // credential, or one meant for a window not open yet) was accepted at once.
+    #[test]
+    fn jwts_not_yet_valid_are_refused_with_the_leeway_of_exp() {
+        let src = jwt_source(RawPrincipal::default());
+        let now = exp() - 600;
+        let bearer = |nbf: u64| {
+            let t = token(
+                serde_json::json!({"sub": "alice", "exp": now + 1200, "nbf": nbf}),
+                SECRET,
+            );
+            headers("authorization", &format!("Bearer {t}"))
+        };
+        let later = extract(&src, &bearer(now + 600));
+        assert!(
+            invalid(later.clone()),
+            "a token valid only from later: {later:?}"
+        );
+        // Within the 5 s leeway `exp` has: clocks a little apart still agree.
+        assert_eq!(extract(&src, &bearer(now + 2)), Ok(Some("alice".into())));
+        assert_eq!(extract(&src, &bearer(now - 60)), Ok(Some("alice".into())));
     }
 
     #[test]
@@ -277,7 +322,7 @@ mod tests {
         assert!(extract(&src, &headers("authorization", &format!("Bearer {no_sub}"))).is_err());
         assert!(matches!(
             extract(&src, &none()),
-            Err(PrincipalRejection(m)) if m.starts_with("missing credentials")
+            Err(PrincipalRejection::Unauthenticated(m)) if m.starts_with("missing credentials")
         ));
         assert!(extract(&src, &headers("authorization", "Basic abc")).is_err());
     }

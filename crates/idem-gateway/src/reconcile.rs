@@ -20,6 +20,7 @@ use idem_core::{
 };
 use serde_json::{Value, json};
 
+use crate::cli::visible::visible;
 use crate::config::{ReconcileSettings, Settings};
 use crate::upstream::Clients;
 use crate::webhook::Webhook;
@@ -72,6 +73,9 @@ impl Item {
     }
 }
 
+/// One line for a terminal or a log: stored strings (a principal is a JWT claim, any text)
+/// and a webhook's words are shown through [`visible`], so none can steer the terminal;
+/// [`Item::json`] is the exact form.
 impl fmt::Display for Item {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let action = match (&self.action, self.applied) {
@@ -79,18 +83,18 @@ impl fmt::Display for Item {
             (Action::Complete(s), false) => format!("would complete ({s})"),
             (Action::Release, true) => "released".to_owned(),
             (Action::Release, false) => "would release".to_owned(),
-            (Action::Leave(why), _) => format!("left: {why}"),
+            (Action::Leave(why), _) => format!("left: {}", visible(why)),
         };
         write!(
             f,
             "{:<11} {:<24} {:<36} fence {:<16} {action}",
             self.state.as_str(),
-            self.key.scope.namespace(),
-            self.key.key.as_str(),
+            visible(self.key.scope.namespace()),
+            visible(self.key.key.as_str()),
             self.fence
         )?;
         if let Some(p) = self.key.scope.principal() {
-            write!(f, " (principal {p})")?;
+            write!(f, " (principal {})", visible(p))?;
         }
         Ok(())
     }
@@ -330,4 +334,36 @@ pub async fn run_once(settings: &Settings, dry_run: bool, json: bool) -> anyhow:
         );
     }
     Ok(if left > 0 { 3 } else { 0 })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    // Regression: `idem reconcile` printed a stored principal (a JWT claim is any string) and
+    // a webhook's words raw, so `ESC ] 0 ; … BEL`, a CR or a bidi override in them could
+    // retitle the operator's terminal or disguise the line, as `idem admin` once did.
+    #[test]
+    fn lines_show_terminal_controls_instead_of_obeying_them() {
+        let item = Item {
+            key: scoped_key("payments", Some("alice\u{1b}]0;pwned\u{7}"), "order-1").expect("key"),
+            state: StateKind::Unknown,
+            fence: 7,
+            action: Action::Leave("webhook answered\r\u{202e}settled".into()),
+            applied: false,
+        };
+        let line = item.to_string();
+        assert!(
+            !line.chars().any(char::is_control) && !line.contains('\u{202e}'),
+            "{line:?}"
+        );
+        assert!(
+            line.ends_with(
+                "left: webhook answered\\r\\u{202e}settled (principal alice\\x1b]0;pwned\\x07)"
+            ),
+            "{line:?}"
+        );
+        // `--json` stays the exact form.
+        assert_eq!(item.json()["principal"], "alice\u{1b}]0;pwned\u{7}");
+    }
 }

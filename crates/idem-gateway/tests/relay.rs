@@ -9,7 +9,7 @@ mod relay_kit;
 
 use std::process::Command;
 
-use common::{Gateway, Http, TempDir, bin};
+use common::{ADMIN_TOKEN, Gateway, Http, TempDir, bin};
 use http::Method;
 use idem_testkit::brokers::{
     AMQP_URL, amqp, declare_queue, eventually, publish_with_id, queue_ready,
@@ -234,6 +234,59 @@ async fn http_callers_cannot_reach_relay_keys() {
         )
         .await;
     assert_eq!(answer.status, 404, "{:?}", answer.body);
+}
+
+// Regression: `--metrics-listen` served `/metrics` to anyone, where the gateway's own
+// `/metrics` takes the admin token or the read-only metrics token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn relay_metrics_take_the_gateway_tokens() {
+    const SCRAPE: &str = "scrape-token-0123456789";
+    let conn = amqp().await;
+    let q = unique("metrics");
+    declare_queue(&conn, &q).await;
+    let source = format!("broker = \"{AMQP_URL}\"\nqueue = \"{q}\"");
+    let bare = config(&q, "http://127.0.0.1:9", "/orders", "hold", &source);
+    let args = ["--metrics-listen", "127.0.0.1:0"];
+
+    let (code, out) = Relay::refused(&bare, &args);
+    assert_eq!(code, Some(2), "refused at start, not running: {out}");
+    assert!(
+        out.contains("--metrics-listen") && out.contains("admin.token"),
+        "{out}"
+    );
+
+    let cfg = format!(
+        "{bare}\n[admin]\nlisten = \"127.0.0.1:0\"\ntoken = \"{ADMIN_TOKEN}\"\nmetrics_token = \"{SCRAPE}\"\n"
+    );
+    let (relay, addr) = Relay::start_with(&cfg, &args);
+    let url = format!("http://{}/metrics", addr.expect("a metrics listener"));
+    let http = Http::new();
+    for (auth, want) in [
+        (None, 401),
+        (Some("wrong-token-0123456789"), 401),
+        (Some(ADMIN_TOKEN), 200),
+        (Some(SCRAPE), 200),
+    ] {
+        let bearer = auth.map(|t| format!("Bearer {t}"));
+        let headers: Vec<(&str, &str)> = bearer
+            .as_deref()
+            .map(|b| vec![("authorization", b)])
+            .unwrap_or_default();
+        let r = http.send(Method::GET, &url, &headers, "").await;
+        assert_eq!(
+            r.status.as_u16(),
+            want,
+            "{auth:?}: {:?}\n{}",
+            r.body,
+            relay.log()
+        );
+        if want == 200 {
+            let text = String::from_utf8_lossy(&r.body);
+            assert!(text.contains("idem_requests_total"), "{text}");
+        } else {
+            assert!(r.header("www-authenticate").is_some(), "{auth:?}");
+        }
+    }
 }
 
 /// `check-config` shows each relay; an incomplete one is refused, naming the field.

@@ -11,6 +11,7 @@
 //! | key missing (where required) | `INVALID_ARGUMENT` | `KEY_MISSING` | |
 //! | key malformed, or sent twice | `INVALID_ARGUMENT` | `KEY_MALFORMED` / `KEY_MULTIPLE` | |
 //! | principal refused | `UNAUTHENTICATED` | `UNAUTHENTICATED` | |
+//! | the principal's credential sent twice | `INVALID_ARGUMENT` | `CREDENTIAL_AMBIGUOUS` | |
 //! | request not one message | `INVALID_ARGUMENT` | `NOT_ONE_MESSAGE` | |
 //! | request above the cap | `RESOURCE_EXHAUSTED` | `REQUEST_TOO_LARGE` | |
 //! | request unreadable | `CANCELLED` | `REQUEST_UNREADABLE` | |
@@ -33,6 +34,7 @@ use std::time::Duration;
 
 use idem_core::ReleaseKind;
 use idem_http::StoreDecision;
+use idem_http::policy::PrincipalRejection;
 use tonic::Code;
 use tonic_types::{ErrorDetails, StatusExt};
 
@@ -100,6 +102,8 @@ pub enum Reason {
     KeyMultiple,
     /// The principal could not be determined.
     Unauthenticated,
+    /// The principal's credential was sent more than once.
+    CredentialAmbiguous,
     /// The request is not exactly one message.
     NotOneMessage,
     /// The request is above the cap.
@@ -133,11 +137,12 @@ pub enum Reason {
 
 impl Reason {
     /// Every reason, in the table's order.
-    pub const ALL: [Self; 18] = [
+    pub const ALL: [Self; 19] = [
         Self::KeyMissing,
         Self::KeyMalformed,
         Self::KeyMultiple,
         Self::Unauthenticated,
+        Self::CredentialAmbiguous,
         Self::NotOneMessage,
         Self::RequestTooLarge,
         Self::RequestUnreadable,
@@ -161,6 +166,7 @@ impl Reason {
             Self::KeyMalformed => "KEY_MALFORMED",
             Self::KeyMultiple => "KEY_MULTIPLE",
             Self::Unauthenticated => "UNAUTHENTICATED",
+            Self::CredentialAmbiguous => "CREDENTIAL_AMBIGUOUS",
             Self::NotOneMessage => "NOT_ONE_MESSAGE",
             Self::RequestTooLarge => "REQUEST_TOO_LARGE",
             Self::RequestUnreadable => "REQUEST_UNREADABLE",
@@ -181,9 +187,11 @@ impl Reason {
     /// The gRPC code the layer answers this reason with.
     pub const fn code(self) -> Code {
         match self {
-            Self::KeyMissing | Self::KeyMalformed | Self::KeyMultiple | Self::NotOneMessage => {
-                Code::InvalidArgument
-            }
+            Self::KeyMissing
+            | Self::KeyMalformed
+            | Self::KeyMultiple
+            | Self::CredentialAmbiguous
+            | Self::NotOneMessage => Code::InvalidArgument,
             Self::Unauthenticated => Code::Unauthenticated,
             Self::RequestTooLarge => Code::ResourceExhausted,
             Self::RequestUnreadable => Code::Cancelled,
@@ -194,6 +202,15 @@ impl Reason {
             Self::StoreUnavailable | Self::LeaseLost | Self::AnswerNotRecorded => Code::Unavailable,
             Self::HandlerTimeout => Code::DeadlineExceeded,
             Self::HandlerPanicked | Self::ResponseFailed | Self::Internal => Code::Internal,
+        }
+    }
+
+    /// The reason a refused principal is answered with: [`Self::CredentialAmbiguous`] for
+    /// a credential sent twice, [`Self::Unauthenticated`] otherwise.
+    pub fn of_principal(r: &PrincipalRejection) -> Self {
+        match r {
+            PrincipalRejection::Ambiguous(_) => Self::CredentialAmbiguous,
+            _ => Self::Unauthenticated,
         }
     }
 

@@ -16,6 +16,7 @@ use base64::Engine as _;
 use idem_core::{Key, RecordState, ScopedKey, Store, StoredResponse};
 use tonic::{Code, Request, Response};
 
+use crate::codes::Reason;
 use crate::idempotency::Shared;
 use crate::proto::{LookupRequest, LookupResponse, Metadata, State, StoredAnswer};
 use crate::wire;
@@ -60,7 +61,7 @@ impl<St: Store> crate::proto::status_server::Status for StatusService<St> {
             .config
             .principal
             .principal(&parts)
-            .map_err(|r| tonic::Status::unauthenticated(r.0))?;
+            .map_err(|r| tonic::Status::new(Reason::of_principal(&r).code(), r.detail()))?;
         let scoped = ScopedKey::new(method.config.scope_for(principal), key);
         let engine = &method.engine;
         let limit = engine.policy().store_timeout();

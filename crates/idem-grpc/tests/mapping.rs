@@ -72,6 +72,17 @@ async fn bad_keys_and_principals_are_refused_before_anything_runs() {
         (anon.code(), reason(&anon)),
         (Code::Unauthenticated, "UNAUTHENTICATED".into())
     );
+    // The credential twice: the handler might read the other one.
+    let mut req = keyed(charge("o", 1), &key(), None);
+    req.metadata_mut()
+        .append("x-api-key", MetadataValue::from_static("alice"));
+    req.metadata_mut()
+        .append("x-api-key", MetadataValue::from_static("bob"));
+    let twice = client.charge(req).await.expect_err("two credentials");
+    assert_eq!(
+        (twice.code(), reason(&twice)),
+        (Code::InvalidArgument, "CREDENTIAL_AMBIGUOUS".into())
+    );
     assert_eq!(s.hits.started(), 0);
 }
 

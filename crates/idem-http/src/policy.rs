@@ -14,7 +14,7 @@ use std::marker::PhantomData;
 use http::request::Parts;
 use http::{HeaderName, HeaderValue, StatusCode};
 use idem_core::key::{INTERNAL_PRINCIPAL_PREFIX, credential_principal, is_internal_principal};
-use idem_core::{Fingerprint, FingerprintError, JsonFields, Key, ReleaseKind};
+use idem_core::{Fingerprint, FingerprintError, JsonFields, Key, Refusal, ReleaseKind};
 
 use crate::key::{KeyRejection, parse_key};
 
@@ -141,10 +141,60 @@ impl ExtractKey for HeaderKey {
     }
 }
 
-/// Why a principal could not be determined. Answered with 401.
+/// Why a principal could not be determined; each kind owns its answer.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{0}")]
-pub struct PrincipalRejection(pub String);
+#[non_exhaustive]
+pub enum PrincipalRejection {
+    /// The credential is missing or does not verify: `401` `unauthenticated`.
+    #[error("{0}")]
+    Unauthenticated(String),
+    /// The credential was sent more than once (two headers of its name): `400`
+    /// `credential-ambiguous`. Verifying one while the service behind reads another would
+    /// act for a principal nobody checked.
+    #[error("{0}")]
+    Ambiguous(String),
+}
+
+impl PrincipalRejection {
+    /// The explanation for this occurrence.
+    pub fn detail(&self) -> &str {
+        match self {
+            Self::Unauthenticated(d) | Self::Ambiguous(d) => d,
+        }
+    }
+
+    /// The HTTP status it is answered with.
+    pub fn status(&self) -> StatusCode {
+        match self {
+            Self::Unauthenticated(_) => StatusCode::UNAUTHORIZED,
+            Self::Ambiguous(_) => StatusCode::BAD_REQUEST,
+        }
+    }
+
+    /// The problem `type` slug: `unauthenticated` or `credential-ambiguous`.
+    pub fn slug(&self) -> &'static str {
+        match self {
+            Self::Unauthenticated(_) => "unauthenticated",
+            Self::Ambiguous(_) => "credential-ambiguous",
+        }
+    }
+
+    /// The problem title.
+    pub fn title(&self) -> &'static str {
+        match self {
+            Self::Unauthenticated(_) => "Principal required",
+            Self::Ambiguous(_) => "Credential ambiguous",
+        }
+    }
+
+    /// The refusal it is reported as.
+    pub fn refusal(&self) -> Refusal {
+        match self {
+            Self::Unauthenticated(_) => Refusal::Unauthenticated,
+            Self::Ambiguous(_) => Refusal::CredentialAmbiguous,
+        }
+    }
+}
 
 /// Finds whose key this is. The principal becomes part of the scope, so two principals'
 /// keys never meet.
@@ -156,7 +206,8 @@ pub trait ExtractPrincipal: fmt::Debug + Send + Sync + 'static {
     /// The principal, or `Ok(None)` for an anonymous scope.
     ///
     /// # Errors
-    /// [`PrincipalRejection`] refuses the request (401).
+    /// [`PrincipalRejection`] refuses the request: `401`, or `400` for a credential sent
+    /// more than once.
     fn principal(&self, parts: &Parts) -> Result<Option<String>, PrincipalRejection>;
 }
 
@@ -221,13 +272,13 @@ impl ExtractPrincipal for HeaderPrincipal {
     fn principal(&self, parts: &Parts) -> Result<Option<String>, PrincipalRejection> {
         let mut values = parts.headers.get_all(&self.name).iter();
         match (values.next(), values.next()) {
-            (Some(_), Some(_)) => Err(PrincipalRejection(format!(
-                "more than one {} header",
+            (Some(_), Some(_)) => Err(PrincipalRejection::Ambiguous(format!(
+                "more than one {} header: send the credential once",
                 self.name
             ))),
             // An empty value is no credential at all.
             (Some(v), None) if !v.is_empty() => Ok(Some(credential_principal(v.as_bytes()))),
-            _ if self.required => Err(PrincipalRejection(format!(
+            _ if self.required => Err(PrincipalRejection::Unauthenticated(format!(
                 "the {} header is required",
                 self.name
             ))),
@@ -287,13 +338,13 @@ impl<T: fmt::Display + Send + Sync + Clone + 'static> ExtractPrincipal for Exten
                 let p = p.to_string();
                 // A principal in the internal space would share a scope with a relay's keys.
                 if is_internal_principal(&p) {
-                    return Err(PrincipalRejection(format!(
+                    return Err(PrincipalRejection::Unauthenticated(format!(
                         "the principal starts with the reserved `{INTERNAL_PRINCIPAL_PREFIX}`"
                     )));
                 }
                 Ok(Some(p))
             }
-            None => Err(PrincipalRejection(
+            None => Err(PrincipalRejection::Unauthenticated(
                 "the request is not authenticated".into(),
             )),
         }
@@ -560,6 +611,26 @@ mod tests {
         assert_eq!(got, credential_principal(b"Bearer secret"));
         assert_eq!(p.principal(&parts(&[])), Ok(None));
         assert!(p.clone().required().principal(&parts(&[])).is_err());
+        // Two credentials: which one a service behind reads is its own choice, so neither
+        // names the principal.
+        let twice = p
+            .principal(&parts(&[
+                ("authorization", "Bearer a"),
+                ("authorization", "Bearer b"),
+            ]))
+            .expect_err("ambiguous");
+        assert!(
+            matches!(twice, PrincipalRejection::Ambiguous(_)),
+            "{twice:?}"
+        );
+        assert_eq!(
+            (twice.status(), twice.slug(), twice.refusal()),
+            (
+                StatusCode::BAD_REQUEST,
+                "credential-ambiguous",
+                Refusal::CredentialAmbiguous
+            )
+        );
         let e = ExtensionPrincipal::<Principal>::new();
         assert!(e.principal(&parts(&[])).is_err());
         let mut with = parts(&[]);

@@ -27,7 +27,7 @@ use tower::Service;
 
 use crate::body::ResponseBody;
 use crate::config::IdempotencyConfig;
-use crate::idempotency::{replay, unauthenticated, with_outcome};
+use crate::idempotency::{principal_refused, replay, with_outcome};
 use crate::key::{KeyRejection, parse_key};
 use crate::policy::{FoundKey, IDEMPOTENCY_KEY};
 use crate::problem::Problem;
@@ -136,7 +136,7 @@ impl<St: Store> IdempotencyStatus<St> {
         };
         let principal = match self.config.principal.principal(parts) {
             Ok(p) => p,
-            Err(r) => return unauthenticated(r.0).into_response(),
+            Err(r) => return principal_refused(&r).into_response(),
         };
         let scoped = ScopedKey::new(self.config.scope_for(principal), key);
         let limit = self

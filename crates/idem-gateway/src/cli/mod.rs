@@ -1,4 +1,4 @@
 //! Command-line clients of the gateway's own APIs.
 
 pub mod admin;
-mod visible;
+pub(crate) mod visible;

@@ -1,10 +1,11 @@
-//! What a configuration trades away of the promise: settings that can let a key take effect
-//! twice under a single fault, which `idem check-config` names and `idem serve` logs.
+//! What a configuration trades away, which `idem check-config` names and `idem serve` logs:
+//! settings that can let a key take effect twice under a single fault, and principals that
+//! take a token minted for another service.
 
 use idem_core::TakeoverPolicy;
 
 use super::Dur;
-use super::settings::{Settings, UpstreamFailure};
+use super::settings::{PrincipalSource, Settings, UpstreamFailure};
 
 impl Settings {
     /// One line per route (and the relays that follow it) whose settings can run a key twice
@@ -48,6 +49,37 @@ impl Settings {
                     route.name, p.fence_header,
                 ));
             }
+        }
+        out
+    }
+
+    /// One line per protected route whose JWT principal checks no `audience` or no `issuer`:
+    /// any token its key signed is accepted, so one minted for another service that shares
+    /// the key (or the issuer's signing key) acts here under its claim. Empty when every JWT
+    /// principal checks both.
+    pub fn credential_risks(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        for route in &self.routes {
+            let p = &route.policy;
+            let PrincipalSource::Jwt(jwt) = &p.principal else {
+                continue;
+            };
+            if !p.idempotency {
+                continue;
+            }
+            let unchecked = match (jwt.verifier.checks_audience(), jwt.verifier.checks_issuer()) {
+                (true, true) => continue,
+                (false, false) => "no `audience` and no `issuer`",
+                (false, true) => "no `audience`",
+                (true, false) => "no `issuer`",
+            };
+            out.push(format!(
+                "route `{}`: the JWT principal checks {unchecked}, so a token signed with its key \
+                 for another service is accepted here and acts as its `{}`. Set `audience` (and \
+                 `issuer`) to the values the tokens meant for this route carry",
+                route.name,
+                jwt.verifier.claim(),
+            ));
         }
         out
     }

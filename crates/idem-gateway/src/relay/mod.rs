@@ -37,11 +37,30 @@ use crate::config::Settings;
 use crate::metrics::RequestMetrics;
 use crate::{proxy, store};
 
-/// Runs every configured relay until SIGINT or SIGTERM, then lets each finish the messages in
-/// progress. Serves `/metrics` on `metrics_listen` when given.
+/// The tokens `--metrics-listen` takes, the gateway's own for its `/metrics`: the admin
+/// token and the read-only `admin.metrics_token`.
 ///
 /// # Errors
-/// No relay is configured, the store cannot be opened, or a broker cannot be reached.
+/// The configuration has no admin token: the metrics would be open to anyone who can reach
+/// the address.
+pub fn metrics_tokens(settings: &Settings) -> anyhow::Result<(String, Option<String>)> {
+    match &settings.admin {
+        Some(a) => Ok((a.token.clone(), a.metrics_token.clone())),
+        None => anyhow::bail!(
+            "`--metrics-listen` needs a token, as the gateway's `/metrics` does: set `admin.token` \
+             (with `admin.listen`, which the relay does not serve) and, for a scraper, \
+             `admin.metrics_token`"
+        ),
+    }
+}
+
+/// Runs every configured relay until SIGINT or SIGTERM, then lets each finish the messages in
+/// progress. Serves `/metrics` on `metrics_listen` when given, to the holders of
+/// [`metrics_tokens`].
+///
+/// # Errors
+/// No relay is configured, `metrics_listen` is given without a token, the store cannot be
+/// opened, or a broker cannot be reached.
 pub async fn run(
     settings: Settings,
     metrics: Option<PrometheusHandle>,
@@ -50,6 +69,9 @@ pub async fn run(
     if settings.relays.is_empty() {
         anyhow::bail!("no [[relay]] is configured");
     }
+    let tokens = metrics_listen
+        .map(|_| metrics_tokens(&settings))
+        .transpose()?;
     let backend = store::open(
         &settings.store,
         &settings.store_options,
@@ -58,18 +80,12 @@ pub async fn run(
     )
     .await
     .with_context(|| format!("cannot open store {}", settings.store))?;
-    if let (Some(handle), Some(addr)) = (metrics, metrics_listen) {
+    if let (Some(handle), Some(addr), Some((admin, read))) = (metrics, metrics_listen, tokens) {
         let listener = tokio::net::TcpListener::bind(addr)
             .await
             .with_context(|| format!("cannot listen on {addr} (metrics)"))?;
         println!("relay metrics on http://{}", listener.local_addr()?);
-        let app = axum::Router::new().route(
-            "/metrics",
-            axum::routing::get(move || {
-                let h = handle.clone();
-                async move { h.render() }
-            }),
-        );
+        let app = crate::health::metrics_only(handle, admin, read);
         tokio::spawn(async move {
             let _ = axum::serve(listener, app).await;
         });

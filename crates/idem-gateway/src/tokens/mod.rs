@@ -415,16 +415,11 @@ impl TokenIssuer {
         let principal = match self.principal.principal(parts) {
             Ok(p) => p,
             Err(r) => {
-                let problem = Problem::new(
-                    StatusCode::UNAUTHORIZED,
-                    "unauthenticated",
-                    "Principal required",
-                    r.0,
-                );
+                let problem = Problem::new(r.status(), r.slug(), r.title(), r.detail());
                 self.counters.count(TokenEvent::Unauthenticated);
                 return answer(
                     problem,
-                    Outcome::Refused(Refusal::Unauthenticated),
+                    Outcome::Refused(r.refusal()),
                     TokenEvent::Unauthenticated,
                 );
             }

@@ -44,12 +44,19 @@ impl Drop for Relay {
 impl Relay {
     /// Starts it and waits until it says it runs.
     pub fn start(config: &str) -> Self {
+        Self::start_with(config, &[]).0
+    }
+
+    /// Starts it with `args` after the configuration and waits until it says it runs;
+    /// answers the address of its metrics listener too, when it printed one.
+    pub fn start_with(config: &str, args: &[&str]) -> (Self, Option<SocketAddr>) {
         let dir = TempDir::new("relay");
         std::fs::write(dir.0.join("idem.toml"), config).unwrap();
         let mut child = Command::new(bin())
             .arg("relay")
             .arg("--config")
             .arg(dir.0.join("idem.toml"))
+            .args(args)
             .env("RUST_LOG", "info")
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
@@ -66,17 +73,58 @@ impl Relay {
         });
         let mut out = BufReader::new(child.stdout.take().unwrap());
         let mut line = String::new();
+        let mut metrics = None;
         loop {
             line.clear();
             if out.read_line(&mut line).unwrap() == 0 {
                 panic!("idem relay exited:\n{}", stderr.lock().join("\n"));
+            }
+            if let Some(addr) = line.trim().strip_prefix("relay metrics on http://") {
+                metrics = Some(addr.parse().unwrap());
             }
             if line.contains("idem relay running") {
                 break;
             }
         }
         std::thread::spawn(move || for _ in out.lines() {});
-        Self { child, dir, stderr }
+        (Self { child, dir, stderr }, metrics)
+    }
+
+    /// Runs `idem relay` on `config` with `args`, expecting it to exit within 10 s (it is
+    /// killed otherwise); answers its exit code (`None` when it had to be killed) and its
+    /// output.
+    pub fn refused(config: &str, args: &[&str]) -> (Option<i32>, String) {
+        let dir = TempDir::new("relay");
+        std::fs::write(dir.0.join("idem.toml"), config).unwrap();
+        let mut child = Command::new(bin())
+            .arg("relay")
+            .arg("--config")
+            .arg(dir.0.join("idem.toml"))
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        let code = loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                break status.code();
+            }
+            if std::time::Instant::now() > deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                break None;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        let out = child.wait_with_output().unwrap();
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        (code, text)
     }
 
     /// Log lines containing `needle`.

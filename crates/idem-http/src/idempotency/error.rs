@@ -6,6 +6,7 @@
 //! | malformed key | 400 | `key-malformed` |
 //! | two key headers, or a list | 400 | `key-multiple` |
 //! | principal refused | 401 | `unauthenticated` |
+//! | the principal's credential sent twice (two headers of its name) | 400 | `credential-ambiguous` |
 //! | request body unreadable | 400 | `body-unreadable` |
 //! | request body means two things (a JSON member named twice) | 400 | `body-ambiguous` |
 //! | request body above the cap | 413 | `body-too-large` |
@@ -28,6 +29,7 @@ use idem_core::{EngineError, Key, Outcome, Refusal};
 
 use crate::body::ResponseBody;
 use crate::key::KeyRejection;
+use crate::policy::PrincipalRejection;
 use crate::problem::Problem;
 
 /// A problem answered before any claim, with the reason it carries as its [`Outcome`].
@@ -75,14 +77,9 @@ pub(crate) fn body_ambiguous(key: &Key, why: &crate::policy::AmbiguousBody) -> R
 }
 
 #[cold]
-pub(crate) fn unauthenticated(detail: String) -> Refused {
-    let problem = Problem::new(
-        StatusCode::UNAUTHORIZED,
-        "unauthenticated",
-        "Principal required",
-        detail,
-    );
-    Refused::new(problem, Refusal::Unauthenticated)
+pub(crate) fn principal_refused(r: &PrincipalRejection) -> Refused {
+    let problem = Problem::new(r.status(), r.slug(), r.title(), r.detail());
+    Refused::new(problem, r.refusal())
 }
 
 #[cold]

@@ -49,7 +49,7 @@ use idem_core::{
 };
 use tower::Service;
 
-pub(crate) use error::{Refused, key_rejection as key_problem, unauthenticated};
+pub(crate) use error::{Refused, key_rejection as key_problem, principal_refused};
 pub use future::ResponseFuture;
 pub use layer::IdempotencyLayer;
 
@@ -196,7 +196,7 @@ where
     let _guard = parts.extensions.remove::<RunGuard>();
     let principal = match config.principal.principal(&parts) {
         Ok(p) => p,
-        Err(r) => return Ok(error::unauthenticated(r.0).into_response()),
+        Err(r) => return Ok(error::principal_refused(&r).into_response()),
     };
     let limit = config.max_request_body;
     let declared = parts
