@@ -33,7 +33,12 @@ fn cpu_secs(pid: u32) -> f64 {
         .unwrap_or("")
         .split_whitespace()
         .collect();
-    let ticks = |i: usize| fields.get(i).and_then(|f| f.parse::<f64>().ok()).unwrap_or(0.0);
+    let ticks = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|f| f.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
     (ticks(11) + ticks(12)) / 100.0
 }
 
@@ -73,8 +78,30 @@ pub(crate) async fn measure(
     let elapsed = started.elapsed().as_secs_f64();
     let ops = done.load(Ordering::Relaxed).max(1) as f64;
     let client = (cpu_secs(me) - me0) / ops * 1e6;
-    let server = server.zip(server0).map(|(pid, s0)| (cpu_secs(pid) - s0) / ops * 1e6);
+    let server = server
+        .zip(server0)
+        .map(|(pid, s0)| (cpu_secs(pid) - s0) / ops * 1e6);
     (ops / elapsed, client, server)
+}
+
+/// Waits until no more tasks are alive than `before`: a peer's memory store frees its map in
+/// its own background task after the store is dropped, which must not overlap the next
+/// measurement. Returns how long that took.
+pub(crate) async fn settle(before: usize) -> Duration {
+    let started = Instant::now();
+    let give_up = started + Duration::from_secs(60);
+    let metrics = tokio::runtime::Handle::current().metrics();
+    while metrics.num_alive_tasks() > before {
+        if Instant::now() > give_up {
+            eprintln!(
+                "warning: {} tasks still alive after a measurement (before: {before})",
+                metrics.num_alive_tasks()
+            );
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    started.elapsed()
 }
 
 fn median(values: &[f64]) -> f64 {
@@ -112,7 +139,12 @@ fn grouped(value: f64) -> String {
 /// "median [min–max]" of rates.
 fn rates(values: &[f64]) -> String {
     let (lo, hi) = range(values);
-    format!("{} [{}–{}]", grouped(median(values)), grouped(lo), grouped(hi))
+    format!(
+        "{} [{}–{}]",
+        grouped(median(values)),
+        grouped(lo),
+        grouped(hi)
+    )
 }
 
 /// "**median** [min–max]" of ratios.
@@ -194,7 +226,10 @@ pub(crate) fn print_tables(all: &[Sample], backends: &[Backend], levels: &[usize
         for &round in &line.rounds {
             let cells: Vec<String> = Impl::ALL
                 .iter()
-                .map(|&i| line.get(round, i).map_or("—".to_owned(), |s| grouped(s.rate)))
+                .map(|&i| {
+                    line.get(round, i)
+                        .map_or("—".to_owned(), |s| grouped(s.rate))
+                })
                 .collect();
             let ratio = |v: Option<f64>| v.map_or("—".to_owned(), |v| format!("{v:.2}"));
             println!(
@@ -227,7 +262,9 @@ pub(crate) fn print_tables(all: &[Sample], backends: &[Backend], levels: &[usize
         );
     }
     println!();
-    println!("CPU per operation, median µs (this process; redis-server when it is the bench's own):");
+    println!(
+        "CPU per operation, median µs (this process; redis-server when it is the bench's own):"
+    );
     println!();
     println!("| store | row | c | {head} |");
     println!("|---|---|---:|---:|---:|---:|---:|");
@@ -252,13 +289,20 @@ pub(crate) fn print_tables(all: &[Sample], backends: &[Backend], levels: &[usize
                 }
             })
             .collect();
-        println!("| {} | {} | {c} | {} |", b.label(), r.label(), cells.join(" | "));
+        println!(
+            "| {} | {} | {c} | {} |",
+            b.label(),
+            r.label(),
+            cells.join(" | ")
+        );
     }
 }
 
 /// Every sample as one CSV line, with a header.
 pub(crate) fn print_csv(all: &[Sample]) {
-    println!("store,row,tasks,round,implementation,ops_per_sec,client_cpu_us_per_op,server_cpu_us_per_op");
+    println!(
+        "store,row,tasks,round,implementation,ops_per_sec,client_cpu_us_per_op,server_cpu_us_per_op"
+    );
     for s in all {
         println!(
             "{},{},{},{},{},{:.1},{:.2},{}",

@@ -67,7 +67,9 @@ fn env_number<T: std::str::FromStr>(name: &str, default: T) -> T {
 async fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     if let Some(other) = args.iter().find(|a| *a != "--csv") {
-        eprintln!("usage: idem-peers-bench [--csv] (knobs: PEERS_SECS, PEERS_ROUNDS, PEERS_TASKS, PEERS_STORES, PEERS_REDIS_URL; see src/main.rs); got {other:?}");
+        eprintln!(
+            "usage: idem-peers-bench [--csv] (knobs: PEERS_SECS, PEERS_ROUNDS, PEERS_TASKS, PEERS_STORES, PEERS_REDIS_URL; see src/main.rs); got {other:?}"
+        );
         std::process::exit(2);
     }
     let csv = !args.is_empty();
@@ -122,16 +124,22 @@ async fn main() {
                     for k in 0..Impl::ALL.len() {
                         let which = Impl::ALL[(k + round - 1) % Impl::ALL.len()];
                         let tag = format!("r{round}c{tasks}");
+                        let tasks_before = tokio::runtime::Handle::current()
+                            .metrics()
+                            .num_alive_tasks();
                         let op = subjects::prepare(which, backend, row, redis.as_ref(), tag).await;
                         let server = (backend == Backend::Redis).then_some(server_pid).flatten();
                         let (rate, client_cpu_us, server_cpu_us) =
                             harness::measure(tasks, secs, op, server).await;
+                        let settled = harness::settle(tasks_before).await;
                         eprintln!(
-                            "round {round}/{rounds} {} {} c={tasks} {}: {rate:.0}/s, CPU {client_cpu_us:.1} µs/op{}",
+                            "round {round}/{rounds} {} {} c={tasks} {}: {rate:.0}/s, CPU {client_cpu_us:.1} µs/op{}; settled in {} ms",
                             backend.label(),
                             row.label(),
                             which.label(),
-                            server_cpu_us.map_or(String::new(), |s| format!(", server {s:.1} µs/op")),
+                            server_cpu_us
+                                .map_or(String::new(), |s| format!(", server {s:.1} µs/op")),
+                            settled.as_millis(),
                         );
                         samples.push(Sample {
                             backend,

@@ -15,13 +15,15 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use idem_core::{Answer, Engine, Fingerprint, Key, MemoryStore, Policy, Scope, ScopedKey};
-use idem_core::{Settlement, StoredResponse, Store};
+use idem_core::{Settlement, Store, StoredResponse};
 use idem_redis::{RedisConfig, RedisStore};
 use redis::aio::ConnectionManager;
 
-use idempotent03::fingerprint::{DefaultFingerprintStrategy as Strategy03, FingerprintStrategy as _};
-use idempotent03::store::IdempotencyStore as Store03;
 use idempotent2::IdempotencyStore as Store2;
+use idempotent03::fingerprint::{
+    DefaultFingerprintStrategy as Strategy03, FingerprintStrategy as _,
+};
+use idempotent03::store::IdempotencyStore as Store03;
 
 /// The request every call carries (fingerprinted with its method and route).
 const REQUEST: &[u8] = br#"{"amount":100}"#;
@@ -131,7 +133,9 @@ pub(crate) struct RedisSubjects {
 
 impl std::fmt::Debug for RedisSubjects {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("RedisSubjects").field("prefix", &self.prefix).finish_non_exhaustive()
+        f.debug_struct("RedisSubjects")
+            .field("prefix", &self.prefix)
+            .finish_non_exhaustive()
     }
 }
 
@@ -139,12 +143,18 @@ impl RedisSubjects {
     /// Connects every implementation to `url`, each under its own prefix below `prefix`.
     pub(crate) async fn connect(url: &str, prefix: &str) -> RedisSubjects {
         let client = redis::Client::open(url).expect("redis url");
-        let raw = client.get_connection_manager().await.expect("raw connection");
+        let raw = client
+            .get_connection_manager()
+            .await
+            .expect("raw connection");
         let config = RedisConfig::from_url(url)
             .and_then(|c| c.prefix(format!("{prefix}:idem:")))
             .and_then(|c| c.op_timeout(Duration::from_secs(2)))
             .expect("idem config");
-        let idem = Engine::new(RedisStore::connect(config).await.expect("idem store"), policy());
+        let idem = Engine::new(
+            RedisStore::connect(config).await.expect("idem store"),
+            policy(),
+        );
         // 0.3.0 makes its own ConnectionManager from a client, with redis-rs's defaults.
         let v03 = idempotent03::store::valkey::ValkeyStore::with_prefix(
             client.clone(),
@@ -222,11 +232,12 @@ pub(crate) async fn prepare(
     let tag: Arc<str> = tag.into();
     let op = match (which, backend) {
         (Impl::Floor, Backend::Memory) => floor_memory(),
-        (Impl::Floor, Backend::Redis) => floor_redis(redis_of(redis).raw.clone(), &redis_of(redis).prefix),
-        (Impl::V03, Backend::Memory) => v03(Arc::new(idempotent03::store::memory::MemoryStore::new(
-            64,
-            Duration::from_secs(60),
-        ))),
+        (Impl::Floor, Backend::Redis) => {
+            floor_redis(redis_of(redis).raw.clone(), &redis_of(redis).prefix)
+        }
+        (Impl::V03, Backend::Memory) => v03(Arc::new(
+            idempotent03::store::memory::MemoryStore::new(64, Duration::from_secs(60)),
+        )),
         (Impl::V03, Backend::Redis) => v03(Arc::clone(&redis_of(redis).v03)),
         (Impl::V2, Backend::Memory) => v2(idempotent2::memory::MemoryStore::builder()
             .try_build()
@@ -286,7 +297,9 @@ fn idem<S: Store + 'static>(engine: Engine<S>) -> KeyOp {
             let key = ScopedKey::new(scope, Key::new(name).expect("key"));
             let fp = Fingerprint::http_raw(1, "POST", "/charges", REQUEST);
             let answer = engine
-                .run(&key, &fp, |_lease| async move { Settlement::complete((), response) })
+                .run(&key, &fp, |_lease| async move {
+                    Settlement::complete((), response)
+                })
                 .await
                 .expect("idem run");
             match (call, answer) {
@@ -318,7 +331,13 @@ fn v03<S: Store03>(store: Arc<S>) -> KeyOp {
             let key = IdempotencyKey::new(name).expect("key");
             let fp = Strategy03.compute(OPERATION, REQUEST);
             let entry = IdempotencyEntry::new(fp, TTL);
-            match (call, store.try_insert(&key, entry.clone()).await.expect("try_insert")) {
+            match (
+                call,
+                store
+                    .try_insert(&key, entry.clone())
+                    .await
+                    .expect("try_insert"),
+            ) {
                 (Call::First, InsertResult::Claimed { fencing_token }) => {
                     let response = async move { response }.await;
                     store
