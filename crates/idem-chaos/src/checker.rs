@@ -27,7 +27,7 @@ use std::fmt;
 use serde::Serialize;
 
 use crate::FaultKind;
-use crate::history::{AttemptResult, History, OpKind};
+use crate::history::{Attempt, AttemptResult, History, OpKind};
 use crate::upstream::{Call, Execution};
 
 /// One kind of anomaly.
@@ -513,6 +513,19 @@ pub fn check(history: &History, calls: &[Call], messages: &Messages, limits: &Li
 
     // Durability: after the first delivered answer, nothing runs again and no attempt that
     // starts later hears in-flight or unknown.
+    // The attempts of each key's normal operations, indexed once: a long run has hundreds
+    // of thousands of both keys and attempts.
+    let mut attempts_of: HashMap<(&str, &str), Vec<&Attempt>> = HashMap::new();
+    for a in &history.attempts {
+        if let Some(op) = history.ops.get(a.op)
+            && op.kind == OpKind::Normal
+        {
+            attempts_of
+                .entry((op.caller.as_str(), op.key.as_str()))
+                .or_default()
+                .push(a);
+        }
+    }
     for ((caller, key), &t) in &delivered {
         let k = name(caller, key);
         if let Some(list) = by_key.get(&(caller.clone(), key.clone())) {
@@ -529,13 +542,8 @@ pub fn check(history: &History, calls: &[Call], messages: &Messages, limits: &Li
                 }
             }
         }
-        for a in &history.attempts {
-            let Some(op) = history.ops.get(a.op) else {
-                continue;
-            };
-            if op.kind != OpKind::Normal || &op.caller != caller || &op.key != key {
-                continue;
-            }
+        let of_key = attempts_of.get(&(caller.as_str(), key.as_str()));
+        for a in of_key.into_iter().flatten() {
             if a.start_ms <= t || !before_loss(a.end_ms) {
                 continue;
             }
@@ -626,7 +634,7 @@ pub fn check(history: &History, calls: &[Call], messages: &Messages, limits: &Li
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::history::{Answer, Attempt, FaultRecord, Op, Phase};
+    use crate::history::{Answer, FaultRecord, Op, Phase};
     use crate::upstream::CallOutcome;
 
     fn call(id: usize, via: &str, key: &str, fence: Option<&str>, at: u64, exec: &str) -> Call {
