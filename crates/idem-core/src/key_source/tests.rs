@@ -203,3 +203,74 @@ fn protobuf_fields_by_number_path() {
     // Carriers without protobuf messages find nothing there.
     assert_eq!(key(&["proto:1"], &Req::default()), Ok(None));
 }
+
+/// A request whose JSON body is `text`.
+fn json_req(text: &str) -> Req {
+    Req {
+        body: Some(serde_json::from_str(text).expect("JSON")),
+        ..Req::default()
+    }
+}
+
+// Security issue 28: numbers serde_json holds as f64 (fractions, exponents, integers beyond
+// u64/i64) gave one key to different values, so the second request got 422 instead of running.
+#[test]
+fn json_numbers_become_keys_exactly() {
+    let k = |source: &str, body: &str| key(&[source], &json_req(body));
+    for (a, b) in [
+        ("10000000000000000000001", "10000000000000000000002"),
+        ("0.1", "0.1000000000000000000001"),
+        ("-18446744073709551616", "-18446744073709551617"),
+        ("9007199254740993.0", "9007199254740992.0"),
+    ] {
+        let (ka, kb) = (
+            k("json:n", &format!(r#"{{"n": {a}}}"#)),
+            k("json:n", &format!(r#"{{"n": {b}}}"#)),
+        );
+        assert!(ka.is_ok() && kb.is_ok(), "{a}: {ka:?}, {b}: {kb:?}");
+        assert_ne!(ka, kb, "{a} and {b} are different values");
+        let (ta, tb) = (
+            k("{json.n}:pay", &format!(r#"{{"n": {a}}}"#)),
+            k("{json.n}:pay", &format!(r#"{{"n": {b}}}"#)),
+        );
+        assert_ne!(ta, tb, "{a} and {b} in a template");
+    }
+    // What f64 holds exactly keeps the text it always had; integers are plain digits.
+    for (body, want) in [
+        (r#"{"n": 42}"#, "42"),
+        (r#"{"n": -7}"#, "-7"),
+        (r#"{"n": 18446744073709551615}"#, "18446744073709551615"),
+        (r#"{"n": -9223372036854775808}"#, "-9223372036854775808"),
+        (r#"{"n": 12.5}"#, "12.5"),
+        (r#"{"n": 0.1}"#, "0.1"),
+        (r#"{"n": -2.5e-8}"#, "-2.5e-8"),
+        (r#"{"n": 1e2}"#, "100.0"),
+        (r#"{"n": 1.0}"#, "1.0"),
+        (r#"{"n": 10000000000000000000000}"#, "1e+22"),
+    ] {
+        assert_eq!(k("json:n", body), Ok(Some(want.into())), "{body}");
+    }
+    // What it does not: the exact canonical decimal, from the digits as written.
+    for (body, want) in [
+        (
+            r#"{"n": 10000000000000000000001}"#,
+            "1.0000000000000000000001e22",
+        ),
+        (
+            r#"{"n": 0.1000000000000000000001}"#,
+            "1.000000000000000000001e-1",
+        ),
+        (r#"{"n": 9007199254740993.0}"#, "9007199254740993"),
+        (
+            r#"{"o": {"ord\u0065r" : 1.00000000000000000001 }}"#,
+            "1.00000000000000000001e0",
+        ),
+    ] {
+        let source = if body.contains("order") || body.contains("ord\\u") {
+            "json:o.order"
+        } else {
+            "json:n"
+        };
+        assert_eq!(k(source, body), Ok(Some(want.into())), "{body}");
+    }
+}
