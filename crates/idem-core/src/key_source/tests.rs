@@ -10,6 +10,7 @@ use super::*;
 struct Req {
     headers: HashMap<String, Vec<Vec<u8>>>,
     body: Option<Value>,
+    raw: Option<Vec<u8>>,
     params: HashMap<String, String>,
     query: HashMap<String, Vec<String>>,
 }
@@ -24,6 +25,9 @@ impl KeyInputs for Req {
     }
     fn json(&self) -> Option<&Value> {
         self.body.as_ref()
+    }
+    fn json_bytes(&self) -> Option<&[u8]> {
+        self.raw.as_deref()
     }
     fn path_param(&self, name: &str) -> Option<&str> {
         self.params.get(name).map(String::as_str)
@@ -208,6 +212,7 @@ fn protobuf_fields_by_number_path() {
 fn json_req(text: &str) -> Req {
     Req {
         body: Some(serde_json::from_str(text).expect("JSON")),
+        raw: Some(text.as_bytes().to_vec()),
         ..Req::default()
     }
 }
@@ -251,26 +256,77 @@ fn json_numbers_become_keys_exactly() {
         assert_eq!(k("json:n", body), Ok(Some(want.into())), "{body}");
     }
     // What it does not: the exact canonical decimal, from the digits as written.
-    for (body, want) in [
+    for (source, body, want) in [
         (
+            "json:n",
             r#"{"n": 10000000000000000000001}"#,
             "1.0000000000000000000001e22",
         ),
         (
+            "json:n",
             r#"{"n": 0.1000000000000000000001}"#,
             "1.000000000000000000001e-1",
         ),
-        (r#"{"n": 9007199254740993.0}"#, "9007199254740993"),
+        // An integer within u64 that was written as a fraction: its plain digits.
+        ("json:n", r#"{"n": 9007199254740993.0}"#, "9007199254740993"),
+        // Member names compare decoded; the text is the number alone, without spaces.
         (
+            "json:o.order",
             r#"{"o": {"ord\u0065r" : 1.00000000000000000001 }}"#,
             "1.00000000000000000001e0",
         ),
     ] {
-        let source = if body.contains("order") || body.contains("ord\\u") {
-            "json:o.order"
-        } else {
-            "json:n"
-        };
         assert_eq!(k(source, body), Ok(Some(want.into())), "{body}");
     }
+}
+
+#[test]
+fn numbers_that_cannot_be_checked_are_refused() {
+    let inexact = || Err(KeySourceError::InexactNumber("n".into()));
+    // Without the bytes, an f64 cannot be checked; an integer needs none.
+    let bare = |text: &str| Req {
+        body: Some(serde_json::from_str(text).expect("JSON")),
+        ..Req::default()
+    };
+    assert_eq!(key(&["json:n"], &bare(r#"{"n": 12.5}"#)), inexact());
+    assert_eq!(key(&["{json.n}:pay"], &bare(r#"{"n": 1e2}"#)), inexact());
+    assert_eq!(
+        key(&["json:n"], &bare(r#"{"n": 42}"#)),
+        Ok(Some("42".into()))
+    );
+    // Bytes that are not the document the number came from.
+    let mismatched = |raw: &str| Req {
+        raw: Some(raw.as_bytes().to_vec()),
+        ..bare(r#"{"n": 0.5}"#)
+    };
+    for raw in [
+        r#"{"n": 0.25}"#,
+        r#"{"n": "0.5"}"#,
+        r#"{"m": 0.5}"#,
+        r#"[0.5]"#,
+        r#"{"n": 0.5"#,
+        "",
+    ] {
+        assert_eq!(key(&["json:n"], &mismatched(raw)), inexact(), "{raw:?}");
+    }
+    // A member named twice: which one the document kept is not known, so nothing is guessed.
+    assert_eq!(
+        key(&["json:o.n"], &json_req(r#"{"o": {"n": 0.5, "n": 0.5}}"#)),
+        Err(KeySourceError::Repeated("o.n".into()))
+    );
+    assert_eq!(
+        key(
+            &["json:o.n"],
+            &json_req(r#"{"o": {"n": 0.5}, "o": {"n": 0.5}}"#)
+        ),
+        Err(KeySourceError::Repeated("o.n".into()))
+    );
+    // Other members, repeated or deep, are skipped unread.
+    assert_eq!(
+        key(
+            &["json:o.n"],
+            &json_req(r#"{"x": 1, "x": [{"y": {}}], "o": {"m": 1, "m": 2, "n": 0.5}}"#)
+        ),
+        Ok(Some("0.5".into()))
+    );
 }
