@@ -43,6 +43,8 @@ pub(super) fn key_text(
     if serde_json::from_str::<Number>(lexeme).ok().as_ref() != Some(n) {
         return Err(inexact());
     }
+    // Both texts are JSON numbers, as `write_exact` requires: the lexeme parsed as one, and
+    // serde_json writes its numbers as JSON.
     let canonical = |text: &str| {
         let mut out = Vec::new();
         write_exact(text.as_bytes(), &mut out).map(|()| out)
