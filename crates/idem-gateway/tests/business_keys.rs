@@ -25,6 +25,12 @@ name = "refund"
 method = "POST"
 path = "/refunds"
 key = [{{ from = "header" }}, {{ from = "json", path = "refund.order" }}]
+
+[[routes]]
+name = "order"
+method = "POST"
+path = "/orders"
+key = {{ from = "json", path = "order" }}
 "#
     )
 }
@@ -95,4 +101,26 @@ async fn keys_from_the_body_and_their_errors() {
         );
     }
     assert_eq!(up.seen.count("/refunds"), 2, "nothing ran for bad keys");
+}
+
+// Security issue 28: a key number serde_json reads as f64 was rendered from the f64, so these
+// two orders shared a key and the second got 422 key-reused instead of running.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn orders_beyond_f64_precision_are_different_orders() {
+    let up = Upstream::start().await;
+    let gw = Gateway::start(&config(&up.url()), &[]);
+    let http = Http::new();
+    let first = r#"{"order": 10000000000000000000001, "amount": 5}"#;
+    let second = r#"{"order": 10000000000000000000002, "amount": 7}"#;
+    let a = http.post(&gw.url("/orders"), None, first).await;
+    let b = http.post(&gw.url("/orders"), None, second).await;
+    assert_eq!(a.status, StatusCode::CREATED);
+    assert_eq!(b.status, StatusCode::CREATED, "{:?}", b.body);
+    assert!(!b.replayed());
+    assert_eq!(up.seen.count("/orders"), 2);
+    // The same order again is the same order.
+    let again = http.post(&gw.url("/orders"), None, first).await;
+    assert!(again.replayed());
+    assert_eq!(again.body, a.body);
+    assert_eq!(up.seen.count("/orders"), 2);
 }

@@ -110,6 +110,8 @@ impl ExtractKey for SourceKey {
 struct Inputs<'a> {
     parts: &'a Parts,
     json: Option<Value>,
+    /// The bytes `json` was parsed from.
+    body: Option<&'a [u8]>,
     query: HashMap<String, Vec<String>>,
 }
 
@@ -118,8 +120,9 @@ impl<'a> Inputs<'a> {
     /// [`KeyRejection::AmbiguousBody`] for a JSON body that names a member twice: serde_json
     /// keeps the last, an upstream may keep the first, so the key could name another order
     /// than the one the upstream acts on.
-    fn new(parts: &'a Parts, body: Option<&[u8]>) -> Result<Self, KeyRejection> {
-        let json = match body.filter(|b| !b.is_empty()) {
+    fn new(parts: &'a Parts, body: Option<&'a [u8]>) -> Result<Self, KeyRejection> {
+        let body = body.filter(|b| !b.is_empty());
+        let json = match body {
             None => None,
             Some(b) => match validate_json(b) {
                 Ok(()) => serde_json::from_slice(b).ok(),
@@ -137,7 +140,12 @@ impl<'a> Inputs<'a> {
                 .or_default()
                 .push(v.into_owned());
         }
-        Ok(Self { parts, json, query })
+        Ok(Self {
+            parts,
+            body: body.filter(|_| json.is_some()),
+            json,
+            query,
+        })
     }
 }
 
@@ -168,6 +176,10 @@ impl KeyInputs for Inputs<'_> {
 
     fn json(&self) -> Option<&Value> {
         self.json.as_ref()
+    }
+
+    fn json_bytes(&self) -> Option<&[u8]> {
+        self.body
     }
 
     fn path_param(&self, name: &str) -> Option<&str> {
@@ -231,6 +243,20 @@ mod tests {
             .expect("some");
         assert_eq!(found.key.as_str(), "o-1");
         assert_eq!(body.extract_with_body(&p, b"not json").expect("ok"), None);
+        // Security issue 28: a number f64 cannot hold is read from the body as written.
+        let number = |b: &[u8]| {
+            let found = body.extract_with_body(&p, b).expect("ok").expect("some");
+            found.key.as_str().to_owned()
+        };
+        assert_eq!(
+            number(br#"{"order":{"id":10000000000000000000001}}"#),
+            "1.0000000000000000000001e22"
+        );
+        assert_eq!(
+            number(br#"{"order":{"id":10000000000000000000002}}"#),
+            "1.0000000000000000000002e22"
+        );
+        assert_eq!(number(br#"{"order":{"id":12.5}}"#), "12.5");
 
         let query = extractor(&["query:ref"]);
         let found = query

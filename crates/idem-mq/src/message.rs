@@ -70,11 +70,50 @@ impl KeyInputs for Message {
         Message::json(self)
     }
 
+    fn json_bytes(&self) -> Option<&[u8]> {
+        Message::json(self).map(|_| &self.payload[..])
+    }
+
     fn path_param(&self, _name: &str) -> Option<&str> {
         None
     }
 
     fn query(&self, _name: &str) -> Result<Option<&str>, KeySourceError> {
         Ok(None)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use idem_core::key_source::KeySources;
+
+    use super::*;
+
+    fn key(payload: &'static str) -> Result<Option<String>, KeySourceError> {
+        let message = Message::new(Vec::new(), payload, 1);
+        KeySources::parse(&["{json.order}:ship"])?
+            .resolve(&message)
+            .map(|f| f.map(|f| f.key.as_str().to_owned()))
+    }
+
+    // Security issue 28: numbers beyond f64 precision shared a key, so the second message
+    // was suppressed as a duplicate of the first.
+    #[test]
+    fn payload_numbers_become_keys_exactly() {
+        assert_eq!(
+            key(r#"{"order": 10000000000000000000001}"#),
+            Ok(Some("1.0000000000000000000001e22:ship".into()))
+        );
+        assert_eq!(
+            key(r#"{"order": 10000000000000000000002}"#),
+            Ok(Some("1.0000000000000000000002e22:ship".into()))
+        );
+        assert_eq!(key(r#"{"order": 12.5}"#), Ok(Some("12.5:ship".into())));
+        assert_eq!(key(r#"{"order": 42}"#), Ok(Some("42:ship".into())));
+        // The payload names the member twice: nothing is guessed.
+        assert_eq!(
+            key(r#"{"order": 0.5, "order": 0.25}"#),
+            Err(KeySourceError::Repeated("order".into()))
+        );
     }
 }

@@ -20,6 +20,7 @@ use json::canonical_via_value;
 pub use json::{
     JsonFields, canonical_json, canonical_json_filtered, canonical_json_tree, validate_json,
 };
+pub(crate) use number::write_exact;
 
 /// A versioned request digest.
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]

@@ -14,7 +14,7 @@ const MAX_EXPONENT_DIGITS: usize = 15;
 
 /// Appends the canonical form of the JSON number `lexeme` (already checked to match the
 /// JSON number grammar) to `out`.
-pub(super) fn write_exact(lexeme: &[u8], out: &mut Vec<u8>) -> Result<(), FingerprintError> {
+pub(crate) fn write_exact(lexeme: &[u8], out: &mut Vec<u8>) -> Result<(), FingerprintError> {
     let out_of_range = || FingerprintError::Json("number out of range".to_owned());
     let (negative, rest) = match lexeme.split_first() {
         Some((b'-', rest)) => (true, rest),

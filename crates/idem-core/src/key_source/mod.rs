@@ -11,13 +11,16 @@
 //! [`Template`] every byte of its literal text, are percent-escaped (`%XX`). `order 42` is
 //! `order%2042`, and in `{path.id}:pay` an id holding `:` cannot imitate another one. A key
 //! longer than 255 bytes after escaping is refused, never truncated or hashed, so the caller
-//! learns which field is too long.
+//! learns which field is too long. A JSON number is read exactly: an integer is its digits,
+//! and a number f64 cannot hold (`10000000000000000000001`, `0.1000000000000000000001`) the
+//! exact decimal as written, from [`KeyInputs::json_bytes`].
 //!
 //! ```
 //! use idem_core::key_source::{KeyInputs, KeySourceError, KeySources};
-//! use serde_json::{Value, json};
+//! use serde_json::Value;
 //!
 //! struct Req {
+//!     raw: Vec<u8>,
 //!     body: Value,
 //! }
 //!
@@ -28,6 +31,9 @@
 //!     fn json(&self) -> Option<&Value> {
 //!         Some(&self.body)
 //!     }
+//!     fn json_bytes(&self) -> Option<&[u8]> {
+//!         Some(&self.raw)
+//!     }
 //!     fn path_param(&self, _name: &str) -> Option<&str> {
 //!         None
 //!     }
@@ -37,9 +43,16 @@
 //! }
 //!
 //! let sources = KeySources::parse(&["header:idempotency-key", "{json.order.id}:pay"])?;
-//! let req = Req { body: json!({"order": {"id": 42}, "amount": 100}) };
+//! let raw = br#"{"order": {"id": 42}, "amount": 100}"#.to_vec();
+//! let req = Req { body: serde_json::from_slice(&raw).expect("JSON"), raw };
 //! let found = sources.resolve(&req)?.expect("present");
 //! assert_eq!(found.key.as_str(), "42:pay");
+//!
+//! // A number f64 cannot hold is read from the bytes as written.
+//! let raw = br#"{"order": {"id": 10000000000000000000001}}"#.to_vec();
+//! let req = Req { body: serde_json::from_slice(&raw).expect("JSON"), raw };
+//! let found = sources.resolve(&req)?.expect("present");
+//! assert_eq!(found.key.as_str(), "1.0000000000000000000001e22:pay");
 //! # Ok::<(), KeySourceError>(())
 //! ```
 
@@ -51,6 +64,7 @@ use thiserror::Error;
 
 use crate::key::{Key, MAX_KEY_LEN};
 
+mod number;
 mod template;
 #[cfg(test)]
 mod tests;
@@ -89,6 +103,13 @@ pub enum KeySourceError {
     /// The message holding the key field could not be read (the carrier's reason).
     #[error("the key field `{0}` cannot be read: {1}")]
     Unreadable(String, String),
+    /// The field is a JSON number held as f64 (a fraction, an exponent, an integer beyond
+    /// u64/i64) that cannot be checked against the body as written
+    /// ([`KeyInputs::json_bytes`]), so its key text could stand for another number too.
+    #[error(
+        "the key field `{0}` is a number that cannot be read exactly here; send it as a string"
+    )]
+    InexactNumber(String),
 }
 
 /// One place a key can come from.
@@ -293,6 +314,14 @@ pub trait KeyInputs {
     /// The JSON body or payload, when there is one and it parses.
     fn json(&self) -> Option<&Value>;
 
+    /// The bytes [`json`](Self::json) was parsed from. A key number serde_json holds as f64
+    /// (a fraction, an exponent, an integer beyond u64/i64) is read from them as written, so
+    /// numbers f64 cannot tell apart still give different keys. The default has none, and
+    /// such a number is refused ([`KeySourceError::InexactNumber`]); integers need no bytes.
+    fn json_bytes(&self) -> Option<&[u8]> {
+        None
+    }
+
     /// The route's path parameter `name`.
     fn path_param(&self, name: &str) -> Option<&str>;
 
@@ -452,7 +481,9 @@ fn value<'a>(
         KeySource::Json(path) => match inputs.json().and_then(|doc| path.find(doc)) {
             None => None,
             Some(Value::String(s)) => Some(Cow::Borrowed(s.as_bytes())),
-            Some(Value::Number(n)) => Some(Cow::Owned(n.to_string().into_bytes())),
+            Some(Value::Number(n)) => Some(Cow::Owned(
+                number::key_text(n, path, inputs.json_bytes())?.into_bytes(),
+            )),
             Some(Value::Bool(b)) => Some(Cow::Borrowed(if *b { b"true" } else { b"false" })),
             Some(_) => return Err(KeySourceError::NotScalar(path.as_str().to_owned())),
         },

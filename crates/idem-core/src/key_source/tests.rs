@@ -10,6 +10,7 @@ use super::*;
 struct Req {
     headers: HashMap<String, Vec<Vec<u8>>>,
     body: Option<Value>,
+    raw: Option<Vec<u8>>,
     params: HashMap<String, String>,
     query: HashMap<String, Vec<String>>,
 }
@@ -24,6 +25,9 @@ impl KeyInputs for Req {
     }
     fn json(&self) -> Option<&Value> {
         self.body.as_ref()
+    }
+    fn json_bytes(&self) -> Option<&[u8]> {
+        self.raw.as_deref()
     }
     fn path_param(&self, name: &str) -> Option<&str> {
         self.params.get(name).map(String::as_str)
@@ -202,4 +206,127 @@ fn protobuf_fields_by_number_path() {
     }
     // Carriers without protobuf messages find nothing there.
     assert_eq!(key(&["proto:1"], &Req::default()), Ok(None));
+}
+
+/// A request whose JSON body is `text`.
+fn json_req(text: &str) -> Req {
+    Req {
+        body: Some(serde_json::from_str(text).expect("JSON")),
+        raw: Some(text.as_bytes().to_vec()),
+        ..Req::default()
+    }
+}
+
+// Security issue 28: numbers serde_json holds as f64 (fractions, exponents, integers beyond
+// u64/i64) gave one key to different values, so the second request got 422 instead of running.
+#[test]
+fn json_numbers_become_keys_exactly() {
+    let k = |source: &str, body: &str| key(&[source], &json_req(body));
+    for (a, b) in [
+        ("10000000000000000000001", "10000000000000000000002"),
+        ("0.1", "0.1000000000000000000001"),
+        ("-18446744073709551616", "-18446744073709551617"),
+        ("9007199254740993.0", "9007199254740992.0"),
+    ] {
+        let (ka, kb) = (
+            k("json:n", &format!(r#"{{"n": {a}}}"#)),
+            k("json:n", &format!(r#"{{"n": {b}}}"#)),
+        );
+        assert!(ka.is_ok() && kb.is_ok(), "{a}: {ka:?}, {b}: {kb:?}");
+        assert_ne!(ka, kb, "{a} and {b} are different values");
+        let (ta, tb) = (
+            k("{json.n}:pay", &format!(r#"{{"n": {a}}}"#)),
+            k("{json.n}:pay", &format!(r#"{{"n": {b}}}"#)),
+        );
+        assert_ne!(ta, tb, "{a} and {b} in a template");
+    }
+    // What f64 holds exactly keeps the text it always had; integers are plain digits.
+    for (body, want) in [
+        (r#"{"n": 42}"#, "42"),
+        (r#"{"n": -7}"#, "-7"),
+        (r#"{"n": 18446744073709551615}"#, "18446744073709551615"),
+        (r#"{"n": -9223372036854775808}"#, "-9223372036854775808"),
+        (r#"{"n": 12.5}"#, "12.5"),
+        (r#"{"n": 0.1}"#, "0.1"),
+        (r#"{"n": -2.5e-8}"#, "-2.5e-8"),
+        (r#"{"n": 1e2}"#, "100.0"),
+        (r#"{"n": 1.0}"#, "1.0"),
+        (r#"{"n": 10000000000000000000000}"#, "1e+22"),
+    ] {
+        assert_eq!(k("json:n", body), Ok(Some(want.into())), "{body}");
+    }
+    // What it does not: the exact canonical decimal, from the digits as written.
+    for (source, body, want) in [
+        (
+            "json:n",
+            r#"{"n": 10000000000000000000001}"#,
+            "1.0000000000000000000001e22",
+        ),
+        (
+            "json:n",
+            r#"{"n": 0.1000000000000000000001}"#,
+            "1.000000000000000000001e-1",
+        ),
+        // An integer within u64 that was written as a fraction: its plain digits.
+        ("json:n", r#"{"n": 9007199254740993.0}"#, "9007199254740993"),
+        // Member names compare decoded; the text is the number alone, without spaces.
+        (
+            "json:o.order",
+            r#"{"o": {"ord\u0065r" : 1.00000000000000000001 }}"#,
+            "1.00000000000000000001e0",
+        ),
+    ] {
+        assert_eq!(k(source, body), Ok(Some(want.into())), "{body}");
+    }
+}
+
+#[test]
+fn numbers_that_cannot_be_checked_are_refused() {
+    let inexact = || Err(KeySourceError::InexactNumber("n".into()));
+    // Without the bytes, an f64 cannot be checked; an integer needs none.
+    let bare = |text: &str| Req {
+        body: Some(serde_json::from_str(text).expect("JSON")),
+        ..Req::default()
+    };
+    assert_eq!(key(&["json:n"], &bare(r#"{"n": 12.5}"#)), inexact());
+    assert_eq!(key(&["{json.n}:pay"], &bare(r#"{"n": 1e2}"#)), inexact());
+    assert_eq!(
+        key(&["json:n"], &bare(r#"{"n": 42}"#)),
+        Ok(Some("42".into()))
+    );
+    // Bytes that are not the document the number came from.
+    let mismatched = |raw: &str| Req {
+        raw: Some(raw.as_bytes().to_vec()),
+        ..bare(r#"{"n": 0.5}"#)
+    };
+    for raw in [
+        r#"{"n": 0.25}"#,
+        r#"{"n": "0.5"}"#,
+        r#"{"m": 0.5}"#,
+        r#"[0.5]"#,
+        r#"{"n": 0.5"#,
+        "",
+    ] {
+        assert_eq!(key(&["json:n"], &mismatched(raw)), inexact(), "{raw:?}");
+    }
+    // A member named twice: which one the document kept is not known, so nothing is guessed.
+    assert_eq!(
+        key(&["json:o.n"], &json_req(r#"{"o": {"n": 0.5, "n": 0.5}}"#)),
+        Err(KeySourceError::Repeated("o.n".into()))
+    );
+    assert_eq!(
+        key(
+            &["json:o.n"],
+            &json_req(r#"{"o": {"n": 0.5}, "o": {"n": 0.5}}"#)
+        ),
+        Err(KeySourceError::Repeated("o.n".into()))
+    );
+    // Other members, repeated or deep, are skipped unread.
+    assert_eq!(
+        key(
+            &["json:o.n"],
+            &json_req(r#"{"x": 1, "x": [{"y": {}}], "o": {"m": 1, "m": 2, "n": 0.5}}"#)
+        ),
+        Ok(Some("0.5".into()))
+    );
 }
