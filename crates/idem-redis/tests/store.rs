@@ -6,6 +6,7 @@ mod common;
 use std::time::Duration;
 
 use common::{LOCAL_URL, Server, local_redis_up, redis_server_available, store_at};
+use idem_core::audit::{AuditKind, AuditLevel, AuditQuery};
 use idem_core::store::{
     ClaimOutcome, ClaimRequest, ListFilter, RenewOutcome, Resolution, ResolveOutcome, SettleOutcome,
 };
@@ -13,7 +14,6 @@ use idem_core::{
     Answer, CachedStore, Engine, Fingerprint, Key, OwnerId, Policy, RecordState, ReleaseKind,
     Scope, ScopedKey, Settlement, StateKind, Store, StoreError, StoredResponse, TakeoverPolicy,
 };
-use idem_core::audit::{AuditKind, AuditLevel, AuditQuery};
 use idem_redis::{RedisConfig, RedisStore};
 
 fn key(k: &str) -> ScopedKey {
@@ -592,7 +592,11 @@ async fn the_audit_level_decides_what_a_first_request_writes() {
                 assert_eq!(kinds, [AuditKind::Completed, AuditKind::Claimed]);
             }
         }
-        assert!(batched.0 < 20, "{level}: {} script calls for 20 operations", batched.0);
+        assert!(
+            batched.0 < 20,
+            "{level}: {} script calls for 20 operations",
+            batched.0
+        );
     }
 }
 

@@ -414,9 +414,7 @@ impl Store for MemoryStore {
         ready(Ok(self.apply(
             key,
             |now, prev| decide::resolve(now, prev, resolution, fence),
-            |&outcome, now, prev| {
-                self.event(Step::Resolve(resolution, outcome), key, now, prev)
-            },
+            |&outcome, now, prev| self.event(Step::Resolve(resolution, outcome), key, now, prev),
         )))
     }
 
