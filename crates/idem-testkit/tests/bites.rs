@@ -146,7 +146,12 @@ async fn unaudited_settlements_are_caught() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ignoring_the_audit_level_is_caught() {
     let h = BrokenHarness::new(Bug::IgnoresAuditLevel);
-    assert!(fails(rules::audit_default_level_records_what_an_operator_needs(&h)).await);
+    assert!(
+        fails(rules::audit_default_level_records_what_an_operator_needs(
+            &h
+        ))
+        .await
+    );
     // At `all` it is right.
     assert!(!fails(rules::audit_records_every_change_and_nothing_else(&h)).await);
 }

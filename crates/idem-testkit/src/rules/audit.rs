@@ -250,7 +250,11 @@ pub async fn audit_default_level_records_what_an_operator_needs<H: Harness>(h: &
     ));
     c.get(&done).await;
     let trail = c.trail(&done).await;
-    assert_eq!(kinds(&trail), [], "a first request wrote to the trail: {trail:#?}");
+    assert_eq!(
+        kinds(&trail),
+        [],
+        "a first request wrote to the trail: {trail:#?}"
+    );
 
     let freed = c.key("freed");
     let f = c.claimed(&freed).await;
@@ -279,7 +283,8 @@ pub async fn audit_default_level_records_what_an_operator_needs<H: Harness>(h: &
         c.complete_as(&stale, old.owner, old.fence, &late).await,
         SettleOutcome::Fenced
     );
-    c.complete(&stale, &new, &StoredResponse::new(200, "new")).await;
+    c.complete(&stale, &new, &StoredResponse::new(200, "new"))
+        .await;
     let trail = c.trail(&stale).await;
     assert_eq!(
         kinds(&trail),
@@ -296,7 +301,8 @@ pub async fn audit_default_level_records_what_an_operator_needs<H: Harness>(h: &
     let lease = c.claimed_with(&first).await;
     c.wait_out_lease().await;
     c.unknown_with(&c.hold_req(&back, fp(1)), lease.fence).await;
-    c.complete(&back, &lease, &StoredResponse::new(201, "late")).await;
+    c.complete(&back, &lease, &StoredResponse::new(201, "late"))
+        .await;
     let trail = c.trail(&back).await;
     assert_eq!(
         kinds(&trail),
@@ -312,7 +318,10 @@ pub async fn audit_default_level_records_what_an_operator_needs<H: Harness>(h: &
     req.request_id = Some("req-settled".into());
     let lease = c.claimed_with(&req).await;
     c.release(&settled, &lease, ReleaseKind::Unknown).await;
-    let resolved = audit::acting_as("rule:operator", || c.resolve(&settled, &Resolution::Release)).await;
+    let resolved = audit::acting_as("rule:operator", || {
+        c.resolve(&settled, &Resolution::Release)
+    })
+    .await;
     assert_eq!(resolved, ResolveOutcome::Resolved);
     let trail = c.trail(&settled).await;
     assert_eq!(
