@@ -3,6 +3,8 @@
 //!
 //! Every store keeps its trail bounded (see [`AuditRetention`]): the memory store in a ring,
 //! the SQL stores in a table next to the records, Redis in a capped stream per namespace.
+//! By default a store leaves out the routine path a record already describes (a fresh claim
+//! and its completion, see [`AuditLevel`]); `AuditLevel::All` records every transition.
 //! `docs/operations.md` describes what each store records and how to read the trail.
 //!
 //! Who made a change: `instance` names the process that held the claim (the process part of
@@ -42,8 +44,9 @@
 //!
 //!     let trail = store.audit(&AuditQuery::for_key(&key)).await.unwrap();
 //!     let kinds: Vec<AuditKind> = trail.iter().map(|e| e.kind).collect();
-//!     // Newest first.
-//!     assert_eq!(kinds, [AuditKind::Resolved, AuditKind::Unknown, AuditKind::Claimed]);
+//!     // Newest first. The fresh claim is the record's own story, not the trail's (a store
+//!     // built `with_audit_level(AuditLevel::All)` writes it too).
+//!     assert_eq!(kinds, [AuditKind::Resolved, AuditKind::Unknown]);
 //!     assert_eq!(trail[0].actor.as_deref(), Some("operator:ann"));
 //! });
 //! # }
@@ -59,13 +62,19 @@ use crate::key::ScopedKey;
 use crate::record::{OwnerId, Record, RecordState, ReleaseKind, Timestamp};
 use crate::store::{ClaimOutcome, ClaimRequest, Resolution, ResolveOutcome, SettleOutcome};
 
+mod level;
+
+pub use level::{AuditLevel, AuditLevelError};
+
 /// What happened to a record.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 #[non_exhaustive]
 pub enum AuditKind {
-    /// A fresh claim: absent (or expired, or released) became processing.
+    /// A fresh claim: absent (or expired, or released) became processing. Recorded at
+    /// [`AuditLevel::All`] only.
     Claimed,
-    /// The holder stored its final response.
+    /// The holder stored its final response. Recorded at [`AuditLevel::All`], and at the
+    /// default level when it settles an unknown record.
     Completed,
     /// The holder gave the claim up before any effect: the key is free again.
     Released,
@@ -350,9 +359,10 @@ pub enum Step<'a> {
     },
 }
 
-/// The event an operation records, if it changed the record (or was fenced), given the
-/// record it found (`previous`, live or not) at `now`. Renewals, reads and refusals record
-/// nothing. The actor is [`current_actor`]'s, for resolves and deletes.
+/// The event an operation records at [`AuditLevel::All`], if it changed the record (or was
+/// fenced), given the record it found (`previous`, live or not) at `now`. Renewals, reads
+/// and refusals record nothing. The actor is [`current_actor`]'s, for resolves and deletes.
+/// A store at another level keeps the event if [`AuditLevel::records`] says so.
 ///
 /// For stores that apply transitions in process (the memory store, test doubles); remote
 /// stores write the same events from their scripts and statements.

@@ -21,7 +21,7 @@ pub mod store;
 mod sync;
 pub mod token;
 
-pub use audit::{AuditEvent, AuditKind, AuditQuery, AuditRetention};
+pub use audit::{AuditEvent, AuditKind, AuditLevel, AuditQuery, AuditRetention};
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use engine::{
     Action, Answer, Engine, EngineError, Policy, PolicyBuilder, PolicyError, Probe, ProbeAnswer,

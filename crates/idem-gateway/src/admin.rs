@@ -15,7 +15,7 @@
 //! | `POST /admin/record/resolve?namespace=&principal=&key=` | settles an unknown (or expired processing) record |
 //! | `DELETE /admin/record?namespace=&principal=&key=` | deletes a record |
 //! | `POST /admin/reload` | reloads routes, policies and certificates (as SIGHUP does) |
-//! | `GET /admin/audit?namespace=&scope=&key=&state=&since=&until=&limit=` | the audit trail, newest first |
+//! | `GET /admin/audit?namespace=&scope=&key=&state=&since=&until=&limit=` | the audit trail, newest first, with the store's audit level (and the key's record, for one key) |
 //!
 //! Resolves and deletes are recorded in the audit trail with the actor `admin:<name>`, where
 //! `<name>` is the request's `X-Idem-Actor` header (printable ASCII, at most 64 bytes;
@@ -37,7 +37,7 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use idem_core::audit::{self, AuditEvent, AuditKind, AuditQuery};
+use idem_core::audit::{self, AuditEvent, AuditKind, AuditLevel, AuditQuery};
 use idem_core::key::credential_principal;
 use idem_core::{
     Key, ListFilter, Record, RecordState, Resolution, ResolveOutcome, Scope, ScopedKey, StateKind,
@@ -63,6 +63,7 @@ pub struct Admin {
     health: Arc<Health>,
     store_timeout: Duration,
     live: Option<Arc<Live>>,
+    audit_level: AuditLevel,
 }
 
 impl std::fmt::Debug for Admin {
@@ -95,7 +96,16 @@ impl Admin {
             health,
             store_timeout,
             live,
+            audit_level: AuditLevel::default(),
         }
+    }
+
+    /// Says in `GET /admin/audit` answers that the store records the changes `level`
+    /// names (the default level: no fresh claim or completion).
+    #[must_use]
+    pub fn with_audit_level(mut self, level: AuditLevel) -> Self {
+        self.audit_level = level;
+        self
     }
 
     /// The admin API as a router: health, readiness and the dashboard's page open, metrics
@@ -312,13 +322,62 @@ async fn audit_trail(State(admin): State<Arc<Admin>>, Query(q): Params) -> Respo
         Ok(query) => query,
         Err(e) => return error(StatusCode::BAD_REQUEST, &e),
     };
-    match admin.timed(admin.store.audit(&query)).await {
-        Ok(events) => {
-            let events: Vec<Value> = events.iter().map(event_json).collect();
-            json_answer(StatusCode::OK, &json!({ "events": events }))
-        }
-        Err(res) => res,
+    let events = match admin.timed(admin.store.audit(&query)).await {
+        Ok(events) => events,
+        Err(res) => return res,
+    };
+    let events: Vec<Value> = events.iter().map(event_json).collect();
+    let mut body = json!({ "events": events, "level": admin.audit_level.as_str() });
+    // At the default level a key's trail leaves out its fresh claim and completion, which
+    // its record tells: a query for one key answers the record too.
+    if let Some(key) = named_key(&query) {
+        body["record"] = match admin.timed(admin.store.get(&key)).await {
+            Ok(record) => record.as_ref().map_or(Value::Null, record_summary),
+            Err(res) => return res,
+        };
     }
+    json_answer(StatusCode::OK, &body)
+}
+
+/// The scoped key an audit query names by namespace and key (with its `scope`, or none).
+fn named_key(q: &AuditQuery) -> Option<ScopedKey> {
+    let scope = Scope::new(q.namespace.clone()?).ok()?;
+    let scope = match q.scope.as_deref() {
+        Some(p) if !p.is_empty() => scope.with_principal(p),
+        _ => scope,
+    };
+    Some(ScopedKey::new(scope, Key::new(q.key.clone()?).ok()?))
+}
+
+/// What a record tells of its attempt, for an audit answer: state, fence, request id and
+/// times, and the stored status (no body).
+fn record_summary(r: &Record) -> Value {
+    let mut v = json!({
+        "fence": r.fence,
+        "request_id": r.request_id,
+        "created_at_ms": r.created_at.as_millis(),
+        "expires_at_ms": r.expires_at.as_millis(),
+    });
+    match &r.state {
+        RecordState::Processing { lease_until, .. } => {
+            v["state"] = "processing".into();
+            v["lease_until_ms"] = lease_until.as_millis().into();
+        }
+        RecordState::Completed {
+            response,
+            completed_at,
+        } => {
+            v["state"] = "completed".into();
+            v["completed_at_ms"] = completed_at.as_millis().into();
+            v["status"] = response.status.into();
+        }
+        RecordState::Unknown { since, .. } => {
+            v["state"] = "unknown".into();
+            v["unknown_since_ms"] = since.as_millis().into();
+        }
+        _ => v["state"] = "other".into(),
+    }
+    v
 }
 
 /// The query of `GET /admin/audit`. `scope` is the stored principal (empty for keys

@@ -168,7 +168,7 @@ fn restart_only(now: &Settings, next: &Settings) -> anyhow::Result<()> {
         ("listen", now.listen != next.listen),
         ("store", now.store != next.store),
         (
-            "store_table / store_prefix / store_pool / store_wait_*",
+            "store_table / store_prefix / store_pool / store_wait_* / audit",
             now.store_options != next.store_options,
         ),
         ("store_cache_*", now.store_cache != next.store_cache),

@@ -134,13 +134,16 @@ pub async fn run(
                     None => scrape,
                 }
             });
-            let admin = Arc::new(Admin::new(
-                store.clone(),
-                a.token.clone(),
-                scrape,
-                settings.store_timeout,
-                Some(Arc::clone(&live)),
-            ));
+            let admin = Arc::new(
+                Admin::new(
+                    store.clone(),
+                    a.token.clone(),
+                    scrape,
+                    settings.store_timeout,
+                    Some(Arc::clone(&live)),
+                )
+                .with_audit_level(settings.audit.level),
+            );
             let tls = live.admin_tls();
             println!("admin listening on {}://{addr}", tls.scheme());
             tracing::info!(%addr, "admin listener up");

@@ -303,6 +303,8 @@ pub struct StoreOptions {
     pub pool: u32,
     /// How much of the audit trail the store keeps.
     pub audit: idem_core::AuditRetention,
+    /// Which changes the store records in it.
+    pub audit_level: idem_core::AuditLevel,
     /// Redis: replicas that acknowledge each claim and completion, and how long to wait.
     pub wait: Option<(u32, Duration)>,
     /// `rediss://`: certificate files.
@@ -458,7 +460,8 @@ async fn open_backend(
                 .memory_max_bytes
                 .unwrap_or(idem_core::memory::DEFAULT_MAX_BYTES);
             let store =
-                MemoryStore::bounded(*capacity, max_bytes, idem_core::SystemClock, options.audit);
+                MemoryStore::bounded(*capacity, max_bytes, idem_core::SystemClock, options.audit)
+                    .with_audit_level(options.audit_level);
             store.spawn_sweeper(Duration::from_secs(30));
             Ok(BoxStore::new(store))
         }
@@ -475,7 +478,8 @@ async fn open_backend(
                 .await
                 .map_err(|e| anyhow::anyhow!("{e}"))?
                 .with_table(table)?
-                .with_audit_retention(options.audit.max_age);
+                .with_audit_retention(options.audit.max_age)
+                .with_audit_level(options.audit_level);
             store.migrate().await.map_err(|e| anyhow::anyhow!("{e}"))?;
             store.spawn_reaper(REAP_EVERY, REAP_BATCH);
             Ok(BoxStore::new(store))
@@ -486,7 +490,8 @@ async fn open_backend(
                 .await
                 .map_err(|e| anyhow::anyhow!("{e}"))?;
             let store = idem_sql::PgStore::with_table(store.pool().clone(), table)?
-                .with_audit_retention(options.audit.max_age);
+                .with_audit_retention(options.audit.max_age)
+                .with_audit_level(options.audit_level);
             store.migrate().await.map_err(|e| anyhow::anyhow!("{e}"))?;
             store.spawn_reaper(REAP_EVERY, REAP_BATCH);
             Ok(BoxStore::new(store))
@@ -497,7 +502,8 @@ async fn open_backend(
                 .await
                 .map_err(|e| anyhow::anyhow!("{e}"))?;
             let store = idem_sql::MySqlStore::with_table(store.pool().clone(), table)?
-                .with_audit_retention(options.audit.max_age);
+                .with_audit_retention(options.audit.max_age)
+                .with_audit_level(options.audit_level);
             store.migrate().await.map_err(|e| anyhow::anyhow!("{e}"))?;
             store.spawn_reaper(REAP_EVERY, REAP_BATCH);
             Ok(BoxStore::new(store))
@@ -506,7 +512,8 @@ async fn open_backend(
         StoreSpec::Redis { url, .. } => {
             let mut config = idem_redis::RedisConfig::from_url(url)?
                 .op_timeout(op_timeout)?
-                .audit_max_events(options.audit.max_events)?;
+                .audit_max_events(options.audit.max_events)?
+                .audit_level(options.audit_level);
             if let Some(prefix) = &options.prefix {
                 config = config.prefix(prefix.clone())?;
             }

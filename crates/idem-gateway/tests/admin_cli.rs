@@ -16,6 +16,9 @@ fn config(upstream: &str) -> String {
 upstream = "{upstream}"
 store = "memory:"
 
+[audit]
+level = "all"
+
 [admin]
 listen = "127.0.0.1:0"
 token = "{ADMIN_TOKEN}"
@@ -36,6 +39,12 @@ upstream_failure = "hold"
 /// Runs `idem admin --url … ARGS` with `IDEM_ADMIN_TOKEN` set to `token` (unset for `None`);
 /// answers the exit code and stdout.
 fn admin(gw: &Gateway, token: Option<&str>, args: &[&str]) -> (i32, String) {
+    let (code, out, _) = admin_err(gw, token, args);
+    (code, out)
+}
+
+/// As [`admin`], with stderr too.
+fn admin_err(gw: &Gateway, token: Option<&str>, args: &[&str]) -> (i32, String, String) {
     let url = format!("http://{}", gw.admin.expect("admin listener"));
     let mut cmd = Command::new(bin());
     cmd.arg("admin").args(["--url", &url]).args(args);
@@ -47,7 +56,34 @@ fn admin(gw: &Gateway, token: Option<&str>, args: &[&str]) -> (i32, String) {
     (
         out.status.code().unwrap_or(-1),
         String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
     )
+}
+
+/// At the default audit level a first request leaves no event: `idem admin audit` prints an
+/// empty table, and on stderr the key's record (claimed, completed, status) and a note on
+/// the level.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_audit_of_a_first_request_shows_its_record() {
+    let up = Upstream::start().await;
+    let cfg = config(&up.url()).replace("[audit]\nlevel = \"all\"\n", "");
+    let gw = Gateway::start(&cfg, &[]);
+    let k = key();
+    let r = Http::new().post(&gw.url("/charges"), Some(&k), "{}").await;
+    assert_eq!(r.status, StatusCode::CREATED);
+    let (code, out, err) = admin_err(&gw, Some(ADMIN_TOKEN), &["audit", &k, "-n", "payments"]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert_eq!(out.lines().count(), 1, "only the header: {out}");
+    let record = err
+        .lines()
+        .find(|l| l.starts_with("record: "))
+        .unwrap_or_default();
+    assert!(record.starts_with("record: completed, fence "), "{err}");
+    assert!(
+        record.contains(", claimed 20") && record.ends_with("(status 201)"),
+        "{err}"
+    );
+    assert!(err.contains("note: audit level `operator`"), "{err}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,5 +1,6 @@
 //! The audit trail through the real `idem` binary: what an operator sees at
-//! `GET /admin/audit` after a payment's outcome became unknown and was settled.
+//! `GET /admin/audit` after a payment's outcome became unknown and was settled, at
+//! `[audit] level = "all"` and at the default level, and what a first request leaves.
 
 mod common;
 
@@ -7,11 +8,15 @@ use common::{ADMIN_TOKEN, Gateway, Http, TempDir, Upstream, key};
 use http::{Method, StatusCode};
 use serde_json::Value;
 
-fn config(upstream: &str, db: &str) -> String {
+/// The gateway's configuration; `audit` is the `[audit]` table's body.
+fn config(upstream: &str, db: &str, audit: &str) -> String {
     format!(
         r#"
 upstream = "{upstream}"
 store = "sqlite:{db}"
+
+[audit]
+{audit}
 
 [admin]
 listen = "127.0.0.1:0"
@@ -46,7 +51,10 @@ async fn the_trail_of_a_key_through_claim_timeout_unknown_resolve() {
     let dir = TempDir::new("audit");
     let db = dir.0.join("idem.db");
     let up = Upstream::start().await;
-    let gw = Gateway::start(&config(&up.url(), &db.display().to_string()), &[]);
+    let gw = Gateway::start(
+        &config(&up.url(), &db.display().to_string(), r#"level = "all""#),
+        &[],
+    );
     let http = Http::new();
     let k = key();
 
@@ -91,6 +99,7 @@ async fn the_trail_of_a_key_through_claim_timeout_unknown_resolve() {
     let events = trail.json()["events"].as_array().cloned().expect("events");
     let names: Vec<&str> = events.iter().filter_map(|e| e["event"].as_str()).collect();
     assert_eq!(names, ["resolved", "unknown", "claimed"], "{events:#?}");
+    assert_eq!(trail.json()["level"], "all");
     let (resolve, unknown, claim) = (&events[0], &events[1], &events[2]);
     for e in &events {
         assert_eq!(e["namespace"], "payments");
@@ -141,4 +150,99 @@ async fn the_trail_of_a_key_through_claim_timeout_unknown_resolve() {
         .await;
     assert_eq!(unauthorized.status, StatusCode::UNAUTHORIZED);
     assert_eq!(up.seen.count("/charges"), 1);
+}
+
+/// At the default level the trail of a settled payment is its unknown and its resolve, and
+/// a first request leaves no event: the answer says the level, and carries the key's record,
+/// which tells when it was claimed and completed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_default_level_leaves_a_first_request_to_its_record() {
+    let dir = TempDir::new("audit-default");
+    let db = dir.0.join("idem.db");
+    let up = Upstream::start().await;
+    let gw = Gateway::start(&config(&up.url(), &db.display().to_string(), ""), &[]);
+    let http = Http::new();
+
+    let first = key();
+    let r = http
+        .post(&gw.url("/charges"), Some(&first), r#"{"amount":1}"#)
+        .await;
+    assert_eq!(r.status, StatusCode::CREATED);
+    let trail = admin(
+        &http,
+        &gw,
+        Method::GET,
+        &format!("/admin/audit?namespace=payments&key={first}"),
+        "",
+    )
+    .await;
+    assert_eq!(trail.status, StatusCode::OK, "{:?}", trail.body);
+    let answer = trail.json();
+    assert_eq!(answer["events"], serde_json::json!([]), "{answer:#}");
+    assert_eq!(answer["level"], "operator");
+    let record = &answer["record"];
+    assert_eq!(record["state"], "completed", "{answer:#}");
+    assert_eq!(record["status"], 201);
+    assert!(record["created_at_ms"].as_u64() <= record["completed_at_ms"].as_u64());
+    assert!(record["fence"].as_u64().is_some_and(|f| f > 0));
+    assert!(
+        record.get("response").is_none(),
+        "no body in an audit answer"
+    );
+
+    let k = key();
+    let r = http
+        .post(&gw.url("/charges?delay_ms=3000"), Some(&k), "{}")
+        .await;
+    assert_eq!(r.status, StatusCode::GATEWAY_TIMEOUT);
+    let resolved = admin(
+        &http,
+        &gw,
+        Method::POST,
+        &format!("/admin/record/resolve?namespace=payments&key={k}"),
+        r#"{"outcome":"release"}"#,
+    )
+    .await;
+    assert_eq!(resolved.status, StatusCode::OK, "{:?}", resolved.body);
+    let trail = admin(
+        &http,
+        &gw,
+        Method::GET,
+        &format!("/admin/audit?namespace=payments&key={k}"),
+        "",
+    )
+    .await;
+    let answer = trail.json();
+    let names: Vec<&str> = answer["events"]
+        .as_array()
+        .map(Vec::as_slice)
+        .unwrap_or_default()
+        .iter()
+        .filter_map(|e| e["event"].as_str())
+        .collect();
+    assert_eq!(names, ["resolved", "unknown"], "{answer:#}");
+    assert_eq!(answer["events"][0]["actor"], "admin:ann");
+    assert_eq!(answer["events"][1]["outcome"], "ambiguous");
+    assert_eq!(answer["record"], Value::Null, "released: no record");
+    // A query over the namespace names no key, so it carries no record.
+    let all = admin(
+        &http,
+        &gw,
+        Method::GET,
+        "/admin/audit?namespace=payments",
+        "",
+    )
+    .await;
+    assert!(all.json().get("record").is_none());
+    assert_eq!(all.json()["events"].as_array().map(Vec::len), Some(2));
+    // Checked configuration says what the trail records.
+    let cfg = dir.0.join("idem.toml");
+    std::fs::write(&cfg, config(&up.url(), &db.display().to_string(), "")).expect("write");
+    let out = std::process::Command::new(common::bin())
+        .args(["check-config", "--config"])
+        .arg(&cfg)
+        .output()
+        .expect("run check-config");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("(level operator)"), "{text}");
 }

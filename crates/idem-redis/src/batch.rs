@@ -48,8 +48,8 @@ impl Kind {
     }
 }
 
-/// Most arguments of one operation (claim has 7).
-const MAX_ARGS: usize = 7;
+/// Most arguments of one operation (claim has 8).
+const MAX_ARGS: usize = 8;
 
 /// One operation: its record key and its single script's arguments, kept in one buffer.
 #[derive(Debug)]

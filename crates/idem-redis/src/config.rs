@@ -2,6 +2,7 @@
 
 use std::time::Duration;
 
+use idem_core::audit::AuditLevel;
 use thiserror::Error;
 
 /// A configuration the store refuses.
@@ -78,6 +79,7 @@ pub struct RedisConfig {
     pub(crate) batching: bool,
     pub(crate) batches_in_flight: usize,
     pub(crate) audit_max_events: usize,
+    pub(crate) audit_level: AuditLevel,
     pub(crate) tls: Option<TlsPem>,
 }
 
@@ -96,7 +98,7 @@ impl RedisConfig {
     /// `redis+cluster://[user:pass@]h1:p1,h2:p2` (`rediss+cluster://` with TLS).
     ///
     /// Defaults: prefix `idem:`, 250 ms per operation, 5 s for `list`, 1 s to connect, no
-    /// durability wait, tombstones kept 60 s.
+    /// durability wait, tombstones kept 60 s, the audit trail at [`AuditLevel::Operator`].
     ///
     /// # Errors
     /// [`RedisConfigError::BadUrl`] or [`RedisConfigError::TlsDisabled`].
@@ -112,6 +114,7 @@ impl RedisConfig {
             batching: true,
             batches_in_flight: DEFAULT_BATCHES_IN_FLIGHT,
             audit_max_events: DEFAULT_AUDIT_MAX_EVENTS,
+            audit_level: AuditLevel::default(),
             tls: None,
         })
     }
@@ -219,6 +222,15 @@ impl RedisConfig {
         }
         self.audit_max_events = n;
         Ok(self)
+    }
+
+    /// Which changes the audit streams record. At the default, [`AuditLevel::Operator`], a
+    /// first request is its two script calls (claim, complete) and nothing else: the
+    /// scripts leave a fresh claim and its completion to the record. [`AuditLevel::All`]
+    /// adds an `XADD` to each of them.
+    pub fn audit_level(mut self, level: AuditLevel) -> Self {
+        self.audit_level = level;
+        self
     }
 
     /// Script calls (lone operations or batches) a store keeps in flight before it queues

@@ -51,6 +51,11 @@
 //!   replay through [`idem_core::CachedStore`] none. Inside the scripts a replay runs one
 //!   `GET`; a claim that finds an unknown record `GET`, `TIME` (for the attempt's age); a
 //!   fresh claim `GET`, `TIME`, `SET`.
+//! - **Audit trail**: a capped stream per namespace, written by the same script as the
+//!   change. At the default [`idem_core::AuditLevel::Operator`] a fresh claim and its
+//!   completion write nothing to it (the record tells them); releases, unknowns,
+//!   takeovers, fenced settles, resolves and deletes do. [`RedisConfig::audit_level`] with
+//!   `AuditLevel::All` adds an `XADD` to every claim and completion.
 //! - **Batching** (single node, on by default, [`RedisConfig::batching`]): claims and
 //!   completions that arrive while a script call is in flight queue up and leave together as
 //!   one `EVALSHA` of a batch script, which applies each of them in order with the same Lua

@@ -4,7 +4,7 @@ use std::fmt;
 use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
-use idem_core::audit::{AuditEvent, AuditQuery};
+use idem_core::audit::{AuditEvent, AuditLevel, AuditQuery};
 use idem_core::record::duration_ms;
 use idem_core::store::{
     ClaimOutcome, ClaimRequest, ListFilter, RenewOutcome, Resolution, ResolveOutcome, SettleOutcome,
@@ -66,12 +66,12 @@ struct Scripts {
 static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
     claim: function_script!(
         "claim",
-        "return claim(KEYS[1], ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6], KEYS[2], ARGV[7])\n"
+        "return claim(KEYS[1], ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6], KEYS[2], ARGV[7], ARGV[8])\n"
     ),
     renew: record_script!("renew"),
     complete: function_script!(
         "complete",
-        "return complete(KEYS[1], ARGV[1], ARGV[2], ARGV[3], KEYS[2], ARGV[4])\n"
+        "return complete(KEYS[1], ARGV[1], ARGV[2], ARGV[3], KEYS[2], ARGV[4], ARGV[5])\n"
     ),
     release: record_script!("release"),
     resolve: record_script!("resolve"),
@@ -115,6 +115,9 @@ struct Shared {
     tombstone_ms: Vec<u8>,
     /// The `MAXLEN ~` of each audit stream, as the scripts take it.
     audit_max: Vec<u8>,
+    /// Whether claims and completions record their routine events too (`1`, at
+    /// [`AuditLevel::All`]) or leave them to the record (`0`), as the scripts take it.
+    audit_all: &'static [u8],
     /// This process's instance id, for the events of resolves and deletes.
     instance: String,
     /// Coalesces claims and completions; `None` on a cluster or when batching is off.
@@ -129,6 +132,7 @@ impl fmt::Debug for RedisStore {
             .field("op_timeout", &self.shared.op_timeout)
             .field("durability", &self.shared.durability)
             .field("batching", &self.shared.batcher.is_some())
+            .field("audit_all", &(self.shared.audit_all == b"1"))
             .finish_non_exhaustive()
     }
 }
@@ -214,6 +218,11 @@ impl RedisStore {
                 durability: config.durability,
                 tombstone_ms: ms_arg(config.tombstone_ttl),
                 audit_max: config.audit_max_events.to_string().into_bytes(),
+                audit_all: if config.audit_level == AuditLevel::All {
+                    b"1"
+                } else {
+                    b"0"
+                },
                 instance: idem_core::audit::this_instance(),
                 batcher,
             }),
@@ -300,13 +309,13 @@ impl RedisStore {
     }
 
     async fn claim_once(&self, req: &ClaimRequest) -> Result<ClaimOutcome, StoreError> {
-        // The six arguments of `lua/claim.lua`, written straight into one buffer.
+        // The eight arguments of `lua/claim.lua`, written straight into one buffer.
         let tail_len = meta_tail_len(&req.key, req.request_id.as_deref());
         let mut op = Op::new(
             Kind::Claim,
             self.record_key(&req.key),
             self.audit_stream(&req.key),
-            2 * 34 + 32 + 2 * 13 + 1 + tail_len + 10,
+            2 * 34 + 32 + 2 * 13 + 1 + tail_len + 10 + 1,
         );
         push_hex(op.buf(), &req.fingerprint.to_bytes());
         op.end_arg();
@@ -324,6 +333,7 @@ impl RedisStore {
         push_meta_tail(op.buf(), &req.key, req.request_id.as_deref());
         op.end_arg();
         op.arg(&self.shared.audit_max);
+        op.arg(self.shared.audit_all);
         let reply = self.exec(op).await?;
         let outcome = claim_outcome(reply.value, req)?;
         if let ClaimOutcome::Claimed { lease, .. } = &outcome
@@ -510,7 +520,7 @@ impl Store for RedisStore {
             Kind::Complete,
             self.record_key(key),
             self.audit_stream(key),
-            HOLDER_TOKEN_LEN + 13 + body.len() + 10,
+            HOLDER_TOKEN_LEN + 13 + body.len() + 10 + 1,
         );
         push_holder_token(op.buf(), owner, fence);
         op.end_arg();
@@ -518,6 +528,7 @@ impl Store for RedisStore {
         op.end_arg();
         op.arg(&body);
         op.arg(&self.shared.audit_max);
+        op.arg(self.shared.audit_all);
         drop(body);
         bounded(self.write_limit(), async {
             let reply = self.exec(op).await?;

@@ -6,6 +6,7 @@ mod common;
 use std::time::Duration;
 
 use common::{LOCAL_URL, Server, local_redis_up, redis_server_available, store_at};
+use idem_core::audit::{AuditKind, AuditLevel, AuditQuery};
 use idem_core::store::{
     ClaimOutcome, ClaimRequest, ListFilter, RenewOutcome, Resolution, ResolveOutcome, SettleOutcome,
 };
@@ -473,6 +474,8 @@ async fn round_trips_per_request() {
         ),
         (2, 2, 2)
     );
+    // The default audit level leaves a fresh claim and its completion to the record.
+    assert_eq!(server.calls("xadd"), 0, "audit writes on a first request");
 
     server.cli(&["CONFIG", "RESETSTAT"]);
     assert!(matches!(
@@ -532,6 +535,69 @@ async fn round_trips_per_request() {
     let (total, calls) = count(&server);
     eprintln!("cached replay: {calls:?}");
     assert_eq!(total, 0);
+}
+
+/// The audit level decides what a first request writes besides its record: at the default
+/// nothing (no `XADD`, alone or batched, and an empty trail), at `all` one event for the
+/// claim and one for the completion, as each script call's `XADD`.
+#[tokio::test]
+async fn the_audit_level_decides_what_a_first_request_writes() {
+    if !redis_server_available() {
+        return;
+    }
+    let server = Server::start(&[]);
+    for level in AuditLevel::ALL {
+        let config = RedisConfig::from_url(&server.url())
+            .and_then(|c| c.prefix(common::unique_prefix()))
+            .and_then(|c| c.op_timeout(Duration::from_secs(2)))
+            .expect("config")
+            .audit_level(level);
+        let store = RedisStore::connect(config).await.expect("connect");
+        let engine = Engine::new(store.clone(), Policy::default());
+        // Load the scripts first so NOSCRIPT retries do not count.
+        run(engine.clone(), key("warm-up")).await;
+        let batch: Vec<ScopedKey> = (0..10).map(|i| key(&format!("batch-{i}"))).collect();
+        futures::future::join_all(batch.iter().take(3).map(|k| run(engine.clone(), k.clone())))
+            .await;
+
+        server.cli(&["CONFIG", "RESETSTAT"]);
+        assert!(matches!(
+            run(engine.clone(), key("lone")).await,
+            Answer::Executed { .. }
+        ));
+        assert_eq!(server.calls("evalsha"), 2, "{level}: claim and complete");
+        let alone = server.calls("xadd");
+
+        server.cli(&["CONFIG", "RESETSTAT"]);
+        let fresh: Vec<ScopedKey> = (0..10).map(|i| key(&format!("fresh-{i}"))).collect();
+        let answers =
+            futures::future::join_all(fresh.iter().map(|k| run(engine.clone(), k.clone()))).await;
+        assert!(answers.iter().all(|a| matches!(a, Answer::Executed { .. })));
+        let batched = (server.calls("evalsha"), server.calls("xadd"));
+
+        let trail = store
+            .audit(&AuditQuery::for_key(&key("lone")))
+            .await
+            .expect("audit");
+        let kinds: Vec<AuditKind> = trail.iter().map(|e| e.kind).collect();
+        match level {
+            AuditLevel::Operator => {
+                assert_eq!(alone, 0, "audit writes on a first request");
+                assert_eq!(batched.1, 0, "audit writes on batched first requests");
+                assert_eq!(kinds, [], "{trail:#?}");
+            }
+            _ => {
+                assert_eq!(alone, 2, "one event for the claim, one for the completion");
+                assert_eq!(batched.1, 20);
+                assert_eq!(kinds, [AuditKind::Completed, AuditKind::Claimed]);
+            }
+        }
+        assert!(
+            batched.0 < 20,
+            "{level}: {} script calls for 20 operations",
+            batched.0
+        );
+    }
 }
 
 async fn run<S: Store>(engine: Engine<S>, k: ScopedKey) -> Answer<()> {

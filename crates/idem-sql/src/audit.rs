@@ -4,7 +4,10 @@
 //! - Claims, completions and releases: triggers on the records table. Each of those
 //!   statements sets the row's `verdict` to say what it did (1 fresh claim, 2 takeover,
 //!   3 held → unknown, 4 completed, 5 released, 6 released as unknown); the trigger writes the
-//!   matching event, so the store keeps one statement per operation.
+//!   matching event, so the store keeps one statement per operation. At the default
+//!   [`AuditLevel`](idem_core::AuditLevel) a fresh claim leaves 11 and a completion of a
+//!   processing row 12, which the triggers do not record: a first request writes no event
+//!   row. The level is compiled into the statements; the triggers are the same at both.
 //! - Resolves and deletes: the update and its event (with the actor) in one transaction
 //!   (verdicts 7, 8, 9, which the triggers leave alone).
 //! - Expiry: the reaper's `DELETE` fires a trigger that records `expired` for every row that

@@ -15,8 +15,8 @@ pub(crate) const PROCESSING: i16 = 0;
 pub(crate) const COMPLETED: i16 = 1;
 pub(crate) const UNKNOWN: i16 = 2;
 
-/// `verdict` column values: what the last claim statement did to the row (1 is a fresh
-/// claim, 0 no write).
+/// `verdict` column values: what the last claim statement did to the row (1, or 11 at the
+/// default audit level, is a fresh claim; 0 no write).
 const VERDICT_TAKEOVER: i16 = 2;
 const VERDICT_HOLD: i16 = 3;
 

@@ -1,6 +1,8 @@
 //! The statements of one store, compiled once per table from its dialect's templates (see
 //! [`crate::dialect`] for the template syntax), and the statements every dialect shares.
 
+use idem_core::audit::AuditLevel;
+
 use crate::audit;
 use crate::dialect::{Placeholders, Renewal, Sql};
 use crate::record::COLUMNS;
@@ -136,7 +138,7 @@ CREATE INDEX IF NOT EXISTS {t}_created_idx ON {t} (created_at);
 /// new attempt (`created_at` = now); hold keeps the attempt's `created_at` and names its
 /// holder (`owner` kept).
 const ON_CONFLICT: &str = "ON CONFLICT (id) DO UPDATE SET
-    verdict = CASE WHEN r.expires_at <= excluded.state_at THEN 1 WHEN :hold THEN 3 ELSE 2 END,
+    verdict = CASE WHEN r.expires_at <= excluded.state_at THEN {claimed} WHEN :hold THEN 3 ELSE 2 END,
     namespace = excluded.namespace,
     principal = excluded.principal,
     idem_key = excluded.idem_key,
@@ -155,14 +157,16 @@ WHERE r.expires_at <= excluded.state_at
    OR (r.fingerprint = excluded.fingerprint AND r.state = 0 AND r.lease_until <= excluded.state_at)";
 
 // The `verdict` each writing statement leaves says what it did, for the audit triggers (see
-// `crate::audit`).
+// `crate::audit`). `{claimed}` and `{completed}` are the verdicts of a fresh claim and of a
+// completion at the store's audit level (see `verdicts`); a completion sets it first, while
+// `state` still reads the old value under MySQL's left-to-right assignments.
 //
 // Completions and releases accept a row held as processing or as unknown naming the caller
 // (`{held}`). A release as unknown leaves an unknown row as it is (owner and `state_at`
 // kept) and makes a processing one unknown naming nobody; its assignments read the old
 // `state` before the last one sets it, as MySQL evaluates them left to right.
-const COMPLETE: &str = "UPDATE {t} SET state = 1, response = :response, owner = NULL, lease_until = 0, \
-     state_at = {now}, expires_at = {now} + :ttl, verdict = 4 WHERE {held}";
+const COMPLETE: &str = "UPDATE {t} SET verdict = {completed}, state = 1, response = :response, owner = NULL, \
+     lease_until = 0, state_at = {now}, expires_at = {now} + :ttl WHERE {held}";
 const RELEASE_RETRYABLE: &str =
     "UPDATE {t} SET expires_at = {now}, owner = NULL, response = NULL, verdict = 5 WHERE {held}";
 const RELEASE_UNKNOWN: &str = "UPDATE {t} SET owner = CASE WHEN state = 0 THEN NULL ELSE owner END, \
@@ -231,10 +235,27 @@ pub(crate) struct Statements {
     pub(crate) drop: String,
 }
 
+/// The `verdict`s a fresh claim and a completion leave at `level`. The triggers record 1
+/// (claimed) and 4 (completed) and leave 11 and 12 alone, so the level changes the
+/// statements only, never the schema. At the default level a completion of an unknown row
+/// (its holder came back after a claim under `hold` marked it) is still 4.
+fn verdicts(level: AuditLevel) -> (&'static str, &'static str) {
+    match level {
+        AuditLevel::All => ("1", "4"),
+        _ => ("11", "CASE WHEN state = 2 THEN 4 ELSE 12 END"),
+    }
+}
+
 impl Statements {
-    /// `D`'s statements on `table`.
-    pub(crate) fn new<D: Sql>(table: &TableName) -> Self {
-        let stmt = |template: &str| compile(&expand::<D>(template, table), D::PLACEHOLDERS);
+    /// `D`'s statements on `table`, recording the changes `level` names.
+    pub(crate) fn new<D: Sql>(table: &TableName, level: AuditLevel) -> Self {
+        let (claimed, completed) = verdicts(level);
+        let stmt = |template: &str| {
+            let sql = expand::<D>(template, table)
+                .replace("{claimed}", claimed)
+                .replace("{completed}", completed);
+            compile(&sql, D::PLACEHOLDERS)
+        };
         Self {
             claim_read: D::CLAIM_READ.map(stmt),
             claim: stmt(D::CLAIM),
@@ -377,7 +398,13 @@ mod tests {
     /// Every dialect's statements name only known parameters, and only those their operation
     /// supplies (see `SqlStore`).
     fn check<D: Sql>() {
-        let all = Statements::new::<D>(&TableName::default());
+        for level in AuditLevel::ALL {
+            check_at::<D>(level);
+        }
+    }
+
+    fn check_at<D: Sql>(level: AuditLevel) {
+        let all = Statements::new::<D>(&TableName::default(), level);
         let renew = match &all.renew {
             Renewal::Returning(s) | Renewal::LastInsertId(s) => s,
         };

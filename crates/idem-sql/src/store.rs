@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::time::Duration;
 
-use idem_core::audit::{AuditEvent, AuditKind, AuditQuery, AuditRetention};
+use idem_core::audit::{AuditEvent, AuditKind, AuditLevel, AuditQuery, AuditRetention};
 use idem_core::{
     ClaimOutcome, ClaimRequest, ListFilter, OwnerId, Record, ReleaseKind, RenewOutcome, Resolution,
     ResolveOutcome, ScopedKey, SettleOutcome, Store, StoreError, StoredResponse,
@@ -37,6 +37,8 @@ pub struct SqlStore<D: Dialect> {
     pub(crate) sql: Arc<Statements>,
     /// Events older than this are deleted by the reaper.
     pub(crate) audit_age: Duration,
+    /// Which changes the statements record (compiled into `sql`).
+    pub(crate) audit_level: AuditLevel,
     /// Which claim the server takes: [`CLAIM_UNKNOWN`] until the first claim asks the server
     /// (dialects with [`crate::dialect::Sql::CLAIM_THEN_READ`] only), then
     /// [`CLAIM_RETURNING`] or [`CLAIM_THEN_READ`].
@@ -88,6 +90,7 @@ impl<D: Dialect> Clone for SqlStore<D> {
             table: self.table.clone(),
             sql: self.sql.clone(),
             audit_age: self.audit_age,
+            audit_level: self.audit_level,
             claim_mode: self.claim_mode.clone(),
         }
     }
@@ -97,6 +100,7 @@ impl<D: Dialect> fmt::Debug for SqlStore<D> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct(D::STORE)
             .field("table", &self.table)
+            .field("audit", &self.audit_level)
             .finish_non_exhaustive()
     }
 }
@@ -111,7 +115,8 @@ struct ClaimArgs {
 impl<D: Dialect> SqlStore<D> {
     /// A store reading through `reader` and writing through `writer`, on `table`.
     pub(crate) fn with_pools(writer: Pool<D>, reader: Pool<D>, table: TableName) -> Self {
-        let sql = Arc::new(Statements::new::<D>(&table));
+        let audit_level = AuditLevel::default();
+        let sql = Arc::new(Statements::new::<D>(&table, audit_level));
         let mode = if sql.claim_then_read.is_some() {
             CLAIM_UNKNOWN
         } else {
@@ -123,6 +128,7 @@ impl<D: Dialect> SqlStore<D> {
             table,
             sql,
             audit_age: AuditRetention::default().max_age,
+            audit_level,
             claim_mode: Arc::new(AtomicU8::new(mode)),
         }
     }
@@ -177,6 +183,19 @@ impl<D: Dialect> SqlStore<D> {
     #[must_use]
     pub fn with_audit_retention(mut self, max_age: Duration) -> Self {
         self.audit_age = max_age;
+        self
+    }
+
+    /// Records the changes `level` names in the audit table (by default
+    /// [`AuditLevel::Operator`]: a fresh claim and its completion write no event row, as the
+    /// row itself tells them). The level is in the statements, not the schema: stores at
+    /// different levels may share a table.
+    #[must_use]
+    pub fn with_audit_level(mut self, level: AuditLevel) -> Self {
+        if level != self.audit_level {
+            self.sql = Arc::new(Statements::new::<D>(&self.table, level));
+            self.audit_level = level;
+        }
         self
     }
 

@@ -7,7 +7,8 @@
 //! - an unknown row naming nobody (released as unknown, or written by the previous version,
 //!   which never named the holder) refuses its former holder;
 //! - a resolve naming a fence is judged absent first, then fence, then state;
-//! - the audit trail of those steps is the memory store's, event for event.
+//! - the audit trail of those steps is the memory store's, event for event, at each audit
+//!   level.
 
 mod common;
 
@@ -15,7 +16,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::time::Duration;
 
-use idem_core::audit::{AuditEvent, AuditKind, AuditQuery};
+use idem_core::audit::{AuditEvent, AuditKind, AuditLevel, AuditQuery};
 use idem_core::{
     ClaimOutcome, ClaimRequest, Fingerprint, Key, Lease, MemoryStore, OwnerId, RecordState,
     ReleaseKind, RenewOutcome, Resolution, ResolveOutcome, Scope, ScopedKey, SettleOutcome,
@@ -330,30 +331,41 @@ fn fences(trails: &[Vec<AuditEvent>]) -> Vec<Vec<i128>> {
         .collect()
 }
 
-/// Runs the scenarios on `store` and on a memory store; the trails must match. Then a row as
-/// the previous version left a held record (unknown, no owner) refuses its former holder.
-async fn check<S: Store>(store: &S, ns: &str, exec: Exec<'_>) {
-    let memory = MemoryStore::new(1000);
-    let (got, want) = tokio::join!(scenarios(store, ns), scenarios(&memory, ns));
+/// Runs the scenarios on `store` and on a memory store, at the default audit level and (on
+/// `at_all`, in another namespace) at `all`; the trails must match. Then a row as the
+/// previous version left a held record (unknown, no owner) refuses its former holder.
+async fn check<S: Store>(store: &S, at_all: &S, ns: &str, exec: Exec<'_>) {
+    let ns_all = format!("{ns}.all");
+    let memory = MemoryStore::new(1000).with_audit_level(AuditLevel::All);
+    let (got, want) = tokio::join!(scenarios(at_all, &ns_all), scenarios(&memory, &ns_all));
     assert_eq!(shape(&got), shape(&want), "audit trail: {got:#?}");
-    let complete: Vec<_> = got[0]
-        .iter()
-        .map(|e| (e.kind, e.outcome.as_deref(), e.status))
-        .collect();
+    let held_trail = [
+        (AuditKind::Claimed, None, None),
+        (AuditKind::Unknown, Some("lease_expired"), None),
+        (AuditKind::Unknown, Some("ambiguous"), None),
+        (AuditKind::Unknown, Some("ambiguous"), None),
+        (AuditKind::Fenced, Some("complete"), None),
+        (AuditKind::Fenced, Some("complete"), None),
+        // A late completion of an unknown record: recorded at every level, as it is why
+        // the unknown never needed a resolve.
+        (AuditKind::Completed, None, Some(201)),
+        (AuditKind::Fenced, Some("release"), None),
+    ];
+    let kinds_etc = |t: &[AuditEvent]| -> Vec<(AuditKind, Option<String>, Option<u16>)> {
+        t.iter()
+            .map(|e| (e.kind, e.outcome.clone(), e.status))
+            .collect()
+    };
+    let expected = |from: usize| -> Vec<(AuditKind, Option<String>, Option<u16>)> {
+        held_trail[from..]
+            .iter()
+            .map(|(k, o, s)| (*k, o.map(str::to_owned), *s))
+            .collect()
+    };
     assert_eq!(
-        complete,
-        [
-            (AuditKind::Claimed, None, None),
-            (AuditKind::Unknown, Some("lease_expired"), None),
-            (AuditKind::Unknown, Some("ambiguous"), None),
-            (AuditKind::Unknown, Some("ambiguous"), None),
-            (AuditKind::Fenced, Some("complete"), None),
-            (AuditKind::Fenced, Some("complete"), None),
-            // A late completion of an unknown record is an ordinary completion.
-            (AuditKind::Completed, None, Some(201)),
-            (AuditKind::Fenced, Some("release"), None),
-        ],
-        "the held record's trail"
+        kinds_etc(&got[0]),
+        expected(0),
+        "the held record's trail at all"
     );
     let order: Vec<_> = got[3].iter().map(|e| e.kind).collect();
     assert_eq!(
@@ -367,6 +379,16 @@ async fn check<S: Store>(store: &S, ns: &str, exec: Exec<'_>) {
         ],
         "fenced and refused resolves write nothing"
     );
+    assert_eq!(fences(&got), fences(&want), "audit fences: {got:#?}");
+
+    // The default level: the same trails without the fresh claims and the completion of a
+    // processing record.
+    let memory = MemoryStore::new(1000);
+    let (got, want) = tokio::join!(scenarios(store, ns), scenarios(&memory, ns));
+    assert_eq!(shape(&got), shape(&want), "audit trail: {got:#?}");
+    assert_eq!(kinds_etc(&got[0]), expected(1), "the held record's trail");
+    let order: Vec<_> = got[3].iter().map(|e| e.kind).collect();
+    assert_eq!(order, [AuditKind::Deleted, AuditKind::Resolved]);
     assert_eq!(fences(&got), fences(&want), "audit fences: {got:#?}");
 
     let k = key(ns, "previous");
@@ -419,7 +441,8 @@ async fn postgres() {
             sqlx::raw_sql(&sql).execute(&pool).await.expect("raw sql");
         })
     };
-    check(&h.store, "held.pg", &exec).await;
+    let at_all = h.store.clone().with_audit_level(AuditLevel::All);
+    check(&h.store, &at_all, "held.pg", &exec).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -434,7 +457,8 @@ async fn mysql() {
             sqlx::raw_sql(&sql).execute(&pool).await.expect("raw sql");
         })
     };
-    check(&h.store, "held.my", &exec).await;
+    let at_all = h.store.clone().with_audit_level(AuditLevel::All);
+    check(&h.store, &at_all, "held.my", &exec).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -449,7 +473,8 @@ async fn mysql_then_read() {
             sqlx::raw_sql(&sql).execute(&pool).await.expect("raw sql");
         })
     };
-    check(&h.store, "held.my2", &exec).await;
+    let at_all = h.store.clone().with_audit_level(AuditLevel::All);
+    check(&h.store, &at_all, "held.my2", &exec).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -462,5 +487,6 @@ async fn sqlite() {
             sqlx::raw_sql(&sql).execute(&pool).await.expect("raw sql");
         })
     };
-    check(&h.store, "held.lite", &exec).await;
+    let at_all = h.store.clone().with_audit_level(AuditLevel::All);
+    check(&h.store, &at_all, "held.lite", &exec).await;
 }

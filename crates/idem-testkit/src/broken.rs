@@ -9,7 +9,7 @@ use std::future::Future;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use idem_core::audit::{self, AuditEvent, AuditQuery, AuditRetention, Ring, Step};
+use idem_core::audit::{self, AuditEvent, AuditLevel, AuditQuery, AuditRetention, Ring, Step};
 use idem_core::decide::{self, Change};
 use idem_core::{
     ClaimOutcome, ClaimRequest, Clock, ListFilter, ManualClock, OwnerId, Record, RecordState,
@@ -49,11 +49,14 @@ pub enum Bug {
     /// `resolve` ignores the fence it is given: a settlement decided about one attempt
     /// applies to a later one.
     ResolveIgnoresFence,
+    /// The audit trail records every transition whatever the level: the default level's
+    /// promise of no write for a claim and its completion is broken.
+    IgnoresAuditLevel,
 }
 
 impl Bug {
     /// Every bug, without [`Bug::None`].
-    pub const ALL: [Bug; 11] = [
+    pub const ALL: [Bug; 12] = [
         Bug::CompleteUnconditionally,
         Bug::FenceResetsAfterExpiry,
         Bug::CheckThenSetClaim,
@@ -65,6 +68,7 @@ impl Bug {
         Bug::HoldTakesOver,
         Bug::UnauditedSettlements,
         Bug::ResolveIgnoresFence,
+        Bug::IgnoresAuditLevel,
     ];
 }
 
@@ -72,6 +76,7 @@ impl Bug {
 #[derive(Clone, Debug)]
 pub struct BrokenStore {
     bug: Bug,
+    level: AuditLevel,
     clock: ManualClock,
     inner: Arc<Mutex<Inner>>,
 }
@@ -138,9 +143,32 @@ impl BrokenStore {
         };
         Self {
             bug,
+            level: AuditLevel::default(),
             clock,
             inner: Arc::new(Mutex::new(inner)),
         }
+    }
+
+    /// This store recording the changes `level` names (its clones share the records).
+    #[must_use]
+    pub fn with_audit_level(mut self, level: AuditLevel) -> Self {
+        self.level = level;
+        self
+    }
+
+    /// The event `step` records at this store's level.
+    fn event(
+        &self,
+        step: Step<'_>,
+        key: &ScopedKey,
+        now: Timestamp,
+        previous: Option<&Record>,
+    ) -> Option<AuditEvent> {
+        let level = match self.bug {
+            Bug::IgnoresAuditLevel => AuditLevel::All,
+            _ => self.level,
+        };
+        audit::event_for(step, key, now, previous).filter(|e| level.records(e.kind, previous))
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
@@ -208,7 +236,7 @@ impl Store for BrokenStore {
             tokio::time::sleep(Duration::from_millis(5)).await;
             let now = self.clock.now();
             let t = self.decide_claim(now, previous.as_ref(), req, floor);
-            let event = audit::event_for(
+            let event = self.event(
                 Step::Claim(req, &t.outcome),
                 &req.key,
                 now,
@@ -224,7 +252,7 @@ impl Store for BrokenStore {
         let floor = inner.fence_high + 1;
         let previous = inner.get(&req.key);
         let t = self.decide_claim(now, previous, req, floor);
-        let event = audit::event_for(Step::Claim(req, &t.outcome), &req.key, now, previous);
+        let event = self.event(Step::Claim(req, &t.outcome), &req.key, now, previous);
         inner.write(&req.key, t.change);
         inner.record(event);
         Ok(t.outcome)
@@ -288,7 +316,7 @@ impl Store for BrokenStore {
                     status,
                     outcome,
                 };
-                audit::event_for(step, key, now, prev)
+                self.event(step, key, now, prev)
             },
         )))
     }
@@ -314,7 +342,7 @@ impl Store for BrokenStore {
                     kind,
                     outcome,
                 };
-                audit::event_for(step, key, now, prev)
+                self.event(step, key, now, prev)
             },
         )))
     }
@@ -379,7 +407,7 @@ impl Store for BrokenStore {
             },
             |&outcome, now, prev| match bug {
                 Bug::UnauditedSettlements => None,
-                _ => audit::event_for(Step::Resolve(resolution, outcome), key, now, prev),
+                _ => self.event(Step::Resolve(resolution, outcome), key, now, prev),
             },
         )))
     }
@@ -391,7 +419,7 @@ impl Store for BrokenStore {
         let existed = previous.is_some();
         let event = match self.bug {
             Bug::UnauditedSettlements => None,
-            _ => audit::event_for(Step::Delete { existed }, key, now, previous),
+            _ => self.event(Step::Delete { existed }, key, now, previous),
         };
         inner.write(key, Change::Remove);
         inner.record(event);
@@ -430,8 +458,8 @@ impl BrokenHarness {
 impl Harness for BrokenHarness {
     type Store = BrokenStore;
 
-    fn store(&self) -> impl Future<Output = BrokenStore> + Send {
-        std::future::ready(BrokenStore::new(self.bug, self.clock.clone()))
+    fn store_at(&self, level: AuditLevel) -> impl Future<Output = BrokenStore> + Send {
+        std::future::ready(BrokenStore::new(self.bug, self.clock.clone()).with_audit_level(level))
     }
 
     fn advance(&self, d: Duration) -> impl Future<Output = ()> + Send {

@@ -5,6 +5,7 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 
 use bytes::Bytes;
+use idem_core::audit::AuditLevel;
 use idem_core::{
     ClaimOutcome, ClaimRequest, Fingerprint, Key, Lease, ListFilter, OwnerId, Record, ReleaseKind,
     RenewOutcome, Resolution, ResolveOutcome, Scope, ScopedKey, SettleOutcome, Store,
@@ -52,10 +53,15 @@ pub(crate) struct Ctx<'h, H: Harness> {
 
 impl<'h, H: Harness> Ctx<'h, H> {
     pub(crate) async fn new(h: &'h H, label: &str) -> Self {
+        Self::at(h, label, AuditLevel::default()).await
+    }
+
+    /// A view of a store that records the changes `level` names.
+    pub(crate) async fn at(h: &'h H, label: &str, level: AuditLevel) -> Self {
         let lease = h.lease();
         Self {
             h,
-            store: h.store().await,
+            store: h.store_at(level).await,
             ns: unique_namespace(label),
             lease,
             ttl: lease * 50,

@@ -4,6 +4,7 @@
 use std::future::Future;
 use std::time::Duration;
 
+use idem_core::audit::AuditLevel;
 use idem_core::{ManualClock, MemoryStore, Store, Timestamp};
 
 /// Gives the conformance suite stores to test and a way to let store time pass.
@@ -24,8 +25,16 @@ pub trait Harness: Send + Sync + 'static {
     /// The store under test.
     type Store: Store + Clone;
 
-    /// A store to test. May be a fresh one or a shared one (see the trait docs).
-    fn store(&self) -> impl Future<Output = Self::Store> + Send;
+    /// A store to test that records the changes `level` names in its audit trail. May be a
+    /// fresh one or a shared one (see the trait docs); stores at both levels may share
+    /// their records. The audit rules run at both levels; every other rule and the model
+    /// test take [`Harness::store`].
+    fn store_at(&self, level: AuditLevel) -> impl Future<Output = Self::Store> + Send;
+
+    /// A store to test at the default audit level.
+    fn store(&self) -> impl Future<Output = Self::Store> + Send {
+        self.store_at(AuditLevel::default())
+    }
 
     /// Lets at least `d` of store time pass: advances a manual clock, or sleeps.
     fn advance(&self, d: Duration) -> impl Future<Output = ()> + Send;
@@ -86,8 +95,10 @@ impl Default for MemoryHarness {
 impl Harness for MemoryHarness {
     type Store = MemoryStore;
 
-    fn store(&self) -> impl Future<Output = MemoryStore> + Send {
-        std::future::ready(MemoryStore::with_clock(self.capacity, self.clock.clone()))
+    fn store_at(&self, level: AuditLevel) -> impl Future<Output = MemoryStore> + Send {
+        std::future::ready(
+            MemoryStore::with_clock(self.capacity, self.clock.clone()).with_audit_level(level),
+        )
     }
 
     fn advance(&self, d: Duration) -> impl Future<Output = ()> + Send {
@@ -118,21 +129,27 @@ pub async fn sleep_for(d: Duration) {
 #[derive(Clone, Debug)]
 pub struct ServerHarness<S> {
     store: S,
+    all: S,
     lease: Duration,
 }
 
 impl<S: Store + Clone> ServerHarness<S> {
-    /// Tests `store` with leases of `lease` (300 ms to 1 s suits a loaded two-core machine).
-    pub fn new(store: S, lease: Duration) -> Self {
-        Self { store, lease }
+    /// Tests `store`, at the default audit level, and `all`, the same store recording
+    /// every transition ([`AuditLevel::All`]), with leases of `lease` (300 ms to 1 s suits a
+    /// loaded two-core machine).
+    pub fn new(store: S, all: S, lease: Duration) -> Self {
+        Self { store, all, lease }
     }
 }
 
 impl<S: Store + Clone> Harness for ServerHarness<S> {
     type Store = S;
 
-    fn store(&self) -> impl Future<Output = S> + Send {
-        std::future::ready(self.store.clone())
+    fn store_at(&self, level: AuditLevel) -> impl Future<Output = S> + Send {
+        std::future::ready(match level {
+            AuditLevel::All => self.all.clone(),
+            _ => self.store.clone(),
+        })
     }
 
     fn advance(&self, d: Duration) -> impl Future<Output = ()> + Send {

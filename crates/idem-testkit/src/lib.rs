@@ -20,13 +20,16 @@
 //! ```no_run
 //! use std::time::Duration;
 //!
-//! use idem_core::MemoryStore;
+//! use idem_core::{AuditLevel, MemoryStore};
 //! use idem_testkit::ServerHarness;
 //!
 //! async fn connect() -> Option<ServerHarness<MemoryStore>> {
 //!     // A real store connects here; without its server (and outside CI) it says so loudly
-//!     // and returns None, which skips the test.
-//!     Some(ServerHarness::new(MemoryStore::new(10_000), Duration::from_millis(500)))
+//!     // and returns None, which skips the test. The audit rules also need the store at
+//!     // the level that records every transition.
+//!     let store = MemoryStore::new(10_000);
+//!     let all = store.clone().with_audit_level(AuditLevel::All);
+//!     Some(ServerHarness::new(store, all, Duration::from_millis(500)))
 //! }
 //!
 //! idem_testkit::conformance_tests!(

@@ -119,7 +119,7 @@ async fn hold_taking_over_is_caught() {
 #[test]
 fn every_bug_has_a_test_here() {
     // Adding a bug to `Bug::ALL` without a test above should not go unnoticed.
-    assert_eq!(Bug::ALL.len(), 11);
+    assert_eq!(Bug::ALL.len(), 12);
 }
 
 // Bug guarded: a resolve that ignores the fence it names, so a probe's or reconciler's
@@ -139,4 +139,19 @@ async fn unaudited_settlements_are_caught() {
     let h = BrokenHarness::new(Bug::UnauditedSettlements);
     assert!(fails(rules::audit_trail_follows_claim_timeout_unknown_resolve(&h)).await);
     assert!(fails(rules::audit_records_every_change_and_nothing_else(&h)).await);
+}
+
+// Bug guarded: a store that ignores its audit level and writes an event for every claim
+// and completion, the extra write on every first request the default level promises away.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ignoring_the_audit_level_is_caught() {
+    let h = BrokenHarness::new(Bug::IgnoresAuditLevel);
+    assert!(
+        fails(rules::audit_default_level_records_what_an_operator_needs(
+            &h
+        ))
+        .await
+    );
+    // At `all` it is right.
+    assert!(!fails(rules::audit_records_every_change_and_nothing_else(&h)).await);
 }

@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use idem_core::{CachedStore, MemoryStore};
+use idem_core::{AuditLevel, CachedStore, MemoryStore};
 use idem_testkit::{Harness, MemoryHarness};
 
 idem_testkit::conformance_tests!(MemoryHarness::new(), cases = 1000);
@@ -14,10 +14,13 @@ idem_testkit::conformance_tests!(MemoryHarness::new(), cases = 1000);
 mod system_clock {
     use super::*;
 
-    idem_testkit::conformance_tests!(
-        idem_testkit::ServerHarness::new(MemoryStore::new(100_000), Duration::from_millis(300)),
-        cases = 24
-    );
+    fn harness() -> idem_testkit::ServerHarness<MemoryStore> {
+        let store = MemoryStore::new(100_000);
+        let all = store.clone().with_audit_level(AuditLevel::All);
+        idem_testkit::ServerHarness::new(store, all, Duration::from_millis(300))
+    }
+
+    idem_testkit::conformance_tests!(harness(), cases = 24);
 }
 
 /// `CachedStore<MemoryStore>` on one manual clock.
@@ -27,8 +30,8 @@ struct CachedHarness(MemoryHarness);
 impl Harness for CachedHarness {
     type Store = CachedStore<MemoryStore>;
 
-    async fn store(&self) -> Self::Store {
-        let inner = self.0.store().await;
+    async fn store_at(&self, level: AuditLevel) -> Self::Store {
+        let inner = self.0.store_at(level).await;
         CachedStore::with_clock(
             inner,
             1_000,

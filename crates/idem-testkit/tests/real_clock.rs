@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use idem_core::{ClaimOutcome, ClaimRequest, MemoryStore, Store, StoreError};
+use idem_core::{AuditLevel, ClaimOutcome, ClaimRequest, MemoryStore, Store, StoreError};
 use idem_testkit::model::{Op, run_case};
 use idem_testkit::{ServerHarness, SlowStore};
 
@@ -25,15 +25,23 @@ async fn slow_case_is_inconclusive_not_failed() {
     // time) expects Busy.
     // A memory store on the system clock whose every operation first waits 120 ms, like a
     // server on a badly loaded machine.
+    let memory = MemoryStore::new(1_000);
+    let slow = |store: MemoryStore| SlowStore::new(store, Duration::from_millis(120));
     let slow = ServerHarness::new(
-        SlowStore::new(MemoryStore::new(1_000), Duration::from_millis(120)),
+        slow(memory.clone()),
+        slow(memory.with_audit_level(AuditLevel::All)),
         Duration::from_millis(300),
     );
     let ops = [claim(1), claim(1)];
     assert_eq!(run_case(&slow, &ops).await, Ok(()));
 
     // The same case on a prompt store is judged, and passes.
-    let prompt = ServerHarness::new(MemoryStore::new(1_000), Duration::from_millis(300));
+    let memory = MemoryStore::new(1_000);
+    let prompt = ServerHarness::new(
+        memory.clone(),
+        memory.with_audit_level(AuditLevel::All),
+        Duration::from_millis(300),
+    );
     assert_eq!(run_case(&prompt, &ops).await, Ok(()));
 }
 
@@ -41,8 +49,10 @@ async fn slow_case_is_inconclusive_not_failed() {
 async fn prompt_real_clock_disagreement_still_fails() {
     // The real clock excuses slowness only: a prompt store that is wrong is reported.
     let ops = [claim(4), Op::Get { key: 0 }];
+    let memory = MemoryStore::new(1_000);
     let forgetful = ServerHarness::new(
-        Forgetful(MemoryStore::new(1_000)),
+        Forgetful(memory.clone()),
+        Forgetful(memory.with_audit_level(AuditLevel::All)),
         Duration::from_millis(300),
     );
     let verdict = run_case(&forgetful, &ops).await;

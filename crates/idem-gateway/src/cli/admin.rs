@@ -64,7 +64,8 @@ enum AdminCommand {
     /// Records: list, get, resolve, delete.
     #[command(subcommand)]
     Records(RecordsCommand),
-    /// The audit trail of a key, newest first.
+    /// The audit trail of a key, newest first. At the default audit level (`operator`) it
+    /// holds no fresh claim or completion: the key's record, printed after it, tells them.
     Audit {
         /// The idempotency key.
         key: String,
@@ -555,4 +556,37 @@ fn print_audit(body: &Value) {
         ],
         &rows,
     );
+    // On stderr, so the table stays the only thing on stdout.
+    if body["level"] == "operator" {
+        if let Some(line) = record_line(&body["record"]) {
+            eprintln!("{line}");
+        }
+        eprintln!(
+            "note: audit level `operator`: a fresh claim and its completion are not in the trail \
+             (the record tells them); `[audit] level = \"all\"` records every transition"
+        );
+    }
+}
+
+/// What the key's record tells of its attempt, in one line; `None` without a record.
+fn record_line(r: &Value) -> Option<String> {
+    r.as_object()?;
+    let mut line = format!(
+        "record: {}, fence {}, claimed {}",
+        cell(&r["state"]),
+        cell(&r["fence"]),
+        time(&r["created_at_ms"])
+    );
+    match r["state"].as_str() {
+        Some("completed") => line.push_str(&format!(
+            ", completed {} (status {})",
+            time(&r["completed_at_ms"]),
+            cell(&r["status"])
+        )),
+        Some("unknown") => {
+            line.push_str(&format!(", unknown since {}", time(&r["unknown_since_ms"])));
+        }
+        _ => {}
+    }
+    Some(line)
 }

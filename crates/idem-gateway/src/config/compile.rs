@@ -65,6 +65,7 @@ pub fn compile(raw: &RawConfig) -> anyhow::Result<Settings> {
                 max_age: a.max_age,
             }
         },
+        audit_level: audit(raw.audit.as_ref())?.level,
         wait: match (raw.store_wait_replicas, &store) {
             (None, _) => {
                 if raw.store_wait_timeout.is_some() {
@@ -330,6 +331,10 @@ fn audit(raw: Option<&super::RawAudit>) -> anyhow::Result<super::AuditSettings> 
     let raw = raw.cloned().unwrap_or_default();
     let defaults = idem_core::AuditRetention::default();
     Ok(super::AuditSettings {
+        level: match raw.level.as_deref() {
+            None => idem_core::AuditLevel::default(),
+            Some(name) => name.parse().context("`audit.level`")?,
+        },
         max_events: match raw.max_events {
             Some(0) => bail!("`audit.max_events` must be greater than zero"),
             Some(n) => n,

@@ -113,7 +113,11 @@ impl fmt::Display for Settings {
         }
         writeln!(
             f,
-            "audit:     at most {} events, none older than {}",
+            "audit:     {}, at most {} events, none older than {}",
+            match self.audit.level {
+                idem_core::AuditLevel::All => "every transition (level all)",
+                _ => "operator events, not a fresh claim or its completion (level operator)",
+            },
             self.audit.max_events,
             Dur(self.audit.max_age)
         )?;

@@ -114,7 +114,7 @@ pub struct RawConfig {
     pub status: Option<RawStatus>,
     /// Reconciliation of unknown and stuck records (see `docs/operations.md`).
     pub reconcile: Option<RawReconcile>,
-    /// How much of the audit trail the store keeps.
+    /// What the audit trail records and how much of it the store keeps.
     pub audit: Option<RawAudit>,
     /// Relays run by `idem relay`: each consumes a queue and POSTs every message once.
     pub relay: Option<Vec<crate::relay::RawRelay>>,
@@ -142,10 +142,13 @@ pub struct RawReconcile {
     pub limit: Option<usize>,
 }
 
-/// Audit trail retention.
+/// What the audit trail records, and how much of it the store keeps.
 #[derive(Debug, Clone, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawAudit {
+    /// `operator` (default: no event for a fresh claim or its completion, which the record
+    /// tells) or `all` (every transition).
+    pub level: Option<String>,
     /// Most events kept (memory: in all; Redis: per stream, about). Default 100 000.
     pub max_events: Option<usize>,
     /// Events older than this are dropped (memory and SQL). Default `30d`.

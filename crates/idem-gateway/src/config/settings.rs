@@ -68,7 +68,7 @@ pub struct Settings {
     pub status: Option<StatusSettings>,
     /// Reconciliation of unknown and stuck records.
     pub reconcile: ReconcileSettings,
-    /// Audit trail retention.
+    /// What the audit trail records, and its retention.
     pub audit: AuditSettings,
     /// Relays `idem relay` runs.
     pub relays: Vec<crate::relay::RelaySettings>,
@@ -95,9 +95,11 @@ pub struct ReconcileSettings {
     pub limit: usize,
 }
 
-/// Audit trail retention, as the store applies it.
+/// What the audit trail records, and its retention, as the store applies them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct AuditSettings {
+    /// Which changes the store records.
+    pub level: idem_core::AuditLevel,
     /// Most events kept.
     pub max_events: usize,
     /// Longest an event is kept.

@@ -197,9 +197,15 @@ fn status_webhooks_reconcile_and_audit_settings_are_checked() {
     };
     let s = compiled(&base(
         r#"status_url = "/charges?idempotency_key={key}&ns={namespace}""#,
-        "[reconcile]\nevery = \"30s\"\nafter = \"2m\"\n[audit]\nmax_events = 500\nmax_age = \"1d\"",
+        "[reconcile]\nevery = \"30s\"\nafter = \"2m\"\n[audit]\nlevel = \"all\"\nmax_events = 500\nmax_age = \"1d\"",
     ))
     .expect("valid");
+    assert_eq!(s.audit.level, idem_core::AuditLevel::All);
+    assert_eq!(s.store_options.audit_level, idem_core::AuditLevel::All);
+    assert!(
+        s.to_string()
+            .contains("audit:     every transition (level all)")
+    );
     assert_eq!(
         s.routes[0].policy.status_url.as_deref(),
         Some("/charges?idempotency_key={key}&ns={namespace}")
@@ -214,6 +220,11 @@ fn status_webhooks_reconcile_and_audit_settings_are_checked() {
     );
 
     let defaults = compiled(&base("", "")).expect("valid");
+    assert_eq!(defaults.audit.level, idem_core::AuditLevel::Operator);
+    assert_eq!(
+        defaults.store_options.audit_level,
+        idem_core::AuditLevel::Operator
+    );
     assert_eq!(defaults.reconcile.every, None);
     assert_eq!(defaults.routes[0].policy.status_url, None);
 
@@ -225,6 +236,7 @@ fn status_webhooks_reconcile_and_audit_settings_are_checked() {
         ("", "[reconcile]\nevery = \"0s\""),
         ("", "[reconcile]\nlimit = 0"),
         ("", "[audit]\nmax_events = 0"),
+        ("", "[audit]\nlevel = \"every\""),
         ("", "[reconcile]\nbogus = 1"),
     ] {
         assert!(compiled(&base(route, extra)).is_err(), "{route} {extra}");

@@ -343,6 +343,14 @@ async fn the_dashboard_shows_what_the_admin_api_says_and_settles_records() {
             json!([events]),
         )
         .await;
+        // At the default level the note says the trail holds operator events only.
+        assert_eq!(api.json()["level"], "operator");
+        page.wait_for(
+            "the note on the audit level",
+            "return document.getElementById('auditnote').textContent.includes('operator events only');",
+            json!([]),
+        )
+        .await;
         page.run(
             "document.getElementById('audittable').scrollIntoView({block: 'end'});",
             json!([]),

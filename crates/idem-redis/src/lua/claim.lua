@@ -1,5 +1,6 @@
 -- claim(key, fp, owner, lease_ms, ttl_ms, hold (0|1), tail ("<meta_len:10>\n<meta>"),
---       audit stream, its maxlen)
+--       audit stream, its maxlen, all ('1': record a fresh claim too; '0': the default level,
+--       which leaves it to the record))
 -- Replies: the record's value when found completed or under another fingerprint (the caller
 -- decides replay or mismatch; a bare string, as a table around it costs the server more than
 -- the rest of a replay); {1, retry_after_ms} busy; {2, fence (20 digits), age_ms} unknown,
@@ -13,7 +14,7 @@ local function unknown_reply(v, ms)
   return {2, string.sub(v, 38, 57), math.max(ms - num(v, 142, 13), 0)}
 end
 
-local function claim(key, fp, owner, lease_ms, ttl_ms, hold, tail, stream, maxlen)
+local function claim(key, fp, owner, lease_ms, ttl_ms, hold, tail, stream, maxlen, all)
   local v, s = fetch(key)
   local prev_fence, takeover, us = 0, 0, nil
   if s == 't' then
@@ -53,6 +54,10 @@ local function claim(key, fp, owner, lease_ms, ttl_ms, hold, tail, stream, maxle
     '1 p ' .. owner .. ' ' .. fence_text(fence) .. ' ' .. fp .. ' ' .. text(deadline) .. ' '
       .. now .. ' ' .. expires .. SINCE_NONE .. tail,
     'PXAT', expires)
-  audit(stream, maxlen, takeover == 1 and '5' or '1', fence_text(fence), string.sub(owner, 1, 16), string.sub(tail, 12))
+  if takeover == 1 then
+    audit(stream, maxlen, '5', fence_text(fence), string.sub(owner, 1, 16), string.sub(tail, 12))
+  elseif all == '1' then
+    audit(stream, maxlen, '1', fence_text(fence), string.sub(owner, 1, 16), string.sub(tail, 12))
+  end
   return {3, fence, deadline, takeover}
 end

@@ -104,11 +104,15 @@ impl RedisHarness {
 impl idem_testkit::Harness for RedisHarness {
     type Store = RedisStore;
 
-    fn store(&self) -> impl std::future::Future<Output = RedisStore> + Send {
+    fn store_at(
+        &self,
+        level: idem_core::AuditLevel,
+    ) -> impl std::future::Future<Output = RedisStore> + Send {
         let config = RedisConfig::from_url(&self.url)
             .and_then(|c| c.prefix(unique_prefix()))
             .and_then(|c| c.op_timeout(Duration::from_millis(500)))
-            .expect("config");
+            .expect("config")
+            .audit_level(level);
         std::future::ready(RedisStore::with_connection(self.conn.clone(), config))
     }
 

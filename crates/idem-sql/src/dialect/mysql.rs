@@ -5,8 +5,9 @@
 //!
 //! - **claim** is one `INSERT … ON DUPLICATE KEY UPDATE … RETURNING` (MariaDB returns the row
 //!   as it stands after the statement, written or not). The first assignment computes a
-//!   `verdict` from the existing row — keep (0), fresh claim of an absent or expired record (1),
-//!   takeover (2), or hold → unknown (3) — and every later assignment reads that freshly
+//!   `verdict` from the existing row — keep (0), fresh claim of an absent or expired record (1,
+//!   or 11 when the audit level leaves it out), takeover (2), or hold → unknown (3) — and
+//!   every later assignment reads that freshly
 //!   assigned `verdict`, which relies on MySQL's left-to-right evaluation of assignments. The
 //!   store's own pool strips MariaDB's `SIMULTANEOUS_ASSIGNMENT` mode, which would break that;
 //!   callers of `claim_in` on their own connections must not enable it. A replay therefore
@@ -38,24 +39,24 @@ macro_rules! claim_upsert {
         r"
 INSERT INTO {t} (id, {cols})
 VALUES (:id, :namespace, :principal, :key, :fingerprint, {now_us}, 0, :owner, {now} + :lease, NULL, {now},
-        :request_id, {now}, {now} + GREATEST(:lease, :ttl), 1)
+        :request_id, {now}, {now} + GREATEST(:lease, :ttl), {claimed})
 ON DUPLICATE KEY UPDATE
-    verdict = CASE WHEN expires_at <= {now} THEN 1
+    verdict = CASE WHEN expires_at <= {now} THEN {claimed}
                    WHEN fingerprint <> VALUES(fingerprint) OR state <> 0 OR lease_until > {now} THEN 0
                    WHEN :hold THEN 3 ELSE 2 END,
-    fence = IF(verdict IN (1, 2), GREATEST(fence + 1, VALUES(fence)), fence),
+    fence = IF(verdict IN ({claimed}, 2), GREATEST(fence + 1, VALUES(fence)), fence),
     state = CASE verdict WHEN 0 THEN state WHEN 3 THEN 2 ELSE 0 END,
-    owner = IF(verdict IN (1, 2), VALUES(owner), owner),
+    owner = IF(verdict IN ({claimed}, 2), VALUES(owner), owner),
     lease_until = CASE verdict WHEN 0 THEN lease_until WHEN 3 THEN 0 ELSE VALUES(lease_until) END,
     response = IF(verdict = 0, response, NULL),
     state_at = IF(verdict = 0, state_at, VALUES(state_at)),
-    request_id = IF(verdict IN (1, 2), VALUES(request_id), request_id),
-    created_at = IF(verdict IN (1, 2), VALUES(created_at), created_at),
-    expires_at = IF(verdict IN (1, 2), VALUES(expires_at), expires_at),
-    namespace = IF(verdict = 1, VALUES(namespace), namespace),
-    principal = IF(verdict = 1, VALUES(principal), principal),
-    idem_key = IF(verdict = 1, VALUES(idem_key), idem_key),
-    fingerprint = IF(verdict = 1, VALUES(fingerprint), fingerprint)
+    request_id = IF(verdict IN ({claimed}, 2), VALUES(request_id), request_id),
+    created_at = IF(verdict IN ({claimed}, 2), VALUES(created_at), created_at),
+    expires_at = IF(verdict IN ({claimed}, 2), VALUES(expires_at), expires_at),
+    namespace = IF(verdict = {claimed}, VALUES(namespace), namespace),
+    principal = IF(verdict = {claimed}, VALUES(principal), principal),
+    idem_key = IF(verdict = {claimed}, VALUES(idem_key), idem_key),
+    fingerprint = IF(verdict = {claimed}, VALUES(fingerprint), fingerprint)
 "
     };
 }

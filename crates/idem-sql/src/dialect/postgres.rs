@@ -47,7 +47,7 @@ WITH clk AS (
 ), ins AS (
     INSERT INTO {t} AS r (id, {cols})
     SELECT :id, :namespace, :principal, :key, :fingerprint, clk.us, 0, :owner, clk.ms + :lease, NULL, clk.ms,
-           :request_id, clk.ms, clk.ms + GREATEST(:lease, :ttl), 1
+           :request_id, clk.ms, clk.ms + GREATEST(:lease, :ttl), {claimed}
     FROM clk
     WHERE NOT EXISTS (
         SELECT 1 FROM cur WHERE cur.expires_at > clk.ms

@@ -59,7 +59,7 @@ impl Sql for Sqlite {
     const CLAIM: &'static str = r"
 INSERT INTO {t} AS r (id, {cols})
 VALUES (:id, :namespace, :principal, :key, :fingerprint, {now_us}, 0, :owner, {now} + :lease, NULL, {now},
-        :request_id, {now}, {now} + {greatest}(:lease, :ttl), 1)
+        :request_id, {now}, {now} + {greatest}(:lease, :ttl), {claimed})
 {on_conflict}
 RETURNING true AS wrote, {now} AS now_ms, {cols}
 ";
@@ -145,7 +145,9 @@ impl SqliteStore {
     /// [`TableNameError`] when the name is not a plain identifier.
     pub fn with_table(self, table: &str) -> Result<Self, TableNameError> {
         let table = TableName::new(table)?;
-        Ok(Self::with_pools(self.writer, self.reader, table))
+        Ok(Self::with_pools(self.writer, self.reader, table)
+            .with_audit_retention(self.audit_age)
+            .with_audit_level(self.audit_level))
     }
 
     /// The writer pool: same-database work goes through it.

@@ -6,6 +6,7 @@
 use std::future::Future;
 use std::time::Duration;
 
+use idem_core::AuditLevel;
 use idem_sql::{MySqlStore, PgStore, SqliteStore};
 use idem_testkit::{Harness, sleep_for};
 use sqlx::Connection as _;
@@ -108,8 +109,8 @@ impl Drop for PgHarness {
 
 impl Harness for PgHarness {
     type Store = PgStore;
-    fn store(&self) -> impl Future<Output = PgStore> + Send {
-        std::future::ready(self.store.clone())
+    fn store_at(&self, level: AuditLevel) -> impl Future<Output = PgStore> + Send {
+        std::future::ready(self.store.clone().with_audit_level(level))
     }
     fn advance(&self, d: Duration) -> impl Future<Output = ()> + Send {
         sleep_for(d)
@@ -173,8 +174,8 @@ impl Drop for MySqlHarness {
 
 impl Harness for MySqlHarness {
     type Store = MySqlStore;
-    fn store(&self) -> impl Future<Output = MySqlStore> + Send {
-        std::future::ready(self.store.clone())
+    fn store_at(&self, level: AuditLevel) -> impl Future<Output = MySqlStore> + Send {
+        std::future::ready(self.store.clone().with_audit_level(level))
     }
     fn advance(&self, d: Duration) -> impl Future<Output = ()> + Send {
         sleep_for(d)
@@ -215,8 +216,8 @@ impl Drop for SqliteHarness {
 
 impl Harness for SqliteHarness {
     type Store = SqliteStore;
-    fn store(&self) -> impl Future<Output = SqliteStore> + Send {
-        std::future::ready(self.store.clone())
+    fn store_at(&self, level: AuditLevel) -> impl Future<Output = SqliteStore> + Send {
+        std::future::ready(self.store.clone().with_audit_level(level))
     }
     fn advance(&self, d: Duration) -> impl Future<Output = ()> + Send {
         sleep_for(d)

@@ -1,6 +1,8 @@
-//! The audit trail: every state change leaves one event, in order, with who and what.
+//! The audit trail: at `AuditLevel::All` every state change leaves one event, in order, with
+//! who and what; at the default level every one but a fresh claim and the completion of a
+//! processing record.
 
-use idem_core::audit::{self, AuditEvent, AuditKind, AuditQuery, instance_of};
+use idem_core::audit::{self, AuditEvent, AuditKind, AuditLevel, AuditQuery, instance_of};
 use idem_core::{
     ClaimOutcome, ReleaseKind, Resolution, ResolveOutcome, ScopedKey, SettleOutcome, Store,
     StoredResponse,
@@ -27,10 +29,10 @@ fn kinds(events: &[AuditEvent]) -> Vec<AuditKind> {
     events.iter().map(|e| e.kind).collect()
 }
 
-/// The trail of a key through claim → lease runs out under `hold` → unknown → resolve:
-/// three events, newest first, each with its fence, request id, instance and actor.
+/// The trail of a key through claim → lease runs out under `hold` → unknown → resolve, at
+/// `all`: three events, newest first, each with its fence, request id, instance and actor.
 pub async fn audit_trail_follows_claim_timeout_unknown_resolve<H: Harness>(h: &H) {
-    let c = Ctx::new(h, "audit-trail").await;
+    let c = Ctx::at(h, "audit-trail", AuditLevel::All).await;
     let k = c.key("k");
     let mut first = c.hold_req(&k, fp(1));
     first.request_id = Some("req-first".into());
@@ -78,10 +80,10 @@ pub async fn audit_trail_follows_claim_timeout_unknown_resolve<H: Harness>(h: &H
     );
 }
 
-/// Completion, both releases, a takeover, a fenced settle and a delete each leave their
-/// event; reads, renewals, busy claims and replays leave none.
+/// At `all`, claims, completion, both releases, a takeover, a fenced settle and a delete
+/// each leave their event; reads, renewals, busy claims and replays leave none.
 pub async fn audit_records_every_change_and_nothing_else<H: Harness>(h: &H) {
-    let c = Ctx::new(h, "audit-changes").await;
+    let c = Ctx::at(h, "audit-changes", AuditLevel::All).await;
 
     let done = c.key("done");
     let d = c.claimed(&done).await;
@@ -153,9 +155,10 @@ pub async fn audit_records_every_change_and_nothing_else<H: Harness>(h: &H) {
     assert_eq!(trail[1].fence, new.fence);
 }
 
-/// Queries filter by namespace, principal, key, kind and time, and keep to the limit.
+/// Queries filter by namespace, principal, key, kind and time, and keep to the limit (at
+/// `all`, where claims and completions give every key events to filter).
 pub async fn audit_query_filters<H: Harness>(h: &H) {
-    let c = Ctx::new(h, "audit-query").await;
+    let c = Ctx::at(h, "audit-query", AuditLevel::All).await;
     let mut keys = Vec::new();
     for name in ["a", "b", "c"] {
         let k = c.key(name);
@@ -227,4 +230,118 @@ pub async fn audit_query_filters<H: Harness>(h: &H) {
         ..AuditQuery::default()
     };
     assert!(c.audit(&elsewhere).await.is_empty());
+}
+
+/// At the default level a claim and its completion leave no event (the record tells them),
+/// nor do reads, renewals, busy claims and replays; what an operator needs still does:
+/// releases, unknowns, a takeover and the fenced settle after it, a late holder completing
+/// its unknown record, resolves and deletes, each with its fence, outcome and actor.
+pub async fn audit_default_level_records_what_an_operator_needs<H: Harness>(h: &H) {
+    let c = Ctx::at(h, "audit-default", AuditLevel::default()).await;
+
+    let done = c.key("done");
+    let d = c.claimed(&done).await;
+    c.renew(&done, d.owner, d.fence, c.lease).await;
+    c.busy(&done).await;
+    c.complete(&done, &d, &StoredResponse::new(202, "ok")).await;
+    assert!(matches!(
+        c.claim_fp(&done, fp(1)).await,
+        ClaimOutcome::Done { .. }
+    ));
+    c.get(&done).await;
+    let trail = c.trail(&done).await;
+    assert_eq!(
+        kinds(&trail),
+        [],
+        "a first request wrote to the trail: {trail:#?}"
+    );
+
+    let freed = c.key("freed");
+    let f = c.claimed(&freed).await;
+    c.release(&freed, &f, ReleaseKind::Retryable).await;
+    let g = c.claimed(&freed).await;
+    c.release(&freed, &g, ReleaseKind::Unknown).await;
+    assert!(audit::acting_as("rule:cleaner", || c.delete(&freed)).await);
+    let trail = c.trail(&freed).await;
+    assert_eq!(
+        kinds(&trail),
+        [AuditKind::Deleted, AuditKind::Unknown, AuditKind::Released],
+        "{trail:#?}"
+    );
+    assert_eq!(trail[0].actor.as_deref(), Some("rule:cleaner"));
+    assert_eq!(trail[1].outcome.as_deref(), Some("ambiguous"));
+    assert_eq!(trail[2].outcome.as_deref(), Some("retryable"));
+    assert_eq!((trail[2].fence, trail[1].fence), (f.fence, g.fence));
+    assert_eq!(trail[2].instance, Some(instance_of(f.owner)));
+
+    let stale = c.key("stale");
+    let old = c.claimed(&stale).await;
+    c.wait_out_lease().await;
+    let new = c.taken_over(&c.req(&stale, fp(1))).await;
+    let late = StoredResponse::new(200, "late");
+    assert_eq!(
+        c.complete_as(&stale, old.owner, old.fence, &late).await,
+        SettleOutcome::Fenced
+    );
+    c.complete(&stale, &new, &StoredResponse::new(200, "new"))
+        .await;
+    let trail = c.trail(&stale).await;
+    assert_eq!(
+        kinds(&trail),
+        [AuditKind::Fenced, AuditKind::TakenOver],
+        "{trail:#?}"
+    );
+    assert_eq!((trail[0].fence, trail[1].fence), (old.fence, new.fence));
+    assert_eq!(trail[1].instance, Some(instance_of(new.owner)));
+
+    // The holder comes back after its lease ran out under `hold` and completes: the
+    // completion is why the unknown in the trail never needed a resolve.
+    let back = c.key("back");
+    let first = c.hold_req(&back, fp(1));
+    let lease = c.claimed_with(&first).await;
+    c.wait_out_lease().await;
+    c.unknown_with(&c.hold_req(&back, fp(1)), lease.fence).await;
+    c.complete(&back, &lease, &StoredResponse::new(201, "late"))
+        .await;
+    let trail = c.trail(&back).await;
+    assert_eq!(
+        kinds(&trail),
+        [AuditKind::Completed, AuditKind::Unknown],
+        "{trail:#?}"
+    );
+    assert_eq!(trail[0].status, Some(201));
+    assert_eq!(trail[0].instance, Some(instance_of(lease.owner)));
+    assert_eq!(trail[1].outcome.as_deref(), Some("lease_expired"));
+
+    let settled = c.key("settled");
+    let mut req = c.hold_req(&settled, fp(1));
+    req.request_id = Some("req-settled".into());
+    let lease = c.claimed_with(&req).await;
+    c.release(&settled, &lease, ReleaseKind::Unknown).await;
+    let resolved = audit::acting_as("rule:operator", || {
+        c.resolve(&settled, &Resolution::Release)
+    })
+    .await;
+    assert_eq!(resolved, ResolveOutcome::Resolved);
+    let trail = c.trail(&settled).await;
+    assert_eq!(
+        kinds(&trail),
+        [AuditKind::Resolved, AuditKind::Unknown],
+        "{trail:#?}"
+    );
+    assert!(trail.iter().all(|e| e.fence == lease.fence), "{trail:#?}");
+    assert_eq!(trail[0].actor.as_deref(), Some("rule:operator"));
+    assert_eq!(trail[0].outcome.as_deref(), Some("release"));
+    assert_eq!(trail[1].request_id.as_deref(), Some("req-settled"));
+
+    let in_ns = AuditQuery {
+        namespace: Some(c.ns.clone()),
+        ..AuditQuery::default()
+    };
+    let everything = c.audit(&in_ns).await;
+    assert!(
+        everything.iter().all(|e| e.kind != AuditKind::Claimed),
+        "{everything:#?}"
+    );
+    assert_eq!(everything.len(), 9, "{everything:#?}");
 }

@@ -66,7 +66,8 @@ macro_rules! __rules {
             audit:
                 audit_trail_follows_claim_timeout_unknown_resolve,
                 audit_records_every_change_and_nothing_else,
-                audit_query_filters;
+                audit_query_filters,
+                audit_default_level_records_what_an_operator_needs;
             race:
                 race_one_claim_wins,
                 race_one_takeover_wins,
@@ -113,6 +114,6 @@ mod tests {
     fn every_rule_is_named_once() {
         let unique: BTreeSet<&str> = super::ALL.iter().copied().collect();
         assert_eq!(unique.len(), super::ALL.len(), "{:?}", super::ALL);
-        assert_eq!(super::ALL.len(), 34);
+        assert_eq!(super::ALL.len(), 35);
     }
 }

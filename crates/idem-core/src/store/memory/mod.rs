@@ -29,7 +29,7 @@ use std::time::Duration;
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
-use crate::audit::{self, AuditEvent, AuditQuery, AuditRetention, Step};
+use crate::audit::{self, AuditEvent, AuditLevel, AuditQuery, AuditRetention, Step};
 use crate::clock::{Clock, SystemClock};
 use crate::decide::{self, Change, Transition};
 use crate::key::ScopedKey;
@@ -59,6 +59,8 @@ pub const MEMORY_AUDIT: AuditRetention = AuditRetention {
 #[derive(Clone)]
 pub struct MemoryStore {
     shared: Arc<Shared>,
+    /// Which changes this handle records (see [`MemoryStore::with_audit_level`]).
+    level: AuditLevel,
 }
 
 struct Shared {
@@ -131,7 +133,29 @@ impl MemoryStore {
                 },
                 audit_seq: AtomicU64::new(0),
             }),
+            level: AuditLevel::default(),
         }
+    }
+
+    /// This store recording the changes `level` names in its audit trail (by default
+    /// [`AuditLevel::Operator`]: no event for a fresh claim or its completion). The level
+    /// belongs to this handle and the clones made from it; the records and the trail are
+    /// shared with every clone.
+    #[must_use]
+    pub fn with_audit_level(mut self, level: AuditLevel) -> Self {
+        self.level = level;
+        self
+    }
+
+    /// The event `step` records at this store's level (see [`audit::event_for`]).
+    fn event(
+        &self,
+        step: Step<'_>,
+        key: &ScopedKey,
+        now: Timestamp,
+        previous: Option<&Record>,
+    ) -> Option<AuditEvent> {
+        audit::event_for(step, key, now, previous).filter(|e| self.level.records(e.kind, previous))
     }
 
     /// Number of records held, expired ones included until swept.
@@ -252,6 +276,7 @@ impl fmt::Debug for MemoryStore {
         f.debug_struct("MemoryStore")
             .field("capacity", &self.shared.capacity)
             .field("max_bytes", &self.shared.max_bytes)
+            .field("audit", &self.level)
             .finish_non_exhaustive()
     }
 }
@@ -267,7 +292,7 @@ impl Store for MemoryStore {
         let exists = previous.is_some();
         let floor = inner.fence_high + 1;
         let t = decide::claim(now, previous, req, floor);
-        let event = audit::event_for(Step::Claim(req, &t.outcome), &req.key, now, previous);
+        let event = self.event(Step::Claim(req, &t.outcome), &req.key, now, previous);
         let result = match (&t.change, exists) {
             (Change::Put(record), false) => inner.make_room(
                 now,
@@ -321,7 +346,7 @@ impl Store for MemoryStore {
                     status,
                     outcome,
                 };
-                audit::event_for(step, key, now, prev)
+                self.event(step, key, now, prev)
             },
         )))
     }
@@ -343,7 +368,7 @@ impl Store for MemoryStore {
                     kind,
                     outcome,
                 };
-                audit::event_for(step, key, now, prev)
+                self.event(step, key, now, prev)
             },
         )))
     }
@@ -389,9 +414,7 @@ impl Store for MemoryStore {
         ready(Ok(self.apply(
             key,
             |now, prev| decide::resolve(now, prev, resolution, fence),
-            |&outcome, now, prev| {
-                audit::event_for(Step::Resolve(resolution, outcome), key, now, prev)
-            },
+            |&outcome, now, prev| self.event(Step::Resolve(resolution, outcome), key, now, prev),
         )))
     }
 
@@ -400,7 +423,7 @@ impl Store for MemoryStore {
         let (hash, _, mut inner) = self.shared.shard(key);
         let previous = decide::live(now, inner.get(hash, key).map(|e| &e.record));
         let existed = previous.is_some();
-        let event = audit::event_for(Step::Delete { existed }, key, now, previous);
+        let event = self.event(Step::Delete { existed }, key, now, previous);
         inner.remove(hash, key);
         self.shared.record(&mut inner, event);
         ready(Ok(existed))
@@ -478,7 +501,8 @@ mod tests {
             max_events: 3,
             max_age: Duration::from_secs(3600),
         };
-        let store = MemoryStore::with_audit(10, clock.clone(), retention);
+        let store =
+            MemoryStore::with_audit(10, clock.clone(), retention).with_audit_level(AuditLevel::All);
         claim_and_complete(&store, "a", Duration::from_secs(5)).await;
         clock.advance(Duration::from_secs(10));
         assert_eq!(store.sweep(), 1);
@@ -495,6 +519,22 @@ mod tests {
         let all = store.audit(&AuditQuery::default()).await.expect("audit");
         assert_eq!(all.len(), 3, "bounded: the oldest events went");
         assert_eq!(all[0].key, "b");
+    }
+
+    // At the default level a claim and its completion leave the trail alone; the record's
+    // expiry is still written.
+    #[tokio::test]
+    async fn the_default_level_records_no_routine_claim_or_completion() {
+        let clock = ManualClock::new(Timestamp(1_000_000));
+        let store = MemoryStore::with_clock(10, clock.clone());
+        claim_and_complete(&store, "a", Duration::from_secs(5)).await;
+        let all = store.audit(&AuditQuery::default()).await.expect("audit");
+        assert_eq!(all, [], "a first request wrote to the trail");
+        clock.advance(Duration::from_secs(10));
+        assert_eq!(store.sweep(), 1);
+        let all = store.audit(&AuditQuery::default()).await.expect("audit");
+        let kinds: Vec<_> = all.iter().map(|e| e.kind).collect();
+        assert_eq!(kinds, [crate::audit::AuditKind::Expired]);
     }
 
     // A full store sweeps before it refuses: a record whose TTL ran out makes room, and is

@@ -338,6 +338,22 @@ function render(records, ids, body) {
   });
 }
 
+// At audit level "operator" the trail leaves out a fresh claim and its completion: say so,
+// with what the key's record tells of them (the API sends it when a namespace is given).
+function operatorNote(record) {
+  const at = (ms) => new Date(ms).toISOString().replace("T", " ").replace("Z", "");
+  let text = " The store records operator events only (audit level operator): a fresh claim and its"
+    + " completion are left to the record; [audit] level = \"all\" records every transition.";
+  if (record) {
+    text += ` Record: ${record.state}, fence ${record.fence}, claimed ${at(record.created_at_ms)}`;
+    if (record.state === "completed") {
+      text += `, completed ${at(record.completed_at_ms)} (status ${record.status})`;
+    }
+    text += ".";
+  }
+  return text;
+}
+
 async function searchAudit(ev) {
   if (ev) ev.preventDefault();
   const key = $("auditkey").value.trim();
@@ -365,7 +381,8 @@ async function searchAudit(ev) {
       row.append(el("td", e.actor ?? "–"));
       body.append(row);
     }
-    note.textContent = `${r.events.length} event${r.events.length === 1 ? "" : "s"} for ${key}, newest first.`;
+    note.textContent = `${r.events.length} event${r.events.length === 1 ? "" : "s"} for ${key}, newest first.`
+      + (r.level === "operator" ? operatorNote(r.record) : "");
     note.dataset.figure = "audit-count";
     note.dataset.count = String(r.events.length);
     table.hidden = r.events.length === 0;

@@ -1,0 +1,162 @@
+//! What a first request writes to the audit table at each audit level, counted in the table
+//! itself: at the default nothing (the row tells the claim and its completion), at `all`
+//! one row for each. A late holder completing its unknown row is recorded at both.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{MySqlHarness, PgHarness, SqliteHarness};
+use idem_core::audit::{AuditKind, AuditLevel};
+use idem_core::{
+    ClaimOutcome, ClaimRequest, Fingerprint, Key, OwnerId, Scope, ScopedKey, SettleOutcome, Store,
+    StoredResponse, TakeoverPolicy,
+};
+
+fn req(key: &str, lease: Duration) -> ClaimRequest {
+    ClaimRequest {
+        key: ScopedKey::new(
+            Scope::new("audit-level").expect("ns"),
+            Key::new(key).expect("key"),
+        ),
+        fingerprint: Fingerprint::of_bytes(1, b"x"),
+        owner: OwnerId::random(),
+        lease,
+        ttl: Duration::from_secs(60),
+        takeover: TakeoverPolicy::Hold,
+        request_id: Some("req-1".into()),
+    }
+}
+
+/// Claims `key` with `lease`, runs `between`, then completes it as the claim's holder.
+async fn claim_then_complete<S: Store>(
+    store: &S,
+    key: &str,
+    lease: Duration,
+    between: impl AsyncFn(&ClaimRequest),
+) {
+    let r = req(key, lease);
+    let ClaimOutcome::Claimed { lease, .. } = store.claim(&r).await.expect("claim") else {
+        panic!("{key} not claimed");
+    };
+    between(&r).await;
+    let done = store
+        .complete(
+            &r.key,
+            lease.owner,
+            lease.fence,
+            &StoredResponse::new(200, "ok"),
+            r.ttl,
+        )
+        .await
+        .expect("complete");
+    assert_eq!(done, SettleOutcome::Settled);
+}
+
+/// The event codes the audit table holds for `key`, oldest first, read with `codes`.
+async fn trail(codes: &impl AsyncFn(&str) -> Vec<i16>, table: &str, key: &str) -> Vec<i16> {
+    codes(&format!(
+        "SELECT event FROM {table}_audit WHERE idem_key = '{key}' ORDER BY seq"
+    ))
+    .await
+}
+
+/// A first request at each level, and a holder that completes after a claim under `hold`
+/// marked its expired lease unknown.
+async fn check<S: Store + Clone>(
+    store: &S,
+    at_all: &S,
+    table: &str,
+    codes: impl AsyncFn(&str) -> Vec<i16>,
+) {
+    let (claimed, completed, unknown) = (
+        i16::from(AuditKind::Claimed.code()),
+        i16::from(AuditKind::Completed.code()),
+        i16::from(AuditKind::Unknown.code()),
+    );
+    let long = Duration::from_secs(10);
+    claim_then_complete(store, "plain", long, async |_| {}).await;
+    assert_eq!(
+        trail(&codes, table, "plain").await,
+        Vec::<i16>::new(),
+        "audit rows after a first request"
+    );
+    claim_then_complete(at_all, "all", long, async |_| {}).await;
+    assert_eq!(trail(&codes, table, "all").await, [claimed, completed]);
+
+    for (s, key) in [(store, "late"), (at_all, "late-all")] {
+        let short = Duration::from_millis(200);
+        claim_then_complete(s, key, short, async |r| {
+            idem_testkit::sleep_for(short * 2).await;
+            let retry = ClaimRequest {
+                owner: OwnerId::random(),
+                ..r.clone()
+            };
+            let marked = s.claim(&retry).await.expect("claim");
+            assert!(matches!(marked, ClaimOutcome::Unknown { .. }), "{marked:?}");
+        })
+        .await;
+    }
+    assert_eq!(
+        trail(&codes, table, "late").await,
+        [unknown, completed],
+        "a late holder settling its unknown row is recorded"
+    );
+    assert_eq!(
+        trail(&codes, table, "late-all").await,
+        [claimed, unknown, completed]
+    );
+}
+
+#[tokio::test]
+async fn postgres_records_a_first_request_only_at_all() {
+    let Some(h) = PgHarness::connect().await else {
+        return;
+    };
+    let pool = h.store.pool().clone();
+    let codes = async |sql: &str| -> Vec<i16> {
+        sqlx::query_scalar(sql)
+            .fetch_all(&pool)
+            .await
+            .expect("trail")
+    };
+    let at_all = h.store.clone().with_audit_level(AuditLevel::All);
+    check(&h.store, &at_all, h.store.table().as_str(), codes).await;
+}
+
+#[tokio::test]
+async fn mysql_records_a_first_request_only_at_all() {
+    for then_read in [false, true] {
+        let Some(h) = MySqlHarness::connect().await else {
+            return;
+        };
+        let store = if then_read {
+            h.store.clone().with_claim_then_read()
+        } else {
+            h.store.clone()
+        };
+        let pool = h.store.pool().clone();
+        let codes = async |sql: &str| -> Vec<i16> {
+            sqlx::query_scalar(sql)
+                .fetch_all(&pool)
+                .await
+                .expect("trail")
+        };
+        let at_all = store.clone().with_audit_level(AuditLevel::All);
+        check(&store, &at_all, h.store.table().as_str(), codes).await;
+    }
+}
+
+#[tokio::test]
+async fn sqlite_records_a_first_request_only_at_all() {
+    let h = SqliteHarness::new().await;
+    let pool = h.store.writer().clone();
+    let codes = async |sql: &str| -> Vec<i16> {
+        sqlx::query_scalar(sql)
+            .fetch_all(&pool)
+            .await
+            .expect("trail")
+    };
+    let at_all = h.store.clone().with_audit_level(AuditLevel::All);
+    check(&h.store, &at_all, h.store.table().as_str(), codes).await;
+}
