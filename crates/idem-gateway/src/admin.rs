@@ -349,33 +349,20 @@ fn named_key(q: &AuditQuery) -> Option<ScopedKey> {
     Some(ScopedKey::new(scope, Key::new(q.key.clone()?).ok()?))
 }
 
-/// What a record tells of its attempt, for an audit answer: state, fence, request id and
-/// times, and the stored status (no body).
+/// What a record tells of its attempt, for an audit answer: [`record_json`] without the
+/// key's names, fingerprint, owner and stored response, only the response's status.
 fn record_summary(r: &Record) -> Value {
-    let mut v = json!({
-        "fence": r.fence,
-        "request_id": r.request_id,
-        "created_at_ms": r.created_at.as_millis(),
-        "expires_at_ms": r.expires_at.as_millis(),
-    });
-    match &r.state {
-        RecordState::Processing { lease_until, .. } => {
-            v["state"] = "processing".into();
-            v["lease_until_ms"] = lease_until.as_millis().into();
+    let mut v = record_json(r);
+    if let Some(fields) = v.as_object_mut() {
+        let status = fields
+            .remove("response")
+            .and_then(|resp| resp.get("status").cloned());
+        for name in ["namespace", "principal", "key", "fingerprint", "owner"] {
+            fields.remove(name);
         }
-        RecordState::Completed {
-            response,
-            completed_at,
-        } => {
-            v["state"] = "completed".into();
-            v["completed_at_ms"] = completed_at.as_millis().into();
-            v["status"] = response.status.into();
+        if let Some(status) = status {
+            fields.insert("status".into(), status);
         }
-        RecordState::Unknown { since, .. } => {
-            v["state"] = "unknown".into();
-            v["unknown_since_ms"] = since.as_millis().into();
-        }
-        _ => v["state"] = "other".into(),
     }
     v
 }
