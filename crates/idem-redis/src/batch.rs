@@ -6,7 +6,7 @@
 //! whole queue (up to a cap) as one `EVALSHA` of the batch script (`lua/batch.lua`), which
 //! applies each operation in order with the same Lua function as its single script, and
 //! hands each caller its own reply. The task keeps the slot while more operations queue up.
-//! The queue, its slots and that task are [`crate::queue`]'s; this file says what a record
+//! The queue, its slots and that task are [`idem_core::store::coalesce`]'s; this file says what a record
 //! operation is and how a batch of them is sent.
 //!
 //! Every caller still bounds its own wait (the store's op timeout); a batch that fails or
@@ -19,11 +19,11 @@ use std::time::Duration;
 
 use idem_core::StoreError;
 use idem_core::record::{CodecError, duration_ms};
+use idem_core::store::coalesce::{self as queue, Batching, Queue};
 use redis::{Cmd, RedisError, Value};
 
 use crate::config::Durability;
-use crate::queue::{self, Batching, Queue, own_reply};
-use crate::script::{Connection, NamedScript};
+use crate::script::{Connection, NamedScript, own_reply};
 
 /// Most operations in one batch script call.
 pub(crate) const MAX_OPS: usize = 128;

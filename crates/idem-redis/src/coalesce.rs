@@ -9,7 +9,7 @@
 //! script and answers each separately. Every caller bounds its own wait; a batch that fails
 //! or runs out of time fails each of its operations.
 //!
-//! The queue, its slot and that task are [`crate::queue`]'s; this file says what a lock or
+//! The queue, its slot and that task are [`idem_core::store::coalesce`]'s; this file says what a lock or
 //! token operation is and how a batch of them is sent.
 //!
 //! What this saves is the server's fixed cost per script call (parsing the command, setting
@@ -20,11 +20,11 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use idem_core::StoreError;
+use idem_core::store::coalesce::{self as queue, Batching, Queue};
 use redis::Value;
 
 use crate::batch::{malformed, redis_err};
-use crate::queue::{self, Batching, Queue, own_reply};
-use crate::script::{Connection, NamedScript, bounded};
+use crate::script::{Connection, NamedScript, bounded, own_reply};
 
 /// Most operations in one batch.
 const MAX_OPS: usize = 128;

@@ -86,7 +86,6 @@ mod coalesce;
 mod codec;
 pub mod config;
 pub mod lock;
-mod queue;
 pub mod script;
 mod store;
 pub mod tokens;

@@ -349,3 +349,18 @@ pub async fn bounded<T>(
         Err(_) => Err(StoreError::Timeout(limit)),
     }
 }
+
+/// An operation's entry of a batch script's reply: `{-1, message}` is an error it raised
+/// alone.
+pub(crate) fn own_reply(item: Value) -> Result<Value, StoreError> {
+    if let Value::Array(parts) = &item
+        && let Some(Value::Int(-1)) = parts.first()
+    {
+        let message = match parts.get(1) {
+            Some(Value::BulkString(m)) => String::from_utf8_lossy(m).into_owned(),
+            _ => "script error".to_owned(),
+        };
+        return Err(StoreError::unavailable(message));
+    }
+    Ok(item)
+}

@@ -54,6 +54,7 @@ mod audit;
 pub mod backstop;
 mod dialect;
 mod driver;
+mod group;
 #[cfg(feature = "postgres")]
 pub mod lock;
 mod reaper;

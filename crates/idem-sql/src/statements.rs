@@ -229,6 +229,10 @@ pub(crate) struct Statements {
     pub(crate) audit_fenced: Stmt,
     pub(crate) audit_settled: Stmt,
     pub(crate) audit_reap: Stmt,
+    /// The grouped claim and completion ([`crate::dialect::Grouping::Statement`]), bound by
+    /// position (`$1`…) with arrays.
+    pub(crate) claim_many: Option<String>,
+    pub(crate) complete_many: Option<String>,
     /// Parameterless: run as is.
     pub(crate) migrate: String,
     /// Parameterless: run as is.
@@ -250,12 +254,12 @@ impl Statements {
     /// `D`'s statements on `table`, recording the changes `level` names.
     pub(crate) fn new<D: Sql>(table: &TableName, level: AuditLevel) -> Self {
         let (claimed, completed) = verdicts(level);
-        let stmt = |template: &str| {
-            let sql = expand::<D>(template, table)
+        let text = |template: &str| {
+            expand::<D>(template, table)
                 .replace("{claimed}", claimed)
-                .replace("{completed}", completed);
-            compile(&sql, D::PLACEHOLDERS)
+                .replace("{completed}", completed)
         };
+        let stmt = |template: &str| compile(&text(template), D::PLACEHOLDERS);
         Self {
             claim_read: D::CLAIM_READ.map(stmt),
             claim: stmt(D::CLAIM),
@@ -280,6 +284,8 @@ impl Statements {
             audit_fenced: stmt(audit::FENCED_EVENT),
             audit_settled: stmt(audit::SETTLED_EVENT),
             audit_reap: stmt(D::AUDIT_REAP),
+            claim_many: D::CLAIM_MANY.map(text),
+            complete_many: D::COMPLETE_MANY.map(text),
             migrate: format!(
                 "{};\n{}",
                 expand::<D>(D::MIGRATE, table)
@@ -310,8 +316,18 @@ pub(crate) fn expand<D: Sql>(template: &str, table: &TableName) -> String {
         .replace("{greatest}", D::GREATEST)
         .replace("{now_us}", D::NOW_US)
         .replace("{now}", D::NOW_MS)
+        .replace("{cur_cols}", &prefixed("cur"))
         .replace("{cols}", COLUMNS)
         .replace("{t}", table.as_str())
+}
+
+/// The record columns, each qualified with `alias`.
+fn prefixed(alias: &str) -> String {
+    COLUMNS
+        .split(',')
+        .map(|c| format!("{alias}.{}", c.trim()))
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// Rewrites each `:name` parameter as a placeholder of `style`, and lists what to bind in
@@ -511,6 +527,12 @@ mod tests {
             }
         }
         assert!(!all.migrate.contains('{') && !all.drop.contains('{'));
+        for grouped in [&all.claim_many, &all.complete_many].into_iter().flatten() {
+            assert!(
+                !grouped.contains('{') && !grouped.contains(":id"),
+                "{grouped}"
+            );
+        }
     }
 
     #[cfg(feature = "postgres")]

@@ -13,9 +13,12 @@ use idem_core::{
 use sqlx::Pool;
 use sqlx::pool::PoolOptions;
 
+use idem_core::store::coalesce;
+
 use crate::audit;
-use crate::dialect::{Dialect, OnePool, Renewal, Sql, Written};
+use crate::dialect::{Dialect, Grouping, OnePool, Renewal, Sql, Written};
 use crate::driver::{On, Value};
+use crate::group::{self, Answer, Completion, Group};
 use crate::record::{
     ClaimRow, MAX_RACES, RawRecord, fence_param, ms, settled, state_code, too_many_races, ts,
     unresolved,
@@ -43,7 +46,14 @@ pub struct SqlStore<D: Dialect> {
     /// (dialects with [`crate::dialect::Sql::CLAIM_THEN_READ`] only), then
     /// [`CLAIM_RETURNING`] or [`CLAIM_THEN_READ`].
     pub(crate) claim_mode: Arc<AtomicU8>,
+    /// Whether concurrent claims and completions share commits (on by default).
+    grouping: bool,
+    /// The group-commit queue, where the dialect groups and `grouping` is on.
+    group: Option<Arc<Group<D>>>,
 }
+
+/// Bounds one grouped call (the callers bound their own waits too).
+const GROUP_LIMIT: Duration = Duration::from_secs(30);
 
 pub(crate) const CLAIM_UNKNOWN: u8 = 0;
 pub(crate) const CLAIM_RETURNING: u8 = 1;
@@ -92,6 +102,8 @@ impl<D: Dialect> Clone for SqlStore<D> {
             audit_age: self.audit_age,
             audit_level: self.audit_level,
             claim_mode: self.claim_mode.clone(),
+            grouping: self.grouping,
+            group: self.group.clone(),
         }
     }
 }
@@ -130,7 +142,52 @@ impl<D: Dialect> SqlStore<D> {
             audit_age: AuditRetention::default().max_age,
             audit_level,
             claim_mode: Arc::new(AtomicU8::new(mode)),
+            grouping: true,
+            group: None,
         }
+        .regrouped()
+    }
+
+    /// Lets concurrent claims and completions on the store's own pools share commits (on by
+    /// default; `false` commits each one on its own). An operation that finds a writer
+    /// connection free runs at once, alone; those that arrive while every connection is busy
+    /// are sent together: on PostgreSQL as one statement for the claims and one for the
+    /// completions, on SQLite as one transaction. The guards, and so the guarantees, are a
+    /// lone operation's; MariaDB commits each operation on its own either way. Same-database
+    /// mode (`claim_in`, `complete_in`) runs on the caller's transaction and never groups.
+    #[must_use]
+    pub fn with_group_commit(mut self, on: bool) -> Self {
+        self.grouping = on;
+        self.regrouped()
+    }
+
+    /// The store with a group-commit queue for its current settings (a new one: clones made
+    /// before keep theirs).
+    fn regrouped(mut self) -> Self {
+        self.group = None;
+        if self.grouping && D::GROUPING != Grouping::Off {
+            let inner = self.clone();
+            self.group = Some(Arc::new(Group::new(inner, GROUP_LIMIT)));
+        }
+        self
+    }
+
+    /// Runs one operation of a batch alone.
+    pub(crate) async fn alone(&self, op: &group::Op) -> Result<Answer, StoreError> {
+        match op {
+            group::Op::Claim(req) => self.claim_on(None, req).await.map(Answer::Claim),
+            group::Op::Complete(c) => self.complete_alone(c).await.map(Answer::Settle),
+        }
+    }
+
+    /// A completion on the writer, its fencing audited.
+    async fn complete_alone(&self, c: &Completion) -> Result<SettleOutcome, StoreError> {
+        let outcome = self.complete_encoded(On::Pool(&self.writer), c).await?;
+        if outcome == SettleOutcome::Fenced {
+            self.audit_fenced(&c.key, c.owner, c.fence, "complete")
+                .await;
+        }
+        Ok(outcome)
     }
 
     /// Claims with the portable upsert-then-read transaction even where the server accepts
@@ -146,6 +203,7 @@ impl<D: Dialect> SqlStore<D> {
             claim_mode: Arc::new(AtomicU8::new(mode)),
             ..self
         }
+        .regrouped()
     }
 
     /// Whether claims take the upsert-then-read path: asks the server its version once.
@@ -183,7 +241,7 @@ impl<D: Dialect> SqlStore<D> {
     #[must_use]
     pub fn with_audit_retention(mut self, max_age: Duration) -> Self {
         self.audit_age = max_age;
-        self
+        self.regrouped()
     }
 
     /// Records the changes `level` names in the audit table (by default
@@ -196,7 +254,7 @@ impl<D: Dialect> SqlStore<D> {
             self.sql = Arc::new(Statements::new::<D>(&self.table, level));
             self.audit_level = level;
         }
-        self
+        self.regrouped()
     }
 
     /// Applies a resolve or delete (`stmt` on `args`) and writes its event in the same
@@ -342,13 +400,29 @@ impl<D: Dialect> SqlStore<D> {
         response: &StoredResponse,
         ttl: Duration,
     ) -> Result<SettleOutcome, StoreError> {
-        let (id, owner, response) = (key.digest(), owner.to_bytes(), response.encode());
+        let c = Completion {
+            key: key.clone(),
+            owner,
+            fence,
+            response: response.encode(),
+            ttl,
+        };
+        self.complete_encoded(on, &c).await
+    }
+
+    /// Runs the completion `c` on `on`.
+    pub(crate) async fn complete_encoded(
+        &self,
+        on: On<'_, D>,
+        c: &Completion,
+    ) -> Result<SettleOutcome, StoreError> {
+        let (id, owner) = (c.key.digest(), c.owner.to_bytes());
         let args = [
             (Param::Id, Value::Bytes(&id)),
             (Param::Owner, Value::Bytes(&owner)),
-            (Param::Fence, Value::Int(fence_param(fence))),
-            (Param::Response, Value::Bytes(&response)),
-            (Param::Ttl, Value::Int(ms(ttl))),
+            (Param::Fence, Value::Int(fence_param(c.fence))),
+            (Param::Response, Value::Bytes(&c.response)),
+            (Param::Ttl, Value::Int(ms(c.ttl))),
         ];
         self.settle(on, &self.sql.complete, &args).await
     }
@@ -445,7 +519,12 @@ impl<D: OnePool> SqlStore<D> {
 
 impl<D: Dialect> Store for SqlStore<D> {
     async fn claim(&self, req: &ClaimRequest) -> Result<ClaimOutcome, StoreError> {
-        self.claim_on(None, req).await
+        match &self.group {
+            Some(group) => coalesce::submit(group, group::Op::Claim(req.clone()))
+                .await?
+                .claim(),
+            None => self.claim_on(None, req).await,
+        }
     }
 
     async fn renew(
@@ -520,14 +599,19 @@ impl<D: Dialect> Store for SqlStore<D> {
         response: &StoredResponse,
         ttl: Duration,
     ) -> Result<SettleOutcome, StoreError> {
-        let on = On::Pool(&self.writer);
-        let outcome = self
-            .complete_on(on, key, owner, fence, response, ttl)
-            .await?;
-        if outcome == SettleOutcome::Fenced {
-            self.audit_fenced(key, owner, fence, "complete").await;
+        let c = Completion {
+            key: key.clone(),
+            owner,
+            fence,
+            response: response.encode(),
+            ttl,
+        };
+        match &self.group {
+            Some(group) => coalesce::submit(group, group::Op::Complete(c))
+                .await?
+                .settle(),
+            None => self.complete_alone(&c).await,
         }
-        Ok(outcome)
     }
 
     async fn release(

@@ -12,6 +12,7 @@
 
 mod boxed;
 pub mod cache;
+pub mod coalesce;
 mod forward;
 pub mod memory;
 

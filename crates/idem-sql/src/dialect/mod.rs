@@ -11,7 +11,8 @@
 //! Statements no dialect spells differently are in [`crate::statements`]; the defaults of
 //! [`Sql`] are the portable spelling of those some dialects spell their own way.
 
-use sqlx::{Decode, Type};
+use futures::future::BoxFuture;
+use sqlx::{Decode, Pool, Type};
 
 use crate::driver::Driver;
 
@@ -55,6 +56,46 @@ impl<S> Renewal<S> {
             Self::LastInsertId(s) => Renewal::LastInsertId(f(s)),
         }
     }
+}
+
+/// How a dialect's store commits concurrent claims and completions together
+/// ([`crate::SqlStore::with_group_commit`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Grouping {
+    /// Each operation commits on its own.
+    Off,
+    /// The waiting operations run their own statements in one transaction: one commit (one
+    /// log flush) for all of them. For a database with one writer (SQLite).
+    Transaction,
+    /// The waiting claims are one statement ([`Sql::CLAIM_MANY`]) and the waiting completions
+    /// another ([`Sql::COMPLETE_MANY`]), each bound as arrays: one round trip and one commit
+    /// for many operations.
+    Statement,
+}
+
+/// The columns of the claims one [`Sql::CLAIM_MANY`] binds, one array per column, in the
+/// statement's parameter order.
+#[derive(Debug, Default)]
+pub struct ClaimColumns {
+    pub(crate) id: Vec<Vec<u8>>,
+    pub(crate) namespace: Vec<String>,
+    pub(crate) principal: Vec<Option<String>>,
+    pub(crate) key: Vec<String>,
+    pub(crate) fingerprint: Vec<Vec<u8>>,
+    pub(crate) owner: Vec<Vec<u8>>,
+    pub(crate) lease: Vec<i64>,
+    pub(crate) ttl: Vec<i64>,
+    pub(crate) request_id: Vec<Option<String>>,
+}
+
+/// The columns of the completions one [`Sql::COMPLETE_MANY`] binds.
+#[derive(Debug, Default)]
+pub struct CompleteColumns {
+    pub(crate) id: Vec<Vec<u8>>,
+    pub(crate) owner: Vec<Vec<u8>>,
+    pub(crate) fence: Vec<i64>,
+    pub(crate) response: Vec<Vec<u8>>,
+    pub(crate) ttl: Vec<i64>,
 }
 
 /// What a statement that returns no rows reports.
@@ -172,6 +213,37 @@ CREATE TRIGGER IF NOT EXISTS {t}_audit_del AFTER DELETE ON {t}
     /// Error codes (`DatabaseError::code`) after which a claim on the store's own pool runs
     /// again: the database rolled the statement back whole.
     const CLAIM_RETRY_CODES: &'static [&'static str] = &[];
+
+    /// How concurrent claims and completions share a commit.
+    const GROUPING: Grouping = Grouping::Off;
+    /// Under [`Grouping::Statement`]: claims many keys in one statement, each bound as an
+    /// array ([`ClaimColumns`], `$1` to `$9`). A key without a row is inserted as a fresh
+    /// claim; for a key with one the statement reads it (the snapshot before the statement)
+    /// and returns it unwritten, for the same judgement as [`Sql::CLAIM`]'s read. Returns
+    /// `wrote, now_ms, {cols}, id` per key it inserted or read; a key it returns nothing for
+    /// (a concurrent insert it waited on) is claimed again alone.
+    const CLAIM_MANY: Option<&'static str> = None;
+    /// Under [`Grouping::Statement`]: completes many claims in one statement
+    /// ([`CompleteColumns`], `$1` to `$5`), each guarded as a single completion is; returns the `id` of each row it completed.
+    const COMPLETE_MANY: Option<&'static str> = None;
+    /// Runs the compiled [`Sql::CLAIM_MANY`] on `pool`.
+    fn claim_many<'a>(
+        pool: &'a Pool<Self>,
+        sql: &'a str,
+        columns: ClaimColumns,
+    ) -> BoxFuture<'a, Result<Vec<Self::Row>, sqlx::Error>> {
+        let _ = (pool, sql, columns);
+        Box::pin(async { Err(sqlx::Error::Protocol("no grouped claim".into())) })
+    }
+    /// Runs the compiled [`Sql::COMPLETE_MANY`] on `pool`.
+    fn complete_many<'a>(
+        pool: &'a Pool<Self>,
+        sql: &'a str,
+        columns: CompleteColumns,
+    ) -> BoxFuture<'a, Result<Vec<Self::Row>, sqlx::Error>> {
+        let _ = (pool, sql, columns);
+        Box::pin(async { Err(sqlx::Error::Protocol("no grouped completion".into())) })
+    }
 }
 
 /// A dialect whose store reads and writes through one pool (PostgreSQL, MariaDB), built with

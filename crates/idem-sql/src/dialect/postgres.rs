@@ -10,15 +10,20 @@
 //!   the written row or the row it read. In the rare case where the read saw a claimable record
 //!   but a concurrent claim won the upsert, the statement is run again (bounded).
 //! - **renew / complete / release / delete** are one guarded `UPDATE` each.
+//! - **group commit**: claims that arrive while every connection is busy are one
+//!   `INSERT … SELECT FROM unnest(…) ON CONFLICT (id) DO NOTHING`, which also returns the rows
+//!   that were already there (a replay is answered by the same statement), and completions are
+//!   one `UPDATE … FROM unnest(…)`; see [`crate::SqlStore::with_group_commit`].
 //! - **resolve** is a guarded `UPDATE`, then a read to say why it did not apply.
 //!
 //! Use `READ COMMITTED` (PostgreSQL's default) for same-database mode: under `REPEATABLE
 //! READ` a concurrent claim of the same key makes the upsert fail with a serialization error.
 
-use sqlx::Postgres;
+use futures::future::BoxFuture;
 use sqlx::postgres::PgQueryResult;
+use sqlx::{Pool, Postgres};
 
-use super::{OnePool, Placeholders, Sql, Written};
+use super::{ClaimColumns, CompleteColumns, Grouping, OnePool, Placeholders, Sql, Written};
 
 /// Records in a PostgreSQL table. Cheap to clone (the pool is shared).
 pub type PgStore = crate::SqlStore<Postgres>;
@@ -59,6 +64,87 @@ SELECT true AS wrote, clk.ms AS now_ms, ins.* FROM ins, clk
 UNION ALL
 SELECT false, clk.ms, cur.* FROM cur, clk WHERE NOT EXISTS (SELECT 1 FROM ins)
 ";
+
+    const GROUPING: Grouping = Grouping::Statement;
+
+    /// `v` holds the claims (sorted by id by the caller, so concurrent statements take their
+    /// row locks in one order); `ins` inserts those without a row; the rest are read from the
+    /// snapshot the statement started with (rows it waited on are not in it: those keys are
+    /// claimed again alone).
+    const CLAIM_MANY: Option<&'static str> = Some(
+        r"
+WITH clk AS (
+    SELECT us, us / 1000 AS ms FROM (SELECT {now_us} AS us) c
+), v AS (
+    SELECT * FROM unnest($1::bytea[], $2::text[], $3::text[], $4::text[], $5::bytea[],
+                         $6::bytea[], $7::bigint[], $8::bigint[], $9::text[])
+        WITH ORDINALITY AS v(id, namespace, principal, idem_key, fingerprint, owner, lease, ttl,
+                             request_id, n)
+), ins AS (
+    INSERT INTO {t} AS r (id, {cols})
+    SELECT v.id, v.namespace, v.principal, v.idem_key, v.fingerprint, clk.us, 0, v.owner,
+           clk.ms + v.lease, NULL, clk.ms, v.request_id, clk.ms,
+           clk.ms + GREATEST(v.lease, v.ttl), {claimed}
+    FROM v, clk ORDER BY v.n
+    ON CONFLICT (id) DO NOTHING
+    RETURNING {cols}, id
+)
+SELECT true AS wrote, clk.ms AS now_ms, ins.* FROM ins, clk
+UNION ALL
+SELECT false, clk.ms, {cur_cols}, cur.id FROM {t} cur, clk
+WHERE cur.id IN (SELECT id FROM v) AND cur.id NOT IN (SELECT id FROM ins)
+",
+    );
+
+    const COMPLETE_MANY: Option<&'static str> = Some(
+        r"
+UPDATE {t} AS r SET verdict = {completed}, state = 1, response = v.response, owner = NULL,
+    lease_until = 0, state_at = {now}, expires_at = {now} + v.ttl
+FROM unnest($1::bytea[], $2::bytea[], $3::bigint[], $4::bytea[], $5::bigint[])
+    AS v(id, owner, fence, response, ttl)
+WHERE r.id = v.id AND r.owner = v.owner AND r.fence = v.fence AND r.state IN (0, 2)
+  AND r.expires_at > {now}
+RETURNING r.id
+",
+    );
+
+    fn claim_many<'a>(
+        pool: &'a Pool<Self>,
+        sql: &'a str,
+        c: ClaimColumns,
+    ) -> BoxFuture<'a, Result<Vec<Self::Row>, sqlx::Error>> {
+        Box::pin(async move {
+            sqlx::query(sql)
+                .bind(c.id)
+                .bind(c.namespace)
+                .bind(c.principal)
+                .bind(c.key)
+                .bind(c.fingerprint)
+                .bind(c.owner)
+                .bind(c.lease)
+                .bind(c.ttl)
+                .bind(c.request_id)
+                .fetch_all(pool)
+                .await
+        })
+    }
+
+    fn complete_many<'a>(
+        pool: &'a Pool<Self>,
+        sql: &'a str,
+        c: CompleteColumns,
+    ) -> BoxFuture<'a, Result<Vec<Self::Row>, sqlx::Error>> {
+        Box::pin(async move {
+            sqlx::query(sql)
+                .bind(c.id)
+                .bind(c.owner)
+                .bind(c.fence)
+                .bind(c.response)
+                .bind(c.ttl)
+                .fetch_all(pool)
+                .await
+        })
+    }
 
     const AUDIT_MIGRATE: &'static str = r"
 CREATE TABLE IF NOT EXISTS {t}_audit (

@@ -68,6 +68,8 @@ RETURNING true AS wrote, {now} AS now_ms, {cols}
 
     /// Takes the write lock up front.
     const BEGIN: Option<&'static str> = Some("BEGIN IMMEDIATE");
+    /// One writer connection: claims and completions that wait for it share a transaction.
+    const GROUPING: super::Grouping = super::Grouping::Transaction;
 }
 
 impl Written for SqliteQueryResult {

@@ -70,8 +70,14 @@ pub struct PgHarness {
 
 impl PgHarness {
     pub async fn connect() -> Option<Self> {
+        Self::with_connections(16).await
+    }
+
+    /// A harness whose store has `n` connections: with few of them, concurrent operations
+    /// wait for one and are committed in groups.
+    pub async fn with_connections(n: u32) -> Option<Self> {
         let url = pg_url();
-        let store = match PgStore::connect(&url, 16).await {
+        let store = match PgStore::connect(&url, n).await {
             Ok(s) => s,
             Err(e) => {
                 missing("PostgreSQL", &e);

@@ -1,28 +1,27 @@
-//! The coalescing queue both batchers share: the record store's ([`crate::batch`]) and the
-//! lock and token one ([`crate::coalesce`]).
+//! Coalescing of concurrent store operations into batches, for store implementations: the
+//! Redis store sends a batch as one script call, the SQL stores as one transaction.
 //!
-//! An operation that finds a free in-flight slot and nobody waiting runs its own single
-//! script at once, in its caller's future: no added latency when the connection is idle.
-//! Operations that arrive while every slot is busy wait in a queue; when a slot frees up, a
-//! spawned task (the driver) takes the slot and sends the queue in batches, each one script
-//! call, until nothing waits. Every caller still bounds its own wait; a batch that fails or
-//! runs out of time fails each of its operations.
+//! An operation that finds a free in-flight slot and nobody waiting runs alone at once, in
+//! its caller's future: no added latency when the backend is idle. Operations that arrive
+//! while every slot is busy wait in a queue; when a slot frees up, a spawned task (the
+//! driver) takes the slot and sends the queue in batches until nothing waits. Every caller
+//! still bounds its own wait; a batch that fails or runs out of time fails each of its
+//! operations.
 //!
 //! What a batch is and how it is sent is each batcher's own ([`Batching`]); the bookkeeping
-//! here (queue, slots, driver) is the same for both.
+//! here (queue, slots, driver) is the same for all.
 
 use std::collections::VecDeque;
+use std::fmt;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use idem_core::StoreError;
-use redis::Value;
 use tokio::sync::oneshot;
 
-use crate::script::bounded;
+use super::StoreError;
 
 /// A batcher: the owner of a [`Queue`], and how it sends one operation or a batch.
-pub(crate) trait Batching: Sized + Send + Sync + 'static {
+pub trait Batching: Sized + Send + Sync + 'static {
     /// One queued operation.
     type Op: Send + Sync + 'static;
     /// What one operation's caller gets back.
@@ -41,14 +40,14 @@ pub(crate) trait Batching: Sized + Send + Sync + 'static {
     /// The bytes `op` adds to a batch.
     fn size(op: &Self::Op) -> usize;
 
-    /// Runs `op` alone with its single script.
+    /// Runs `op` alone.
     fn run_alone(
         &self,
         op: &Self::Op,
     ) -> impl Future<Output = Result<Self::Answer, StoreError>> + Send;
 
-    /// Runs two or more operations as one script call: each one's answer, in order, or the
-    /// error of the whole batch.
+    /// Runs two or more operations as one batch: each one's answer, in order, or the error
+    /// of the whole batch.
     fn run_batch(
         &self,
         ops: &[Self::Op],
@@ -58,8 +57,17 @@ pub(crate) trait Batching: Sized + Send + Sync + 'static {
     fn share(e: &StoreError) -> StoreError;
 }
 
+impl<B: Batching> fmt::Debug for Queue<B> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Queue")
+            .field("max_in_flight", &self.max_in_flight)
+            .field("limit", &self.limit)
+            .finish_non_exhaustive()
+    }
+}
+
 /// The waiting operations and the in-flight slots of one batcher.
-pub(crate) struct Queue<B: Batching> {
+pub struct Queue<B: Batching> {
     state: Mutex<State<B>>,
     max_in_flight: usize,
     /// Bound of one call a driver sends.
@@ -84,7 +92,7 @@ enum Entered<B: Batching> {
 impl<B: Batching> Queue<B> {
     /// An empty queue with `max_in_flight` slots (at least one); `limit` bounds each call a
     /// driver sends.
-    pub(crate) fn new(max_in_flight: usize, limit: Duration) -> Self {
+    pub fn new(max_in_flight: usize, limit: Duration) -> Self {
         Self {
             state: Mutex::new(State {
                 waiting: VecDeque::new(),
@@ -96,7 +104,7 @@ impl<B: Batching> Queue<B> {
     }
 
     /// How many calls may be in flight at once.
-    pub(crate) fn max_in_flight(&self) -> usize {
+    pub fn max_in_flight(&self) -> usize {
         self.max_in_flight
     }
 
@@ -113,13 +121,10 @@ impl<B: Batching> Queue<B> {
 /// the next batch. The caller bounds the wait.
 ///
 /// # Cancel safety
-/// Dropping the future of a lone operation leaves its script run or not run; dropping a
+/// Dropping the future of a lone operation leaves it run or not run; dropping a
 /// queued one takes it out of the next batch, or, if that batch already left, leaves it run
 /// or not run with the batch.
-pub(crate) async fn submit<B: Batching>(
-    owner: &Arc<B>,
-    op: B::Op,
-) -> Result<B::Answer, StoreError> {
+pub async fn submit<B: Batching>(owner: &Arc<B>, op: B::Op) -> Result<B::Answer, StoreError> {
     match enter(owner, op) {
         Entered::Alone(op, slot) => {
             let answer = owner.run_alone(&op).await;
@@ -222,21 +227,6 @@ async fn send<B: Batching>(owner: &B, batch: Vec<Waiting<B>>) {
     }
 }
 
-/// An operation's entry of a batch script's reply: `{-1, message}` is an error it raised
-/// alone.
-pub(crate) fn own_reply(item: Value) -> Result<Value, StoreError> {
-    if let Value::Array(parts) = &item
-        && let Some(Value::Int(-1)) = parts.first()
-    {
-        let message = match parts.get(1) {
-            Some(Value::BulkString(m)) => String::from_utf8_lossy(m).into_owned(),
-            _ => "script error".to_owned(),
-        };
-        return Err(StoreError::unavailable(message));
-    }
-    Ok(item)
-}
-
 /// A held in-flight slot, given back (or handed on) when dropped.
 struct Slot<B: Batching> {
     owner: Option<Arc<B>>,
@@ -272,4 +262,15 @@ async fn drive<B: Batching>(mut slot: Slot<B>) {
     }
     // `take` gave the slot back already.
     slot.owner = None;
+}
+
+/// `op`, failed with [`StoreError::Timeout`] after `limit`.
+async fn bounded<T>(
+    limit: Duration,
+    op: impl Future<Output = Result<T, StoreError>>,
+) -> Result<T, StoreError> {
+    match tokio::time::timeout(limit, op).await {
+        Ok(result) => result,
+        Err(_) => Err(StoreError::Timeout(limit)),
+    }
 }
