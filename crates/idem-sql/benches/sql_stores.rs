@@ -1,11 +1,16 @@
 //! First-request (claim + complete) and replay (claim → Done) throughput of each SQL store at
-//! concurrency 1 and 16, against a raw one-statement insert loop on the same database as the
-//! baseline. Prints a Markdown table.
+//! several concurrencies, with group commit on (the default) and off, against a raw
+//! one-statement insert loop on the same database as the baseline. Prints a Markdown table of
+//! medians over rounds, each ratio the median of the rounds' own ratios with their range.
 //!
 //! `cargo bench -p idem-sql --bench sql_stores` (servers: PostgreSQL and MariaDB on their
-//! standard local ports; `IDEM_BENCH_SECS` sets the time per cell, default 2).
+//! standard local ports). Knobs: `IDEM_BENCH_SECS` (time per cell, default 2),
+//! `IDEM_BENCH_ROUNDS` (default 3), `IDEM_BENCH_TASKS` (default "1 16 64"),
+//! `IDEM_BENCH_STORES` (default "postgres mariadb sqlite"). Every store has a pool of 16
+//! connections (SQLite: one writer, 16 readers).
 
 use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -56,18 +61,13 @@ where
     next.load(Ordering::Relaxed) as f64 / start.elapsed().as_secs_f64()
 }
 
-async fn first_request<S: Store + Clone>(
-    store: &S,
-    ns: &'static str,
-    c: usize,
-    secs: Duration,
-) -> f64 {
+async fn first_request<S: Store + Clone>(store: &S, ns: Arc<str>, c: usize, secs: Duration) -> f64 {
     let store = store.clone();
     let response = StoredResponse::new(200, vec![b'x'; 200]);
     rate(c, secs, move |i| {
-        let (store, response) = (store.clone(), response.clone());
+        let (store, response, ns) = (store.clone(), response.clone(), ns.clone());
         async move {
-            let r = req(ns, i);
+            let r = req(&ns, i);
             let ClaimOutcome::Claimed { lease, .. } = store.claim(&r).await.expect("claim") else {
                 panic!("fresh key")
             };
@@ -82,14 +82,14 @@ async fn first_request<S: Store + Clone>(
 
 async fn replay<S: Store + Clone>(
     store: &S,
-    ns: &'static str,
+    ns: Arc<str>,
     c: usize,
     secs: Duration,
     keys: u64,
 ) -> f64 {
     let response = StoredResponse::new(200, vec![b'x'; 200]);
     for i in 0..keys {
-        let r = req(ns, i);
+        let r = req(&ns, i);
         if let ClaimOutcome::Claimed { lease, .. } = store.claim(&r).await.expect("claim") {
             store
                 .complete(&r.key, lease.owner, lease.fence, &response, r.ttl)
@@ -99,9 +99,9 @@ async fn replay<S: Store + Clone>(
     }
     let store = store.clone();
     rate(c, secs, move |i| {
-        let store = store.clone();
+        let (store, ns) = (store.clone(), ns.clone());
         async move {
-            let r = req(ns, i % keys);
+            let r = req(&ns, i % keys);
             assert!(matches!(
                 store.claim(&r).await.expect("claim"),
                 ClaimOutcome::Done { .. }
@@ -111,189 +111,287 @@ async fn replay<S: Store + Clone>(
     .await
 }
 
-struct Row {
-    backend: &'static str,
-    c: usize,
+/// A baseline insert of key `i`, on the store's own pool.
+type Baseline = Arc<dyn Fn(u64) -> Pin<Box<dyn Future<Output = ()> + Send>> + Send + Sync>;
+
+/// One round's figures for one store at one concurrency (ops/s).
+#[derive(Clone, Copy)]
+struct Cell {
     baseline: f64,
     first: f64,
+    first_alone: f64,
     replay: f64,
+    replay_alone: f64,
+}
+
+/// Measures one round of `grouped` and `alone` (the same store with group commit off) at `c`.
+async fn round<S: Store + Clone>(
+    grouped: &S,
+    alone: &S,
+    baseline: &Baseline,
+    tag: &str,
+    c: usize,
+    knobs: &Knobs,
+) -> Cell {
+    let b = baseline.clone();
+    let base = rate(c, knobs.secs, move |i| b(i)).await;
+    let ns = |what: &str| -> Arc<str> { format!("{tag}-{what}-{c}").into() };
+    Cell {
+        baseline: base,
+        first: first_request(grouped, ns("first"), c, knobs.secs).await,
+        first_alone: first_request(alone, ns("first-alone"), c, knobs.secs).await,
+        replay: replay(grouped, ns("replay"), c, knobs.secs, knobs.keys).await,
+        replay_alone: replay(alone, ns("replay-alone"), c, knobs.secs, knobs.keys).await,
+    }
+}
+
+/// What a run measures.
+struct Knobs {
+    secs: Duration,
+    rounds: usize,
+    tasks: Vec<usize>,
+    keys: u64,
+}
+
+/// Every round of one store, one row per concurrency.
+async fn rows_of<S: Store + Clone>(
+    name: &'static str,
+    grouped: &S,
+    alone: &S,
+    baseline: &Baseline,
+    run: &str,
+    knobs: &Knobs,
+) -> Vec<Row> {
+    let mut rows = Vec::new();
+    for &c in &knobs.tasks {
+        let mut cells = Vec::new();
+        for r in 0..knobs.rounds {
+            let slug = name.split(' ').next().unwrap_or(name).to_lowercase();
+            let tag = format!("{run}-{slug}-r{r}");
+            eprintln!("{name} c={c} round {}", r + 1);
+            cells.push(round(grouped, alone, baseline, &tag, c, knobs).await);
+        }
+        rows.push(Row { name, c, cells });
+    }
+    rows
+}
+
+struct Row {
+    name: &'static str,
+    c: usize,
+    cells: Vec<Cell>,
+}
+
+/// The median of `xs` and its range.
+fn median(mut xs: Vec<f64>) -> (f64, f64, f64) {
+    xs.sort_by(f64::total_cmp);
+    let mid = xs.len() / 2;
+    let m = if xs.len().is_multiple_of(2) && mid > 0 {
+        (xs[mid - 1] + xs[mid]) / 2.0
+    } else {
+        xs[mid]
+    };
+    (m, xs[0], xs[xs.len() - 1])
 }
 
 fn table(rows: &[Row]) {
     println!(
-        "| store | concurrency | baseline insert ops/s | first request ops/s | replay ops/s | first / baseline | replay / baseline |"
+        "| store | c | baseline insert ops/s | first request ops/s | first / baseline | first, group commit off / baseline | first: on / off | replay / baseline | replay, off / baseline |"
     );
-    println!("|---|---:|---:|---:|---:|---:|---:|");
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|");
+    let ratio = |cells: &[Cell], f: fn(&Cell) -> f64| {
+        let (m, lo, hi) = median(cells.iter().map(f).collect());
+        format!("{m:.2} [{lo:.2}–{hi:.2}]")
+    };
     for r in rows {
+        let (base, _, _) = median(r.cells.iter().map(|c| c.baseline).collect());
+        let (first, _, _) = median(r.cells.iter().map(|c| c.first).collect());
         println!(
-            "| {} | {} | {:.0} | {:.0} | {:.0} | {:.2} | {:.2} |",
-            r.backend,
+            "| {} | {} | {base:.0} | {first:.0} | {} | {} | {} | {} | {} |",
+            r.name,
             r.c,
-            r.baseline,
-            r.first,
-            r.replay,
-            r.first / r.baseline,
-            r.replay / r.baseline
+            ratio(&r.cells, |c| c.first / c.baseline),
+            ratio(&r.cells, |c| c.first_alone / c.baseline),
+            ratio(&r.cells, |c| c.first / c.first_alone),
+            ratio(&r.cells, |c| c.replay / c.baseline),
+            ratio(&r.cells, |c| c.replay_alone / c.baseline),
         );
     }
+}
+
+fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
+    std::env::var(name)
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(default)
 }
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
     // `cargo bench` passes `--bench`; under `cargo test --all-targets` this is a quick smoke run.
     let measuring = std::env::args().any(|a| a == "--bench");
-    let secs = match std::env::var("IDEM_BENCH_SECS")
-        .ok()
-        .and_then(|s| s.parse().ok())
-    {
-        Some(s) => Duration::from_secs(s),
-        None if measuring => Duration::from_secs(2),
-        None => Duration::from_millis(50),
+    let knobs = Knobs {
+        secs: match std::env::var("IDEM_BENCH_SECS")
+            .ok()
+            .and_then(|s| s.parse().ok())
+        {
+            Some(s) => Duration::from_secs(s),
+            None if measuring => Duration::from_secs(2),
+            None => Duration::from_millis(50),
+        },
+        rounds: if measuring {
+            env_or("IDEM_BENCH_ROUNDS", 3)
+        } else {
+            1
+        },
+        tasks: std::env::var("IDEM_BENCH_TASKS")
+            .unwrap_or_else(|_| {
+                if measuring {
+                    "1 16 64".into()
+                } else {
+                    "1 16".into()
+                }
+            })
+            .split_whitespace()
+            .filter_map(|t| t.parse().ok())
+            .collect(),
+        keys: if measuring { 256 } else { 16 },
     };
-    let keys: u64 = if measuring { 256 } else { 16 };
-    let run = format!("{:08x}", OwnerId::random().0 as u32);
+    let stores =
+        std::env::var("IDEM_BENCH_STORES").unwrap_or_else(|_| "postgres mariadb sqlite".into());
+    let run = format!("{:08x}", (OwnerId::random().0 >> 96) as u32);
     let mut rows = Vec::new();
 
-    // PostgreSQL.
-    let pg_url = std::env::var("IDEM_TEST_PG_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into());
-    match PgStore::connect(&pg_url, 16).await {
-        Ok(base) => {
-            let store = PgStore::with_table(base.pool().clone(), &format!("idem_bench_{run}"))
-                .expect("table");
-            store.migrate().await.expect("migrate");
-            let raw = format!("idem_bench_raw_{run}");
-            sqlx::raw_sql(&format!("CREATE TABLE {raw} (id bytea PRIMARY KEY)"))
+    if stores.contains("postgres") {
+        let pg_url = std::env::var("IDEM_TEST_PG_URL")
+            .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into());
+        match PgStore::connect(&pg_url, 16).await {
+            Ok(base) => {
+                let store = PgStore::with_table(base.pool().clone(), &format!("idem_bench_{run}"))
+                    .expect("table");
+                store.migrate().await.expect("migrate");
+                let raw = format!("idem_bench_raw_{run}");
+                sqlx::raw_sql(&format!("CREATE TABLE {raw} (id bytea PRIMARY KEY)"))
+                    .execute(store.pool())
+                    .await
+                    .expect("raw");
+                let (pool, sql) = (
+                    store.pool().clone(),
+                    Arc::new(format!(
+                        "INSERT INTO {raw} (id) VALUES ($1) ON CONFLICT DO NOTHING"
+                    )),
+                );
+                let counter = Arc::new(AtomicU64::new(0));
+                let baseline: Baseline = Arc::new(move |_| {
+                    let (pool, sql) = (pool.clone(), sql.clone());
+                    let n = counter.fetch_add(1, Ordering::Relaxed);
+                    Box::pin(async move {
+                        sqlx::query(&sql)
+                            .bind(n.to_be_bytes().to_vec())
+                            .execute(&pool)
+                            .await
+                            .expect("insert");
+                    })
+                });
+                let alone = store.clone().with_group_commit(false);
+                rows.extend(rows_of("PostgreSQL", &store, &alone, &baseline, &run, &knobs).await);
+                sqlx::raw_sql(&format!("DROP TABLE {raw}"))
+                    .execute(store.pool())
+                    .await
+                    .expect("drop");
+                store.drop_table().await.expect("drop");
+            }
+            Err(e) => eprintln!("!!! PostgreSQL unreachable, skipped: {e}"),
+        }
+    }
+
+    if stores.contains("mariadb") {
+        let my_url = std::env::var("IDEM_TEST_MYSQL_URL")
+            .unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".into());
+        match MySqlStore::connect(&my_url, 16).await {
+            Ok(base) => {
+                let store =
+                    MySqlStore::with_table(base.pool().clone(), &format!("idem_bench_{run}"))
+                        .expect("table");
+                store.migrate().await.expect("migrate");
+                let raw = format!("idem_bench_raw_{run}");
+                sqlx::raw_sql(&format!(
+                    "CREATE TABLE {raw} (id VARBINARY(64) PRIMARY KEY) ENGINE = InnoDB"
+                ))
                 .execute(store.pool())
                 .await
                 .expect("raw");
-            for c in [1, 16] {
                 let (pool, sql) = (
                     store.pool().clone(),
-                    format!("INSERT INTO {raw} (id) VALUES ($1) ON CONFLICT DO NOTHING"),
+                    Arc::new(format!("INSERT IGNORE INTO {raw} (id) VALUES (?)")),
                 );
-                let baseline = rate(c, secs, move |i| {
+                let counter = Arc::new(AtomicU64::new(0));
+                let baseline: Baseline = Arc::new(move |_| {
                     let (pool, sql) = (pool.clone(), sql.clone());
-                    async move {
+                    let n = counter.fetch_add(1, Ordering::Relaxed);
+                    Box::pin(async move {
                         sqlx::query(&sql)
-                            .bind(format!("{c}-{i}").into_bytes())
+                            .bind(n.to_be_bytes().to_vec())
                             .execute(&pool)
                             .await
                             .expect("insert");
-                    }
-                })
-                .await;
-                let ns: &'static str = if c == 1 { "pg1" } else { "pg16" };
-                let first = first_request(&store, ns, c, secs).await;
-                let replay = replay(&store, ns, c, secs, keys).await;
-                rows.push(Row {
-                    backend: "PostgreSQL",
-                    c,
-                    baseline,
-                    first,
-                    replay,
+                    })
                 });
+                let alone = store.clone().with_group_commit(false);
+                rows.extend(rows_of("MariaDB", &store, &alone, &baseline, &run, &knobs).await);
+                sqlx::raw_sql(&format!("DROP TABLE {raw}"))
+                    .execute(store.pool())
+                    .await
+                    .expect("drop");
+                store.drop_table().await.expect("drop");
             }
-            sqlx::raw_sql(&format!("DROP TABLE {raw}"))
-                .execute(store.pool())
-                .await
-                .expect("drop");
-            store.drop_table().await.expect("drop");
+            Err(e) => eprintln!("!!! MariaDB unreachable, skipped: {e}"),
         }
-        Err(e) => eprintln!("!!! PostgreSQL unreachable, skipped: {e}"),
     }
 
-    // MariaDB.
-    let my_url = std::env::var("IDEM_TEST_MYSQL_URL")
-        .unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".into());
-    match MySqlStore::connect(&my_url, 16).await {
-        Ok(base) => {
-            let store = MySqlStore::with_table(base.pool().clone(), &format!("idem_bench_{run}"))
-                .expect("table");
-            store.migrate().await.expect("migrate");
-            let raw = format!("idem_bench_raw_{run}");
-            sqlx::raw_sql(&format!(
-                "CREATE TABLE {raw} (id VARBINARY(64) PRIMARY KEY) ENGINE = InnoDB"
-            ))
-            .execute(store.pool())
+    if stores.contains("sqlite") {
+        // A temporary file; one writer, 16 readers.
+        let path = std::env::temp_dir().join(format!("idem_bench_{run}.db"));
+        let options = sqlx::sqlite::SqliteConnectOptions::new()
+            .filename(&path)
+            .create_if_missing(true);
+        let store = SqliteStore::open_with(options, 16).await.expect("sqlite");
+        store.migrate().await.expect("migrate");
+        sqlx::raw_sql("CREATE TABLE raw (id BLOB PRIMARY KEY)")
+            .execute(store.writer())
             .await
             .expect("raw");
-            for c in [1, 16] {
-                let (pool, sql) = (
-                    store.pool().clone(),
-                    format!("INSERT IGNORE INTO {raw} (id) VALUES (?)"),
-                );
-                let baseline = rate(c, secs, move |i| {
-                    let (pool, sql) = (pool.clone(), sql.clone());
-                    async move {
-                        sqlx::query(&sql)
-                            .bind(format!("{c}-{i}").into_bytes())
-                            .execute(&pool)
-                            .await
-                            .expect("insert");
-                    }
-                })
-                .await;
-                let ns: &'static str = if c == 1 { "my1" } else { "my16" };
-                let first = first_request(&store, ns, c, secs).await;
-                let replay = replay(&store, ns, c, secs, keys).await;
-                rows.push(Row {
-                    backend: "MariaDB",
-                    c,
-                    baseline,
-                    first,
-                    replay,
-                });
-            }
-            sqlx::raw_sql(&format!("DROP TABLE {raw}"))
-                .execute(store.pool())
-                .await
-                .expect("drop");
-            store.drop_table().await.expect("drop");
-        }
-        Err(e) => eprintln!("!!! MariaDB unreachable, skipped: {e}"),
-    }
-
-    // SQLite (a temporary file; one writer, 16 readers).
-    let path = std::env::temp_dir().join(format!("idem_bench_{run}.db"));
-    let options = sqlx::sqlite::SqliteConnectOptions::new()
-        .filename(&path)
-        .create_if_missing(true);
-    let store = SqliteStore::open_with(options, 16).await.expect("sqlite");
-    store.migrate().await.expect("migrate");
-    sqlx::raw_sql("CREATE TABLE raw (id BLOB PRIMARY KEY)")
-        .execute(store.writer())
-        .await
-        .expect("raw");
-    for c in [1, 16] {
         let pool = store.writer().clone();
-        let baseline = rate(c, secs, move |i| {
+        let counter = Arc::new(AtomicU64::new(0));
+        let baseline: Baseline = Arc::new(move |_| {
             let pool = pool.clone();
-            async move {
+            let n = counter.fetch_add(1, Ordering::Relaxed);
+            Box::pin(async move {
                 sqlx::query("INSERT INTO raw (id) VALUES (?1) ON CONFLICT DO NOTHING")
-                    .bind(format!("{c}-{i}").into_bytes())
+                    .bind(n.to_be_bytes().to_vec())
                     .execute(&pool)
                     .await
                     .expect("insert");
-            }
-        })
-        .await;
-        let ns: &'static str = if c == 1 { "lite1" } else { "lite16" };
-        let first = first_request(&store, ns, c, secs).await;
-        let replay = replay(&store, ns, c, secs, keys).await;
-        rows.push(Row {
-            backend: "SQLite (file, WAL)",
-            c,
-            baseline,
-            first,
-            replay,
+            })
         });
-    }
-    drop(store);
-    for suffix in ["", "-wal", "-shm"] {
-        let mut p = path.clone().into_os_string();
-        p.push(suffix);
-        let _ = std::fs::remove_file(p);
+        let alone = store.clone().with_group_commit(false);
+        rows.extend(
+            rows_of(
+                "SQLite (file, WAL)",
+                &store,
+                &alone,
+                &baseline,
+                &run,
+                &knobs,
+            )
+            .await,
+        );
+        drop(store);
+        for suffix in ["", "-wal", "-shm"] {
+            let mut p = path.clone().into_os_string();
+            p.push(suffix);
+            let _ = std::fs::remove_file(p);
+        }
     }
 
     table(&rows);

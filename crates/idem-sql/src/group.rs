@@ -2,8 +2,8 @@
 //!
 //! Who runs alone, who waits and the task that sends a batch are
 //! [`idem_core::store::coalesce`]'s, as for the Redis store's script batches. An operation
-//! that finds a free slot (one per writer connection) runs alone at once, so an idle store
-//! adds no latency; while every slot is busy, the operations that arrive wait and are sent
+//! that finds a free slot ([`crate::SqlStore::with_group_slots`], 2 by default) runs alone at
+//! once, so an idle store adds no latency; while every slot is busy, the operations that arrive wait and are sent
 //! together when a slot frees up:
 //!
 //! - [`Grouping::Statement`] (PostgreSQL): the waiting claims as one statement and the
@@ -98,10 +98,10 @@ impl<D: Dialect> fmt::Debug for Group<D> {
 }
 
 impl<D: Dialect> Group<D> {
-    /// A queue with one slot per connection `store`'s writer may open. `limit` bounds the
-    /// call a batch makes.
-    pub(crate) fn new(store: SqlStore<D>, limit: Duration) -> Self {
-        let slots = store.writer.options().get_max_connections() as usize;
+    /// A queue with `slots` operations or batches in flight at once (at most one per
+    /// connection `store`'s writer may open). `limit` bounds the call a batch makes.
+    pub(crate) fn new(store: SqlStore<D>, slots: usize, limit: Duration) -> Self {
+        let slots = slots.min(store.writer.options().get_max_connections() as usize);
         Self {
             queue: Queue::new(slots, limit),
             store,

@@ -48,9 +48,14 @@ pub struct SqlStore<D: Dialect> {
     pub(crate) claim_mode: Arc<AtomicU8>,
     /// Whether concurrent claims and completions share commits (on by default).
     grouping: bool,
+    /// How many claims, completions or groups of them are in flight at once.
+    group_slots: usize,
     /// The group-commit queue, where the dialect groups and `grouping` is on.
     group: Option<Arc<Group<D>>>,
 }
+
+/// Claims and completions in flight at once under group commit, by default.
+const GROUP_SLOTS: usize = 2;
 
 /// Bounds one grouped call (the callers bound their own waits too).
 const GROUP_LIMIT: Duration = Duration::from_secs(30);
@@ -103,6 +108,7 @@ impl<D: Dialect> Clone for SqlStore<D> {
             audit_level: self.audit_level,
             claim_mode: self.claim_mode.clone(),
             grouping: self.grouping,
+            group_slots: self.group_slots,
             group: self.group.clone(),
         }
     }
@@ -143,6 +149,7 @@ impl<D: Dialect> SqlStore<D> {
             audit_level,
             claim_mode: Arc::new(AtomicU8::new(mode)),
             grouping: true,
+            group_slots: GROUP_SLOTS,
             group: None,
         }
         .regrouped()
@@ -161,15 +168,46 @@ impl<D: Dialect> SqlStore<D> {
         self.regrouped()
     }
 
+    /// How many claims and completions (alone, or a group of them) the store runs at once
+    /// under group commit (default 2, at most the writer's connections; at least 1). More
+    /// slots run more statements side by side and so make smaller groups: worth it on a
+    /// database server with many cores. On a 2-core PostgreSQL with 64 concurrent requests,
+    /// 2 and 3 slots served about 0.8 to 0.95 of a plain insert loop's rate, 16 slots 0.5.
+    #[must_use]
+    pub fn with_group_slots(mut self, slots: usize) -> Self {
+        self.group_slots = slots.max(1);
+        self.regrouped()
+    }
+
     /// The store with a group-commit queue for its current settings (a new one: clones made
     /// before keep theirs).
     fn regrouped(mut self) -> Self {
         self.group = None;
         if self.grouping && D::GROUPING != Grouping::Off {
             let inner = self.clone();
-            self.group = Some(Arc::new(Group::new(inner, GROUP_LIMIT)));
+            self.group = Some(Arc::new(Group::new(inner, self.group_slots, GROUP_LIMIT)));
         }
         self
+    }
+
+    /// What the dialect's claim read says on the readers, when that alone answers `req`.
+    async fn read_answer(&self, req: &ClaimRequest) -> Result<Option<ClaimOutcome>, StoreError> {
+        let Some(read) = &self.sql.claim_read else {
+            return Ok(None);
+        };
+        let claim = ClaimArgs {
+            id: req.key.digest(),
+            fingerprint: req.fingerprint.to_bytes(),
+            owner: req.owner.to_bytes(),
+        };
+        let args = claim.values(req);
+        let row = D::fetch_optional(On::Pool(&self.reader), read, &args)
+            .await
+            .map_err(StoreError::unavailable)?;
+        match row {
+            Some(row) => ClaimRow::decode::<D>(&row)?.outcome(req),
+            None => Ok(None),
+        }
     }
 
     /// Runs one operation of a batch alone.
@@ -519,12 +557,19 @@ impl<D: OnePool> SqlStore<D> {
 
 impl<D: Dialect> Store for SqlStore<D> {
     async fn claim(&self, req: &ClaimRequest) -> Result<ClaimOutcome, StoreError> {
-        match &self.group {
-            Some(group) => coalesce::submit(group, group::Op::Claim(req.clone()))
-                .await?
-                .claim(),
-            None => self.claim_on(None, req).await,
+        let Some(group) = &self.group else {
+            return self.claim_on(None, req).await;
+        };
+        // A transaction of the group runs on the one writer: a claim the dialect's read
+        // answers (a replay, a busy or mismatched key) is answered on the readers instead.
+        if D::GROUPING == Grouping::Transaction
+            && let Some(outcome) = self.read_answer(req).await?
+        {
+            return Ok(outcome);
         }
+        coalesce::submit(group, group::Op::Claim(req.clone()))
+            .await?
+            .claim()
     }
 
     async fn renew(
