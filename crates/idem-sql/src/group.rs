@@ -146,18 +146,29 @@ impl<D: Dialect> Group<D> {
     /// The claims in one statement and the completions in another; what they leave undecided
     /// runs alone after them, in order.
     async fn in_statements(&self, ops: &[Op]) -> Vec<Result<Answer, StoreError>> {
-        let mut answers: Vec<Option<Result<Answer, StoreError>>> =
-            ops.iter().map(|_| None).collect();
+        let none =
+            || -> Vec<Option<Result<Answer, StoreError>>> { ops.iter().map(|_| None).collect() };
+        let (mut by_claims, mut by_completions) = (none(), none());
         let (claims, completions) = distinct(ops);
-        if claims.len() > 1 {
-            self.claim_many(ops, &claims, &mut answers).await;
-        }
-        if completions.len() > 1 {
-            self.complete_many(ops, &completions, &mut answers).await;
-        }
+        // Side by side, each on a connection of its own: neither holds one while it waits for
+        // another, so the two cannot starve each other of the pool.
+        futures::future::join(
+            async {
+                if claims.len() > 1 {
+                    self.claim_many(ops, &claims, &mut by_claims).await;
+                }
+            },
+            async {
+                if completions.len() > 1 {
+                    self.complete_many(ops, &completions, &mut by_completions)
+                        .await;
+                }
+            },
+        )
+        .await;
         let mut out = Vec::with_capacity(ops.len());
-        for (op, answer) in ops.iter().zip(answers) {
-            out.push(match answer {
+        for ((op, claimed), completed) in ops.iter().zip(by_claims).zip(by_completions) {
+            out.push(match claimed.or(completed) {
                 Some(answer) => answer,
                 None => self.store.alone(op).await,
             });
