@@ -172,7 +172,8 @@ run() {
       # shellcheck disable=SC2086
       "$WORK/$side-engine" --bench --min-time "$SECS" --max-time "$SECS" $AB_ENGINE_FILTER >"$out" 2>"$out.err" ;;
     redis)
-      IDEM_BENCH_ROUNDS=1 IDEM_BENCH_SECS=$SECS ${AB_REDIS_CONCURRENCY:+IDEM_BENCH_CONCURRENCY=$AB_REDIS_CONCURRENCY} \
+      env IDEM_BENCH_ROUNDS=1 IDEM_BENCH_SECS="$SECS" \
+        ${AB_REDIS_CONCURRENCY:+IDEM_BENCH_CONCURRENCY=$AB_REDIS_CONCURRENCY} \
         "$WORK/$side-redis" --bench >"$out" 2>"$out.err" ;;
   esac || { echo "$side $bench failed:" >&2; tail -20 "$out.err" >&2; exit 1; }
   parse "$bench" <"$out" | sed "s/^/$round\t$side\t/" >>"$WORK/raw.tsv"
