@@ -4,6 +4,9 @@
 //!   [`SqliteStore`] (feature `sqlite`, the gateway's embedded default) are one [`SqlStore`]
 //!   over each [`Dialect`], implementing [`idem_core::Store`]: every operation is one atomic
 //!   statement judged on the database clock (see each dialect's module for its statements).
+//! - **Group commit** ([`SqlStore::with_group_commit`], on by default): concurrent claims and
+//!   completions that wait for a slot share a commit (PostgreSQL: one statement each; SQLite:
+//!   one transaction), under the same guards.
 //! - **Same-database mode**: when the business writes live in the same database as the
 //!   records, `claim_in` / `complete_in` run on the caller's transaction, so the claim, the
 //!   effects and the completion commit (or roll back) together.
