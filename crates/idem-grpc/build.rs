@@ -1,11 +1,8 @@
-//! Compiles the status service's proto (and the test service's) with protox: no `protoc`
-//! needed. The generated code lands in `OUT_DIR`.
+//! Compiles the test service's proto (for the tests and benches) with protox: no `protoc`
+//! needed. The generated code lands in `OUT_DIR`. The status service's proto is idem-wire's.
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let files = [
-        "proto/idem/status/v1/status.proto",
-        "proto/idem/test/v1/payments.proto",
-    ];
+    let files = ["proto/idem/test/v1/payments.proto"];
     for f in files {
         println!("cargo:rerun-if-changed={f}");
     }

@@ -123,12 +123,6 @@ pub fn after_status<T>(state: KeyState<T>) -> Step<T> {
     }
 }
 
-/// A `Retry-After` value in delta-seconds (`"2"`); `None` for anything else (an HTTP date
-/// falls back to the client's own backoff).
-pub fn retry_after_secs(value: &str) -> Option<Duration> {
-    value.trim().parse::<u64>().ok().map(Duration::from_secs)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -173,12 +167,5 @@ mod tests {
             after_status::<()>(KeyState::Unavailable("503".into())),
             Step::AskStatus(None)
         );
-    }
-
-    #[test]
-    fn retry_after_takes_seconds_only() {
-        assert_eq!(retry_after_secs(" 3 "), Some(Duration::from_secs(3)));
-        assert_eq!(retry_after_secs("Wed, 21 Oct 2015 07:28:00 GMT"), None);
-        assert_eq!(retry_after_secs("-1"), None);
     }
 }

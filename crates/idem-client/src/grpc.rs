@@ -24,7 +24,7 @@
 //!
 //! Classification follows the one table in [`crate::decide`]. What idem answered itself is
 //! read from its `ErrorInfo` (domain `idem.dev`), the same from idem-grpc's layer and from
-//! the idem gateway ([`idem_grpc::LayerDetails`]): reason `OUTCOME_UNKNOWN` stops, `IN_FLIGHT`
+//! the idem gateway ([`idem_wire::grpc::LayerDetails`]): reason `OUTCOME_UNKNOWN` stops, `IN_FLIGHT`
 //! is waited out. `UNAVAILABLE`, and `ABORTED` or `RESOURCE_EXHAUSTED` with a `RetryInfo`,
 //! are retried after the server's delay; a transport failure after sending, a broken answer,
 //! `DEADLINE_EXCEEDED` and `CANCELLED` are ambiguous and asked about ([`StatusLookup`]); a
@@ -43,7 +43,9 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::{HeaderMap, HeaderName, HeaderValue, Request, Response};
 use http_body_util::BodyExt as _;
-use idem_grpc::{LayerDetails, Reason};
+use idem_wire::Reason;
+use idem_wire::grpc::LayerDetails;
+use idem_wire::header::{GRPC_TIMEOUT, IDEMPOTENT_REPLAYED as REPLAYED};
 use tonic::body::Body;
 use tonic::{Code, Status};
 use tonic_types::StatusExt as _;
@@ -59,9 +61,7 @@ use crate::retry;
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 /// The idempotency key metadata.
-pub const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key");
-const REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");
-const GRPC_TIMEOUT: HeaderName = HeaderName::from_static("grpc-timeout");
+pub const IDEMPOTENCY_KEY: HeaderName = idem_wire::header::IDEMPOTENCY_KEY;
 
 /// Asks what became of a key after an ambiguous failure.
 pub trait StatusLookup: Clone + Send + Sync + 'static {
@@ -395,7 +395,7 @@ where
     let callers = parts
         .headers
         .remove(GRPC_TIMEOUT)
-        .and_then(|v| idem_grpc::codes::grpc_timeout(&v));
+        .and_then(|v| idem_wire::header::grpc_timeout(&v));
     let bounded;
     let policy = match callers {
         Some(d) if d < policy.overall_deadline() => {

@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use bytes::{BufMut as _, Bytes, BytesMut};
 use http::{HeaderMap, HeaderName, HeaderValue, Response};
-use idem_grpc::proto::status_client::StatusClient;
-use idem_grpc::proto::{LookupRequest, Metadata, State, StoredAnswer};
+use idem_wire::grpc::proto::status_client::StatusClient;
+use idem_wire::grpc::proto::{LookupRequest, Metadata, State, StoredAnswer};
 use tonic::metadata::MetadataMap;
 use tonic::{Code, Status};
 

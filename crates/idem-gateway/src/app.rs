@@ -11,10 +11,12 @@ use std::time::{Duration, Instant};
 use http::header::{HeaderName, HeaderValue};
 use http::request::Parts;
 use http::uri::PathAndQuery;
-use http::{Method, Request, Response, StatusCode, Uri};
+use http::{Method, Request, Response, Uri};
 use hyper::body::Incoming;
 use idem_core::{BoxStore, Engine, Kept, Outcome, Policy, Refusal};
-use idem_http::{Idempotency, IdempotencyLayer, PathParams, Problem, RequestBody, X_REQUEST_ID};
+use idem_http::{
+    Idempotency, IdempotencyLayer, PathParams, Problem, Reason, RequestBody, X_REQUEST_ID,
+};
 use tower::{Layer as _, Service as _};
 
 use tracing::Instrument as _;
@@ -364,9 +366,7 @@ impl App {
     pub fn overloaded(&self) -> Response<ResBody> {
         let mut res = proxy::problem(
             Problem::new(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "overloaded",
-                "Too many requests in progress",
+                Reason::Overloaded,
                 "the gateway is at its limit of requests in progress; retry shortly",
             )
             .retry_after(Duration::from_secs(1)),
@@ -463,9 +463,7 @@ impl App {
 #[cold]
 fn method_not_canonical(got: &Method, canonical: &Method) -> proxy::Upstream {
     let mut res = proxy::problem(Problem::new(
-        StatusCode::BAD_REQUEST,
-        "method-not-canonical",
-        "Method not canonical",
+        Reason::MethodNotCanonical,
         format!("methods are case-sensitive: send `{canonical}`, not `{got}`"),
     ));
     res.extensions_mut()
@@ -475,12 +473,7 @@ fn method_not_canonical(got: &Method, canonical: &Method) -> proxy::Upstream {
 
 #[cold]
 fn path_rejected(rejection: PathRejection) -> proxy::Upstream {
-    let mut res = proxy::problem(Problem::new(
-        StatusCode::BAD_REQUEST,
-        "path-rejected",
-        "Request path rejected",
-        rejection.to_string(),
-    ));
+    let mut res = proxy::problem(Problem::new(Reason::PathRejected, rejection.to_string()));
     res.extensions_mut()
         .insert(Outcome::Refused(Refusal::BadTarget));
     res
@@ -493,9 +486,7 @@ fn passthrough<B>(mut res: Response<B>) -> Response<B> {
 
 fn no_route() -> proxy::Upstream {
     let mut res = proxy::problem(Problem::new(
-        StatusCode::NOT_FOUND,
-        "no-route",
-        "No route",
+        Reason::NoRoute,
         "no route matches this request",
     ));
     res.extensions_mut()

@@ -24,7 +24,7 @@ use http::{Request, Response, StatusCode, Uri};
 use http_body_util::BodyExt;
 use http_body_util::combinators::UnsyncBoxBody;
 use hyper::body::Incoming;
-use idem_http::{BoxError, Problem, RequestBody, ResponseBody};
+use idem_http::{BoxError, Problem, Reason, RequestBody, ResponseBody};
 
 pub use crate::upstream::HttpClient;
 use crate::upstream::{ConnectError, UpstreamSpec};
@@ -158,9 +158,7 @@ impl TrailerClient {
             Err(e) => {
                 tracing::warn!(error = %e, "held answer unreadable");
                 return boxed(problem(Problem::new(
-                    StatusCode::INTERNAL_SERVER_ERROR,
-                    "answer-unreadable",
-                    "Answer unreadable",
+                    Reason::AnswerUnreadable,
                     "the gateway could not read the answer it holds",
                 )));
             }
@@ -334,12 +332,7 @@ impl Proxy {
         let p = &*self.inner;
         let (mut parts, body) = req.into_parts();
         let Some(uri) = p.target(&parts.uri) else {
-            return problem(Problem::new(
-                StatusCode::BAD_REQUEST,
-                "bad-request-target",
-                "Bad request target",
-                "unusable path",
-            ));
+            return problem(Problem::new(Reason::BadRequestTarget, "unusable path"));
         };
         // An unprotected route passes an HTTP/1.1 protocol upgrade (WebSocket and the like)
         // through: the upgrade headers go to the upstream, and after its `101` the client's
@@ -675,9 +668,7 @@ impl Failure {
     fn into_response(self, timeout: Duration) -> Upstream {
         if let Self::Tls(_) = self {
             let mut res = problem(Problem::new(
-                StatusCode::BAD_GATEWAY,
-                "upstream-tls",
-                "Upstream TLS handshake failed",
+                Reason::UpstreamTls,
                 "the upstream's certificate was not accepted (or it refused the gateway's); \
                  nothing was sent, so a retry is safe once the TLS settings are fixed",
             ));
@@ -687,22 +678,16 @@ impl Failure {
         }
         problem(match self {
             Self::Connect(_) => Problem::new(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "upstream-unavailable",
-                "Upstream unavailable",
+                Reason::UpstreamUnavailable,
                 "the upstream could not be reached; nothing was sent, so a retry is safe",
             )
             .retry_after(Duration::from_secs(1)),
             Self::Timeout => Problem::new(
-                StatusCode::GATEWAY_TIMEOUT,
-                "upstream-timeout",
-                "Upstream timed out",
+                Reason::UpstreamTimeout,
                 format!("the upstream did not answer within {timeout:?}; its outcome is unknown"),
             ),
             Self::Reset(_) | Self::Tls(_) => Problem::new(
-                StatusCode::BAD_GATEWAY,
-                "upstream-failed",
-                "Upstream failed",
+                Reason::UpstreamFailed,
                 "the upstream connection failed after the request was sent; its outcome is unknown",
             ),
         })

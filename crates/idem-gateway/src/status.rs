@@ -21,10 +21,10 @@ use std::borrow::Cow;
 use bytes::Bytes;
 use http::request::Parts;
 use http::uri::PathAndQuery;
-use http::{HeaderName, Request, Response, StatusCode, Uri};
+use http::{HeaderName, Request, Response, Uri};
 use http_body_util::Empty;
 use idem_core::{Engine, Outcome, Refusal};
-use idem_http::{IdempotencyStatus, Problem};
+use idem_http::{IdempotencyStatus, Problem, Reason};
 use tower::ServiceExt as _;
 
 use crate::app::GatewayStore;
@@ -100,9 +100,7 @@ impl StatusEndpoint {
     pub async fn answer(&self, mut parts: Parts) -> Response<ResBody> {
         if has_param(parts.uri.query(), "token") {
             return refused(
-                StatusCode::BAD_REQUEST,
-                "status-token",
-                "Token in the URL",
+                Reason::StatusToken,
                 "send the token in the route's token header, never in the URL (URLs are kept in logs and histories)",
                 Refusal::BadTarget,
             );
@@ -124,13 +122,7 @@ impl StatusEndpoint {
         let route = match self.pick(parts.uri.query()) {
             Ok(route) => route,
             Err(detail) => {
-                return refused(
-                    StatusCode::BAD_REQUEST,
-                    "status-route",
-                    "Status route not chosen",
-                    detail,
-                    Refusal::NoRoute,
-                );
+                return refused(Reason::StatusRoute, detail, Refusal::NoRoute);
             }
         };
         let token = route
@@ -142,9 +134,7 @@ impl StatusEndpoint {
             (false, Some(header)) => {
                 let Some(uri) = self.record_uri(&parts, header) else {
                     return refused(
-                        StatusCode::BAD_REQUEST,
-                        "status-token",
-                        "Token malformed",
+                        Reason::StatusToken,
                         format!(
                             "`{header}` must hold exactly one token of 64 lowercase hex digits, as the route's issue path gave it"
                         ),
@@ -201,13 +191,7 @@ impl StatusEndpoint {
                 self.prefix
             ),
         };
-        refused(
-            StatusCode::BAD_REQUEST,
-            "status-path",
-            "Status path malformed",
-            detail,
-            Refusal::BadTarget,
-        )
+        refused(Reason::StatusPath, detail, Refusal::BadTarget)
     }
 
     /// The route a query names (`route=` or `namespace=`), or the only protected one.
@@ -279,18 +263,11 @@ fn under(path: &str, prefix: &str, ignore_case: bool) -> bool {
 
 #[cold]
 fn refused(
-    status: StatusCode,
-    slug: &'static str,
-    title: &'static str,
+    reason: Reason,
     detail: impl Into<Cow<'static, str>>,
     why: Refusal,
 ) -> Response<ResBody> {
-    let mut res = proxy::problem(Problem::new(
-        status,
-        slug,
-        title,
-        detail.into().into_owned(),
-    ));
+    let mut res = proxy::problem(Problem::new(reason, detail.into().into_owned()));
     res.extensions_mut().insert(Outcome::Refused(why));
     proxy::boxed(res)
 }

@@ -53,26 +53,16 @@ pub mod fuzzing {
     }
 }
 
-pub use codes::{
-    ERROR_DOMAIN, GrpcStorePolicy, LayerDetails, Reason, StoreDeterministic, layer_status,
-};
+pub use codes::{ERROR_DOMAIN, GrpcStorePolicy, LayerDetails, Reason, StoreDeterministic};
 pub use config::{
     DEFAULT_MAX_REQUEST, DEFAULT_MAX_STORED_RESPONSE, DEFAULT_REPLAY_METADATA,
     GrpcIdempotencyConfig, IDEMPOTENCY_KEY, MethodConfig, MethodConfigError,
 };
 pub use idempotency::{GrpcIdempotency, GrpcIdempotencyLayer};
 pub use status::StatusService;
-/// The tonic this crate is built on, for [`layer_status`]'s `Code` and `Status`.
+/// The tonic this crate is built on, for [`Reason::status`]'s `Code` and `Status`.
 pub use tonic;
 
-/// The status service's messages and its generated server and client
-/// (`proto/idem/status/v1/status.proto`, compiled by `build.rs` with protox).
-#[allow(
-    missing_docs,
-    unreachable_pub,
-    missing_debug_implementations,
-    clippy::all
-)]
-pub mod proto {
-    include!(concat!(env!("OUT_DIR"), "/idem.status.v1.rs"));
-}
+/// The status service's messages and its generated server and client, from idem-wire (the
+/// contract a client shares without this server layer).
+pub use idem_wire::grpc::proto;

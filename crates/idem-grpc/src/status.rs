@@ -16,7 +16,6 @@ use base64::Engine as _;
 use idem_core::{Key, RecordState, ScopedKey, Store, StoredResponse};
 use tonic::{Code, Request, Response};
 
-use crate::codes::Reason;
 use crate::idempotency::Shared;
 use crate::proto::{LookupRequest, LookupResponse, Metadata, State, StoredAnswer};
 use crate::wire;
@@ -61,7 +60,7 @@ impl<St: Store> crate::proto::status_server::Status for StatusService<St> {
             .config
             .principal
             .principal(&parts)
-            .map_err(|r| tonic::Status::new(Reason::of_principal(&r).code(), r.detail()))?;
+            .map_err(|r| tonic::Status::new(r.reason().code(), r.detail()))?;
         let scoped = ScopedKey::new(method.config.scope_for(principal), key);
         let engine = &method.engine;
         let limit = engine.policy().store_timeout();

@@ -59,14 +59,15 @@ pub enum KeyRejection {
 }
 
 impl KeyRejection {
-    /// The problem `type` slug: `key-missing`, `key-multiple`, `key-malformed` or
+    /// The reason it is answered with: `key-missing`, `key-multiple`, `key-malformed` or
     /// `body-ambiguous`.
-    pub fn slug(&self) -> &'static str {
+    pub fn reason(&self) -> idem_wire::Reason {
+        use idem_wire::Reason;
         match self.refusal() {
-            Refusal::KeyMissing => "key-missing",
-            Refusal::KeyMultiple => "key-multiple",
-            Refusal::BodyAmbiguous => crate::policy::AmbiguousBody::SLUG,
-            _ => "key-malformed",
+            Refusal::KeyMissing => Reason::KeyMissing,
+            Refusal::KeyMultiple => Reason::KeyMultiple,
+            Refusal::BodyAmbiguous => Reason::BodyAmbiguous,
+            _ => Reason::KeyMalformed,
         }
     }
 

@@ -44,6 +44,6 @@ pub use policy::{
     IDEMPOTENT_REPLAYED, NoPrincipal, Principal, PrincipalRejection, RawBody, StoreDecision,
     StorePolicy, StoreUnless5xx, X_IDEMPOTENCY_KEY, X_REQUEST_ID,
 };
-pub use problem::{PROBLEM_BASE, Problem, retry_after_secs};
+pub use problem::{PROBLEM_BASE, Problem, Reason, retry_after_secs};
 pub use source::{PathParams, SourceKey};
 pub use status::IdempotencyStatus;

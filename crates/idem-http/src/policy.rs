@@ -18,17 +18,9 @@ use idem_core::{Fingerprint, FingerprintError, JsonFields, Key, Refusal, Release
 
 use crate::key::{KeyRejection, parse_key};
 
-/// The `Idempotency-Key` header (draft-ietf-httpapi-idempotency-key-header).
-pub const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key");
-/// `X-Idempotency-Key`, an opt-in alias.
-pub const X_IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("x-idempotency-key");
-/// `X-Request-ID`, an opt-in alias (some clients reuse it as the key).
-pub const X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
-/// `Idempotency-Fence`: the claim's fence, which the gateway forwards to the upstream with
-/// the key so it can refuse a stale or second effect (see [`idem_core::Lease`]).
-pub const IDEMPOTENCY_FENCE: HeaderName = HeaderName::from_static("idempotency-fence");
-/// `Idempotent-Replayed: true` marks a replayed response.
-pub const IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");
+pub use idem_wire::header::{
+    IDEMPOTENCY_FENCE, IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED, X_IDEMPOTENCY_KEY, X_REQUEST_ID,
+};
 
 /// A key found in a request, with the header it came in, if it came in one (echoed on
 /// replays).
@@ -163,27 +155,12 @@ impl PrincipalRejection {
         }
     }
 
-    /// The HTTP status it is answered with.
-    pub fn status(&self) -> StatusCode {
+    /// The reason it is answered with: `unauthenticated` (401) or `credential-ambiguous`
+    /// (400).
+    pub fn reason(&self) -> idem_wire::Reason {
         match self {
-            Self::Unauthenticated(_) => StatusCode::UNAUTHORIZED,
-            Self::Ambiguous(_) => StatusCode::BAD_REQUEST,
-        }
-    }
-
-    /// The problem `type` slug: `unauthenticated` or `credential-ambiguous`.
-    pub fn slug(&self) -> &'static str {
-        match self {
-            Self::Unauthenticated(_) => "unauthenticated",
-            Self::Ambiguous(_) => "credential-ambiguous",
-        }
-    }
-
-    /// The problem title.
-    pub fn title(&self) -> &'static str {
-        match self {
-            Self::Unauthenticated(_) => "Principal required",
-            Self::Ambiguous(_) => "Credential ambiguous",
+            Self::Unauthenticated(_) => idem_wire::Reason::Unauthenticated,
+            Self::Ambiguous(_) => idem_wire::Reason::CredentialAmbiguous,
         }
     }
 
@@ -369,9 +346,6 @@ pub trait FingerprintRequest: fmt::Debug + Send + Sync + 'static {
 pub struct AmbiguousBody(pub String);
 
 impl AmbiguousBody {
-    /// The problem `type` slug of the refusal.
-    pub const SLUG: &'static str = "body-ambiguous";
-
     /// The ambiguity `error` describes, if it is one (anything else is not JSON at all).
     pub fn from_json_error(error: &FingerprintError) -> Option<Self> {
         match error {
@@ -624,7 +598,11 @@ mod tests {
             "{twice:?}"
         );
         assert_eq!(
-            (twice.status(), twice.slug(), twice.refusal()),
+            (
+                twice.reason().http_status(),
+                twice.reason().slug(),
+                twice.refusal()
+            ),
             (
                 StatusCode::BAD_REQUEST,
                 "credential-ambiguous",

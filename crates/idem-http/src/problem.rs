@@ -1,28 +1,26 @@
 //! RFC 9457 problem details with stable `type` URIs.
 //!
 //! Every answer the layer makes itself (rather than the handler) is `application/problem+json`
-//! with `type = https://idem.dev/problems/<slug>`; see `docs/http.md` for the table.
+//! with `type = https://idem.dev/problems/<slug>`, one [`Reason`] of idem-wire's table; see
+//! `docs/http.md`. The answer also carries the [`Problem`] as a response extension, so
+//! whatever sits outside the layer (the gateway answering a gRPC call, metrics) reads the
+//! typed reason there and never parses a body to learn what idem meant.
 
 use std::time::Duration;
 
 use bytes::Bytes;
 use http::{HeaderValue, Response, StatusCode, header};
+pub use idem_wire::header::retry_after_secs;
+pub use idem_wire::{PROBLEM_BASE, Reason};
 use serde::Serialize;
 
 use crate::body::ResponseBody;
 
-/// Base of every problem `type` URI.
-pub const PROBLEM_BASE: &str = "https://idem.dev/problems/";
-
-/// A problem answer: status, slug, human text and the idempotency members.
+/// A problem answer: its reason, human text and the idempotency members.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Problem {
-    /// HTTP status.
-    pub status: StatusCode,
-    /// Last segment of the `type` URI (e.g. `in-flight`).
-    pub slug: &'static str,
-    /// Short, stable summary.
-    pub title: &'static str,
+    /// What idem means by it: the HTTP status, `type` slug, title and gRPC code.
+    pub reason: Reason,
     /// Human explanation for this occurrence.
     pub detail: String,
     /// The key, when one was parsed.
@@ -48,24 +46,11 @@ struct Wire<'a> {
     retry_after: Option<u64>,
 }
 
-/// Whole seconds for `Retry-After`, rounded up, at least 1.
-pub fn retry_after_secs(d: Duration) -> u64 {
-    let secs = d.as_secs() + u64::from(d.subsec_nanos() > 0);
-    secs.max(1)
-}
-
 impl Problem {
     /// A problem with no idempotency members.
-    pub fn new(
-        status: StatusCode,
-        slug: &'static str,
-        title: &'static str,
-        detail: impl Into<String>,
-    ) -> Self {
+    pub fn new(reason: Reason, detail: impl Into<String>) -> Self {
         Self {
-            status,
-            slug,
-            title,
+            reason,
             detail: detail.into(),
             key: None,
             state: None,
@@ -94,17 +79,22 @@ impl Problem {
         self
     }
 
+    /// The HTTP status: the reason's.
+    pub fn status(&self) -> StatusCode {
+        self.reason.http_status()
+    }
+
     /// The full `type` URI.
     pub fn type_uri(&self) -> String {
-        format!("{PROBLEM_BASE}{}", self.slug)
+        self.reason.type_uri()
     }
 
     /// The JSON body.
     pub fn to_json(&self) -> Bytes {
         let wire = Wire {
             kind: self.type_uri(),
-            title: self.title,
-            status: self.status.as_u16(),
+            title: self.reason.title(),
+            status: self.status().as_u16(),
             detail: &self.detail,
             key: self.key.as_deref(),
             state: self.state,
@@ -115,11 +105,11 @@ impl Problem {
             .unwrap_or_default()
     }
 
-    /// The response.
+    /// The response, with this problem as its extension.
     #[cold] // problems are the exception; keep them out of the request path's code
     pub fn into_response<B>(self) -> Response<ResponseBody<B>> {
         let mut res = Response::new(ResponseBody::full(self.to_json()));
-        *res.status_mut() = self.status;
+        *res.status_mut() = self.status();
         let headers = res.headers_mut();
         headers.insert(
             header::CONTENT_TYPE,
@@ -128,6 +118,7 @@ impl Problem {
         if let Some(d) = self.retry_after {
             headers.insert(header::RETRY_AFTER, HeaderValue::from(retry_after_secs(d)));
         }
+        res.extensions_mut().insert(self);
         res
     }
 }
@@ -138,21 +129,22 @@ mod tests {
 
     #[test]
     fn problems_serialise_with_stable_types() {
-        let p = Problem::new(
-            StatusCode::CONFLICT,
-            "in-flight",
-            "Request in flight",
-            "busy",
-        )
-        .state("processing")
-        .retry_after(Duration::from_millis(1500));
+        let p = Problem::new(Reason::InFlight, "busy")
+            .state("processing")
+            .retry_after(Duration::from_millis(1500));
         let v: serde_json::Value = serde_json::from_slice(&p.to_json()).expect("json");
         assert_eq!(v["type"], "https://idem.dev/problems/in-flight");
         assert_eq!(v["retry_after"], 2);
         assert_eq!(v["state"], "processing");
         assert!(v.get("key").is_none());
-        let res = p.into_response::<ResponseBody<()>>();
+        let res = p.clone().into_response::<ResponseBody<()>>();
+        assert_eq!(res.status(), StatusCode::CONFLICT);
         assert_eq!(res.headers()[header::RETRY_AFTER], "2");
+        assert_eq!(
+            res.extensions().get::<Problem>(),
+            Some(&p),
+            "the typed note"
+        );
         assert_eq!(retry_after_secs(Duration::ZERO), 1);
     }
 }

@@ -30,7 +30,7 @@ use crate::config::IdempotencyConfig;
 use crate::idempotency::{principal_refused, replay, with_outcome};
 use crate::key::{KeyRejection, parse_key};
 use crate::policy::{FoundKey, IDEMPOTENCY_KEY};
-use crate::problem::Problem;
+use crate::problem::{Problem, Reason};
 
 /// A tower service answering `GET <prefix>/{key}` for one namespace. Mount it with axum's
 /// `Router::route_service("/idempotency/{key}", status)` or call it from a hyper service.
@@ -110,13 +110,7 @@ impl<St: Store, B> Service<Request<B>> for IdempotencyStatus<St> {
 impl<St: Store> IdempotencyStatus<St> {
     async fn answer(&self, parts: &http::request::Parts) -> StatusResponse {
         if parts.method != Method::GET && parts.method != Method::HEAD {
-            let mut res = Problem::new(
-                StatusCode::METHOD_NOT_ALLOWED,
-                "method-not-allowed",
-                "Method not allowed",
-                "use GET",
-            )
-            .into_response();
+            let mut res = Problem::new(Reason::MethodNotAllowed, "use GET").into_response();
             res.headers_mut()
                 .insert(header::ALLOW, HeaderValue::from_static("GET, HEAD"));
             return with_outcome(res, Outcome::Queried);
@@ -227,9 +221,7 @@ fn wants_answer(query: Option<&str>) -> bool {
 
 fn store_unavailable(config: &IdempotencyConfig) -> StatusResponse {
     let res = Problem::new(
-        StatusCode::SERVICE_UNAVAILABLE,
-        "store-unavailable",
-        "Idempotency store unavailable",
+        Reason::StoreUnavailable,
         "the idempotency store failed or timed out",
     )
     .retry_after(config.store_retry_after)

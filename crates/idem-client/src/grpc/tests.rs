@@ -1,7 +1,7 @@
 //! The layer against a scripted server with a paused clock: classification, one key per
 //! call, the status query after an ambiguous failure, deadlines.
 
-use idem_grpc::Reason;
+use idem_wire::Reason;
 use tonic_types::{ErrorDetails, StatusExt as _};
 
 use super::*;
@@ -70,9 +70,7 @@ fn statuses_are_classified_by_the_table() {
     ));
     // idem's own answers are read from their `ErrorInfo`, whichever server made them: an
     // unknown outcome stops, in flight is waited out (with or without a delay).
-    let idem = |reason: Reason, retry: Option<Duration>| {
-        idem_grpc::layer_status(reason.code(), reason.as_str(), "m", Some("k"), retry)
-    };
+    let idem = |reason: Reason, retry: Option<Duration>| reason.status("m", Some("k"), retry);
     assert_eq!(
         kind(&classify(answer(idem(Reason::OutcomeUnknown, None), false))),
         "unknown"
@@ -387,7 +385,7 @@ fn errors_become_statuses_that_carry_them() {
         ("-1S", None),
     ] {
         assert_eq!(
-            idem_grpc::codes::grpc_timeout(&HeaderValue::from_static(v)),
+            idem_wire::header::grpc_timeout(&HeaderValue::from_static(v)),
             d,
             "{v}"
         );

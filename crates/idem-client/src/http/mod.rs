@@ -20,25 +20,23 @@ use reqwest::Url;
 
 pub use status::StatusEndpoint;
 
-use crate::decide::{Attempt, Later, retry_after_secs};
+use idem_wire::Reason;
+use idem_wire::header::retry_after;
+
+use crate::decide::{Attempt, Later};
 use crate::error::ClientError;
 use crate::ids::{Ids, key_header_value};
 use crate::policy::RetryPolicy;
 use crate::retry;
 
 /// The idempotency key header.
-pub const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key");
+pub const IDEMPOTENCY_KEY: HeaderName = idem_wire::header::IDEMPOTENCY_KEY;
 /// The request id header.
 pub const X_REQUEST_ID: HeaderName = crate::ids::X_REQUEST_ID;
 /// The W3C trace context header.
 pub const TRACEPARENT: HeaderName = crate::ids::TRACEPARENT;
 /// Set on a replayed answer.
-pub const IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");
-
-/// The problem `type` of a duplicate refused while the first is in flight.
-const IN_FLIGHT: &str = "https://idem.dev/problems/in-flight";
-/// The problem `type` of a key whose earlier outcome is unknown.
-const OUTCOME_UNKNOWN: &str = "https://idem.dev/problems/outcome-unknown";
+pub const IDEMPOTENT_REPLAYED: HeaderName = idem_wire::header::IDEMPOTENT_REPLAYED;
 
 /// One logical operation: a request sent once or several times, always with the same key.
 #[derive(Debug, Clone)]
@@ -377,15 +375,15 @@ fn classify(answer: Answer) -> Attempt<Answer> {
         .headers
         .get(RETRY_AFTER)
         .and_then(|v| v.to_str().ok())
-        .and_then(retry_after_secs);
+        .and_then(retry_after);
     match answer.status.as_u16() {
-        409 => match problem_type(&answer.headers, &answer.body).as_deref() {
-            Some(IN_FLIGHT) => Attempt::Retryable {
+        409 => match problem_reason(&answer.headers, &answer.body) {
+            Some(Reason::InFlight) => Attempt::Retryable {
                 answer,
                 why: Later::InFlight,
                 retry_after,
             },
-            Some(OUTCOME_UNKNOWN) => Attempt::OutcomeUnknown(answer),
+            Some(Reason::OutcomeUnknown) => Attempt::OutcomeUnknown(answer),
             _ => Attempt::Final(answer),
         },
         429 => Attempt::Retryable {
@@ -403,14 +401,15 @@ fn classify(answer: Answer) -> Attempt<Answer> {
     }
 }
 
-/// The `type` of a problem+json answer.
-fn problem_type(headers: &HeaderMap, body: &[u8]) -> Option<String> {
+/// The idem reason a problem+json answer names by its `type`: the one thing an HTTP client
+/// can read of what idem meant.
+fn problem_reason(headers: &HeaderMap, body: &[u8]) -> Option<Reason> {
     let ct = headers.get(CONTENT_TYPE)?.to_str().ok()?;
     if !ct.trim_start().starts_with("application/problem+json") {
         return None;
     }
     let v: serde_json::Value = serde_json::from_slice(body).ok()?;
-    v.get("type")?.as_str().map(str::to_owned)
+    v.get("type")?.as_str().and_then(Reason::from_type_uri)
 }
 
 #[cfg(test)]

@@ -9,13 +9,13 @@ use http::header::{
 use http::{HeaderMap, StatusCode};
 use reqwest::Url;
 
-use super::{Answer, Call, IDEMPOTENT_REPLAYED, problem_type};
-use crate::decide::{KeyState, retry_after_secs};
+use idem_wire::Reason;
+use idem_wire::header::retry_after;
+
+use super::{Answer, Call, IDEMPOTENT_REPLAYED, problem_reason};
+use crate::decide::KeyState;
 use crate::error::ClientError;
 use crate::ids::Ids;
-
-/// The problem `type` of a completed key whose answer was too large to keep.
-const NOT_STORED: &str = "https://idem.dev/problems/response-not-stored";
 
 /// Where the client asks what became of a key: the gateway's `status.path` as a URL, e.g.
 /// `http://127.0.0.1:8080/idem/status`.
@@ -150,7 +150,7 @@ pub(crate) fn read_state(
         429 | 502 | 503 | 504 => {
             return Ok(KeyState::Unavailable(format!("HTTP {status}")));
         }
-        409 if problem_type(headers, body).as_deref() == Some(NOT_STORED) => {
+        409 if problem_reason(headers, body) == Some(Reason::ResponseNotStored) => {
             return Err(ClientError::ResponseNotStored {
                 key: key.to_owned(),
             });
@@ -172,7 +172,7 @@ pub(crate) fn read_state(
             retry_after: headers
                 .get(RETRY_AFTER)
                 .and_then(|v| v.to_str().ok())
-                .and_then(retry_after_secs),
+                .and_then(retry_after),
         }),
         Some("unknown") => Ok(KeyState::Unknown),
         Some(other) => Err(refused(format!(

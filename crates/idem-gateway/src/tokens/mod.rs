@@ -32,7 +32,7 @@ use idem_core::token::{IssueRequest, Token};
 use idem_core::{Engine, Outcome, Refusal, Scope};
 use idem_http::buffer::BodyPace;
 use idem_http::policy::ExtractPrincipal;
-use idem_http::{Idempotency, IdempotencyLayer, Problem, ResponseBody};
+use idem_http::{Idempotency, IdempotencyLayer, Problem, Reason, ResponseBody};
 use metrics::Counter;
 use tower::Layer as _;
 
@@ -267,55 +267,23 @@ impl TokenCheck {
         self.counters.count(event);
         let (h, new) = (&self.header, format!("POST {} for a new one", self.issue));
         let problem = match event {
-            TokenEvent::Missing => Problem::new(
-                StatusCode::PRECONDITION_REQUIRED,
-                "token-missing",
-                "Token required",
-                format!("this route takes a one-time token in `{h}`: POST {} to get one", self.issue),
+            TokenEvent::Missing => Problem::new(Reason::TokenMissing, format!("this route takes a one-time token in `{h}`: POST {} to get one", self.issue),
             ),
-            TokenEvent::WithKey => Problem::new(
-                StatusCode::BAD_REQUEST,
-                "token-with-key",
-                "Idempotency-Key not accepted here",
-                format!("this route takes its idempotency from the one-time token in `{h}`; send the token without Idempotency-Key"),
+            TokenEvent::WithKey => Problem::new(Reason::TokenWithKey, format!("this route takes its idempotency from the one-time token in `{h}`; send the token without Idempotency-Key"),
             ),
-            TokenEvent::Unknown => Problem::new(
-                StatusCode::FORBIDDEN,
-                "token-unknown",
-                "Token unknown",
-                format!("this token was not issued to this caller for this route, or it has been forgotten; {new}"),
+            TokenEvent::Unknown => Problem::new(Reason::TokenUnknown, format!("this token was not issued to this caller for this route, or it has been forgotten; {new}"),
             ),
-            TokenEvent::Expired => Problem::new(
-                StatusCode::GONE,
-                "token-expired",
-                "Token expired",
-                format!("this token expired before it was used; {new}"),
+            TokenEvent::Expired => Problem::new(Reason::TokenExpired, format!("this token expired before it was used; {new}"),
             ),
-            TokenEvent::Used => Problem::new(
-                StatusCode::CONFLICT,
-                "token-used",
-                "Token already used",
-                format!("this token was used and no answer is kept under it (the request it guarded failed or its answer was not stored); a used token is never restored: {new}"),
+            TokenEvent::Used => Problem::new(Reason::TokenUsed, format!("this token was used and no answer is kept under it (the request it guarded failed or its answer was not stored); a used token is never restored: {new}"),
             ),
-            TokenEvent::Mismatch => Problem::new(
-                StatusCode::UNPROCESSABLE_ENTITY,
-                "token-mismatch",
-                "Token bound to another request",
-                format!("this token is bound to another payload; {new}"),
+            TokenEvent::Mismatch => Problem::new(Reason::TokenMismatch, format!("this token is bound to another payload; {new}"),
             ),
-            TokenEvent::ConsumeFailed => Problem::new(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "token-store-unavailable",
-                "Token store unavailable",
-                "the token store failed while using this token, so it may be used up: retry with the same token (it runs if the token was not used, else 409 token-used) or get a new one",
+            TokenEvent::ConsumeFailed => Problem::new(Reason::TokenStoreUnavailable, "the token store failed while using this token, so it may be used up: retry with the same token (it runs if the token was not used, else 409 token-used) or get a new one",
             )
             .retry_after(Duration::from_secs(1)),
             // Malformed, and anything the submit side never produces.
-            _ => Problem::new(
-                StatusCode::BAD_REQUEST,
-                "token-malformed",
-                "Token malformed",
-                format!("`{h}` must hold exactly one token of 64 lowercase hex digits, as issued by POST {}", self.issue),
+            _ => Problem::new(Reason::TokenMalformed, format!("`{h}` must hold exactly one token of 64 lowercase hex digits, as issued by POST {}", self.issue),
             ),
         };
         let outcome = match event {
@@ -398,9 +366,7 @@ impl TokenIssuer {
     pub async fn answer(&self, parts: &Parts) -> Response<ResBody> {
         if parts.method != Method::POST {
             let mut res = proxy::problem(Problem::new(
-                StatusCode::METHOD_NOT_ALLOWED,
-                "method-not-allowed",
-                "Method not allowed",
+                Reason::MethodNotAllowed,
                 format!(
                     "POST {} issues a token; nothing else is answered here",
                     self.issue
@@ -415,7 +381,7 @@ impl TokenIssuer {
         let principal = match self.principal.principal(parts) {
             Ok(p) => p,
             Err(r) => {
-                let problem = Problem::new(r.status(), r.slug(), r.title(), r.detail());
+                let problem = Problem::new(r.reason(), r.detail());
                 self.counters.count(TokenEvent::Unauthenticated);
                 return answer(
                     problem,
@@ -440,13 +406,7 @@ impl TokenIssuer {
         };
         if let Some((wait, detail)) = limited {
             self.counters.count(TokenEvent::RateLimited);
-            let problem = Problem::new(
-                StatusCode::TOO_MANY_REQUESTS,
-                "token-rate-limited",
-                "Too many tokens requested",
-                detail,
-            )
-            .retry_after(wait);
+            let problem = Problem::new(Reason::TokenRateLimited, detail).retry_after(wait);
             return answer(
                 problem,
                 Outcome::Refused(Refusal::Token),
@@ -472,11 +432,7 @@ impl TokenIssuer {
                 // every live one keeps working (consuming one needs no room).
                 tracing::warn!(error = %e, "token store full; no token issued");
                 self.counters.count(TokenEvent::IssueFailed);
-                let problem = Problem::new(
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    "token-store-full",
-                    "Token store full",
-                    "the token store holds as many live tokens as it may; no token was issued, and tokens already issued still work. Retry later",
+                let problem = Problem::new(Reason::TokenStoreFull, "the token store holds as many live tokens as it may; no token was issued, and tokens already issued still work. Retry later",
                 )
                 .retry_after(Duration::from_secs(5));
                 answer(problem, Outcome::StoreUnavailable, TokenEvent::IssueFailed)
@@ -485,9 +441,7 @@ impl TokenIssuer {
                 tracing::warn!(error = %e, "token issue failed");
                 self.counters.count(TokenEvent::IssueFailed);
                 let problem = Problem::new(
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    "token-store-unavailable",
-                    "Token store unavailable",
+                    Reason::TokenStoreUnavailable,
                     "the token store failed; no token was issued. Retry shortly",
                 )
                 .retry_after(Duration::from_secs(1));

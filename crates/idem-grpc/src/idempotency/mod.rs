@@ -202,7 +202,7 @@ where
     let principal = match config.principal.principal(&parts) {
         Ok(p) => p,
         Err(r) => {
-            return Ok(refused(Reason::of_principal(&r), r.detail(), r.refusal()));
+            return Ok(refused(r.reason(), r.detail(), r.refusal()));
         }
     };
     // No pace here (as before): a server in front of this layer must bound slow bodies.

@@ -24,8 +24,9 @@
 
 use std::time::Duration;
 
-use http::{Response, StatusCode};
+use http::Response;
 use idem_core::{EngineError, Key, Outcome, Refusal};
+use idem_wire::Reason;
 
 use crate::body::ResponseBody;
 use crate::key::KeyRejection;
@@ -52,42 +53,24 @@ impl Refused {
 
 #[cold]
 pub(crate) fn key_rejection(r: &KeyRejection) -> Refused {
-    let title = match r {
-        KeyRejection::Missing | KeyRejection::NotFound(_) => "Idempotency key missing",
-        KeyRejection::Multiple | KeyRejection::List => "More than one idempotency key",
-        KeyRejection::AmbiguousBody(_) => AMBIGUOUS_TITLE,
-        _ => "Idempotency key malformed",
-    };
-    let problem = Problem::new(StatusCode::BAD_REQUEST, r.slug(), title, r.to_string());
-    Refused::new(problem, r.refusal())
+    Refused::new(Problem::new(r.reason(), r.to_string()), r.refusal())
 }
-
-const AMBIGUOUS_TITLE: &str = "Request body ambiguous";
 
 #[cold]
 pub(crate) fn body_ambiguous(key: &Key, why: &crate::policy::AmbiguousBody) -> Refused {
-    let problem = Problem::new(
-        StatusCode::BAD_REQUEST,
-        crate::policy::AmbiguousBody::SLUG,
-        AMBIGUOUS_TITLE,
-        why.to_string(),
-    )
-    .key(Some(key));
+    let problem = Problem::new(Reason::BodyAmbiguous, why.to_string()).key(Some(key));
     Refused::new(problem, Refusal::BodyAmbiguous)
 }
 
 #[cold]
 pub(crate) fn principal_refused(r: &PrincipalRejection) -> Refused {
-    let problem = Problem::new(r.status(), r.slug(), r.title(), r.detail());
-    Refused::new(problem, r.refusal())
+    Refused::new(Problem::new(r.reason(), r.detail()), r.refusal())
 }
 
 #[cold]
 pub(crate) fn body_too_large(key: Option<&Key>, limit: usize) -> Refused {
     let problem = Problem::new(
-        StatusCode::PAYLOAD_TOO_LARGE,
-        "body-too-large",
-        "Request body too large",
+        Reason::RequestTooLarge,
         format!("the request body exceeds the {limit}-byte limit of this route"),
     )
     .key(key);
@@ -97,9 +80,7 @@ pub(crate) fn body_too_large(key: Option<&Key>, limit: usize) -> Refused {
 #[cold]
 pub(crate) fn body_unreadable(key: Option<&Key>) -> Refused {
     let problem = Problem::new(
-        StatusCode::BAD_REQUEST,
-        "body-unreadable",
-        "Request body unreadable",
+        Reason::RequestUnreadable,
         "the request body could not be read",
     )
     .key(key);
@@ -109,9 +90,7 @@ pub(crate) fn body_unreadable(key: Option<&Key>) -> Refused {
 #[cold]
 pub(crate) fn body_timeout(key: Option<&Key>) -> Refused {
     let problem = Problem::new(
-        StatusCode::REQUEST_TIMEOUT,
-        "body-timeout",
-        "Request body too slow",
+        Reason::BodyTimeout,
         "the request body did not arrive in time; nothing ran, and the key is free",
     )
     .key(key);
@@ -121,9 +100,7 @@ pub(crate) fn body_timeout(key: Option<&Key>) -> Refused {
 #[cold]
 pub(crate) fn mismatch(key: &Key) -> Problem {
     Problem::new(
-        StatusCode::UNPROCESSABLE_ENTITY,
-        "key-reused",
-        "Idempotency key reused",
+        Reason::KeyReused,
         "this key was used with a different request (method, path or body); nothing ran",
     )
     .key(Some(key))
@@ -139,9 +116,7 @@ pub(crate) const IN_FLIGHT_RETRY_CAP: Duration = Duration::from_secs(1);
 pub(crate) fn in_flight(key: &Key, retry_after: Duration) -> Problem {
     let retry_after = retry_after.min(IN_FLIGHT_RETRY_CAP);
     Problem::new(
-        StatusCode::CONFLICT,
-        "in-flight",
-        "Request in flight",
+        Reason::InFlight,
         "a request with this key is being processed; retry later",
     )
     .key(Some(key))
@@ -152,9 +127,7 @@ pub(crate) fn in_flight(key: &Key, retry_after: Duration) -> Problem {
 #[cold]
 pub(crate) fn outcome_unknown(key: &Key) -> Problem {
     Problem::new(
-        StatusCode::CONFLICT,
-        "outcome-unknown",
-        "Outcome unknown",
+        Reason::OutcomeUnknown,
         "an earlier attempt with this key may or may not have taken effect; it awaits resolution",
     )
     .key(Some(key))
@@ -163,11 +136,7 @@ pub(crate) fn outcome_unknown(key: &Key) -> Problem {
 
 #[cold]
 pub(crate) fn response_not_stored(key: &Key, status: u16) -> Refused {
-    let problem = Problem::new(
-        StatusCode::CONFLICT,
-        "response-not-stored",
-        "Response not replayable",
-        format!("the request with this key completed with status {status}, but its response was too large to keep"),
+    let problem = Problem::new(Reason::ResponseNotStored, format!("the request with this key completed with status {status}, but its response was too large to keep"),
     )
     .key(Some(key))
     .state("completed");
@@ -177,9 +146,7 @@ pub(crate) fn response_not_stored(key: &Key, status: u16) -> Refused {
 #[cold]
 pub(crate) fn response_failed(key: &Key) -> Problem {
     Problem::new(
-        StatusCode::INTERNAL_SERVER_ERROR,
-        "response-failed",
-        "Response failed",
+        Reason::ResponseFailed,
         "the handler's response body failed; the claim was released",
     )
     .key(Some(key))
@@ -187,23 +154,13 @@ pub(crate) fn response_failed(key: &Key) -> Problem {
 
 #[cold]
 pub(crate) fn internal(key: &Key) -> Problem {
-    Problem::new(
-        StatusCode::INTERNAL_SERVER_ERROR,
-        "internal",
-        "Internal error",
-        "the request could not be completed",
-    )
-    .key(Some(key))
+    Problem::new(Reason::Internal, "the request could not be completed").key(Some(key))
 }
 
 /// The request ran, but its answer could not be recorded: retry with the same key for it.
 #[cold]
 pub(crate) fn answer_not_recorded(key: &Key, retry_after: Duration) -> Problem {
-    Problem::new(
-        StatusCode::SERVICE_UNAVAILABLE,
-        "answer-not-recorded",
-        "Answer not recorded yet",
-        "the request ran, but the idempotency store failed to record its answer; retry with the same key to get it once it is recorded",
+    Problem::new(Reason::AnswerNotRecorded, "the request ran, but the idempotency store failed to record its answer; retry with the same key to get it once it is recorded",
     )
     .key(Some(key))
     .retry_after(retry_after)
@@ -212,34 +169,18 @@ pub(crate) fn answer_not_recorded(key: &Key, retry_after: Duration) -> Problem {
 #[cold]
 pub(crate) fn engine_error(key: &Key, e: &EngineError, store_retry_after: Duration) -> Problem {
     match e {
-        EngineError::Store(_) => Problem::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "store-unavailable",
-            "Idempotency store unavailable",
-            "the idempotency store failed or timed out; nothing ran",
+        EngineError::Store(_) => Problem::new(Reason::StoreUnavailable, "the idempotency store failed or timed out; nothing ran",
         )
         .key(Some(key))
         .retry_after(store_retry_after),
-        EngineError::LeaseLost => Problem::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "lease-lost",
-            "Claim lost",
-            "the claim on this key was lost while the handler ran, so it was cancelled; ask the status endpoint or retry",
+        EngineError::LeaseLost => Problem::new(Reason::LeaseLost, "the claim on this key was lost while the handler ran, so it was cancelled; ask the status endpoint or retry",
         )
         .key(Some(key))
         .retry_after(store_retry_after),
-        EngineError::HandlerPanicked => Problem::new(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            "handler-panicked",
-            "Handler failed",
-            "the handler panicked; the claim was released and a retry runs again",
+        EngineError::HandlerPanicked => Problem::new(Reason::HandlerPanicked, "the handler panicked; the claim was released and a retry runs again",
         )
         .key(Some(key)),
-        EngineError::HandlerTimedOut(after) => Problem::new(
-            StatusCode::GATEWAY_TIMEOUT,
-            "handler-timeout",
-            "Handler timed out",
-            format!("the handler did not finish within {after:?} and was cancelled"),
+        EngineError::HandlerTimedOut(after) => Problem::new(Reason::HandlerTimeout, format!("the handler did not finish within {after:?} and was cancelled"),
         )
         .key(Some(key)),
         _ => internal(key),
