@@ -37,24 +37,18 @@ pub(crate) async fn run<T: fmt::Display>(
     let mut last = String::from("none");
     let mut ask = false;
     let mut wait: Option<Option<Duration>> = None;
-    let gave_up = |attempts: u32, last: String| ClientError::DeadlineExceeded {
-        key: key.to_owned(),
-        attempts,
-        deadline: policy.overall_deadline(),
-        last,
-    };
     loop {
         if let Some(retry_after) = wait.take() {
             let pause = policy.wait(waits, retry_after);
             waits += 1;
             if Instant::now() + pause >= deadline {
-                return Err(gave_up(attempts, last));
+                return Err(gave_up(policy, key, attempts, last));
             }
             tokio::time::sleep(pause).await;
         }
         let remaining = deadline.saturating_duration_since(Instant::now());
         if remaining.is_zero() {
-            return Err(gave_up(attempts, last));
+            return Err(gave_up(policy, key, attempts, last));
         }
         let timeout = policy.per_attempt_timeout().min(remaining);
         if ask {
@@ -83,11 +77,7 @@ pub(crate) async fn run<T: fmt::Display>(
                         from_status: true,
                     });
                 }
-                Step::Unknown => {
-                    return Err(ClientError::OutcomeUnknown {
-                        key: key.to_owned(),
-                    });
-                }
+                Step::Unknown => return Err(unknown(key)),
                 Step::Retry(after) => {
                     ask = false;
                     wait = after.map(Some);
@@ -121,11 +111,7 @@ pub(crate) async fn run<T: fmt::Display>(
                     from_status: false,
                 });
             }
-            Step::Unknown => {
-                return Err(ClientError::OutcomeUnknown {
-                    key: key.to_owned(),
-                });
-            }
+            Step::Unknown => return Err(unknown(key)),
             Step::Retry(after) => {
                 last = label;
                 wait = Some(after);
@@ -135,6 +121,21 @@ pub(crate) async fn run<T: fmt::Display>(
                 ask = true;
             }
         }
+    }
+}
+
+fn gave_up(policy: &RetryPolicy, key: &str, attempts: u32, last: String) -> ClientError {
+    ClientError::DeadlineExceeded {
+        key: key.to_owned(),
+        attempts,
+        deadline: policy.overall_deadline(),
+        last,
+    }
+}
+
+fn unknown(key: &str) -> ClientError {
+    ClientError::OutcomeUnknown {
+        key: key.to_owned(),
     }
 }
 

@@ -2,8 +2,10 @@
 //! replay returns the same message and `grpc-status`; an unprotected method passes through
 //! with its trailers; the gateway's own refusals are the statuses idem-grpc answers for the
 //! same situation (code, `ErrorInfo` reason, `RetryInfo`); a call whose message stalls is cut
-//! off at the body pace. Client and server are tonic (a raw hyper client for the stalled
-//! call), the service is compiled from tests/proto with protox.
+//! off at the body pace; an upstream answering in idem's own words (a problem body naming one
+//! of idem's types) reaches the caller as the upstream's answer. Client and server are tonic
+//! (a raw hyper client for the stalled call), the service is compiled from tests/proto with
+//! protox.
 
 mod common;
 
@@ -484,5 +486,83 @@ async fn a_stalled_grpc_message_is_deadline_exceeded_and_claims_nothing() {
         .expect("the key runs");
     assert_eq!(ran.get_ref().execution, 1);
     assert_eq!(executions.load(Ordering::SeqCst), 1);
+    task.abort();
+}
+
+/// What the posing upstream answers every call with: HTTP 422 (an answer the gateway keeps)
+/// and a problem body in idem's own words (its `outcome-unknown` type).
+const POSING_PROBLEM: &str = r#"{"type":"https://idem.dev/problems/outcome-unknown","title":"Outcome unknown","status":422,"detail":"the upstream's own words","key":"k"}"#;
+
+/// An h2c upstream that answers every request with [`POSING_PROBLEM`]; returns its address
+/// and how many requests it answered.
+async fn posing_upstream() -> (SocketAddr, Arc<AtomicU64>, tokio::task::JoinHandle<()>) {
+    use http_body_util::Full;
+    use hyper_util::rt::{TokioExecutor, TokioIo};
+
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let answered = Arc::new(AtomicU64::new(0));
+    let count = Arc::clone(&answered);
+    let task = tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            let count = Arc::clone(&count);
+            tokio::spawn(async move {
+                let svc = hyper::service::service_fn(move |_req| {
+                    count.fetch_add(1, Ordering::SeqCst);
+                    async {
+                        http::Response::builder()
+                            .status(http::StatusCode::UNPROCESSABLE_ENTITY)
+                            .header("content-type", "application/problem+json")
+                            .body(Full::new(bytes::Bytes::from_static(
+                                POSING_PROBLEM.as_bytes(),
+                            )))
+                    }
+                });
+                let _ = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
+                    .serve_connection(TokioIo::new(stream), svc)
+                    .await;
+            });
+        }
+    });
+    (addr, answered, task)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upstream_answering_in_idems_words_reaches_the_caller_as_its_own_answer() {
+    // Only answers idem made carry an idem ErrorInfo: an upstream's problem body that names
+    // `outcome-unknown` must not tell a client idem holds the key (idem-client stops
+    // retrying on OUTCOME_UNKNOWN), whether it is the first answer or its replay.
+    let (addr, answered, task) = posing_upstream().await;
+    let gw = Gateway::start(&config(addr), &[]);
+    let mut ledger = client(&gw).await;
+    let k = key();
+    let req = ChargeRequest {
+        amount: 7,
+        fail_code: 0,
+    };
+    for attempt in ["first", "replay"] {
+        let status = ledger
+            .charge(with_key(req, &k))
+            .await
+            .expect_err("the upstream's 422");
+        assert_eq!(
+            status.code(),
+            Code::FailedPrecondition,
+            "{attempt}: {status:?}"
+        );
+        assert_eq!(status.message(), "the upstream's own words", "{attempt}");
+        assert_eq!(
+            LayerDetails::of(&status),
+            None,
+            "{attempt}: no idem ErrorInfo on the upstream's answer: {status:?}"
+        );
+    }
+    assert_eq!(
+        answered.load(Ordering::SeqCst),
+        1,
+        "a 422 is kept and replayed"
+    );
     task.abort();
 }

@@ -159,56 +159,60 @@ impl<St: Store> IdempotencyStatus<St> {
             };
             return replay(response.clone(), &found);
         }
-        let mut body = StatusBody {
-            key: scoped.key.as_str(),
-            namespace: scoped.scope.namespace(),
-            state: "absent",
-            created_at: None,
-            expires_at: None,
-            lease_until: None,
-            completed_at: None,
-            status: None,
-        };
-        let found = record.is_some();
-        let mut in_flight = false;
-        if let Some(r) = &record {
-            body.state = r.state.kind().as_str();
-            body.created_at = Some(r.created_at.as_millis());
-            body.expires_at = Some(r.expires_at.as_millis());
-            match &r.state {
-                RecordState::Processing { lease_until, .. } => {
-                    in_flight = true;
-                    body.lease_until = Some(lease_until.as_millis());
-                }
-                RecordState::Completed {
-                    response,
-                    completed_at,
-                } => {
-                    body.completed_at = Some(completed_at.as_millis());
-                    body.status = Some(response.status);
-                }
-                _ => {}
-            }
-        }
-        let json = serde_json::to_vec(&body).unwrap_or_default();
-        let mut res = Response::new(ResponseBody::full(json));
-        *res.status_mut() = if found {
-            StatusCode::OK
-        } else {
-            StatusCode::NOT_FOUND
-        };
-        let headers = res.headers_mut();
-        headers.insert(
-            header::CONTENT_TYPE,
-            HeaderValue::from_static("application/json"),
-        );
-        headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
-        if in_flight {
-            // Ask again shortly, as a duplicate request would be told to.
-            headers.insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
-        }
-        with_outcome(res, Outcome::Queried)
+        state_response(&scoped, record.as_ref())
     }
+}
+
+/// The JSON answer describing `record` (absent: 404), with `Retry-After` while it is in flight.
+fn state_response(scoped: &ScopedKey, record: Option<&idem_core::Record>) -> StatusResponse {
+    let mut body = StatusBody {
+        key: scoped.key.as_str(),
+        namespace: scoped.scope.namespace(),
+        state: "absent",
+        created_at: None,
+        expires_at: None,
+        lease_until: None,
+        completed_at: None,
+        status: None,
+    };
+    let mut in_flight = false;
+    if let Some(r) = record {
+        body.state = r.state.kind().as_str();
+        body.created_at = Some(r.created_at.as_millis());
+        body.expires_at = Some(r.expires_at.as_millis());
+        match &r.state {
+            RecordState::Processing { lease_until, .. } => {
+                in_flight = true;
+                body.lease_until = Some(lease_until.as_millis());
+            }
+            RecordState::Completed {
+                response,
+                completed_at,
+            } => {
+                body.completed_at = Some(completed_at.as_millis());
+                body.status = Some(response.status);
+            }
+            _ => {}
+        }
+    }
+    let json = serde_json::to_vec(&body).unwrap_or_default();
+    let mut res = Response::new(ResponseBody::full(json));
+    *res.status_mut() = if record.is_some() {
+        StatusCode::OK
+    } else {
+        StatusCode::NOT_FOUND
+    };
+    let headers = res.headers_mut();
+    headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    if in_flight {
+        // Ask again shortly, as a duplicate request would be told to.
+        headers.insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+    }
+    with_outcome(res, Outcome::Queried)
 }
 
 /// Whether the query asks for the stored answer: `answer=1` or `answer=true`.

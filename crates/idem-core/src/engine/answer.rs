@@ -7,7 +7,7 @@ use thiserror::Error;
 
 use crate::outcome::{Kept, Outcome};
 use crate::record::{Lease, ReleaseKind, StoredResponse};
-use crate::store::StoreError;
+use crate::store::{ClaimOutcome, StoreError};
 
 /// What the handler asks the engine to do with its result.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -92,6 +92,18 @@ pub enum Answer<T> {
 }
 
 impl<T> Answer<T> {
+    /// The answer to a claim that did not claim: the stored response, in flight, a
+    /// mismatch; anything else (an unknown record the caller did not settle) is unknown,
+    /// under which nothing runs.
+    pub(crate) fn unclaimed(outcome: ClaimOutcome) -> Self {
+        match outcome {
+            ClaimOutcome::Done { response } => Self::Replayed(response),
+            ClaimOutcome::Busy { retry_after } => Self::InFlight { retry_after },
+            ClaimOutcome::Mismatch { .. } => Self::Mismatch,
+            _ => Self::Unknown,
+        }
+    }
+
     /// What became of the request, for metrics, logs and audit.
     pub fn outcome(&self) -> Outcome {
         match self {

@@ -107,17 +107,9 @@ impl<S: TxStore> Engine<S> {
     {
         let policy = self.policy();
         let store = &**self.store();
-        let req = ClaimRequest {
-            key: key.clone(),
-            fingerprint: *fingerprint,
-            owner: OwnerId::random(),
-            lease: policy.lease,
-            ttl: policy.record_ttl,
-            // A crash rolls the effect back with the claim: by default, a leftover expired
-            // lease is run again.
-            takeover: policy.takeover_in_tx(),
-            request_id: request_id.map(str::to_owned),
-        };
+        // A crash rolls the effect back with the claim: by default, a leftover expired lease
+        // is run again.
+        let req = self.claim_request(key, fingerprint, request_id, policy.takeover_in_tx());
         let mut tx = timed_op(policy.store_timeout, store.begin()).await?;
         // The claim may wait on another transaction's row lock: that wait is the in-flight
         // duplicate finishing, so it is bounded by the handler timeout, not the store timeout.
@@ -139,12 +131,7 @@ impl<S: TxStore> Engine<S> {
             other => {
                 // Nothing to keep: the claim only read (or waited on) the record.
                 end(store, tx, policy.store_timeout).await;
-                return Ok(match other {
-                    ClaimOutcome::Done { response } => Answer::Replayed(response),
-                    ClaimOutcome::Busy { retry_after } => Answer::InFlight { retry_after },
-                    ClaimOutcome::Mismatch { .. } => Answer::Mismatch,
-                    _ => Answer::Unknown,
-                });
+                return Ok(Answer::unclaimed(other));
             }
         };
         tracing::debug!(key = %key, fence = lease.fence, takeover, "claimed in transaction");
@@ -175,6 +162,29 @@ impl<S: TxStore> Engine<S> {
                 return Err(EngineError::HandlerTimedOut(policy.handler_timeout));
             }
         };
+        let settled = self.commit_in(tx, key, lease, &response).await?;
+        Ok(Answer::Executed {
+            output: Ok(output),
+            lease,
+            takeover,
+            settled,
+        })
+    }
+
+    /// Completes `lease`'s claim inside `tx` and commits it; rolls back instead when the
+    /// completion was fenced.
+    ///
+    /// # Errors
+    /// [`EngineError::Store`] when the completion's statement failed (rolled back).
+    async fn commit_in(
+        &self,
+        mut tx: S::Tx,
+        key: &ScopedKey,
+        lease: Lease,
+        response: &StoredResponse,
+    ) -> Result<Settled, EngineError> {
+        let policy = self.policy();
+        let store = &**self.store();
         let completed = timed_op(
             policy.store_timeout,
             store.complete_in(
@@ -182,12 +192,12 @@ impl<S: TxStore> Engine<S> {
                 key,
                 lease.owner,
                 lease.fence,
-                &response,
+                response,
                 policy.record_ttl,
             ),
         )
         .await;
-        let settled = match completed {
+        Ok(match completed {
             Ok(SettleOutcome::Settled) => {
                 match timed_op(policy.store_timeout, store.commit(tx)).await {
                     Ok(()) => Settled::Stored,
@@ -206,12 +216,6 @@ impl<S: TxStore> Engine<S> {
                 end(store, tx, policy.store_timeout).await;
                 return Err(EngineError::Store(e));
             }
-        };
-        Ok(Answer::Executed {
-            output: Ok(output),
-            lease,
-            takeover,
-            settled,
         })
     }
 }

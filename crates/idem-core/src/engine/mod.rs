@@ -51,7 +51,7 @@ use lease::{ClaimGuard, timed_op, watchdog};
 
 use crate::fingerprint::Fingerprint;
 use crate::key::ScopedKey;
-use crate::record::{Lease, OwnerId, ReleaseKind, StoredResponse};
+use crate::record::{Lease, OwnerId, ReleaseKind, StoredResponse, TakeoverPolicy};
 use crate::store::{
     ClaimOutcome, ClaimRequest, Resolution, ResolveOutcome, SettleOutcome, Store, StoreError,
 };
@@ -195,15 +195,7 @@ impl<S: Store> Engine<S> {
             span.record(SPAN_KEY, key.digest_hex());
         }
         let policy = &*self.policy;
-        let req = ClaimRequest {
-            key: key.clone(),
-            fingerprint: *fingerprint,
-            owner: OwnerId::random(),
-            lease: policy.lease,
-            ttl: policy.record_ttl,
-            takeover: policy.takeover,
-            request_id: request_id.map(str::to_owned),
-        };
+        let req = self.claim_request(key, fingerprint, request_id, policy.takeover);
         let (lease, takeover, sent_at) = match self.claim_or_wait(&req).await? {
             Claimed::Now {
                 lease,
@@ -268,29 +260,8 @@ impl<S: Store> Engine<S> {
                 return Err(EngineError::HandlerTimedOut(policy.handler_timeout));
             }
         };
-        let settled = match &settlement.action {
-            Action::Complete(response) => self.complete(key, lease, response).await,
-            Action::Release(kind) => match timed_op(
-                policy.store_timeout,
-                self.store.release(key, lease.owner, lease.fence, *kind),
-            )
-            .await
-            {
-                Ok(SettleOutcome::Settled) => Settled::Released(*kind),
-                Ok(_) => Settled::Fenced,
-                Err(e) => Settled::Failed(e),
-            },
-        };
+        let settled = self.settle(key, lease, &settlement.action).await;
         guard.armed = false;
-        match &settled {
-            Settled::Fenced => {
-                tracing::warn!(key = %key, fence = lease.fence, "result discarded: fenced by a newer holder")
-            }
-            Settled::Failed(e) => {
-                tracing::error!(key = %key, fence = lease.fence, error = %e, "could not settle result")
-            }
-            _ => {}
-        }
         Ok(Answer::Executed {
             output: settlement.output,
             lease,
@@ -350,6 +321,54 @@ impl<S: Store> Engine<S> {
         })
     }
 
+    /// The claim of `key` for one attempt under this engine's policy, by a new owner.
+    fn claim_request(
+        &self,
+        key: &ScopedKey,
+        fingerprint: &Fingerprint,
+        request_id: Option<&str>,
+        takeover: TakeoverPolicy,
+    ) -> ClaimRequest {
+        let policy = &*self.policy;
+        ClaimRequest {
+            key: key.clone(),
+            fingerprint: *fingerprint,
+            owner: OwnerId::random(),
+            lease: policy.lease,
+            ttl: policy.record_ttl,
+            takeover,
+            request_id: request_id.map(str::to_owned),
+        }
+    }
+
+    /// Records what the handler's settlement asks for (complete or release) under `lease`,
+    /// logging a result that was fenced or could not be settled.
+    async fn settle(&self, key: &ScopedKey, lease: Lease, action: &Action) -> Settled {
+        let settled = match action {
+            Action::Complete(response) => self.complete(key, lease, response).await,
+            Action::Release(kind) => match timed_op(
+                self.policy.store_timeout,
+                self.store.release(key, lease.owner, lease.fence, *kind),
+            )
+            .await
+            {
+                Ok(SettleOutcome::Settled) => Settled::Released(*kind),
+                Ok(_) => Settled::Fenced,
+                Err(e) => Settled::Failed(e),
+            },
+        };
+        match &settled {
+            Settled::Fenced => {
+                tracing::warn!(key = %key, fence = lease.fence, "result discarded: fenced by a newer holder")
+            }
+            Settled::Failed(e) => {
+                tracing::error!(key = %key, fence = lease.fence, error = %e, "could not settle result")
+            }
+            _ => {}
+        }
+        settled
+    }
+
     async fn claim_or_wait<T>(&self, req: &ClaimRequest) -> Result<Claimed<T>, EngineError> {
         let policy = &*self.policy;
         let give_up = policy.in_flight_wait.map(|w| Instant::now() + w);
@@ -385,7 +404,6 @@ impl<S: Store> Engine<S> {
                     takeover,
                     sent_at,
                 },
-                ClaimOutcome::Done { response } => Claimed::Not(Answer::Replayed(response)),
                 ClaimOutcome::Unknown { fence, age } => {
                     match self
                         .settle_unknown(&req.key, fence, age, settles < 2)
@@ -398,7 +416,6 @@ impl<S: Store> Engine<S> {
                         }
                     }
                 }
-                ClaimOutcome::Mismatch { .. } => Claimed::Not(Answer::Mismatch),
                 ClaimOutcome::Busy { retry_after } => match give_up {
                     Some(deadline) if Instant::now() < deadline => {
                         let nap = poll
@@ -410,6 +427,7 @@ impl<S: Store> Engine<S> {
                     }
                     _ => Claimed::Not(Answer::InFlight { retry_after }),
                 },
+                other => Claimed::Not(Answer::unclaimed(other)),
             });
         }
     }

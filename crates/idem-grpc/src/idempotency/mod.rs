@@ -176,6 +176,22 @@ fn refused<B>(
     status_response(reason.status(message, None, None), Outcome::Refused(why))
 }
 
+/// The refusal of a request that could not be read whole.
+fn body_refused<B>(failure: &BodyFailure, max_request: usize) -> Response<ResponseBody<B>> {
+    match failure {
+        BodyFailure::TooLarge => refused(
+            Reason::RequestTooLarge,
+            format!("the request exceeds the {max_request}-byte limit of this method; nothing ran"),
+            Refusal::BodyTooLarge,
+        ),
+        _ => refused(
+            Reason::RequestUnreadable,
+            "the request could not be read; nothing ran",
+            Refusal::BodyUnreadable,
+        ),
+    }
+}
+
 fn key_refused<B>(e: &KeySourceError) -> Response<ResponseBody<B>> {
     let (reason, why) = match e {
         KeySourceError::Repeated(_) => (Reason::KeyMultiple, Refusal::KeyMultiple),
@@ -208,23 +224,7 @@ where
     // No pace here (as before): a server in front of this layer must bound slow bodies.
     let bytes = match read_body(body, config.max_request, BodyPace::UNBOUNDED).await {
         Ok(bytes) => bytes,
-        Err(BodyFailure::TooLarge) => {
-            return Ok(refused(
-                Reason::RequestTooLarge,
-                format!(
-                    "the request exceeds the {}-byte limit of this method; nothing ran",
-                    config.max_request
-                ),
-                Refusal::BodyTooLarge,
-            ));
-        }
-        Err(_) => {
-            return Ok(refused(
-                Reason::RequestUnreadable,
-                "the request could not be read; nothing ran",
-                Refusal::BodyUnreadable,
-            ));
-        }
+        Err(failure) => return Ok(body_refused(&failure, config.max_request)),
     };
     let message = match wire::messages(&bytes).as_deref() {
         Ok([one]) => *one,

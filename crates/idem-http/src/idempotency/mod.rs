@@ -221,12 +221,9 @@ where
     };
     let found = match found {
         Some(found) => found,
-        None => match config.key.extract_with_body(&parts, &bytes) {
+        None => match body_key(config, &parts, &bytes) {
             Ok(Some(found)) => found,
-            Err(r) => return Ok(error::key_rejection(&r).into_response()),
-            Ok(None) if config.key_required => {
-                return Ok(error::key_rejection(&config.key.missing()).into_response());
-            }
+            Err(refused) => return Ok(refused.into_response()),
             Ok(None) => {
                 let res = inner
                     .call(Request::from_parts(parts, ReqB::from(bytes)))
@@ -243,11 +240,7 @@ where
         Err(why) => return Ok(error::body_ambiguous(&found.key, &why).into_response()),
     };
     let scoped = ScopedKey::new(config.scope_for(principal), found.key.clone());
-    let request_id = parts
-        .headers
-        .get(X_REQUEST_ID)
-        .and_then(|v| v.to_str().ok())
-        .map(str::to_owned);
+    let request_id = request_id(&parts);
     let mut req = Request::from_parts(parts, ReqB::from(bytes));
 
     // Dropping this future mid-run hands the rest to a spawned task (see `ResponseFuture`),
@@ -274,6 +267,30 @@ where
         )
         .await;
     answer(&shared, &found, outcome)
+}
+
+/// The key of a request whose key source needs its body: `Ok(None)` when there is none and
+/// none is required (the request passes through unprotected).
+fn body_key(
+    config: &IdempotencyConfig,
+    parts: &http::request::Parts,
+    bytes: &[u8],
+) -> Result<Option<FoundKey>, error::Refused> {
+    match config.key.extract_with_body(parts, bytes) {
+        Ok(Some(found)) => Ok(Some(found)),
+        Err(r) => Err(error::key_rejection(&r)),
+        Ok(None) if config.key_required => Err(error::key_rejection(&config.key.missing())),
+        Ok(None) => Ok(None),
+    }
+}
+
+/// The request's `X-Request-ID`, kept on the record.
+fn request_id(parts: &http::request::Parts) -> Option<String> {
+    parts
+        .headers
+        .get(X_REQUEST_ID)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned)
 }
 
 /// Decides what to keep of the handler's response, buffering it if it is to be stored.
