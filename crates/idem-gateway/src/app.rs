@@ -206,7 +206,7 @@ impl App {
         // Everything only the access log needs is skipped when it is off.
         let log = tracing::enabled!(tracing::Level::INFO);
         let (mut parts, body) = req.into_parts();
-        let grpc = crate::grpc::is_grpc(&parts.headers);
+        let grpc = idem_wire::header::is_grpc(&parts.headers);
         // First, so `Connection` can drop only the client's headers, never the gateway's.
         crate::proxy::strip_client_connection(&mut parts.headers, &self.request_id);
         let request_id = request_id(&mut parts, &self.request_id);
@@ -379,10 +379,9 @@ impl App {
     }
 }
 
-/// A protected route's answer as sent: the status the layer showed restored, and trailers
-/// prepared for the client (a held answer within the route's stored size).
+/// A protected route's answer as sent: trailers prepared for the client (a held answer within the route's stored size).
 async fn protected_answer<B>(
-    mut res: Response<idem_http::ResponseBody<B>>,
+    res: Response<idem_http::ResponseBody<B>>,
     route: &Route,
     trailers: proxy::TrailerClient,
 ) -> Response<ResBody>
@@ -390,7 +389,6 @@ where
     B: http_body::Body<Data = bytes::Bytes> + Send + 'static,
     B::Error: Into<idem_http::BoxError>,
 {
-    proxy::restore_shown_status(&mut res);
     let held = matches!(
         res.extensions().get::<Outcome>(),
         Some(Outcome::Replayed | Outcome::Executed(Kept::Stored))

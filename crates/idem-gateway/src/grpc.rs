@@ -1,20 +1,16 @@
-//! gRPC behind the gateway: what a gRPC answer's status means for its record, and the
-//! gateway's own answers in gRPC's terms.
+//! gRPC behind the gateway: the gateway's own answers in gRPC's terms.
 //!
 //! A gRPC answer is HTTP 200 whatever happened; its outcome is `grpc-status` (in the trailers,
-//! or in the head of a trailers-only answer). The idempotency layer decides by HTTP status,
-//! so on a protected route the proxy shows it the HTTP status that means the same thing and
-//! the data plane restores the 200 afterwards (see [`crate::proxy::ShownAs`]):
-//!
-//! | `grpc-status` | the layer sees | the record |
-//! |---|---|---|
-//! | `OK`, `INVALID_ARGUMENT`, `NOT_FOUND`, `ALREADY_EXISTS`, `FAILED_PRECONDITION`, `OUT_OF_RANGE`, `UNIMPLEMENTED` | 200 | stored and replayed: a definite answer about this request |
-//! | `CANCELLED`, `DEADLINE_EXCEEDED`, `PERMISSION_DENIED`, `RESOURCE_EXHAUSTED`, `ABORTED`, `UNAVAILABLE`, `UNAUTHENTICATED` | 503 | released: a retry runs |
-//! | `UNKNOWN`, `INTERNAL`, `DATA_LOSS`, anything else | 500 | released, as an HTTP 500 is |
+//! or in the head of a trailers-only answer). On a protected route the proxy reads it from
+//! the trailers it holds and attaches it to the answer as an `idem_wire::GrpcCode`, and the
+//! route's store policy decides by it as idem-grpc's `StoreDeterministic` does (stored:
+//! `OK`, `INVALID_ARGUMENT`, `NOT_FOUND`, `ALREADY_EXISTS`, `FAILED_PRECONDITION`,
+//! `OUT_OF_RANGE`, `UNIMPLEMENTED`; released: every other code).
 //!
 //! A gRPC client cannot read the gateway's `application/problem+json` refusals, so for a
 //! gRPC request they become trailers-only gRPC answers ([`refusal`]). Each carries the
-//! [`Problem`] it was made from as a response extension, and its [`Reason`] (idem-wire's
+//! [`Problem`] it was made from as a response extension, and its
+//! [`Reason`](idem_wire::Reason) (idem-wire's
 //! table, the one idem-grpc's layer answers from) gives the code and `ErrorInfo.reason`;
 //! nothing is read back from the body. A problem's `Retry-After` becomes a `RetryInfo`. An
 //! upstream's own problem answer has no such extension: it reaches the caller as the
@@ -29,44 +25,11 @@ use http::{Response, StatusCode};
 use http_body_util::BodyExt as _;
 use idem_grpc::tonic::{self, Code};
 use idem_http::{Problem, retry_after_secs};
-use idem_wire::GrpcCode;
 
 use crate::proxy::{self, ResBody};
 
 /// The most of an upstream's problem body read for its text.
 const PROBLEM_CAP: usize = 64 * 1024;
-
-/// Whether `headers` (a request's or a response's) are gRPC's (`application/grpc`,
-/// `application/grpc+proto`, …).
-pub fn is_grpc(headers: &HeaderMap) -> bool {
-    headers
-        .get(header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|ct| {
-            let ct = ct.trim_start().as_bytes();
-            let grpc = b"application/grpc";
-            ct.len() >= grpc.len()
-                && ct[..grpc.len()].eq_ignore_ascii_case(grpc)
-                && matches!(ct.get(grpc.len()), None | Some(b'+' | b';'))
-        })
-}
-
-/// The answer's `grpc-status`: from the head (a trailers-only answer) or the trailers.
-pub fn status_code(head: &HeaderMap, trailers: Option<&HeaderMap>) -> Option<u32> {
-    GrpcCode::of_answer(head, trailers).map(GrpcCode::number)
-}
-
-/// The HTTP status the idempotency layer should decide on for an answer with `grpc-status`
-/// `code`, when it is not the 200 the answer carries (see the module's table).
-pub fn layer_status(code: u32) -> Option<StatusCode> {
-    match code {
-        // OK and definite answers about the request.
-        0 | 3 | 5 | 6 | 9 | 11 | 12 => None,
-        // Not done now; a retry may succeed.
-        1 | 4 | 7 | 8 | 10 | 14 | 16 => Some(StatusCode::SERVICE_UNAVAILABLE),
-        _ => Some(StatusCode::INTERNAL_SERVER_ERROR),
-    }
-}
 
 /// The gRPC code an upstream's own problem answer is given, by its HTTP status.
 fn code_for(status: StatusCode) -> Code {
@@ -156,34 +119,10 @@ async fn read_capped(mut body: ResBody, cap: usize) -> Vec<u8> {
 
 #[cfg(test)]
 mod tests {
-    use http::HeaderValue;
     use idem_grpc::LayerDetails;
     use idem_wire::Reason;
 
     use super::*;
-
-    #[test]
-    fn content_types_and_codes() {
-        let mut h = HeaderMap::new();
-        for (ct, grpc) in [
-            ("application/grpc", true),
-            ("application/grpc+proto", true),
-            ("Application/GRPC; charset=x", true),
-            ("application/grpc-web", false),
-            ("application/json", false),
-        ] {
-            h.insert(header::CONTENT_TYPE, HeaderValue::from_static(ct));
-            assert_eq!(is_grpc(&h), grpc, "{ct}");
-        }
-        assert_eq!(layer_status(0), None);
-        assert_eq!(layer_status(9), None);
-        assert_eq!(layer_status(14), Some(StatusCode::SERVICE_UNAVAILABLE));
-        assert_eq!(layer_status(13), Some(StatusCode::INTERNAL_SERVER_ERROR));
-        let mut t = HeaderMap::new();
-        t.insert("grpc-status", HeaderValue::from_static("14"));
-        assert_eq!(status_code(&HeaderMap::new(), Some(&t)), Some(14));
-        assert_eq!(status_code(&HeaderMap::new(), None), None);
-    }
 
     /// The gRPC answer to `res`, read back as a status.
     async fn read_back(res: Response<ResBody>) -> (HeaderMap, tonic::Status) {

@@ -9,8 +9,12 @@ use http::request::Parts;
 use idem_core::Fingerprint;
 use idem_core::fingerprint::canonical_json_filtered;
 use idem_core::key_source::KeySource;
-use idem_http::policy::{AmbiguousBody, FingerprintRequest, HeaderKey, StoreDecision, StorePolicy};
+use idem_grpc::StoreDeterministic;
+use idem_http::policy::{
+    AmbiguousBody, AnswerHead, FingerprintRequest, HeaderKey, StoreDecision, StorePolicy,
+};
 use idem_http::{IdempotencyConfig, RouteConfigError, SourceKey, StreamingResponses};
+use idem_wire::Reason;
 
 use crate::config::{FingerprintBody, FingerprintSettings, RoutePolicy, UpstreamFailure};
 
@@ -35,6 +39,7 @@ pub fn layer_config(p: &RoutePolicy) -> Result<IdempotencyConfig, RouteConfigErr
         .fingerprint(GatewayFingerprint(p.fingerprint.clone()))
         .store_policy(GatewayStorePolicy {
             policy: StatusPolicy::from(p),
+            grpc: StoreDeterministic::new(),
         })
         .policy(p.engine.clone())
         .max_request_body(p.max_request_body)
@@ -94,21 +99,35 @@ impl From<&RoutePolicy> for StatusPolicy {
     }
 }
 
-/// Stores the configured statuses; 502 and 504 (the upstream may have acted) follow
-/// `upstream_failure`; everything else is released so a retry runs again.
+/// A gRPC answer (HTTP 200, `content-type: application/grpc…`) by its `grpc-status`, as
+/// idem-grpc's [`StoreDeterministic`] decides; an upstream failure that sent nothing (TLS
+/// refused) released, so a retry runs; any other answer by its HTTP status: the configured
+/// statuses stored, 502 and 504 (the upstream may have acted) per `upstream_failure`,
+/// everything else released so a retry runs again.
 #[derive(Debug)]
 struct GatewayStorePolicy {
     policy: StatusPolicy,
+    grpc: StoreDeterministic,
 }
 
 impl StorePolicy for GatewayStorePolicy {
-    fn decide(&self, status: StatusCode) -> StoreDecision {
+    fn decide(&self, answer: &AnswerHead<'_>) -> StoreDecision {
+        let retry = StoreDecision::Release(idem_core::ReleaseKind::Retryable);
+        if answer.reason() == Some(Reason::UpstreamTls) {
+            return retry;
+        }
+        if answer.status == StatusCode::OK
+            && answer.is_grpc()
+            && let Some(code) = answer.grpc_status()
+        {
+            return self.grpc.decide_code(code);
+        }
         let p = &self.policy;
-        match status.as_u16() {
+        match answer.status.as_u16() {
             502 | 504 => StoreDecision::Release(p.upstream_failure.release_kind()),
-            s if s < 200 => StoreDecision::Release(idem_core::ReleaseKind::Retryable),
+            s if s < 200 => retry,
             s if p.store.contains(s) && !p.release.contains(s) => StoreDecision::Store,
-            _ => StoreDecision::Release(idem_core::ReleaseKind::Retryable),
+            _ => retry,
         }
     }
 }
@@ -177,8 +196,11 @@ mod tests {
         .expect("valid");
         let hold = GatewayStorePolicy {
             policy: StatusPolicy::from(&*s.routes[0].policy),
+            grpc: StoreDeterministic::new(),
         };
-        let kind = |code: u16| hold.decide(StatusCode::from_u16(code).expect("status"));
+        let (none, no_notes) = (http::HeaderMap::new(), http::Extensions::new());
+        let of = |code: u16| StatusCode::from_u16(code).expect("status");
+        let kind = |code: u16| hold.decide(&AnswerHead::new(of(code), &none, &no_notes));
         assert_eq!(kind(201), StoreDecision::Store);
         assert_eq!(kind(422), StoreDecision::Store);
         assert_eq!(
@@ -202,10 +224,67 @@ mod tests {
                 upstream_failure: UpstreamFailure::Retry,
                 ..StatusPolicy::from(&*s.routes[0].policy)
             },
+            grpc: StoreDeterministic::new(),
         };
         assert_eq!(
-            retry.decide(StatusCode::BAD_GATEWAY),
+            retry.decide(&AnswerHead::new(of(502), &none, &no_notes)),
             StoreDecision::Release(idem_core::ReleaseKind::Retryable)
+        );
+
+        // A TLS handshake the upstream refused sent nothing: released even where a 502 is
+        // held, by the typed reason on the answer.
+        let mut tls = http::Extensions::new();
+        tls.insert(idem_http::Problem::new(Reason::UpstreamTls, "d"));
+        assert_eq!(
+            hold.decide(&AnswerHead::new(of(502), &none, &tls)),
+            StoreDecision::Release(idem_core::ReleaseKind::Retryable)
+        );
+        let mut failed = http::Extensions::new();
+        failed.insert(idem_http::Problem::new(Reason::UpstreamFailed, "d"));
+        assert_eq!(
+            hold.decide(&AnswerHead::new(of(502), &none, &failed)),
+            StoreDecision::Release(idem_core::ReleaseKind::Unknown),
+            "a request that was sent may have acted"
+        );
+
+        // A gRPC answer by its grpc-status: from the trailers, or the code the proxy read
+        // from the trailers it holds.
+        let mut grpc = http::HeaderMap::new();
+        grpc.insert(
+            http::header::CONTENT_TYPE,
+            http::HeaderValue::from_static("application/grpc"),
+        );
+        let mut trailers = http::HeaderMap::new();
+        for (code, decision) in [
+            ("0", StoreDecision::Store),
+            ("5", StoreDecision::Store),
+            (
+                "14",
+                StoreDecision::Release(idem_core::ReleaseKind::Retryable),
+            ),
+            (
+                "13",
+                StoreDecision::Release(idem_core::ReleaseKind::Retryable),
+            ),
+            (
+                "4",
+                StoreDecision::Release(idem_core::ReleaseKind::Retryable),
+            ),
+        ] {
+            trailers.insert("grpc-status", http::HeaderValue::from_static(code));
+            let answer = AnswerHead::new(of(200), &grpc, &no_notes).with_trailers(&trailers);
+            assert_eq!(hold.decide(&answer), decision, "grpc-status {code}");
+        }
+        let mut noted = http::Extensions::new();
+        noted.insert(idem_wire::GrpcCode::Unavailable);
+        assert_eq!(
+            hold.decide(&AnswerHead::new(of(200), &grpc, &noted)),
+            StoreDecision::Release(idem_core::ReleaseKind::Retryable)
+        );
+        assert_eq!(
+            hold.decide(&AnswerHead::new(of(200), &none, &noted)),
+            StoreDecision::Store,
+            "not a gRPC answer: its HTTP status decides"
         );
     }
 }

@@ -384,7 +384,7 @@ impl Proxy {
         // client gets its answer in its own version.
         let client_version = parts.version;
         // A protected gRPC call's record follows its `grpc-status` (see [`crate::grpc`]).
-        let grpc = p.buffer.is_some() && crate::grpc::is_grpc(&parts.headers);
+        let grpc = p.buffer.is_some() && idem_wire::header::is_grpc(&parts.headers);
         parts.version = if p.http2 {
             http::Version::HTTP_2
         } else {
@@ -421,10 +421,10 @@ impl Proxy {
                     UpstreamBody::Held { trailers, .. } => trailers.as_ref(),
                     UpstreamBody::Streaming { .. } => None,
                 };
-                let code = crate::grpc::status_code(&head.headers, trailers);
-                if let Some(decide) = code.and_then(crate::grpc::layer_status) {
-                    head.extensions.insert(ShownAs(head.status));
-                    head.status = decide;
+                // The idempotency layer decides before it reads the body; the code in the
+                // trailers held here is its typed note of what the call answered.
+                if let Some(code) = idem_wire::GrpcCode::of_answer(&head.headers, trailers) {
+                    head.extensions.insert(code);
                 }
             }
             let body = ResponseBody::inner(body);
@@ -437,29 +437,9 @@ impl Proxy {
         };
         metrics::counter!("idem_upstream_failures_total", "kind" => failure.kind()).increment(1);
         tracing::warn!(upstream = %p.authority, failure = %failure.detail(), "upstream failed");
-        let mut res = failure.into_response(p.timeout);
-        if p.buffer.is_some() && res.extensions().get::<ShownAs>().is_some() {
-            // Protected routes: the idempotency layer decides by status, and holds a 502 as
-            // an outcome it cannot know. Nothing reached the upstream, so hand it a 503 (the
-            // claim is released and a retry runs); the data plane restores the 502 the
-            // problem names once the layer is done (see [`restore_shown_status`]).
-            *res.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
-        }
-        res
-    }
-}
-
-/// The status an answer is shown to the client with, when the idempotency layer was shown
-/// another one to decide on: a 502 for a request that never reached the upstream (the layer
-/// sees 503 and releases the key), a gRPC answer's 200 whose `grpc-status` means a retry
-/// must run (the layer sees 503 or 500; see [`crate::grpc`]).
-#[derive(Debug, Clone, Copy)]
-pub struct ShownAs(pub StatusCode);
-
-/// Gives an answer marked [`ShownAs`] its own status back, once the idempotency layer is done.
-pub fn restore_shown_status<B>(res: &mut Response<B>) {
-    if let Some(ShownAs(status)) = res.extensions().get::<ShownAs>().copied() {
-        *res.status_mut() = status;
+        // Protected routes: the store policy releases a TLS failure (nothing reached the
+        // upstream) by the reason the problem carries, where another 502 may be held.
+        failure.into_response(p.timeout)
     }
 }
 
@@ -666,16 +646,6 @@ impl Failure {
     }
 
     fn into_response(self, timeout: Duration) -> Upstream {
-        if let Self::Tls(_) = self {
-            let mut res = problem(Problem::new(
-                Reason::UpstreamTls,
-                "the upstream's certificate was not accepted (or it refused the gateway's); \
-                 nothing was sent, so a retry is safe once the TLS settings are fixed",
-            ));
-            res.extensions_mut()
-                .insert(ShownAs(StatusCode::BAD_GATEWAY));
-            return res;
-        }
         problem(match self {
             Self::Connect(_) => Problem::new(
                 Reason::UpstreamUnavailable,
@@ -686,7 +656,12 @@ impl Failure {
                 Reason::UpstreamTimeout,
                 format!("the upstream did not answer within {timeout:?}; its outcome is unknown"),
             ),
-            Self::Reset(_) | Self::Tls(_) => Problem::new(
+            Self::Tls(_) => Problem::new(
+                Reason::UpstreamTls,
+                "the upstream's certificate was not accepted (or it refused the gateway's); \
+                 nothing was sent, so a retry is safe once the TLS settings are fixed",
+            ),
+            Self::Reset(_) => Problem::new(
                 Reason::UpstreamFailed,
                 "the upstream connection failed after the request was sent; its outcome is unknown",
             ),

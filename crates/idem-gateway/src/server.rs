@@ -262,7 +262,7 @@ impl hyper::service::Service<Request<Incoming>> for DataService {
             let Ok(permit) = Arc::clone(&this.requests).try_acquire_owned() else {
                 let res = app.overloaded();
                 // A gRPC client reads only gRPC statuses, as every other refusal gives it.
-                if crate::grpc::is_grpc(req.headers()) {
+                if idem_wire::header::is_grpc(req.headers()) {
                     return Ok(crate::grpc::refusal(res).await);
                 }
                 return Ok(res);

@@ -29,20 +29,12 @@
 //! HTTP layer and the gateway answer from; [`Reason::status`] builds the status and
 //! [`LayerDetails`] reads it back.
 
-use std::fmt;
-
 use idem_core::ReleaseKind;
-use idem_http::StoreDecision;
+use idem_http::{AnswerHead, StoreDecision, StorePolicy};
+use idem_wire::GrpcCode;
 pub use idem_wire::grpc::LayerDetails;
 pub use idem_wire::header::grpc_timeout;
 pub use idem_wire::{ERROR_DOMAIN, Reason};
-use tonic::Code;
-
-/// Decides, from the handler's gRPC status, whether its answer is kept for replay.
-pub trait GrpcStorePolicy: fmt::Debug + Send + Sync + 'static {
-    /// The decision for `code`.
-    fn decide(&self, code: Code) -> StoreDecision;
-}
 
 /// The default: answers that say something definite about the request are stored; those
 /// that say it was refused before it ran, or failed in a way a retry may fix, release the
@@ -67,17 +59,19 @@ impl StoreDeterministic {
     }
 }
 
-impl GrpcStorePolicy for StoreDeterministic {
-    fn decide(&self, code: Code) -> StoreDecision {
+impl StoreDeterministic {
+    /// The decision for an answer with gRPC status `code`: the module's table.
+    pub fn decide_code(&self, code: GrpcCode) -> StoreDecision {
+        use GrpcCode as C;
         match code {
-            Code::Ok
-            | Code::InvalidArgument
-            | Code::NotFound
-            | Code::AlreadyExists
-            | Code::FailedPrecondition
-            | Code::OutOfRange
-            | Code::Unimplemented => StoreDecision::Store,
-            Code::DeadlineExceeded | Code::Unknown if self.ambiguous_unknown => {
+            C::Ok
+            | C::InvalidArgument
+            | C::NotFound
+            | C::AlreadyExists
+            | C::FailedPrecondition
+            | C::OutOfRange
+            | C::Unimplemented => StoreDecision::Store,
+            C::DeadlineExceeded | C::Unknown if self.ambiguous_unknown => {
                 StoreDecision::Release(ReleaseKind::Unknown)
             }
             _ => StoreDecision::Release(ReleaseKind::Retryable),
@@ -85,10 +79,19 @@ impl GrpcStorePolicy for StoreDeterministic {
     }
 }
 
+/// By the answer's gRPC status ([`AnswerHead::grpc_status`]); an answer without one is
+/// `UNKNOWN`, as gRPC clients read it.
+impl StorePolicy for StoreDeterministic {
+    fn decide(&self, answer: &AnswerHead<'_>) -> StoreDecision {
+        self.decide_code(answer.grpc_status().unwrap_or(GrpcCode::Unknown))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::collections::HashMap;
 
+    use tonic::Code;
     use tonic_types::{ErrorDetails, StatusExt as _};
 
     use super::*;
@@ -119,22 +122,22 @@ mod tests {
         ];
         assert_eq!(stored.len() + released.len(), 17, "every gRPC code");
         for c in stored {
-            assert_eq!(p.decide(c), StoreDecision::Store, "{c:?}");
+            assert_eq!(p.decide_code(c.into()), StoreDecision::Store, "{c:?}");
         }
         for c in released {
             assert_eq!(
-                p.decide(c),
+                p.decide_code(c.into()),
                 StoreDecision::Release(ReleaseKind::Retryable),
                 "{c:?}"
             );
         }
         let held = StoreDeterministic::new().ambiguous_as_unknown();
         assert_eq!(
-            held.decide(Code::DeadlineExceeded),
+            held.decide_code(GrpcCode::DeadlineExceeded),
             StoreDecision::Release(ReleaseKind::Unknown)
         );
         assert_eq!(
-            held.decide(Code::Unavailable),
+            held.decide_code(GrpcCode::Unavailable),
             StoreDecision::Release(ReleaseKind::Retryable)
         );
     }

@@ -10,7 +10,9 @@ use idem_core::key_source::{KeySourceError, KeySources};
 use idem_core::{Policy, Scope};
 use idem_http::policy::{ExtractPrincipal, NoPrincipal};
 
-use crate::codes::{GrpcStorePolicy, StoreDeterministic};
+use idem_http::StorePolicy;
+
+use crate::codes::StoreDeterministic;
 
 /// Default cap on a request message: 4 MiB, gRPC's default largest message.
 pub const DEFAULT_MAX_REQUEST: usize = 4 << 20;
@@ -53,7 +55,7 @@ pub struct MethodConfig {
     /// Whether [`MethodConfig::principal`] was called: a layer built with a method that
     /// still shares one key space between every caller says so in its log.
     pub(crate) principal_chosen: bool,
-    pub(crate) store_policy: Arc<dyn GrpcStorePolicy>,
+    pub(crate) store_policy: Arc<dyn StorePolicy>,
     pub(crate) policy: Option<Policy>,
     pub(crate) max_request: usize,
     pub(crate) max_stored_response: usize,
@@ -152,7 +154,7 @@ impl MethodConfig {
 
     /// Which answers are stored (default: [`StoreDeterministic::new`]).
     #[must_use]
-    pub fn store_policy(mut self, policy: impl GrpcStorePolicy) -> Self {
+    pub fn store_policy(mut self, policy: impl StorePolicy) -> Self {
         self.store_policy = Arc::new(policy);
         self
     }

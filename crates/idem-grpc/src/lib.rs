@@ -53,7 +53,7 @@ pub mod fuzzing {
     }
 }
 
-pub use codes::{ERROR_DOMAIN, GrpcStorePolicy, LayerDetails, Reason, StoreDeterministic};
+pub use codes::{ERROR_DOMAIN, LayerDetails, Reason, StoreDeterministic};
 pub use config::{
     DEFAULT_MAX_REQUEST, DEFAULT_MAX_STORED_RESPONSE, DEFAULT_REPLAY_METADATA,
     GrpcIdempotencyConfig, IDEMPOTENCY_KEY, MethodConfig, MethodConfigError,

@@ -39,7 +39,7 @@ pub use guard::RunGuard;
 pub use idempotency::{Idempotency, IdempotencyLayer, ResponseFuture};
 pub use key::{KeyRejection, parse_key};
 pub use policy::{
-    AmbiguousBody, CanonicalJson, ExtensionPrincipal, ExtractKey, ExtractPrincipal,
+    AmbiguousBody, AnswerHead, CanonicalJson, ExtensionPrincipal, ExtractKey, ExtractPrincipal,
     FingerprintRequest, FoundKey, HeaderKey, HeaderPrincipal, IDEMPOTENCY_FENCE, IDEMPOTENCY_KEY,
     IDEMPOTENT_REPLAYED, NoPrincipal, Principal, PrincipalRejection, RawBody, StoreDecision,
     StorePolicy, StoreUnless5xx, X_IDEMPOTENCY_KEY, X_REQUEST_ID,

@@ -12,9 +12,10 @@ use std::fmt;
 use std::marker::PhantomData;
 
 use http::request::Parts;
-use http::{HeaderName, HeaderValue, StatusCode};
+use http::{Extensions, HeaderMap, HeaderName, HeaderValue, StatusCode};
 use idem_core::key::{INTERNAL_PRINCIPAL_PREFIX, credential_principal, is_internal_principal};
 use idem_core::{Fingerprint, FingerprintError, JsonFields, Key, Refusal, ReleaseKind};
+use idem_wire::{GrpcCode, Reason};
 
 use crate::key::{KeyRejection, parse_key};
 
@@ -461,10 +462,75 @@ pub enum StoreDecision {
     Release(ReleaseKind),
 }
 
-/// Decides, from the handler's status, whether its response is kept for replay.
+/// What a [`StorePolicy`] sees of a handler's answer: its status, headers and extensions (the
+/// typed notes a carrier attached: the [`Problem`](crate::Problem) of an answer idem made
+/// itself, a [`GrpcCode`] the idem gateway read from trailers it holds), and its trailers
+/// where they are known when the decision is made (the gRPC layer reads the whole answer
+/// first; the HTTP layer decides on the head, before the body).
+#[derive(Clone, Copy, Debug)]
+#[non_exhaustive]
+pub struct AnswerHead<'a> {
+    /// The HTTP status.
+    pub status: StatusCode,
+    /// The head's fields.
+    pub headers: &'a HeaderMap,
+    /// The answer's extensions.
+    pub extensions: &'a Extensions,
+    /// The trailers, where they are known.
+    pub trailers: Option<&'a HeaderMap>,
+}
+
+impl<'a> AnswerHead<'a> {
+    /// The head of an answer with `status`, `headers` and `extensions`, trailers not known.
+    pub fn new(status: StatusCode, headers: &'a HeaderMap, extensions: &'a Extensions) -> Self {
+        Self {
+            status,
+            headers,
+            extensions,
+            trailers: None,
+        }
+    }
+
+    /// The head of the answer `parts` describe.
+    pub fn of(parts: &'a http::response::Parts) -> Self {
+        Self::new(parts.status, &parts.headers, &parts.extensions)
+    }
+
+    /// The same head with its `trailers` known.
+    #[must_use]
+    pub fn with_trailers(mut self, trailers: &'a HeaderMap) -> Self {
+        self.trailers = Some(trailers);
+        self
+    }
+
+    /// Whether the answer is gRPC's (`content-type: application/grpc…`).
+    pub fn is_grpc(&self) -> bool {
+        idem_wire::header::is_grpc(self.headers)
+    }
+
+    /// The gRPC status the answer carries: a [`GrpcCode`] extension, else `grpc-status` in
+    /// the head (a trailers-only answer) or the trailers; `None` when none says.
+    pub fn grpc_status(&self) -> Option<GrpcCode> {
+        self.extensions
+            .get::<GrpcCode>()
+            .copied()
+            .or_else(|| GrpcCode::of_answer(self.headers, self.trailers))
+    }
+
+    /// The reason of an answer idem made itself (its [`Problem`](crate::Problem)); `None`
+    /// for the handler's own answers, whatever their body says.
+    pub fn reason(&self) -> Option<Reason> {
+        self.extensions.get::<crate::Problem>().map(|p| p.reason)
+    }
+}
+
+/// Decides, from the head of the handler's answer, whether it is kept for replay, released
+/// for a retry to run, or held as unknown ([`StoreDecision::Release`] with
+/// [`ReleaseKind::Unknown`]). The one classifier of answers every carrier uses: named
+/// defaults are [`StoreUnless5xx`] for HTTP and idem-grpc's `StoreDeterministic` for gRPC.
 pub trait StorePolicy: fmt::Debug + Send + Sync + 'static {
-    /// The decision for `status`.
-    fn decide(&self, status: StatusCode) -> StoreDecision;
+    /// The decision for `answer`.
+    fn decide(&self, answer: &AnswerHead<'_>) -> StoreDecision;
 }
 
 /// The default: 2xx, 3xx and deterministic 4xx are stored; 401, 403, 408, 409 and 429
@@ -489,14 +555,21 @@ impl StoreUnless5xx {
     }
 }
 
-impl StorePolicy for StoreUnless5xx {
-    fn decide(&self, status: StatusCode) -> StoreDecision {
+impl StoreUnless5xx {
+    /// The decision for an answer with `status`: the table above.
+    pub fn decide_status(&self, status: StatusCode) -> StoreDecision {
         match status.as_u16() {
             502 | 504 if self.ambiguous_unknown => StoreDecision::Release(ReleaseKind::Unknown),
             401 | 403 | 408 | 409 | 429 => StoreDecision::Release(ReleaseKind::Retryable),
             s if !(200..500).contains(&s) => StoreDecision::Release(ReleaseKind::Retryable),
             _ => StoreDecision::Store,
         }
+    }
+}
+
+impl StorePolicy for StoreUnless5xx {
+    fn decide(&self, answer: &AnswerHead<'_>) -> StoreDecision {
+        self.decide_status(answer.status)
     }
 }
 
@@ -555,23 +628,57 @@ mod tests {
         let p = StoreUnless5xx::new();
         for s in [200, 201, 204, 302, 400, 404, 422] {
             assert_eq!(
-                p.decide(StatusCode::from_u16(s).expect("status")),
+                p.decide_status(StatusCode::from_u16(s).expect("status")),
                 StoreDecision::Store,
                 "{s}"
             );
         }
         for s in [401, 403, 408, 409, 429, 500, 502, 503, 504] {
-            let d = p.decide(StatusCode::from_u16(s).expect("status"));
+            let d = p.decide_status(StatusCode::from_u16(s).expect("status"));
             assert_eq!(d, StoreDecision::Release(ReleaseKind::Retryable), "{s}");
         }
         let held = StoreUnless5xx::new().ambiguous_as_unknown();
         assert_eq!(
-            held.decide(StatusCode::BAD_GATEWAY),
+            held.decide_status(StatusCode::BAD_GATEWAY),
             StoreDecision::Release(ReleaseKind::Unknown)
         );
         assert_eq!(
-            held.decide(StatusCode::INTERNAL_SERVER_ERROR),
+            held.decide_status(StatusCode::INTERNAL_SERVER_ERROR),
             StoreDecision::Release(ReleaseKind::Retryable)
+        );
+    }
+
+    #[test]
+    fn answer_heads_say_grpc_status_and_idem_reason() {
+        let (mut headers, mut extensions) = (HeaderMap::new(), Extensions::new());
+        let bare = AnswerHead::new(StatusCode::OK, &headers, &extensions);
+        assert_eq!(
+            (bare.is_grpc(), bare.grpc_status(), bare.reason()),
+            (false, None, None)
+        );
+        let mut trailers = HeaderMap::new();
+        trailers.insert("grpc-status", HeaderValue::from_static("14"));
+        headers.insert(
+            http::header::CONTENT_TYPE,
+            HeaderValue::from_static("application/grpc"),
+        );
+        let late = AnswerHead::new(StatusCode::OK, &headers, &extensions).with_trailers(&trailers);
+        assert!(late.is_grpc());
+        assert_eq!(
+            late.grpc_status(),
+            Some(GrpcCode::Unavailable),
+            "from the trailers"
+        );
+        // A carrier's typed note wins over what the fields say.
+        extensions.insert(GrpcCode::NotFound);
+        extensions.insert(crate::Problem::new(Reason::UpstreamTls, "d"));
+        let noted = AnswerHead::new(StatusCode::OK, &headers, &extensions).with_trailers(&trailers);
+        assert_eq!(noted.grpc_status(), Some(GrpcCode::NotFound));
+        assert_eq!(noted.reason(), Some(Reason::UpstreamTls));
+        assert_eq!(
+            StoreUnless5xx::new().decide(&noted),
+            StoreDecision::Store,
+            "the HTTP default reads the status alone"
         );
     }
 

@@ -21,6 +21,18 @@ pub const GRPC_STATUS: HeaderName = HeaderName::from_static("grpc-status");
 /// `grpc-timeout`: a gRPC call's deadline, relative to when it was sent.
 pub const GRPC_TIMEOUT: HeaderName = HeaderName::from_static("grpc-timeout");
 
+/// Whether `headers` (a request's or an answer's) are gRPC's: a `content-type` of
+/// `application/grpc`, `application/grpc+proto`, `application/grpc; …` (any letter case).
+pub fn is_grpc(headers: &http::HeaderMap) -> bool {
+    headers.get(http::header::CONTENT_TYPE).is_some_and(|v| {
+        let ct = v.as_bytes().trim_ascii_start();
+        let grpc = b"application/grpc";
+        ct.len() >= grpc.len()
+            && ct[..grpc.len()].eq_ignore_ascii_case(grpc)
+            && matches!(ct.get(grpc.len()), None | Some(b'+' | b';'))
+    })
+}
+
 /// The `Retry-After` value for a wait of `d`: whole seconds, rounded up, at least 1.
 pub fn retry_after_secs(d: Duration) -> u64 {
     let secs = d.as_secs() + u64::from(d.subsec_nanos() > 0);
@@ -65,6 +77,23 @@ mod tests {
         assert_eq!(retry_after(" 3 "), Some(Duration::from_secs(3)));
         assert_eq!(retry_after("Wed, 21 Oct 2015 07:28:00 GMT"), None);
         assert_eq!(retry_after("-1"), None);
+    }
+
+    #[test]
+    fn grpc_content_types() {
+        let mut h = http::HeaderMap::new();
+        assert!(!is_grpc(&h), "no content-type");
+        for (ct, grpc) in [
+            ("application/grpc", true),
+            ("application/grpc+proto", true),
+            ("Application/GRPC; charset=x", true),
+            (" application/grpc", true),
+            ("application/grpc-web", false),
+            ("application/json", false),
+        ] {
+            h.insert(http::header::CONTENT_TYPE, HeaderValue::from_static(ct));
+            assert_eq!(is_grpc(&h), grpc, "{ct}");
+        }
     }
 
     #[test]

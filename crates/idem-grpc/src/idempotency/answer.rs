@@ -1,15 +1,17 @@
 //! What to keep of the handler's answer, and the answer each caller gets.
 
 use bytes::Bytes;
-use http::{HeaderMap, HeaderValue, Response, StatusCode};
+use http::{HeaderValue, Response, StatusCode};
 use http_body::Body;
 use idem_core::{
     Answer, Engine, EngineError, Key, Outcome, Refusal, ReleaseKind, Settlement, Store,
     StoredResponse,
 };
 use idem_http::buffer::{Collected, collect_body, fields_size, header_map, stored_fields};
-use idem_http::{BoxError, IDEMPOTENT_REPLAYED, NEVER_REPLAYED, ResponseBody, StoreDecision};
-use tonic::Code;
+use idem_http::{
+    AnswerHead, BoxError, IDEMPOTENT_REPLAYED, NEVER_REPLAYED, ResponseBody, StoreDecision,
+};
+use idem_wire::GrpcCode;
 
 use super::status_response;
 use crate::codes::Reason;
@@ -22,16 +24,6 @@ pub(super) type Handled<B, E> = Result<Response<ResponseBody<B>>, E>;
 /// left on the holder's lease, which only bounds a crashed holder; a live one usually
 /// finishes much sooner.
 const IN_FLIGHT_RETRY_CAP: std::time::Duration = std::time::Duration::from_secs(1);
-
-/// The gRPC status of an answer: `grpc-status` in its trailers, or in its headers for a
-/// trailers-only answer. An answer without one is malformed, and counts as `UNKNOWN`.
-fn code_of(headers: &HeaderMap, trailers: &HeaderMap) -> Code {
-    trailers
-        .get("grpc-status")
-        .or_else(|| headers.get("grpc-status"))
-        .and_then(|v| v.to_str().ok()?.parse::<i32>().ok())
-        .map_or(Code::Unknown, Code::from_i32)
-}
 
 /// Reads the handler's whole answer and decides what the record keeps.
 ///
@@ -84,14 +76,17 @@ where
             );
         }
     };
-    let code = code_of(&head.headers, &trailers);
+    let answered = AnswerHead::of(&head).with_trailers(&trailers);
+    let decision = config.store_policy.decide(&answered);
+    // An answer without a `grpc-status` is malformed, and counts as `UNKNOWN`.
+    let code = answered.grpc_status().unwrap_or(GrpcCode::Unknown).number();
     let this_caller = |head, bytes, trailers| {
         Ok(Response::from_parts(
             head,
             ResponseBody::full_with_trailers(bytes, trailers),
         ))
     };
-    if let StoreDecision::Release(kind) = config.store_policy.decide(code) {
+    if let StoreDecision::Release(kind) = decision {
         return Settlement::release(this_caller(head, bytes, trailers), kind);
     }
     let headers = stored_fields(&head.headers, |name| config.replay_metadata.contains(name));

@@ -10,7 +10,8 @@
 //! 2. [`Engine::run_traced`], bounded by the caller's `grpc-timeout` when it is shorter than
 //!    the method's handler timeout: claim, call the inner service, read its answer, then
 //!    keep it (message, status, trailers) or release the claim as the
-//!    [`GrpcStorePolicy`](crate::GrpcStorePolicy) says;
+//!    store policy ([`StoreDeterministic`](crate::StoreDeterministic) by default) says of its
+//!    head and trailers;
 //! 3. answer: the handler's answer, a replay (the stored messages, metadata and trailers,
 //!    with `idempotent-replayed: true`), or a status from the table in [`crate::codes`].
 //!

@@ -59,7 +59,7 @@ use crate::buffer::{
 };
 use crate::config::{IdempotencyConfig, NEVER_REPLAYED, StreamingResponses};
 use crate::guard::RunGuard;
-use crate::policy::{FoundKey, IDEMPOTENT_REPLAYED, StoreDecision, X_REQUEST_ID};
+use crate::policy::{AnswerHead, FoundKey, IDEMPOTENT_REPLAYED, StoreDecision, X_REQUEST_ID};
 
 pub(crate) struct Shared<St> {
     pub(crate) engine: Engine<St>,
@@ -304,7 +304,7 @@ where
     B::Error: Into<BoxError>,
 {
     let (head, body) = res.into_parts();
-    if let StoreDecision::Release(kind) = config.store_policy.decide(head.status) {
+    if let StoreDecision::Release(kind) = config.store_policy.decide(&AnswerHead::of(&head)) {
         return Settlement::release(
             Ok(Response::from_parts(head, ResponseBody::inner(body))),
             kind,
@@ -423,7 +423,8 @@ fn answer<B, E, St: Store>(
             ..
         } => {
             let res = output?;
-            if let StoreDecision::Release(_) = shared.config.store_policy.decide(res.status()) {
+            let head = AnswerHead::new(res.status(), res.headers(), res.extensions());
+            if let StoreDecision::Release(_) = shared.config.store_policy.decide(&head) {
                 // Nothing was to be kept: the answer is the handler's.
                 res
             } else {

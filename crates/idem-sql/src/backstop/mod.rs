@@ -1,5 +1,5 @@
 //! The business-side backstop: the seeds' second and third lines of defence, usable without
-//! the rest of idem (`DESIGN.md` §4).
+//! the rest of idem (`docs/sql-stores.md`, "Backstop toolkit").
 //!
 //! - [`unique_violation`]: recognises a unique violation precisely (PostgreSQL `23505`,
 //!   MySQL/MariaDB `1062`, SQLite `2067`/`1555`), with the constraint it hit. Nothing else —

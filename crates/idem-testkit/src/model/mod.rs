@@ -1,6 +1,7 @@
 //! The reference model and the model-based property test.
 //!
-//! The model is written from `DESIGN.md` §2–3, independently of `idem_core::decide`: a map of
+//! The model is written from `docs/design.md` (the record and its state machine, leases and
+//! fencing), independently of `idem_core::decide`: a map of
 //! plain records and a step counter for time. The property test generates random operation
 //! sequences (claims on a few keys with a few fingerprints under both takeover policies,
 //! renew, complete, release of both kinds, resolve, delete, get, list, and time steps), runs
