@@ -375,37 +375,7 @@ pub fn event_for(
     let prev_fence = previous.map_or(0, |r| r.fence);
     let prev_request = previous.and_then(|r| r.request_id.clone());
     let mut event = match step {
-        Step::Claim(req, outcome) => {
-            let mut e = match outcome {
-                ClaimOutcome::Claimed { lease, takeover } => {
-                    let kind = if *takeover {
-                        AuditKind::TakenOver
-                    } else {
-                        AuditKind::Claimed
-                    };
-                    AuditEvent::new(kind, key, now, lease.fence)
-                }
-                // Unknown from a claim that found a processing record with an expired lease
-                // under `hold`: the claim just marked it.
-                ClaimOutcome::Unknown { .. }
-                    if previous.is_some_and(|r| {
-                        matches!(r.state, RecordState::Processing { lease_until, .. } if lease_until <= now)
-                            && r.expires_at > now
-                    }) =>
-                {
-                    let mut e = AuditEvent::new(AuditKind::Unknown, key, now, prev_fence);
-                    e.outcome = Some("lease_expired".into());
-                    e.request_id = prev_request.clone();
-                    e
-                }
-                _ => return None,
-            };
-            if e.request_id.is_none() {
-                e.request_id.clone_from(&req.request_id);
-            }
-            e.instance = Some(instance_of(req.owner));
-            return Some(e);
-        }
+        Step::Claim(req, outcome) => return claim_event(req, outcome, key, now, previous),
         Step::Complete {
             owner,
             fence,
@@ -471,6 +441,51 @@ pub fn event_for(
         event.request_id = prev_request;
     }
     Some(event)
+}
+
+/// The event a claim records: claimed or taken over, or the unknown mark a claim leaves on
+/// an expired lease under `hold`.
+fn claim_event(
+    req: &ClaimRequest,
+    outcome: &ClaimOutcome,
+    key: &ScopedKey,
+    now: Timestamp,
+    previous: Option<&Record>,
+) -> Option<AuditEvent> {
+    let mut e = match outcome {
+        ClaimOutcome::Claimed { lease, takeover } => {
+            let kind = if *takeover {
+                AuditKind::TakenOver
+            } else {
+                AuditKind::Claimed
+            };
+            AuditEvent::new(kind, key, now, lease.fence)
+        }
+        // Unknown from a claim that found a processing record with an expired lease under
+        // `hold`: the claim just marked it.
+        ClaimOutcome::Unknown { .. }
+            if previous.is_some_and(|r| {
+                matches!(r.state, RecordState::Processing { lease_until, .. } if lease_until <= now)
+                    && r.expires_at > now
+            }) =>
+        {
+            let mut e = AuditEvent::new(
+                AuditKind::Unknown,
+                key,
+                now,
+                previous.map_or(0, |r| r.fence),
+            );
+            e.outcome = Some("lease_expired".into());
+            e.request_id = previous.and_then(|r| r.request_id.clone());
+            e
+        }
+        _ => return None,
+    };
+    if e.request_id.is_none() {
+        e.request_id.clone_from(&req.request_id);
+    }
+    e.instance = Some(instance_of(req.owner));
+    Some(e)
 }
 
 fn fenced(key: &ScopedKey, now: Timestamp, fence: u64, op: &str) -> AuditEvent {

@@ -419,102 +419,90 @@ mod tests {
         }
     }
 
+    /// What each operation supplies to its statements.
+    const CLAIM: &[Param] = &[
+        Param::Id,
+        Param::Namespace,
+        Param::Principal,
+        Param::Key,
+        Param::Fingerprint,
+        Param::Owner,
+        Param::Lease,
+        Param::Ttl,
+        Param::Hold,
+        Param::RequestId,
+    ];
+    const SETTLE: &[Param] = &[Param::Id, Param::Owner, Param::Fence];
+    const RENEW: &[Param] = &[Param::Id, Param::Owner, Param::Fence, Param::Lease];
+    const COMPLETE: &[Param] = &[
+        Param::Id,
+        Param::Owner,
+        Param::Fence,
+        Param::Response,
+        Param::Ttl,
+    ];
+    const LIST: &[Param] = &[
+        Param::Namespace,
+        Param::Principal,
+        Param::State,
+        Param::Age,
+        Param::Limit,
+    ];
+    const RESOLVE_COMPLETE: &[Param] = &[Param::Id, Param::Response, Param::Ttl, Param::Fence];
+    const AUDIT_QUERY: &[Param] = &[
+        Param::Namespace,
+        Param::Principal,
+        Param::Key,
+        Param::Event,
+        Param::Since,
+        Param::Until,
+        Param::Limit,
+    ];
+    const AUDIT_FENCED: &[Param] = &[
+        Param::Namespace,
+        Param::Principal,
+        Param::Key,
+        Param::Fence,
+        Param::Outcome,
+        Param::Owner,
+    ];
+    const AUDIT_SETTLED: &[Param] = &[
+        Param::Id,
+        Param::Event,
+        Param::Outcome,
+        Param::Head,
+        Param::Owner,
+        Param::Actor,
+    ];
+
     fn check_at<D: Sql>(level: AuditLevel) {
         let all = Statements::new::<D>(&TableName::default(), level);
         let renew = match &all.renew {
             Renewal::Returning(s) | Renewal::LastInsertId(s) => s,
         };
-        let claim = [
-            Param::Id,
-            Param::Namespace,
-            Param::Principal,
-            Param::Key,
-            Param::Fingerprint,
-            Param::Owner,
-            Param::Lease,
-            Param::Ttl,
-            Param::Hold,
-            Param::RequestId,
-        ];
-        let settle = [Param::Id, Param::Owner, Param::Fence];
         let (then_write, then_read) = match &all.claim_then_read {
             Some((w, r)) => (w, r),
             None => (&all.claim, &all.claim),
         };
         let uses: [(&Stmt, &[Param]); 19] = [
-            (all.claim_read.as_ref().unwrap_or(&all.claim), &claim),
-            (&all.claim, &claim),
-            (then_write, &claim),
-            (then_read, &claim),
-            (
-                renew,
-                &[Param::Id, Param::Owner, Param::Fence, Param::Lease],
-            ),
-            (
-                &all.complete,
-                &[
-                    Param::Id,
-                    Param::Owner,
-                    Param::Fence,
-                    Param::Response,
-                    Param::Ttl,
-                ],
-            ),
-            (&all.release_retryable, &settle),
-            (&all.release_unknown, &settle),
+            (all.claim_read.as_ref().unwrap_or(&all.claim), CLAIM),
+            (&all.claim, CLAIM),
+            (then_write, CLAIM),
+            (then_read, CLAIM),
+            (renew, RENEW),
+            (&all.complete, COMPLETE),
+            (&all.release_retryable, SETTLE),
+            (&all.release_unknown, SETTLE),
             (&all.get, &[Param::Id]),
-            (
-                &all.list,
-                &[
-                    Param::Namespace,
-                    Param::Principal,
-                    Param::State,
-                    Param::Age,
-                    Param::Limit,
-                ],
-            ),
-            (
-                &all.resolve_complete,
-                &[Param::Id, Param::Response, Param::Ttl, Param::Fence],
-            ),
+            (&all.list, LIST),
+            (&all.resolve_complete, RESOLVE_COMPLETE),
             (&all.resolve_release, &[Param::Id, Param::Fence]),
             (&all.resolve_probe, &[Param::Id]),
             (&all.delete, &[Param::Id]),
             (&all.reap, &[Param::Limit]),
-            (
-                &all.audit_query,
-                &[
-                    Param::Namespace,
-                    Param::Principal,
-                    Param::Key,
-                    Param::Event,
-                    Param::Since,
-                    Param::Until,
-                    Param::Limit,
-                ],
-            ),
-            (
-                &all.audit_fenced,
-                &[
-                    Param::Namespace,
-                    Param::Principal,
-                    Param::Key,
-                    Param::Fence,
-                    Param::Outcome,
-                    Param::Owner,
-                ],
-            ),
-            (
-                &all.audit_settled,
-                &[
-                    Param::Id,
-                    Param::Event,
-                    Param::Outcome,
-                    Param::Head,
-                    Param::Owner,
-                    Param::Actor,
-                ],
-            ),
+            (&all.audit_query, AUDIT_QUERY),
+            (&all.audit_fenced, AUDIT_FENCED),
+            (&all.audit_settled, AUDIT_SETTLED),
             (&all.audit_reap, &[Param::Age, Param::Limit]),
         ];
         for (stmt, supplied) in uses {
