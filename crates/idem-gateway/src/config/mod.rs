@@ -7,6 +7,7 @@ mod compile;
 mod display;
 mod key;
 mod listener;
+mod parse;
 mod risks;
 mod route;
 mod settings;

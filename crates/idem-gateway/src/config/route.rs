@@ -7,7 +7,7 @@ use std::time::Duration;
 use anyhow::{Context as _, anyhow, bail};
 use idem_core::{JsonFields, Policy, Scope, TakeoverPolicy};
 
-use super::compile::{header_name, method, positive, size};
+use super::parse::{header_name, method, positive, size};
 use super::settings::{
     FingerprintBody, FingerprintSettings, JwtKey, JwtSettings, PrincipalSource, Route, RoutePolicy,
     StatusSet, UpstreamFailure,
