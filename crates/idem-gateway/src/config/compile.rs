@@ -239,7 +239,7 @@ pub fn compile(raw: &RawConfig) -> anyhow::Result<Settings> {
     }
     let status = status(raw.status.as_ref()).context("`status.path`")?;
     super::token::check_routes(&routes, &store, status.as_ref())?;
-    let relays = crate::relay::compile(raw.relay.as_deref().unwrap_or_default(), &routes)?;
+    let relays = super::relay::compile(raw.relay.as_deref().unwrap_or_default(), &routes)?;
     Ok(Settings {
         listen,
         upstream,

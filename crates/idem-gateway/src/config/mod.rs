@@ -8,6 +8,7 @@ mod display;
 mod key;
 mod listener;
 mod parse;
+mod relay;
 mod risks;
 mod route;
 mod settings;
@@ -28,6 +29,7 @@ use crate::upstream::RawUpstream;
 
 pub use compile::compile;
 pub use listener::{Limits, RawLimits, RawTls, TlsFiles};
+pub use relay::{RawRelay, RelaySettings, Source};
 pub use settings::{
     AdminSettings, AuditSettings, FingerprintBody, FingerprintSettings, JwtKey, JwtSettings,
     LogFormat, PrincipalSource, ReconcileSettings, Route, RoutePolicy, Settings, StatusSet,
@@ -118,7 +120,7 @@ pub struct RawConfig {
     /// What the audit trail records and how much of it the store keeps.
     pub audit: Option<RawAudit>,
     /// Relays run by `idem relay`: each consumes a queue and POSTs every message once.
-    pub relay: Option<Vec<crate::relay::RawRelay>>,
+    pub relay: Option<Vec<RawRelay>>,
 }
 
 /// The status endpoint: `GET <path>/{key}` tells a caller what became of its key.

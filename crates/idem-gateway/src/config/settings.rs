@@ -71,7 +71,7 @@ pub struct Settings {
     /// What the audit trail records, and its retention.
     pub audit: AuditSettings,
     /// Relays `idem relay` runs.
-    pub relays: Vec<crate::relay::RelaySettings>,
+    pub relays: Vec<super::RelaySettings>,
 }
 
 /// The status endpoint.
