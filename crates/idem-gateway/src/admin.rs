@@ -45,10 +45,10 @@ use idem_core::{
 };
 use serde_json::{Value, json};
 
-use crate::app::GatewayStore;
 use crate::config::Dur;
 use crate::health::{self, Health, Scrape};
 use crate::reload::Live;
+use crate::shared::GatewayStore;
 
 /// The header naming who makes a change through the admin API (see the module docs).
 pub const ACTOR_HEADER: &str = "x-idem-actor";

@@ -13,7 +13,7 @@ use http::request::Parts;
 use http::uri::PathAndQuery;
 use http::{Method, Request, Response, Uri};
 use hyper::body::Incoming;
-use idem_core::{BoxStore, Engine, Kept, Outcome, Policy, Refusal};
+use idem_core::{Engine, Kept, Outcome, Policy, Refusal};
 use idem_http::{
     Idempotency, IdempotencyLayer, PathParams, Problem, Reason, RequestBody, X_REQUEST_ID,
 };
@@ -21,7 +21,6 @@ use tower::{Layer as _, Service as _};
 
 use tracing::Instrument as _;
 
-use crate::claims::TrackedStore;
 use crate::config::{Route, Settings, Unmatched};
 use crate::matcher::MethodSet;
 use crate::metrics::{NO_ROUTE, RequestMetrics};
@@ -29,15 +28,10 @@ use crate::observe::{RequestSpan, TimedProxy};
 use crate::path::{self, PathRejection, TrailingSlash};
 use crate::protect::layer_config;
 use crate::proxy::{self, Proxy, ResBody, X_FORWARDED_FOR};
+use crate::shared::{GatewayStore, HANDLER_BACKSTOP};
 use crate::status::StatusEndpoint;
 use crate::tokens::{GatewayTokens, TokenIssuer, TokenNote, TokenRoute};
 use crate::upstream::{Clients, UpstreamSpec};
-
-/// The store as the gateway uses it, with the claims this process holds tracked for
-/// shutdown. [`crate::server`] puts any backend behind it, measured
-/// ([`MeteredStore`](crate::metrics::MeteredStore)) and, if configured, behind the local
-/// cache of completed responses.
-pub type GatewayStore = TrackedStore<BoxStore>;
 
 type Protected = Idempotency<TimedProxy, GatewayStore>;
 
@@ -541,10 +535,6 @@ pub(crate) fn with_webhook(
         },
     )
 }
-
-/// The engine's handler timeout is the proxy's plus this, so the proxy's own timeout (and its
-/// 504, handled per `upstream_failure`) always fires first.
-pub const HANDLER_BACKSTOP: Duration = Duration::from_secs(1);
 
 /// The request id: the client's if it is a sane one, else a fresh UUID v7. Set on the
 /// request so the upstream sees it.

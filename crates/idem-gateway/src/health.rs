@@ -18,7 +18,7 @@ use metrics::{Counter, Gauge};
 use metrics_exporter_prometheus::PrometheusHandle;
 use subtle::ConstantTimeEq as _;
 
-use crate::app::GatewayStore;
+use crate::shared::GatewayStore;
 
 /// What `/metrics` serves and who may read it.
 pub struct Scrape {

@@ -27,6 +27,7 @@ pub mod relay;
 pub mod reload;
 pub mod request;
 pub mod server;
+mod shared;
 pub mod status;
 pub mod store;
 #[cfg(test)]

@@ -14,9 +14,10 @@ use std::sync::Arc;
 use anyhow::bail;
 use arc_swap::ArcSwap;
 
-use crate::app::{App, GatewayStore};
+use crate::app::App;
 use crate::config::Settings;
 use crate::listener::Tls;
+use crate::shared::GatewayStore;
 use crate::tokens::GatewayTokens;
 use crate::upstream::{Clients, UpstreamSpec};
 

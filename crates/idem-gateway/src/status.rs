@@ -27,11 +27,11 @@ use idem_core::{Engine, Outcome, Refusal};
 use idem_http::{IdempotencyStatus, Problem, Reason};
 use tower::ServiceExt as _;
 
-use crate::app::GatewayStore;
 use crate::config::{Route, StatusSettings};
 use crate::path::{self, TrailingSlash};
 use crate::protect::layer_config;
 use crate::proxy::{self, ResBody};
+use crate::shared::GatewayStore;
 use crate::tokens::{Presented, presented, record_key};
 
 /// The status endpoint of one configuration.

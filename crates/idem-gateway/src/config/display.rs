@@ -276,7 +276,7 @@ impl fmt::Display for Settings {
                 "      timing:      upstream timeout {}, lease {} (renewed every {}), ttl {}",
                 Dur(e
                     .handler_timeout()
-                    .saturating_sub(crate::app::HANDLER_BACKSTOP)),
+                    .saturating_sub(crate::shared::HANDLER_BACKSTOP)),
                 Dur(e.lease()),
                 Dur(e.renew_every()),
                 Dur(e.record_ttl())

@@ -110,7 +110,7 @@ pub(super) fn compile_route(
     )?;
     // The engine's handler timeout backs the proxy's own timeout up by a second, so the
     // proxy's 504 (handled per `upstream_failure`) always comes first.
-    let handler_timeout = timeout + crate::app::HANDLER_BACKSTOP;
+    let handler_timeout = timeout + crate::shared::HANDLER_BACKSTOP;
     let takeover = match pick!(takeover).as_deref().unwrap_or("hold") {
         "reexecute" => TakeoverPolicy::Reexecute,
         "hold" => TakeoverPolicy::Hold,

@@ -216,7 +216,7 @@ async fn start(
     let timeout = policy
         .engine
         .handler_timeout()
-        .saturating_sub(crate::app::HANDLER_BACKSTOP);
+        .saturating_sub(crate::shared::HANDLER_BACKSTOP);
     let work = Post {
         client,
         target: relay.post.clone(),

@@ -36,11 +36,11 @@ use idem_http::{Idempotency, IdempotencyLayer, Problem, Reason, ResponseBody};
 use metrics::Counter;
 use tower::Layer as _;
 
-use crate::app::GatewayStore;
 use crate::config::{PrincipalSource, Route, TokenSettings};
 use crate::observe::TimedProxy;
 use crate::protect::layer_config;
 use crate::proxy::{self, ResBody};
+use crate::shared::GatewayStore;
 
 use gate::TokenKey;
 pub(crate) use gate::{Presented, presented, record_key};
