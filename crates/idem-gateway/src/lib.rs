@@ -6,6 +6,7 @@
 mod activity;
 pub mod admin;
 pub mod app;
+pub mod body;
 pub mod claims;
 pub mod cli;
 pub mod config;

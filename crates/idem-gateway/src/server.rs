@@ -24,11 +24,11 @@ use tokio::sync::{Semaphore, watch};
 
 use crate::admin::Admin;
 use crate::app::Peer;
+use crate::body::ResBody;
 use crate::claims::TrackedStore;
 use crate::config::Settings;
 use crate::health::Scrape;
 use crate::metrics::MeteredStore;
-use crate::proxy::ResBody;
 use crate::reload::{Live, LoadSettings};
 use crate::shared::GatewayStore;
 use crate::tokens::GatewayTokens;

@@ -27,10 +27,10 @@ use idem_core::{Engine, Outcome, Refusal};
 use idem_http::{IdempotencyStatus, Problem, Reason};
 use tower::ServiceExt as _;
 
+use crate::body::{self, ResBody};
 use crate::config::{Route, StatusSettings};
 use crate::path::{self, TrailingSlash};
 use crate::protect::layer_config;
-use crate::proxy::{self, ResBody};
 use crate::shared::GatewayStore;
 use crate::tokens::{Presented, presented, record_key};
 
@@ -158,7 +158,7 @@ impl StatusEndpoint {
             // A stored answer is replayed as the token route replays it: no key echoed.
             res.headers_mut().remove("idempotency-key");
         }
-        proxy::boxed(res)
+        body::boxed(res)
     }
 
     /// The URI asking for the record key of the token in `header` (`<prefix>/tok-…`, the
@@ -267,9 +267,9 @@ fn refused(
     detail: impl Into<Cow<'static, str>>,
     why: Refusal,
 ) -> Response<ResBody> {
-    let mut res = proxy::problem(Problem::new(reason, detail.into().into_owned()));
+    let mut res = body::problem(Problem::new(reason, detail.into().into_owned()));
     res.extensions_mut().insert(Outcome::Refused(why));
-    proxy::boxed(res)
+    body::boxed(res)
 }
 
 #[cfg(test)]
