@@ -12,11 +12,11 @@ use hyper::body::Incoming;
 use idem_http::{BoxError, Problem, ResponseBody};
 
 /// The body of every response the gateway sends.
-pub type ResBody = UnsyncBoxBody<Bytes, BoxError>;
+pub(crate) type ResBody = UnsyncBoxBody<Bytes, BoxError>;
 
 /// What the proxy answers: the upstream's body (held whole, or streamed after a buffered
 /// prefix), or bytes the gateway holds (a problem).
-pub type Upstream = Response<ResponseBody<UpstreamBody>>;
+pub(crate) type Upstream = Response<ResponseBody<UpstreamBody>>;
 
 /// An upstream's response body as the proxy hands it on: held whole in memory (data and
 /// trailers, exact size) or streamed from the connection after an optional prefix.
@@ -91,12 +91,12 @@ impl UpstreamBody {
 }
 
 /// A problem+json answer made by the gateway itself.
-pub fn problem(problem: Problem) -> Upstream {
+pub(crate) fn problem(problem: Problem) -> Upstream {
     problem.into_response()
 }
 
 /// Boxes any answer into the one body type the listener serves.
-pub fn boxed<B>(res: Response<ResponseBody<B>>) -> Response<ResBody>
+pub(crate) fn boxed<B>(res: Response<ResponseBody<B>>) -> Response<ResBody>
 where
     B: http_body::Body<Data = Bytes> + Send + 'static,
     B::Error: Into<BoxError>,

@@ -35,7 +35,7 @@ use crate::tunnel::Terms;
 ///
 /// # Errors
 /// A file that cannot be read, holds no certificate or key, or a key that does not fit.
-pub fn server_config(files: &TlsFiles) -> anyhow::Result<rustls::ServerConfig> {
+pub(crate) fn server_config(files: &TlsFiles) -> anyhow::Result<rustls::ServerConfig> {
     let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(&files.cert)
         .with_context(|| format!("cannot read certificates from {}", files.cert.display()))?
         .collect::<Result<_, _>>()
@@ -63,7 +63,9 @@ pub fn server_config(files: &TlsFiles) -> anyhow::Result<rustls::ServerConfig> {
 ///
 /// # Errors
 /// See [`server_config`].
-pub fn server_config_opt(files: Option<&TlsFiles>) -> anyhow::Result<Option<rustls::ServerConfig>> {
+pub(crate) fn server_config_opt(
+    files: Option<&TlsFiles>,
+) -> anyhow::Result<Option<rustls::ServerConfig>> {
     files.map(server_config).transpose()
 }
 
@@ -115,7 +117,7 @@ impl Tls {
 }
 
 /// What a connection's service is made from: the peer's address.
-pub trait MakeService: Send + Sync + 'static {
+pub(crate) trait MakeService: Send + Sync + 'static {
     /// The body of the answers.
     type Body: http_body::Body<Data = Bytes, Error = BoxError> + Send + 'static;
     /// The service for one connection.
@@ -135,7 +137,7 @@ pub trait MakeService: Send + Sync + 'static {
 /// Accepts on `listener` until `stop` turns true, then asks every open connection to finish
 /// its requests and close. Resolves when the last one closed, or `grace` after `stop`, with
 /// the instant the stop was seen.
-pub async fn serve<M: MakeService>(
+pub(crate) async fn serve<M: MakeService>(
     listener: TcpListener,
     tls: Arc<Tls>,
     limits: Limits,

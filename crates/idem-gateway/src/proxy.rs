@@ -25,18 +25,18 @@ use hyper::body::Incoming;
 use idem_http::{BoxError, Problem, Reason, RequestBody, ResponseBody};
 
 use crate::body::{ResBody, Upstream, UpstreamBody, boxed, problem};
-pub use crate::upstream::HttpClient;
+pub(crate) use crate::upstream::HttpClient;
 use crate::upstream::{ConnectError, UpstreamSpec};
 
 /// An HTTP/1.x client that accepts trailers (`TE: trailers`), whose answers may need
 /// preparing: HTTP/1.1 carries trailers only after a chunked body, and only the fields the
 /// `Trailer` header announces. HTTP/2 clients need none of this.
 #[derive(Debug, Clone, Copy)]
-pub struct TrailerClient(bool);
+pub(crate) struct TrailerClient(bool);
 
 impl TrailerClient {
     /// Whether the request's client is one.
-    pub fn of(parts: &http::request::Parts) -> Self {
+    pub(crate) fn of(parts: &http::request::Parts) -> Self {
         let accepts = parts.version < http::Version::HTTP_2
             && parts
                 .headers
@@ -52,7 +52,11 @@ impl TrailerClient {
     /// length hidden from the connection, which then chunks it. An answer held in memory of at
     /// most `held_cap` bytes (stored or replayed: the idempotency layer never replays
     /// `Trailer`) is read here, and trailers it ends with are announced.
-    pub async fn prepare(self, res: Response<ResBody>, held_cap: usize) -> Response<ResBody> {
+    pub(crate) async fn prepare(
+        self,
+        res: Response<ResBody>,
+        held_cap: usize,
+    ) -> Response<ResBody> {
         if !self.0 {
             return res;
         }

@@ -22,7 +22,7 @@ use crate::tokens::GatewayTokens;
 use crate::upstream::{Clients, UpstreamSpec};
 
 /// Reads the configuration again, from wherever it first came from.
-pub type LoadSettings = Box<dyn Fn() -> anyhow::Result<Settings> + Send + Sync>;
+pub(crate) type LoadSettings = Box<dyn Fn() -> anyhow::Result<Settings> + Send + Sync>;
 
 /// The running gateway's replaceable parts.
 pub struct Live {

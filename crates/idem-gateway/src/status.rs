@@ -35,7 +35,7 @@ use crate::shared::GatewayStore;
 use crate::tokens::{Presented, presented, record_key};
 
 /// The status endpoint of one configuration.
-pub struct StatusEndpoint {
+pub(crate) struct StatusEndpoint {
     prefix: String,
     routes: Vec<StatusRoute>,
 }
@@ -63,7 +63,7 @@ impl StatusEndpoint {
     ///
     /// # Errors
     /// A route policy the layer refuses (already refused when the configuration compiled).
-    pub fn new(
+    pub(crate) fn new(
         settings: &StatusSettings,
         routes: &[Route],
         engine: &Engine<GatewayStore>,
@@ -86,7 +86,7 @@ impl StatusEndpoint {
 
     /// Whether a request for `raw` (the path as sent) belongs to the endpoint: the path as
     /// sent, or its normalised spelling in any letter case, is the endpoint's path or below.
-    pub fn owns(&self, raw: &str, trailing: TrailingSlash) -> bool {
+    pub(crate) fn owns(&self, raw: &str, trailing: TrailingSlash) -> bool {
         if under(raw, &self.prefix, false) {
             return true;
         }
@@ -97,7 +97,7 @@ impl StatusEndpoint {
     }
 
     /// Answers one status request.
-    pub async fn answer(&self, mut parts: Parts) -> Response<ResBody> {
+    pub(crate) async fn answer(&self, mut parts: Parts) -> Response<ResBody> {
         if has_param(parts.uri.query(), "token") {
             return refused(
                 Reason::StatusToken,

@@ -33,7 +33,7 @@ const MAX_ANSWER: usize = 4 << 20;
 
 /// One route's status webhook.
 #[derive(Clone)]
-pub struct Webhook {
+pub(crate) struct Webhook {
     /// The route it comes from.
     pub(crate) route: String,
     /// The namespace its keys live in.
@@ -67,7 +67,7 @@ impl Webhook {
     ///
     /// # Errors
     /// An absolute `status_url` that is not a usable origin.
-    pub fn of_route(
+    pub(crate) fn of_route(
         settings: &Settings,
         route: &Route,
         clients: &mut Clients,
@@ -98,7 +98,7 @@ impl Webhook {
 
     /// What the webhook says about `key`: a resolution, `None` for "unknown", or why it
     /// could not say.
-    pub async fn ask(&self, key: &ScopedKey) -> Result<Option<Resolution>, String> {
+    pub(crate) async fn ask(&self, key: &ScopedKey) -> Result<Option<Resolution>, String> {
         let url = self.url(key)?;
         let req = Request::builder()
             .method(Method::GET)
