@@ -35,6 +35,7 @@ mod status;
 pub mod store;
 #[cfg(test)]
 mod test_support;
+mod tls;
 pub mod tokens;
 mod tunnel;
 mod ui;

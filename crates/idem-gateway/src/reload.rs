@@ -127,9 +127,9 @@ impl Live {
             tokens.as_ref(),
             self.demo_upstream.as_ref(),
         )?;
-        let data = crate::listener::server_config_opt(next.tls.as_ref())?;
+        let data = crate::tls::server_config_opt(next.tls.as_ref())?;
         let admin =
-            crate::listener::server_config_opt(next.admin.as_ref().and_then(|a| a.tls.as_ref()))?;
+            crate::tls::server_config_opt(next.admin.as_ref().and_then(|a| a.tls.as_ref()))?;
         self.data_tls.set(data);
         self.admin_tls.set(admin);
         let routes = next.routes.len();

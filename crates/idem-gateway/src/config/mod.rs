@@ -28,7 +28,7 @@ use serde::{Deserialize, Serialize};
 use crate::upstream::RawUpstream;
 
 pub use compile::compile;
-pub use listener::{Limits, RawLimits, RawTls, TlsFiles};
+pub use listener::{Limits, RawLimits, RawTls};
 pub use relay::{RawRelay, RelaySettings, Source};
 pub use settings::{
     AdminSettings, AuditSettings, FingerprintBody, FingerprintSettings, JwtKey, JwtSettings,
@@ -38,6 +38,8 @@ pub use settings::{
 pub use telemetry::{OtelSettings, RawOtel};
 pub use token::{Rate, RawToken, TokenSettings, supports_tokens};
 pub use units::{ByteSize, Dur};
+
+pub use crate::tls::TlsFiles;
 
 /// The default data listener.
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:8080";

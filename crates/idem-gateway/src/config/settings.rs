@@ -14,9 +14,10 @@ use super::StatusPattern;
 use crate::matcher::{MethodSet, PathPattern};
 use crate::path::TrailingSlash;
 
-use super::listener::{Limits, TlsFiles};
+use super::listener::Limits;
 use crate::principal::JwtVerifier;
 use crate::store::{StoreOptions, StoreSpec};
+use crate::tls::TlsFiles;
 use crate::upstream::UpstreamSpec;
 
 /// The checked configuration.
