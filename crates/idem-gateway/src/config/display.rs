@@ -5,8 +5,9 @@ use std::fmt;
 use http::HeaderName;
 
 use super::Dur;
-use super::settings::{PrincipalSource, Settings, Unmatched};
+use super::settings::{Settings, Unmatched};
 use crate::path::TrailingSlash;
+use crate::principal::PrincipalSource;
 
 impl fmt::Display for Settings {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

@@ -9,13 +9,12 @@ use idem_core::{JsonFields, Policy, Scope, TakeoverPolicy};
 
 use super::parse::{header_name, method, positive, size};
 use super::settings::{
-    FingerprintBody, FingerprintSettings, JwtKey, JwtSettings, PrincipalSource, Route, RoutePolicy,
-    StatusSet, UpstreamFailure,
+    FingerprintBody, FingerprintSettings, Route, RoutePolicy, StatusSet, UpstreamFailure,
 };
-use super::{Methods, RawFingerprint, RawPrincipal, RawRoute, StatusPattern};
+use super::{Methods, RawFingerprint, RawRoute, StatusPattern};
 use crate::matcher::{MethodSet, PathPattern};
 use crate::path::TrailingSlash;
-use crate::principal::JwtVerifier;
+use crate::principal::{JwtKey, JwtSettings, JwtVerifier, PrincipalSource, RawPrincipal};
 use crate::upstream::UpstreamSpec;
 
 /// Checks a status webhook template: a path or an http(s) URL that names `{key}`, with no
