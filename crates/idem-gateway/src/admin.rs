@@ -40,15 +40,16 @@ use axum::routing::{get, post};
 use idem_core::audit::{self, AuditEvent, AuditKind, AuditLevel, AuditQuery};
 use idem_core::key::credential_principal;
 use idem_core::{
-    Key, ListFilter, Record, RecordState, Resolution, ResolveOutcome, Scope, ScopedKey, StateKind,
-    Store, StoredResponse, Timestamp,
+    Key, ListFilter, Record, RecordState, ResolveOutcome, Scope, ScopedKey, StateKind, Store,
+    Timestamp,
 };
 use serde_json::{Value, json};
 
-use crate::app::GatewayStore;
 use crate::config::Dur;
 use crate::health::{self, Health, Scrape};
 use crate::reload::Live;
+use crate::shared::GatewayStore;
+use crate::webhook::resolution;
 
 /// The header naming who makes a change through the admin API (see the module docs).
 pub const ACTOR_HEADER: &str = "x-idem-actor";
@@ -460,46 +461,6 @@ fn expected_fence(body: &[u8]) -> Result<Option<u64>, String> {
     }
 }
 
-pub(crate) fn resolution(body: &[u8]) -> Result<Resolution, String> {
-    let v: Value = serde_json::from_slice(body).map_err(|e| format!("body must be JSON: {e}"))?;
-    match v.get("outcome").and_then(Value::as_str) {
-        Some("release") => Ok(Resolution::Release),
-        Some("complete") => {
-            let status = v
-                .get("status")
-                .and_then(Value::as_u64)
-                .ok_or("`status` is required to complete")?;
-            let status = u16::try_from(status)
-                .ok()
-                .filter(|s| (200..=599).contains(s))
-                .ok_or("`status` must be 200-599")?;
-            let mut response = StoredResponse::new(status, Bytes::new());
-            if let Some(b) = v.get("body") {
-                response.body = match b {
-                    Value::String(s) => Bytes::from(s.clone()),
-                    other => Bytes::from(other.to_string()),
-                };
-            }
-            if let Some(headers) = v.get("headers") {
-                let obj = headers
-                    .as_object()
-                    .ok_or("`headers` must be an object of strings")?;
-                for (name, value) in obj {
-                    let value = value.as_str().ok_or("`headers` values must be strings")?;
-                    response = response
-                        .with_header(name.to_ascii_lowercase(), Bytes::from(value.to_owned()));
-                }
-            }
-            let ttl = match v.get("ttl").and_then(Value::as_str) {
-                Some(t) => Dur::parse(t)?.0,
-                None => Duration::from_secs(24 * 3600),
-            };
-            Ok(Resolution::Complete { response, ttl })
-        }
-        _ => Err("`outcome` must be \"complete\" or \"release\"".into()),
-    }
-}
-
 fn record_json(r: &Record) -> Value {
     let mut v = json!({
         "namespace": r.key.scope.namespace(),
@@ -564,27 +525,4 @@ fn json_answer(status: StatusCode, body: &Value) -> Response {
 
 fn error(status: StatusCode, detail: &str) -> Response {
     json_answer(status, &json!({"error": detail, "status": status.as_u16()}))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn resolutions_parse() {
-        assert_eq!(
-            resolution(br#"{"outcome":"release"}"#),
-            Ok(Resolution::Release)
-        );
-        let r = resolution(br#"{"outcome":"complete","status":201,"headers":{"Content-Type":"application/json"},"body":"{}","ttl":"1h"}"#)
-            .expect("valid");
-        let Resolution::Complete { response, ttl } = r else {
-            panic!("not complete")
-        };
-        assert_eq!((response.status, ttl), (201, Duration::from_secs(3600)));
-        assert_eq!(response.headers[0].0, "content-type");
-        assert!(resolution(br#"{"outcome":"complete"}"#).is_err());
-        assert!(resolution(br#"{"outcome":"maybe"}"#).is_err());
-        assert!(resolution(b"garbage").is_err());
-    }
 }

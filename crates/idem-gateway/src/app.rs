@@ -13,7 +13,7 @@ use http::request::Parts;
 use http::uri::PathAndQuery;
 use http::{Method, Request, Response, Uri};
 use hyper::body::Incoming;
-use idem_core::{BoxStore, Engine, Kept, Outcome, Policy, Refusal};
+use idem_core::{Engine, Kept, Outcome, Policy, Refusal};
 use idem_http::{
     Idempotency, IdempotencyLayer, PathParams, Problem, Reason, RequestBody, X_REQUEST_ID,
 };
@@ -21,23 +21,18 @@ use tower::{Layer as _, Service as _};
 
 use tracing::Instrument as _;
 
-use crate::claims::TrackedStore;
+use crate::body::{self, ResBody};
 use crate::config::{Route, Settings, Unmatched};
 use crate::matcher::MethodSet;
 use crate::metrics::{NO_ROUTE, RequestMetrics};
 use crate::observe::{RequestSpan, TimedProxy};
 use crate::path::{self, PathRejection, TrailingSlash};
 use crate::protect::layer_config;
-use crate::proxy::{self, Proxy, ResBody, X_FORWARDED_FOR};
+use crate::proxy::{self, Proxy, X_FORWARDED_FOR};
+use crate::shared::{GatewayStore, HANDLER_BACKSTOP};
 use crate::status::StatusEndpoint;
 use crate::tokens::{GatewayTokens, TokenIssuer, TokenNote, TokenRoute};
 use crate::upstream::{Clients, UpstreamSpec};
-
-/// The store as the gateway uses it, with the claims this process holds tracked for
-/// shutdown. [`crate::server`] puts any backend behind it, measured
-/// ([`MeteredStore`](crate::metrics::MeteredStore)) and, if configured, behind the local
-/// cache of completed responses.
-pub type GatewayStore = TrackedStore<BoxStore>;
 
 type Protected = Idempotency<TimedProxy, GatewayStore>;
 
@@ -237,7 +232,7 @@ impl App {
                         .await
                 }
                 Err(rejection) => (
-                    proxy::boxed(path_rejected(rejection)),
+                    body::boxed(path_rejected(rejection)),
                     self.metrics.no_route(),
                 ),
             },
@@ -303,7 +298,7 @@ impl App {
     async fn route(&self, mut parts: Parts, body: Incoming) -> (Response<ResBody>, usize) {
         if let Some(canonical) = self.miscased(&parts.method) {
             let res = method_not_canonical(&parts.method, canonical);
-            return (proxy::boxed(res), self.metrics.no_route());
+            return (body::boxed(res), self.metrics.no_route());
         }
         let trailers = proxy::TrailerClient::of(&parts);
         let found = self.entries.iter().position(|e| {
@@ -323,16 +318,16 @@ impl App {
         let res = match entry {
             None => match &self.fallback {
                 Some(proxy) => {
-                    let res = proxy::boxed(passthrough(proxy.forward(req).await));
+                    let res = body::boxed(passthrough(proxy.forward(req).await));
                     trailers.prepare(res, 0).await
                 }
-                None => proxy::boxed(no_route()),
+                None => body::boxed(no_route()),
             },
             Some(Entry {
                 handler: Handler::Plain(proxy),
                 ..
             }) => {
-                let res = proxy::boxed(passthrough(proxy.forward(req).await));
+                let res = body::boxed(passthrough(proxy.forward(req).await));
                 trailers.prepare(res, 0).await
             }
             Some(Entry {
@@ -364,7 +359,7 @@ impl App {
     /// The answer when the gateway is at its limit of requests in progress: 503 with
     /// `Retry-After`, counted, and nothing forwarded.
     pub fn overloaded(&self) -> Response<ResBody> {
-        let mut res = proxy::problem(
+        let mut res = body::problem(
             Problem::new(
                 Reason::Overloaded,
                 "the gateway is at its limit of requests in progress; retry shortly",
@@ -375,7 +370,7 @@ impl App {
         res.extensions_mut().insert(outcome);
         self.metrics
             .record(self.metrics.no_route(), outcome, Duration::ZERO);
-        proxy::boxed(res)
+        body::boxed(res)
     }
 }
 
@@ -398,7 +393,7 @@ where
     } else {
         0
     };
-    trailers.prepare(proxy::boxed(res), cap).await
+    trailers.prepare(body::boxed(res), cap).await
 }
 
 /// The part of an outcome the access log adds to its name: what was kept of an execution,
@@ -459,8 +454,8 @@ impl App {
 }
 
 #[cold]
-fn method_not_canonical(got: &Method, canonical: &Method) -> proxy::Upstream {
-    let mut res = proxy::problem(Problem::new(
+fn method_not_canonical(got: &Method, canonical: &Method) -> body::Upstream {
+    let mut res = body::problem(Problem::new(
         Reason::MethodNotCanonical,
         format!("methods are case-sensitive: send `{canonical}`, not `{got}`"),
     ));
@@ -470,8 +465,8 @@ fn method_not_canonical(got: &Method, canonical: &Method) -> proxy::Upstream {
 }
 
 #[cold]
-fn path_rejected(rejection: PathRejection) -> proxy::Upstream {
-    let mut res = proxy::problem(Problem::new(Reason::PathRejected, rejection.to_string()));
+fn path_rejected(rejection: PathRejection) -> body::Upstream {
+    let mut res = body::problem(Problem::new(Reason::PathRejected, rejection.to_string()));
     res.extensions_mut()
         .insert(Outcome::Refused(Refusal::BadTarget));
     res
@@ -482,8 +477,8 @@ fn passthrough<B>(mut res: Response<B>) -> Response<B> {
     res
 }
 
-fn no_route() -> proxy::Upstream {
-    let mut res = proxy::problem(Problem::new(
+fn no_route() -> body::Upstream {
+    let mut res = body::problem(Problem::new(
         Reason::NoRoute,
         "no route matches this request",
     ));
@@ -541,10 +536,6 @@ pub(crate) fn with_webhook(
         },
     )
 }
-
-/// The engine's handler timeout is the proxy's plus this, so the proxy's own timeout (and its
-/// 504, handled per `upstream_failure`) always fires first.
-pub const HANDLER_BACKSTOP: Duration = Duration::from_secs(1);
 
 /// The request id: the client's if it is a sane one, else a fresh UUID v7. Set on the
 /// request so the upstream sees it.

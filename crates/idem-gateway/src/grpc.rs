@@ -26,7 +26,7 @@ use http_body_util::BodyExt as _;
 use idem_grpc::tonic::{self, Code};
 use idem_http::{Problem, retry_after_secs};
 
-use crate::proxy::{self, ResBody};
+use crate::body::{self as proxy, ResBody};
 
 /// The most of an upstream's problem body read for its text.
 const PROBLEM_CAP: usize = 64 * 1024;

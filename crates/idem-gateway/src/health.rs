@@ -18,7 +18,7 @@ use metrics::{Counter, Gauge};
 use metrics_exporter_prometheus::PrometheusHandle;
 use subtle::ConstantTimeEq as _;
 
-use crate::app::GatewayStore;
+use crate::shared::GatewayStore;
 
 /// What `/metrics` serves and who may read it.
 pub struct Scrape {
@@ -78,7 +78,7 @@ impl Scrape {
 }
 
 /// The probes and the scrape.
-pub struct Health {
+pub(crate) struct Health {
     store: GatewayStore,
     store_timeout: Duration,
     probe: ScopedKey,
@@ -95,7 +95,7 @@ impl std::fmt::Debug for Health {
 impl Health {
     /// Probes `store`; `/metrics` serves `scrape` (404 without one) to `admin_token` and to
     /// the scrape's own read token.
-    pub fn new(
+    pub(crate) fn new(
         store: GatewayStore,
         store_timeout: Duration,
         admin_token: String,
@@ -115,7 +115,7 @@ impl Health {
     }
 
     /// `/healthz`, `/readyz` and `/metrics`.
-    pub fn router(self: Arc<Self>) -> Router {
+    pub(crate) fn router(self: Arc<Self>) -> Router {
         Router::new()
             .route("/healthz", get(|| async { text(StatusCode::OK, "ok\n") }))
             .route("/readyz", get(ready))
@@ -140,7 +140,7 @@ fn may_scrape(headers: &HeaderMap, admin_token: &str, read_token: Option<&str>) 
 /// `/metrics` alone, for a process without an admin listener (`idem relay
 /// --metrics-listen`): it takes the same tokens as the admin listener's `/metrics`, the
 /// admin token or the read-only `read_token`, and answers `401` without one.
-pub fn metrics_only(
+pub(crate) fn metrics_only(
     handle: PrometheusHandle,
     admin_token: String,
     read_token: Option<String>,
@@ -162,7 +162,7 @@ pub fn metrics_only(
 }
 
 /// Whether `headers` carry `Authorization: Bearer <token>`, compared in constant time.
-pub fn bearer_is(headers: &HeaderMap, token: &str) -> bool {
+pub(crate) fn bearer_is(headers: &HeaderMap, token: &str) -> bool {
     let Some(value) = headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
@@ -177,7 +177,7 @@ pub fn bearer_is(headers: &HeaderMap, token: &str) -> bool {
 }
 
 /// 401 with the challenge a client needs to know which token to send.
-pub fn unauthorized() -> Response {
+pub(crate) fn unauthorized() -> Response {
     let mut res = json_error(
         StatusCode::UNAUTHORIZED,
         "a valid `Authorization: Bearer <token>` header is required",

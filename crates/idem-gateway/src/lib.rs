@@ -2,37 +2,42 @@
 //! semantics, with an admin API, Prometheus metrics and a built-in demo upstream.
 //!
 //! The binary (`src/main.rs`) is a thin CLI over these modules; see `docs/gateway.md`.
+//! The public modules are what the binary, the tests, the examples and the fuzz targets build
+//! on; the others are the gateway's own.
 
 mod activity;
 pub mod admin;
 pub mod app;
+mod body;
 pub mod claims;
 pub mod cli;
 pub mod config;
 pub mod demo;
 pub mod grpc;
-pub mod health;
-pub mod listener;
-pub mod matcher;
+mod health;
+mod listener;
+mod matcher;
 pub mod metrics;
 pub mod observe;
 pub mod path;
 #[cfg(feature = "planted-bugs")]
-pub mod planted;
-pub mod principal;
-pub mod protect;
-pub mod proxy;
+mod planted;
+mod principal;
+mod protect;
+mod proxy;
 pub mod reconcile;
 pub mod relay;
-pub mod reload;
+mod reload;
 pub mod request;
 pub mod server;
-pub mod status;
+mod shared;
+mod status;
 pub mod store;
 #[cfg(test)]
 mod test_support;
+mod tls;
 pub mod tokens;
 mod tunnel;
-pub mod ui;
+mod ui;
 pub mod upstream;
-pub mod webhook;
+mod webhook;

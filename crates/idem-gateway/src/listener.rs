@@ -10,7 +10,6 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::Context as _;
 use arc_swap::ArcSwapOption;
 use bytes::Bytes;
 use http::{Request, Response};
@@ -18,8 +17,6 @@ use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use idem_http::BoxError;
-use rustls::pki_types::pem::PemObject as _;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
@@ -27,45 +24,9 @@ use tokio::time::Instant;
 use tokio_rustls::TlsAcceptor;
 
 use crate::activity::{Activity, InFlight, Tracked};
-use crate::config::{Limits, TlsFiles};
+use crate::config::Limits;
+use crate::tls::{TlsFiles, server_config_opt};
 use crate::tunnel::Terms;
-
-/// Reads a certificate chain and key into a server configuration offering HTTP/2 and
-/// HTTP/1.1.
-///
-/// # Errors
-/// A file that cannot be read, holds no certificate or key, or a key that does not fit.
-pub fn server_config(files: &TlsFiles) -> anyhow::Result<rustls::ServerConfig> {
-    let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(&files.cert)
-        .with_context(|| format!("cannot read certificates from {}", files.cert.display()))?
-        .collect::<Result<_, _>>()
-        .with_context(|| format!("{} is not a PEM certificate chain", files.cert.display()))?;
-    if certs.is_empty() {
-        anyhow::bail!("{} holds no certificate", files.cert.display());
-    }
-    let key = PrivateKeyDer::from_pem_file(&files.key)
-        .with_context(|| format!("cannot read a private key from {}", files.key.display()))?;
-    let mut config = rustls::ServerConfig::builder()
-        .with_no_client_auth()
-        .with_single_cert(certs, key)
-        .with_context(|| {
-            format!(
-                "the key in {} does not fit the certificate in {}",
-                files.key.display(),
-                files.cert.display()
-            )
-        })?;
-    config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
-    Ok(config)
-}
-
-/// [`server_config`] for `Some` files, `None` for plain TCP.
-///
-/// # Errors
-/// See [`server_config`].
-pub fn server_config_opt(files: Option<&TlsFiles>) -> anyhow::Result<Option<rustls::ServerConfig>> {
-    files.map(server_config).transpose()
-}
 
 /// A listener's TLS acceptor, swappable while it accepts (certificate reload). Empty means
 /// plain TCP.
@@ -82,7 +43,7 @@ impl Tls {
     /// An acceptor for `files`, or plain TCP for `None`.
     ///
     /// # Errors
-    /// See [`server_config`].
+    /// See [`server_config`](crate::tls::server_config).
     pub fn new(files: Option<&TlsFiles>) -> anyhow::Result<Self> {
         let tls = Self::default();
         tls.load(files)?;
@@ -92,7 +53,7 @@ impl Tls {
     /// Reads `files` again and uses them for new connections; open ones keep theirs.
     ///
     /// # Errors
-    /// See [`server_config`]; the acceptor in use is kept.
+    /// See [`server_config`](crate::tls::server_config); the acceptor in use is kept.
     pub fn load(&self, files: Option<&TlsFiles>) -> anyhow::Result<()> {
         self.set(server_config_opt(files)?);
         Ok(())
@@ -115,7 +76,7 @@ impl Tls {
 }
 
 /// What a connection's service is made from: the peer's address.
-pub trait MakeService: Send + Sync + 'static {
+pub(crate) trait MakeService: Send + Sync + 'static {
     /// The body of the answers.
     type Body: http_body::Body<Data = Bytes, Error = BoxError> + Send + 'static;
     /// The service for one connection.
@@ -135,7 +96,7 @@ pub trait MakeService: Send + Sync + 'static {
 /// Accepts on `listener` until `stop` turns true, then asks every open connection to finish
 /// its requests and close. Resolves when the last one closed, or `grace` after `stop`, with
 /// the instant the stop was seen.
-pub async fn serve<M: MakeService>(
+pub(crate) async fn serve<M: MakeService>(
     listener: TcpListener,
     tls: Arc<Tls>,
     limits: Limits,

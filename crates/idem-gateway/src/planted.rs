@@ -21,11 +21,11 @@ use idem_core::{
 };
 
 /// The variable that names the planted bug.
-pub const VARIABLE: &str = "CHAOS_PLANTED_BUG";
+pub(crate) const VARIABLE: &str = "CHAOS_PLANTED_BUG";
 
 /// A planted bug.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Bug {
+pub(crate) enum Bug {
     /// See the module table.
     ClaimSkipsFencing,
     /// See the module table.
@@ -39,7 +39,7 @@ impl Bug {
     ///
     /// # Errors
     /// An unknown name: a typo must not run a test against a sound gateway.
-    pub fn from_env() -> anyhow::Result<Option<Self>> {
+    pub(crate) fn from_env() -> anyhow::Result<Option<Self>> {
         match std::env::var(VARIABLE).ok().as_deref() {
             None | Some("") => Ok(None),
             Some("claim-skips-fencing") => Ok(Some(Self::ClaimSkipsFencing)),
@@ -54,7 +54,7 @@ impl Bug {
 ///
 /// # Errors
 /// See [`Bug::from_env`].
-pub fn wrap(store: BoxStore) -> anyhow::Result<BoxStore> {
+pub(crate) fn wrap(store: BoxStore) -> anyhow::Result<BoxStore> {
     Ok(match Bug::from_env()? {
         Some(bug) => {
             tracing::error!(

@@ -3,16 +3,79 @@
 //! [`HeaderPrincipal`](idem_http::HeaderPrincipal)), or a verified JWT claim.
 //!
 //! Two callers' keys never meet: the principal is part of the record's scope.
+//!
+//! A route's `principal` table as written ([`RawPrincipal`]) and as checked
+//! ([`PrincipalSource`], which `config` compiles) live here, beside the code that reads a
+//! request's principal with them.
 
 use std::fmt;
+use std::path::PathBuf;
+use std::sync::Arc;
 
 use anyhow::{Context as _, anyhow};
+use http::HeaderName;
 use http::request::Parts;
 use idem_http::policy::{ExtractPrincipal, PrincipalRejection};
 use jsonwebtoken::{Algorithm, DecodingKey, Validation};
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::config::{PrincipalSource, RawPrincipal};
+/// Where the principal comes from.
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawPrincipal {
+    /// `none` (default), `header` or `jwt`.
+    pub from: Option<String>,
+    /// The header to read (default `authorization` for jwt; required for `header`).
+    pub header: Option<String>,
+    /// Whether a request without a principal gets 401 (default: true unless `from = "none"`).
+    pub required: Option<bool>,
+    /// HS256 shared secret.
+    pub hs256_secret: Option<String>,
+    /// RS256 public key, PEM text.
+    pub rs256_public_key: Option<String>,
+    /// RS256 public key, PEM file.
+    pub rs256_public_key_file: Option<PathBuf>,
+    /// The claim naming the principal (default `sub`).
+    pub claim: Option<String>,
+    /// Required `iss`.
+    pub issuer: Option<String>,
+    /// Required `aud`.
+    pub audience: Option<String>,
+}
+
+/// Where a route's principal comes from.
+#[derive(Debug, Clone)]
+pub enum PrincipalSource {
+    /// No principal: keys are shared by every caller of the route.
+    None,
+    /// A header's credential, stored only as its principal hash.
+    Header(idem_http::HeaderPrincipal),
+    /// The claim of a verified JWT.
+    Jwt(Arc<JwtSettings>),
+}
+
+/// A JWT principal source.
+#[derive(Debug)]
+pub struct JwtSettings {
+    /// Header carrying `Bearer <token>`.
+    pub header: HeaderName,
+    /// Missing token is 401.
+    pub required: bool,
+    /// Key kind, for `check-config`.
+    pub key: JwtKey,
+    /// The verifier.
+    pub verifier: JwtVerifier,
+}
+
+/// Which key verifies tokens.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum JwtKey {
+    /// HMAC-SHA256 shared secret.
+    Hs256,
+    /// RSA-SHA256 public key.
+    Rs256,
+}
 
 impl ExtractPrincipal for PrincipalSource {
     fn principal(&self, parts: &Parts) -> Result<Option<String>, PrincipalRejection> {
@@ -171,7 +234,6 @@ mod tests {
     use jsonwebtoken::{EncodingKey, Header};
 
     use super::*;
-    use crate::config::{JwtKey, JwtSettings};
 
     const SECRET: &str = "0123456789abcdef0123456789abcdef";
 

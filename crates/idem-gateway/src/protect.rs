@@ -22,7 +22,7 @@ use crate::config::{FingerprintBody, FingerprintSettings, RoutePolicy, UpstreamF
 ///
 /// # Errors
 /// An invalid namespace (already refused when the configuration was compiled).
-pub fn layer_config(p: &RoutePolicy) -> Result<IdempotencyConfig, RouteConfigError> {
+pub(crate) fn layer_config(p: &RoutePolicy) -> Result<IdempotencyConfig, RouteConfigError> {
     let config = IdempotencyConfig::new(p.namespace.clone())?;
     // A lone header is read by the header extractor (aliases, echo); anything else by the
     // general one.

@@ -14,14 +14,15 @@ use std::sync::Arc;
 use anyhow::bail;
 use arc_swap::ArcSwap;
 
-use crate::app::{App, GatewayStore};
+use crate::app::App;
 use crate::config::Settings;
 use crate::listener::Tls;
+use crate::shared::GatewayStore;
 use crate::tokens::GatewayTokens;
 use crate::upstream::{Clients, UpstreamSpec};
 
 /// Reads the configuration again, from wherever it first came from.
-pub type LoadSettings = Box<dyn Fn() -> anyhow::Result<Settings> + Send + Sync>;
+pub(crate) type LoadSettings = Box<dyn Fn() -> anyhow::Result<Settings> + Send + Sync>;
 
 /// The running gateway's replaceable parts.
 pub struct Live {
@@ -126,9 +127,9 @@ impl Live {
             tokens.as_ref(),
             self.demo_upstream.as_ref(),
         )?;
-        let data = crate::listener::server_config_opt(next.tls.as_ref())?;
+        let data = crate::tls::server_config_opt(next.tls.as_ref())?;
         let admin =
-            crate::listener::server_config_opt(next.admin.as_ref().and_then(|a| a.tls.as_ref()))?;
+            crate::tls::server_config_opt(next.admin.as_ref().and_then(|a| a.tls.as_ref()))?;
         self.data_tls.set(data);
         self.admin_tls.set(admin);
         let routes = next.routes.len();

@@ -23,13 +23,14 @@ use tokio::net::TcpListener;
 use tokio::sync::{Semaphore, watch};
 
 use crate::admin::Admin;
-use crate::app::{GatewayStore, Peer};
+use crate::app::Peer;
+use crate::body::ResBody;
 use crate::claims::TrackedStore;
 use crate::config::Settings;
 use crate::health::Scrape;
 use crate::metrics::MeteredStore;
-use crate::proxy::ResBody;
 use crate::reload::{Live, LoadSettings};
+use crate::shared::GatewayStore;
 use crate::tokens::GatewayTokens;
 use crate::upstream::UpstreamSpec;
 use crate::{demo, listener, store};

@@ -27,15 +27,15 @@ use idem_core::{Engine, Outcome, Refusal};
 use idem_http::{IdempotencyStatus, Problem, Reason};
 use tower::ServiceExt as _;
 
-use crate::app::GatewayStore;
+use crate::body::{self, ResBody};
 use crate::config::{Route, StatusSettings};
 use crate::path::{self, TrailingSlash};
 use crate::protect::layer_config;
-use crate::proxy::{self, ResBody};
+use crate::shared::GatewayStore;
 use crate::tokens::{Presented, presented, record_key};
 
 /// The status endpoint of one configuration.
-pub struct StatusEndpoint {
+pub(crate) struct StatusEndpoint {
     prefix: String,
     routes: Vec<StatusRoute>,
 }
@@ -63,7 +63,7 @@ impl StatusEndpoint {
     ///
     /// # Errors
     /// A route policy the layer refuses (already refused when the configuration compiled).
-    pub fn new(
+    pub(crate) fn new(
         settings: &StatusSettings,
         routes: &[Route],
         engine: &Engine<GatewayStore>,
@@ -86,7 +86,7 @@ impl StatusEndpoint {
 
     /// Whether a request for `raw` (the path as sent) belongs to the endpoint: the path as
     /// sent, or its normalised spelling in any letter case, is the endpoint's path or below.
-    pub fn owns(&self, raw: &str, trailing: TrailingSlash) -> bool {
+    pub(crate) fn owns(&self, raw: &str, trailing: TrailingSlash) -> bool {
         if under(raw, &self.prefix, false) {
             return true;
         }
@@ -97,7 +97,7 @@ impl StatusEndpoint {
     }
 
     /// Answers one status request.
-    pub async fn answer(&self, mut parts: Parts) -> Response<ResBody> {
+    pub(crate) async fn answer(&self, mut parts: Parts) -> Response<ResBody> {
         if has_param(parts.uri.query(), "token") {
             return refused(
                 Reason::StatusToken,
@@ -158,7 +158,7 @@ impl StatusEndpoint {
             // A stored answer is replayed as the token route replays it: no key echoed.
             res.headers_mut().remove("idempotency-key");
         }
-        proxy::boxed(res)
+        body::boxed(res)
     }
 
     /// The URI asking for the record key of the token in `header` (`<prefix>/tok-…`, the
@@ -267,9 +267,9 @@ fn refused(
     detail: impl Into<Cow<'static, str>>,
     why: Refusal,
 ) -> Response<ResBody> {
-    let mut res = proxy::problem(Problem::new(reason, detail.into().into_owned()));
+    let mut res = body::problem(Problem::new(reason, detail.into().into_owned()));
     res.extensions_mut().insert(Outcome::Refused(why));
-    proxy::boxed(res)
+    body::boxed(res)
 }
 
 #[cfg(test)]

@@ -21,11 +21,11 @@ use anyhow::{Context, bail};
 use bytes::Bytes;
 use http::{Method, Request, StatusCode, Uri};
 use http_body_util::BodyExt;
-use idem_core::{Probe, ProbeAnswer, ProbeFuture, Resolution, ScopedKey};
+use idem_core::{Probe, ProbeAnswer, ProbeFuture, Resolution, ScopedKey, StoredResponse};
 use idem_http::RequestBody;
 use serde_json::Value;
 
-use crate::config::{Route, Settings};
+use crate::config::{Dur, Route, Settings};
 use crate::upstream::{Clients, HttpClient, RawUpstream, UpstreamSpec};
 
 /// Largest webhook answer read.
@@ -33,7 +33,7 @@ const MAX_ANSWER: usize = 4 << 20;
 
 /// One route's status webhook.
 #[derive(Clone)]
-pub struct Webhook {
+pub(crate) struct Webhook {
     /// The route it comes from.
     pub(crate) route: String,
     /// The namespace its keys live in.
@@ -67,7 +67,7 @@ impl Webhook {
     ///
     /// # Errors
     /// An absolute `status_url` that is not a usable origin.
-    pub fn of_route(
+    pub(crate) fn of_route(
         settings: &Settings,
         route: &Route,
         clients: &mut Clients,
@@ -98,7 +98,7 @@ impl Webhook {
 
     /// What the webhook says about `key`: a resolution, `None` for "unknown", or why it
     /// could not say.
-    pub async fn ask(&self, key: &ScopedKey) -> Result<Option<Resolution>, String> {
+    pub(crate) async fn ask(&self, key: &ScopedKey) -> Result<Option<Resolution>, String> {
         let url = self.url(key)?;
         let req = Request::builder()
             .method(Method::GET)
@@ -134,8 +134,7 @@ impl Webhook {
         if answer.get("outcome").and_then(Value::as_str) == Some("unknown") {
             return Ok(None);
         }
-        let resolution =
-            crate::admin::resolution(&body).map_err(|e| format!("webhook {url}: {e}"))?;
+        let resolution = resolution(&body).map_err(|e| format!("webhook {url}: {e}"))?;
         Ok(Some(match resolution {
             // The route's record TTL unless the webhook named one.
             Resolution::Complete { response, .. } if answer.get("ttl").is_none() => {
@@ -235,6 +234,48 @@ fn encode(text: &str) -> String {
     out
 }
 
+/// Reads a resolve body, the admin API's and a webhook's answer alike: `release`, or
+/// `complete` with the answer to store (`status`, `headers`, `body`) and its `ttl`.
+pub(crate) fn resolution(body: &[u8]) -> Result<Resolution, String> {
+    let v: Value = serde_json::from_slice(body).map_err(|e| format!("body must be JSON: {e}"))?;
+    match v.get("outcome").and_then(Value::as_str) {
+        Some("release") => Ok(Resolution::Release),
+        Some("complete") => {
+            let status = v
+                .get("status")
+                .and_then(Value::as_u64)
+                .ok_or("`status` is required to complete")?;
+            let status = u16::try_from(status)
+                .ok()
+                .filter(|s| (200..=599).contains(s))
+                .ok_or("`status` must be 200-599")?;
+            let mut response = StoredResponse::new(status, Bytes::new());
+            if let Some(b) = v.get("body") {
+                response.body = match b {
+                    Value::String(s) => Bytes::from(s.clone()),
+                    other => Bytes::from(other.to_string()),
+                };
+            }
+            if let Some(headers) = v.get("headers") {
+                let obj = headers
+                    .as_object()
+                    .ok_or("`headers` must be an object of strings")?;
+                for (name, value) in obj {
+                    let value = value.as_str().ok_or("`headers` values must be strings")?;
+                    response = response
+                        .with_header(name.to_ascii_lowercase(), Bytes::from(value.to_owned()));
+                }
+            }
+            let ttl = match v.get("ttl").and_then(Value::as_str) {
+                Some(t) => Dur::parse(t)?.0,
+                None => Duration::from_secs(24 * 3600),
+            };
+            Ok(Resolution::Complete { response, ttl })
+        }
+        _ => Err("`outcome` must be \"complete\" or \"release\"".into()),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -287,5 +328,23 @@ mod tests {
             .probe(&key, 1)
             .await;
         assert!(matches!(answer, ProbeAnswer::Unknown(_)), "{answer:?}");
+    }
+
+    #[test]
+    fn resolutions_parse() {
+        assert_eq!(
+            resolution(br#"{"outcome":"release"}"#),
+            Ok(Resolution::Release)
+        );
+        let r = resolution(br#"{"outcome":"complete","status":201,"headers":{"Content-Type":"application/json"},"body":"{}","ttl":"1h"}"#)
+            .expect("valid");
+        let Resolution::Complete { response, ttl } = r else {
+            panic!("not complete")
+        };
+        assert_eq!((response.status, ttl), (201, Duration::from_secs(3600)));
+        assert_eq!(response.headers[0].0, "content-type");
+        assert!(resolution(br#"{"outcome":"complete"}"#).is_err());
+        assert!(resolution(br#"{"outcome":"maybe"}"#).is_err());
+        assert!(resolution(b"garbage").is_err());
     }
 }

@@ -5,8 +5,9 @@ use std::fmt;
 use http::HeaderName;
 
 use super::Dur;
-use super::settings::{PrincipalSource, Settings, Unmatched};
+use super::settings::{Settings, Unmatched};
 use crate::path::TrailingSlash;
+use crate::principal::PrincipalSource;
 
 impl fmt::Display for Settings {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -276,7 +277,7 @@ impl fmt::Display for Settings {
                 "      timing:      upstream timeout {}, lease {} (renewed every {}), ttl {}",
                 Dur(e
                     .handler_timeout()
-                    .saturating_sub(crate::app::HANDLER_BACKSTOP)),
+                    .saturating_sub(crate::shared::HANDLER_BACKSTOP)),
                 Dur(e.lease()),
                 Dur(e.renew_every()),
                 Dur(e.record_ttl())

@@ -10,6 +10,7 @@ use serde::{Deserialize, Serialize};
 use idem_http::buffer::BodyPace;
 
 use super::{ByteSize, Dur};
+use crate::tls::TlsFiles;
 
 /// A listener's certificate, as written by a user.
 #[derive(Debug, Clone, Default, Deserialize, Serialize)]
@@ -41,16 +42,6 @@ pub struct RawLimits {
     /// Longest an upgraded connection (a WebSocket) may stay open with nothing sent either
     /// way (default `5m`).
     pub tunnel_idle_timeout: Option<Dur>,
-}
-
-/// A listener's certificate files. Read at start and on every reload, so a renewed
-/// certificate is picked up without a restart.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct TlsFiles {
-    /// The certificate chain.
-    pub cert: PathBuf,
-    /// The private key.
-    pub key: PathBuf,
 }
 
 /// Resource limits of the data listener.
@@ -100,7 +91,7 @@ pub(super) fn tls(raw: Option<&RawTls>, field: &str) -> anyhow::Result<Option<Tl
         },
         _ => bail!("`{field}` needs both `cert_file` and `key_file`"),
     };
-    crate::listener::server_config(&files).with_context(|| format!("`{field}`"))?;
+    crate::tls::server_config(&files).with_context(|| format!("`{field}`"))?;
     Ok(Some(files))
 }
 

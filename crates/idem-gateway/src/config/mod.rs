@@ -7,6 +7,8 @@ mod compile;
 mod display;
 mod key;
 mod listener;
+mod parse;
+mod relay;
 mod risks;
 mod route;
 mod settings;
@@ -26,15 +28,19 @@ use serde::{Deserialize, Serialize};
 use crate::upstream::RawUpstream;
 
 pub use compile::compile;
-pub use listener::{Limits, RawLimits, RawTls, TlsFiles};
+pub use listener::{Limits, RawLimits, RawTls};
+pub use relay::{RawRelay, RelaySettings, Source};
 pub use settings::{
-    AdminSettings, AuditSettings, FingerprintBody, FingerprintSettings, JwtKey, JwtSettings,
-    LogFormat, PrincipalSource, ReconcileSettings, Route, RoutePolicy, Settings, StatusSet,
-    StatusSettings, Unmatched, UpstreamFailure,
+    AdminSettings, AuditSettings, FingerprintBody, FingerprintSettings, LogFormat,
+    ReconcileSettings, Route, RoutePolicy, Settings, StatusSet, StatusSettings, Unmatched,
+    UpstreamFailure,
 };
 pub use telemetry::{OtelSettings, RawOtel};
 pub use token::{Rate, RawToken, TokenSettings, supports_tokens};
 pub use units::{ByteSize, Dur};
+
+pub use crate::principal::{JwtKey, JwtSettings, PrincipalSource, RawPrincipal};
+pub use crate::tls::TlsFiles;
 
 /// The default data listener.
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:8080";
@@ -117,7 +123,7 @@ pub struct RawConfig {
     /// What the audit trail records and how much of it the store keeps.
     pub audit: Option<RawAudit>,
     /// Relays run by `idem relay`: each consumes a queue and POSTs every message once.
-    pub relay: Option<Vec<crate::relay::RawRelay>>,
+    pub relay: Option<Vec<RawRelay>>,
 }
 
 /// The status endpoint: `GET <path>/{key}` tells a caller what became of its key.
@@ -302,30 +308,6 @@ pub enum StatusPattern {
     Code(u16),
     /// `404` or `4xx`.
     Text(String),
-}
-
-/// Where the principal comes from.
-#[derive(Debug, Clone, Default, Deserialize, Serialize)]
-#[serde(deny_unknown_fields)]
-pub struct RawPrincipal {
-    /// `none` (default), `header` or `jwt`.
-    pub from: Option<String>,
-    /// The header to read (default `authorization` for jwt; required for `header`).
-    pub header: Option<String>,
-    /// Whether a request without a principal gets 401 (default: true unless `from = "none"`).
-    pub required: Option<bool>,
-    /// HS256 shared secret.
-    pub hs256_secret: Option<String>,
-    /// RS256 public key, PEM text.
-    pub rs256_public_key: Option<String>,
-    /// RS256 public key, PEM file.
-    pub rs256_public_key_file: Option<PathBuf>,
-    /// The claim naming the principal (default `sub`).
-    pub claim: Option<String>,
-    /// Required `iss`.
-    pub issuer: Option<String>,
-    /// Required `aud`.
-    pub audience: Option<String>,
 }
 
 /// What the fingerprint covers.

@@ -5,7 +5,8 @@
 use idem_core::TakeoverPolicy;
 
 use super::Dur;
-use super::settings::{PrincipalSource, Settings, UpstreamFailure};
+use super::settings::{Settings, UpstreamFailure};
+use crate::principal::PrincipalSource;
 
 impl Settings {
     /// One line per route (and the relays that follow it) whose settings can run a key twice

@@ -7,15 +7,14 @@ use std::time::Duration;
 use anyhow::{Context as _, anyhow, bail};
 use idem_core::{JsonFields, Policy, Scope, TakeoverPolicy};
 
-use super::compile::{header_name, method, positive, size};
+use super::parse::{header_name, method, positive, size};
 use super::settings::{
-    FingerprintBody, FingerprintSettings, JwtKey, JwtSettings, PrincipalSource, Route, RoutePolicy,
-    StatusSet, UpstreamFailure,
+    FingerprintBody, FingerprintSettings, Route, RoutePolicy, StatusSet, UpstreamFailure,
 };
-use super::{Methods, RawFingerprint, RawPrincipal, RawRoute, StatusPattern};
+use super::{Methods, RawFingerprint, RawRoute, StatusPattern};
 use crate::matcher::{MethodSet, PathPattern};
 use crate::path::TrailingSlash;
-use crate::principal::JwtVerifier;
+use crate::principal::{JwtKey, JwtSettings, JwtVerifier, PrincipalSource, RawPrincipal};
 use crate::upstream::UpstreamSpec;
 
 /// Checks a status webhook template: a path or an http(s) URL that names `{key}`, with no
@@ -110,7 +109,7 @@ pub(super) fn compile_route(
     )?;
     // The engine's handler timeout backs the proxy's own timeout up by a second, so the
     // proxy's 504 (handled per `upstream_failure`) always comes first.
-    let handler_timeout = timeout + crate::app::HANDLER_BACKSTOP;
+    let handler_timeout = timeout + crate::shared::HANDLER_BACKSTOP;
     let takeover = match pick!(takeover).as_deref().unwrap_or("hold") {
         "reexecute" => TakeoverPolicy::Reexecute,
         "hold" => TakeoverPolicy::Hold,

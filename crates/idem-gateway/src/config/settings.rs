@@ -14,9 +14,10 @@ use super::StatusPattern;
 use crate::matcher::{MethodSet, PathPattern};
 use crate::path::TrailingSlash;
 
-use super::listener::{Limits, TlsFiles};
-use crate::principal::JwtVerifier;
+use super::listener::Limits;
+use crate::principal::PrincipalSource;
 use crate::store::{StoreOptions, StoreSpec};
+use crate::tls::TlsFiles;
 use crate::upstream::UpstreamSpec;
 
 /// The checked configuration.
@@ -71,7 +72,7 @@ pub struct Settings {
     /// What the audit trail records, and its retention.
     pub audit: AuditSettings,
     /// Relays `idem relay` runs.
-    pub relays: Vec<crate::relay::RelaySettings>,
+    pub relays: Vec<super::RelaySettings>,
 }
 
 /// The status endpoint.
@@ -241,39 +242,6 @@ impl UpstreamFailure {
             Self::Retry => "retry",
         }
     }
-}
-
-/// Where a route's principal comes from.
-#[derive(Debug, Clone)]
-pub enum PrincipalSource {
-    /// No principal: keys are shared by every caller of the route.
-    None,
-    /// A header's credential, stored only as its principal hash.
-    Header(idem_http::HeaderPrincipal),
-    /// The claim of a verified JWT.
-    Jwt(Arc<JwtSettings>),
-}
-
-/// A JWT principal source.
-#[derive(Debug)]
-pub struct JwtSettings {
-    /// Header carrying `Bearer <token>`.
-    pub header: HeaderName,
-    /// Missing token is 401.
-    pub required: bool,
-    /// Key kind, for `check-config`.
-    pub key: JwtKey,
-    /// The verifier.
-    pub verifier: JwtVerifier,
-}
-
-/// Which key verifies tokens.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum JwtKey {
-    /// HMAC-SHA256 shared secret.
-    Hs256,
-    /// RSA-SHA256 public key.
-    Rs256,
 }
 
 /// What the fingerprint covers.

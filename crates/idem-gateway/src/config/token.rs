@@ -159,7 +159,7 @@ pub(super) fn compile(raw: &RawToken) -> anyhow::Result<TokenSettings> {
 /// An issue path: absolute, plain (unreserved characters and `/` only), already in canonical
 /// spelling, and not the root.
 fn issue_path(path: &str) -> anyhow::Result<String> {
-    super::compile::plain_path(path, path.trim(), "/checkout/token")
+    super::parse::plain_path(path, path.trim(), "/checkout/token")
 }
 
 /// Checks what concerns token routes together: every issue path is one route's only, apart

@@ -9,7 +9,8 @@ use http::Request;
 use idem_http::RequestBody;
 use metrics::Histogram;
 
-use crate::proxy::{Proxy, Upstream};
+use crate::body::Upstream;
+use crate::proxy::Proxy;
 
 /// A [`Proxy`] that records each forward's duration (to the response head, or to the
 /// buffered body on protected routes; failures included) in

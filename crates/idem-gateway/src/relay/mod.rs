@@ -17,7 +17,6 @@
 //! outcome, disposition}` and logged as one `message` line. `docs/consumers.md` has the
 //! configuration and the failure table.
 
-mod config;
 mod work;
 
 use std::net::SocketAddr;
@@ -30,10 +29,9 @@ use idem_mq::{Delivered, Disposition, Message, Observer, Processor};
 use metrics_exporter_prometheus::PrometheusHandle;
 use tokio::sync::watch;
 
-pub use config::{RawRelay, RelaySettings, Source, compile};
 use work::Post;
 
-use crate::config::Settings;
+use crate::config::{RelaySettings, Settings, Source};
 use crate::metrics::RequestMetrics;
 use crate::{proxy, store};
 
@@ -218,7 +216,7 @@ async fn start(
     let timeout = policy
         .engine
         .handler_timeout()
-        .saturating_sub(crate::app::HANDLER_BACKSTOP);
+        .saturating_sub(crate::shared::HANDLER_BACKSTOP);
     let work = Post {
         client,
         target: relay.post.clone(),

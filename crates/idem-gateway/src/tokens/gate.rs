@@ -18,9 +18,9 @@ use idem_http::{KeyRejection, RequestBody};
 use tower::Service;
 
 use super::{Counters, TokenEvent};
+use crate::body::Upstream;
 use crate::config::PrincipalSource;
 use crate::observe::TimedProxy;
-use crate::proxy::Upstream;
 
 use super::store::GatewayTokens;
 

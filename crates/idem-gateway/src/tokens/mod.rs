@@ -36,11 +36,11 @@ use idem_http::{Idempotency, IdempotencyLayer, Problem, Reason, ResponseBody};
 use metrics::Counter;
 use tower::Layer as _;
 
-use crate::app::GatewayStore;
+use crate::body::{self, ResBody};
 use crate::config::{PrincipalSource, Route, TokenSettings};
 use crate::observe::TimedProxy;
 use crate::protect::layer_config;
-use crate::proxy::{self, ResBody};
+use crate::shared::GatewayStore;
 
 use gate::TokenKey;
 pub(crate) use gate::{Presented, presented, record_key};
@@ -296,10 +296,10 @@ impl TokenCheck {
 
 /// A problem answer with its outcome and token note.
 fn answer(problem: Problem, outcome: Outcome, event: TokenEvent) -> Response<ResBody> {
-    let mut res = proxy::problem(problem);
+    let mut res = body::problem(problem);
     res.extensions_mut().insert(outcome);
     res.extensions_mut().insert(TokenNote(event));
-    proxy::boxed(res)
+    body::boxed(res)
 }
 
 /// The issue endpoint of one token route.
@@ -365,7 +365,7 @@ impl TokenIssuer {
     /// Answers one request to the issue path.
     pub async fn answer(&self, parts: &Parts) -> Response<ResBody> {
         if parts.method != Method::POST {
-            let mut res = proxy::problem(Problem::new(
+            let mut res = body::problem(Problem::new(
                 Reason::MethodNotAllowed,
                 format!(
                     "POST {} issues a token; nothing else is answered here",
@@ -376,7 +376,7 @@ impl TokenIssuer {
                 .insert(header::ALLOW, HeaderValue::from_static("POST"));
             res.extensions_mut()
                 .insert(Outcome::Refused(Refusal::BadTarget));
-            return proxy::boxed(res);
+            return body::boxed(res);
         }
         let principal = match self.principal.principal(parts) {
             Ok(p) => p,
@@ -467,6 +467,6 @@ impl TokenIssuer {
         h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
         res.extensions_mut().insert(Outcome::Queried);
         res.extensions_mut().insert(TokenNote(TokenEvent::Issued));
-        proxy::boxed::<proxy::UpstreamBody>(res)
+        body::boxed::<body::UpstreamBody>(res)
     }
 }

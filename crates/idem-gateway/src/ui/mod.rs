@@ -24,7 +24,7 @@ const POLICY: &str = "default-src 'none'; script-src 'self'; style-src 'self'; \
     frame-ancestors 'none'";
 
 /// `/ui` (and `/ui/`), `/ui/app.js` and `/ui/app.css`; no token needed.
-pub fn router() -> Router {
+pub(crate) fn router() -> Router {
     Router::new()
         .route(
             "/ui",

@@ -8,7 +8,7 @@ use http::Uri;
 use idem_core::key_source::KeySources;
 use serde::{Deserialize, Serialize};
 
-use crate::config::{Dur, Route, RoutePolicy};
+use super::{Dur, Route, RoutePolicy};
 
 /// One relay as written in the file.
 #[derive(Debug, Clone, Default, Deserialize, Serialize)]
@@ -94,7 +94,7 @@ pub struct RelaySettings {
 ///
 /// # Errors
 /// The first relay that is incomplete or names a missing route.
-pub fn compile(raw: &[RawRelay], routes: &[Route]) -> anyhow::Result<Vec<RelaySettings>> {
+pub(super) fn compile(raw: &[RawRelay], routes: &[Route]) -> anyhow::Result<Vec<RelaySettings>> {
     raw.iter()
         .enumerate()
         .map(|(i, r)| {
@@ -237,8 +237,8 @@ impl fmt::Display for RelaySettings {
             self.route,
             self.policy.namespace,
             match self.policy.upstream_failure {
-                crate::config::UpstreamFailure::Hold => "hold",
-                crate::config::UpstreamFailure::Retry => "retry",
+                super::UpstreamFailure::Hold => "hold",
+                super::UpstreamFailure::Retry => "retry",
             },
             self.consumer.prefetch,
             self.consumer.concurrency,
