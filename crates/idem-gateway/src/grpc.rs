@@ -26,7 +26,7 @@ use http_body_util::BodyExt as _;
 use idem_grpc::tonic::{self, Code};
 use idem_http::{Problem, retry_after_secs};
 
-use crate::body::{self as proxy, ResBody};
+use crate::body::{self, ResBody};
 
 /// The most of an upstream's problem body read for its text.
 const PROBLEM_CAP: usize = 64 * 1024;
@@ -77,12 +77,12 @@ async fn upstream_status(status: StatusCode, body: ResBody) -> tonic::Status {
 /// idem's own, `grpc-status-details-bin` with the `ErrorInfo` and a `RetryInfo` where the
 /// problem has `Retry-After`). The other headers stay (`Retry-After` included). Every other
 /// answer is returned as it is.
-pub async fn refusal(res: Response<ResBody>) -> Response<ResBody> {
-    let (mut head, body) = res.into_parts();
+pub(crate) async fn refusal(res: Response<ResBody>) -> Response<ResBody> {
+    let (mut head, answer) = res.into_parts();
     let status = match head.extensions.get::<Problem>() {
         Some(problem) => idem_status(problem),
-        None if is_problem(&head.headers) => upstream_status(head.status, body).await,
-        None => return Response::from_parts(head, body),
+        None if is_problem(&head.headers) => upstream_status(head.status, answer).await,
+        None => return Response::from_parts(head, answer),
     };
     let (grpc, ()) = status.into_http::<()>().into_parts();
     head.status = StatusCode::OK;
@@ -90,7 +90,7 @@ pub async fn refusal(res: Response<ResBody>) -> Response<ResBody> {
     for (name, value) in &grpc.headers {
         head.headers.insert(name.clone(), value.clone());
     }
-    let empty = idem_http::ResponseBody::<proxy::UpstreamBody>::full(Bytes::new());
+    let empty = idem_http::ResponseBody::<body::UpstreamBody>::full(Bytes::new());
     Response::from_parts(head, empty.boxed_unsync())
 }
 
@@ -138,7 +138,7 @@ mod tests {
 
     /// The answer a gRPC caller gets for one of idem's own `problem`s.
     async fn answered(problem: Problem) -> (HeaderMap, tonic::Status) {
-        read_back(proxy::boxed(proxy::problem(problem))).await
+        read_back(body::boxed(body::problem(problem))).await
     }
 
     /// An upstream's answer with `status` and `body` as `application/problem+json`.
@@ -147,7 +147,7 @@ mod tests {
             .status(status)
             .header(header::CONTENT_TYPE, "application/problem+json")
             .body(
-                idem_http::ResponseBody::<proxy::UpstreamBody>::full(Bytes::from(body))
+                idem_http::ResponseBody::<body::UpstreamBody>::full(Bytes::from(body))
                     .boxed_unsync(),
             )
             .expect("response")
@@ -239,7 +239,7 @@ mod tests {
         let plain = Response::builder()
             .status(StatusCode::CREATED)
             .body(
-                idem_http::ResponseBody::<proxy::UpstreamBody>::full(Bytes::from("{}"))
+                idem_http::ResponseBody::<body::UpstreamBody>::full(Bytes::from("{}"))
                     .boxed_unsync(),
             )
             .expect("response");

@@ -13,7 +13,7 @@ pub mod claims;
 pub mod cli;
 pub mod config;
 pub mod demo;
-pub mod grpc;
+pub(crate) mod grpc;
 mod health;
 mod listener;
 mod matcher;
