@@ -246,9 +246,24 @@ mod tests {
             StoreDecision::Release(idem_core::ReleaseKind::Unknown),
             "a request that was sent may have acted"
         );
+    }
 
-        // A gRPC answer by its grpc-status: from the trailers, or the code the proxy read
-        // from the trailers it holds.
+    #[test]
+    fn grpc_answers_are_decided_by_their_grpc_status() {
+        let s = crate::config::compile(
+            &crate::config::from_toml(
+                "upstream = \"http://x\"\n[defaults]\nprincipal = { from = \"none\" }",
+            )
+            .expect("toml"),
+        )
+        .expect("valid");
+        let hold = GatewayStorePolicy {
+            policy: StatusPolicy::from(&*s.routes[0].policy),
+            grpc: StoreDeterministic::new(),
+        };
+        let (none, no_notes) = (http::HeaderMap::new(), http::Extensions::new());
+        let of = |code: u16| StatusCode::from_u16(code).expect("status");
+        // By the trailers, or by the code the proxy read from the trailers it holds.
         let mut grpc = http::HeaderMap::new();
         grpc.insert(
             http::header::CONTENT_TYPE,

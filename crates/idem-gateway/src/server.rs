@@ -26,7 +26,7 @@ use crate::admin::Admin;
 use crate::app::Peer;
 use crate::body::ResBody;
 use crate::claims::TrackedStore;
-use crate::config::Settings;
+use crate::config::{AdminSettings, Settings};
 use crate::health::Scrape;
 use crate::metrics::MeteredStore;
 use crate::reload::{Live, LoadSettings};
@@ -49,62 +49,12 @@ pub async fn run(
     metrics: Option<PrometheusHandle>,
     load: LoadSettings,
 ) -> anyhow::Result<()> {
-    let backend = store::open(
-        &settings.store,
-        &settings.store_options,
-        settings.store_timeout,
-        None,
-    )
-    .await
-    .with_context(|| format!("cannot open store {}", settings.store))?;
-    // Measured below the cache, so store latency is the store's, and cache hits are counted
-    // as hits rather than as very fast store calls.
-    let backend = MeteredStore::new(backend);
-    let (store, cache) = match settings.store_cache {
-        Some((entries, max_age)) => {
-            let cached = CachedStore::new(backend, entries, max_age);
-            (BoxStore::new(cached.clone()), Some(cached))
-        }
-        None => (BoxStore::new(backend), None),
-    };
-    let store = TrackedStore::new(store);
+    let (store, cache) = open_store(&settings).await?;
     if let Some(handle) = &metrics {
-        // Histograms keep raw samples until upkeep folds them into buckets: without it,
-        // memory grows with every request between scrapes.
-        let handle = handle.clone();
-        tokio::spawn(async move {
-            let mut tick = tokio::time::interval(Duration::from_secs(5));
-            loop {
-                tick.tick().await;
-                handle.run_upkeep();
-            }
-        });
+        spawn_upkeep(handle.clone());
     }
-
-    let mut demo_upstream = None;
-    if settings.demo_upstream {
-        let (addr, _) = demo::spawn(SocketAddr::from(([127, 0, 0, 1], 0))).await?;
-        println!("demo upstream on http://{addr}");
-        demo_upstream = Some(UpstreamSpec::plain(
-            format!("http://{addr}")
-                .parse()
-                .context("demo upstream address")?,
-        ));
-    }
-    // Token routes issue into and consume from a token store next to the records.
-    let tokens = if settings.routes.iter().any(|r| r.policy.token.is_some()) {
-        Some(
-            GatewayTokens::open(
-                &settings.store,
-                &settings.store_options,
-                settings.store_timeout,
-            )
-            .await
-            .with_context(|| format!("cannot open the token store of {}", settings.store))?,
-        )
-    } else {
-        None
-    };
+    let demo_upstream = start_demo(&settings).await?;
+    let tokens = open_tokens(&settings).await?;
     let live = Arc::new(Live::new(
         settings.clone(),
         store.clone(),
@@ -124,8 +74,7 @@ pub async fn run(
             let l = TcpListener::bind(a.listen)
                 .await
                 .with_context(|| format!("cannot listen on {} (admin)", a.listen))?;
-            let addr = l.local_addr()?;
-            if addr == data_addr {
+            if l.local_addr()? == data_addr {
                 anyhow::bail!("the admin listener must not share the data listener's address");
             }
             let scrape = metrics.map(|handle| {
@@ -135,30 +84,15 @@ pub async fn run(
                     None => scrape,
                 }
             });
-            let admin = Arc::new(
-                Admin::new(
-                    store.clone(),
-                    a.token.clone(),
-                    scrape,
-                    settings.store_timeout,
-                    Some(Arc::clone(&live)),
-                )
-                .with_audit_level(settings.audit.level),
-            );
-            let tls = live.admin_tls();
-            println!("admin listening on {}://{addr}", tls.scheme());
-            tracing::info!(%addr, "admin listener up");
-            let make = AdminPlane(admin.router());
-            // The admin listener has no request cap of its own beyond the connection limit.
-            let limits = settings.limits;
-            Some(tokio::spawn(listener::serve(
+            Some(start_admin(
                 l,
-                tls,
-                limits,
-                make,
+                &settings,
+                a,
+                &store,
+                scrape,
+                &live,
                 stop.clone(),
-                move || grace,
-            )))
+            )?)
         }
         None => None,
     };
@@ -198,6 +132,112 @@ pub async fn run(
     }
     tracing::info!("shutdown complete");
     Ok(())
+}
+
+/// The store every route shares: the configured backend, metered (below the cache, so store
+/// latency is the store's and cache hits count as hits), behind the local cache tier when
+/// one is configured, and tracked so the drain at shutdown can release what is still held.
+/// The cache is returned too, for its figures on `/metrics`.
+async fn open_store(
+    settings: &Settings,
+) -> anyhow::Result<(GatewayStore, Option<CachedStore<MeteredStore<BoxStore>>>)> {
+    let backend = store::open(
+        &settings.store,
+        &settings.store_options,
+        settings.store_timeout,
+        None,
+    )
+    .await
+    .with_context(|| format!("cannot open store {}", settings.store))?;
+    let backend = MeteredStore::new(backend);
+    let (store, cache) = match settings.store_cache {
+        Some((entries, max_age)) => {
+            let cached = CachedStore::new(backend, entries, max_age);
+            (BoxStore::new(cached.clone()), Some(cached))
+        }
+        None => (BoxStore::new(backend), None),
+    };
+    Ok((TrackedStore::new(store), cache))
+}
+
+/// Folds the histograms' raw samples into buckets every 5 s: without it, memory grows with
+/// every request between scrapes.
+fn spawn_upkeep(handle: PrometheusHandle) {
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(Duration::from_secs(5));
+        loop {
+            tick.tick().await;
+            handle.run_upkeep();
+        }
+    });
+}
+
+/// The demo upstream, when the settings ask for one: started on a loopback port and
+/// announced on stdout.
+async fn start_demo(settings: &Settings) -> anyhow::Result<Option<UpstreamSpec>> {
+    if !settings.demo_upstream {
+        return Ok(None);
+    }
+    let (addr, _) = demo::spawn(SocketAddr::from(([127, 0, 0, 1], 0))).await?;
+    println!("demo upstream on http://{addr}");
+    let uri = format!("http://{addr}")
+        .parse()
+        .context("demo upstream address")?;
+    Ok(Some(UpstreamSpec::plain(uri)))
+}
+
+/// The token store next to the records, when a route takes one-time tokens: they are issued
+/// into it and consumed from it.
+async fn open_tokens(settings: &Settings) -> anyhow::Result<Option<GatewayTokens>> {
+    if !settings.routes.iter().any(|r| r.policy.token.is_some()) {
+        return Ok(None);
+    }
+    let tokens = GatewayTokens::open(
+        &settings.store,
+        &settings.store_options,
+        settings.store_timeout,
+    )
+    .await
+    .with_context(|| format!("cannot open the token store of {}", settings.store))?;
+    Ok(Some(tokens))
+}
+
+/// Serves the admin API on `listener` (bound, and checked to be apart from the data
+/// listener) until `stop`, announcing it on stdout.
+fn start_admin(
+    listener: TcpListener,
+    settings: &Settings,
+    a: &AdminSettings,
+    store: &GatewayStore,
+    scrape: Option<Scrape>,
+    live: &Arc<Live>,
+    stop: watch::Receiver<bool>,
+) -> anyhow::Result<tokio::task::JoinHandle<tokio::time::Instant>> {
+    let addr = listener.local_addr()?;
+    let admin = Arc::new(
+        Admin::new(
+            store.clone(),
+            a.token.clone(),
+            scrape,
+            settings.store_timeout,
+            Some(Arc::clone(live)),
+        )
+        .with_audit_level(settings.audit.level),
+    );
+    let tls = live.admin_tls();
+    println!("admin listening on {}://{addr}", tls.scheme());
+    tracing::info!(%addr, "admin listener up");
+    let make = AdminPlane(admin.router());
+    // The admin listener has no request cap of its own beyond the connection limit.
+    let (limits, grace) = (settings.limits, settings.shutdown_grace);
+    Ok(tokio::spawn(listener::serve(
+        listener,
+        tls,
+        limits,
+        make,
+        stop,
+        move || grace,
+    )))
 }
 
 /// Reloads the configuration on every SIGHUP, logging what happened.
