@@ -257,37 +257,7 @@ impl Proxy {
         if let Some((name, key)) = &p.fence_header {
             claim_headers(&mut parts, name, *key);
         }
-        if let Some(upgrade) = &upgrade {
-            parts
-                .headers
-                .insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
-            parts
-                .headers
-                .insert(header::UPGRADE, upgrade.protocol.clone());
-        }
-        if let Some(host) = parts.headers.remove(header::HOST).or_else(|| {
-            parts
-                .uri
-                .authority()
-                .and_then(|a| HeaderValue::from_str(a.as_str()).ok())
-        }) {
-            parts.headers.insert(X_FORWARDED_HOST, host);
-        }
-        // The data plane set it from the client's connection; other callers reach the
-        // upstream as plain HTTP clients.
-        if !parts.headers.contains_key(X_FORWARDED_PROTO) {
-            parts
-                .headers
-                .insert(X_FORWARDED_PROTO, HeaderValue::from_static("http"));
-        }
-        if let Some(host) = &p.host {
-            parts.headers.insert(header::HOST, host.clone());
-        }
-        // The gateway takes trailers whatever its client accepts: a protected route stores
-        // them for every later replay, and an HTTP/2 upstream (gRPC) expects this.
-        parts
-            .headers
-            .insert(header::TE, HeaderValue::from_static("trailers"));
+        p.forwarded_headers(&mut parts, upgrade.as_ref().map(|u| &u.protocol));
         parts.uri = uri;
         // The client's HTTP version is the gateway's business with the client; the upstream
         // gets the version its client speaks (HTTP/1.1, or HTTP/2 when configured), and the
@@ -358,6 +328,41 @@ pub(crate) const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwar
 pub(crate) const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
 
 impl ProxyInner {
+    /// The headers the upstream gets beside the client's: the upgrade asked for (on an
+    /// unprotected HTTP/1.1 route), `X-Forwarded-Host` and `-Proto`, the configured `Host`,
+    /// and `TE: trailers`.
+    fn forwarded_headers(&self, parts: &mut http::request::Parts, upgrade: Option<&HeaderValue>) {
+        if let Some(protocol) = upgrade {
+            parts
+                .headers
+                .insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+            parts.headers.insert(header::UPGRADE, protocol.clone());
+        }
+        if let Some(host) = parts.headers.remove(header::HOST).or_else(|| {
+            parts
+                .uri
+                .authority()
+                .and_then(|a| HeaderValue::from_str(a.as_str()).ok())
+        }) {
+            parts.headers.insert(X_FORWARDED_HOST, host);
+        }
+        // The data plane set it from the client's connection; other callers reach the
+        // upstream as plain HTTP clients.
+        if !parts.headers.contains_key(X_FORWARDED_PROTO) {
+            parts
+                .headers
+                .insert(X_FORWARDED_PROTO, HeaderValue::from_static("http"));
+        }
+        if let Some(host) = &self.host {
+            parts.headers.insert(header::HOST, host.clone());
+        }
+        // The gateway takes trailers whatever its client accepts: a protected route stores
+        // them for every later replay, and an HTTP/2 upstream (gRPC) expects this.
+        parts
+            .headers
+            .insert(header::TE, HeaderValue::from_static("trailers"));
+    }
+
     /// The upstream URI for a request to `uri`: the upstream's scheme and authority, its path
     /// prefix, then the request's path and query. `None` if that is not a valid URI.
     fn target(&self, uri: &Uri) -> Option<Uri> {

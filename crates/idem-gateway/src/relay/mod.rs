@@ -193,13 +193,14 @@ fn relay_webhook(
     )
 }
 
-async fn start(
+/// What every delivery of `relay` runs through: the engine on the relay's store and policy,
+/// the relay's internal scope, and the POST to its route.
+fn worker(
     relay: &RelaySettings,
-    (store, probe): (BoxStore, Option<Arc<dyn idem_core::Probe>>),
+    store: BoxStore,
+    probe: Option<Arc<dyn idem_core::Probe>>,
     client: proxy::HttpClient,
-    outcomes: (RequestMetrics, usize),
-    stop: watch::Receiver<bool>,
-) -> anyhow::Result<Running> {
+) -> anyhow::Result<(Engine<BoxStore>, Scope, Post)> {
     let policy = &relay.policy;
     let engine = Engine::new(store, policy.engine.clone());
     let engine = match probe {
@@ -225,6 +226,17 @@ async fn start(
         max_stored: policy.max_stored_response,
         fence_header: policy.fence_header.clone(),
     };
+    Ok((engine, scope, work))
+}
+
+async fn start(
+    relay: &RelaySettings,
+    (store, probe): (BoxStore, Option<Arc<dyn idem_core::Probe>>),
+    client: proxy::HttpClient,
+    outcomes: (RequestMetrics, usize),
+    stop: watch::Receiver<bool>,
+) -> anyhow::Result<Running> {
+    let (engine, scope, work) = worker(relay, store, probe, client)?;
     let shutdown = async move {
         let mut stop = stop;
         let _ = stop.wait_for(|s| *s).await;
