@@ -3,19 +3,16 @@
 
 mod common;
 
-use common::{CHARGE, charge, default_config, key, keyed, memory, method, reason, serve};
+use common::{
+    CHARGE, assert_refused, charge, charge_err, charge_ok, default_config, key, keyed, memory,
+    method, reason, serve,
+};
 use idem_core::{Engine, MemoryStore, Policy, StoreOp, TakeoverPolicy};
-use idem_grpc::{GrpcIdempotencyConfig, StoreDeterministic};
+use idem_grpc::StoreDeterministic;
 use idem_testkit::{Fault, FaultyStore};
 use tonic::Code;
 use tonic::metadata::MetadataValue;
 use tonic_types::StatusExt;
-
-fn config(m: idem_grpc::MethodConfig) -> GrpcIdempotencyConfig {
-    GrpcIdempotencyConfig::new()
-        .method(CHARGE, m)
-        .expect("path")
-}
 
 #[tokio::test]
 async fn bad_keys_and_principals_are_refused_before_anything_runs() {
@@ -23,66 +20,52 @@ async fn bad_keys_and_principals_are_refused_before_anything_runs() {
     let s = serve(&engine, default_config("keys")).await;
     let mut client = s.client.clone();
 
-    let missing = client.charge(charge("o", 1)).await.expect_err("no key");
-    assert_eq!(
-        (missing.code(), reason(&missing)),
-        (Code::InvalidArgument, "KEY_MISSING".into())
-    );
+    let missing = charge_err(&mut client, charge("o", 1), "no key").await;
+    assert_refused(&missing, Code::InvalidArgument, "KEY_MISSING");
 
-    let long = client
-        .charge(keyed(charge("o", 1), &"x".repeat(256), None))
-        .await
-        .expect_err("too long");
-    assert_eq!(
-        (long.code(), reason(&long)),
-        (Code::InvalidArgument, "KEY_MALFORMED".into())
-    );
+    let long = charge_err(
+        &mut client,
+        keyed(charge("o", 1), &"x".repeat(256), None),
+        "too long",
+    )
+    .await;
+    assert_refused(&long, Code::InvalidArgument, "KEY_MALFORMED");
 
     let mut req = tonic::Request::new(charge("o", 1));
     req.metadata_mut()
         .insert("idempotency-key", MetadataValue::from_static(""));
-    let empty = client.charge(req).await.expect_err("empty");
-    assert_eq!(
-        (empty.code(), reason(&empty)),
-        (Code::InvalidArgument, "KEY_MALFORMED".into())
-    );
+    let empty = charge_err(&mut client, req, "empty").await;
+    assert_refused(&empty, Code::InvalidArgument, "KEY_MALFORMED");
 
     let mut req = tonic::Request::new(charge("o", 1));
     req.metadata_mut()
         .append("idempotency-key", MetadataValue::from_static("a"));
     req.metadata_mut()
         .append("idempotency-key", MetadataValue::from_static("b"));
-    let twice = client.charge(req).await.expect_err("two keys");
-    assert_eq!(
-        (twice.code(), reason(&twice)),
-        (Code::InvalidArgument, "KEY_MULTIPLE".into())
-    );
+    let twice = charge_err(&mut client, req, "two keys").await;
+    assert_refused(&twice, Code::InvalidArgument, "KEY_MULTIPLE");
     assert_eq!(s.hits.started(), 0);
 
     let required = method("keys.required").principal(
         idem_http::HeaderPrincipal::new(http::HeaderName::from_static("x-api-key")).required(),
     );
-    let s = serve(&engine, config(required)).await;
+    let s = serve(&engine, common::charge_config(required)).await;
     let mut client = s.client.clone();
-    let anon = client
-        .charge(keyed(charge("o", 1), &key(), None))
-        .await
-        .expect_err("no principal");
-    assert_eq!(
-        (anon.code(), reason(&anon)),
-        (Code::Unauthenticated, "UNAUTHENTICATED".into())
-    );
+    let anon = charge_err(
+        &mut client,
+        keyed(charge("o", 1), &key(), None),
+        "no principal",
+    )
+    .await;
+    assert_refused(&anon, Code::Unauthenticated, "UNAUTHENTICATED");
     // The credential twice: the handler might read the other one.
     let mut req = keyed(charge("o", 1), &key(), None);
     req.metadata_mut()
         .append("x-api-key", MetadataValue::from_static("alice"));
     req.metadata_mut()
         .append("x-api-key", MetadataValue::from_static("bob"));
-    let twice = client.charge(req).await.expect_err("two credentials");
-    assert_eq!(
-        (twice.code(), reason(&twice)),
-        (Code::InvalidArgument, "CREDENTIAL_AMBIGUOUS".into())
-    );
+    let twice = charge_err(&mut client, req, "two credentials").await;
+    assert_refused(&twice, Code::InvalidArgument, "CREDENTIAL_AMBIGUOUS");
     assert_eq!(s.hits.started(), 0);
 }
 
@@ -90,7 +73,7 @@ async fn bad_keys_and_principals_are_refused_before_anything_runs() {
 async fn in_flight_mismatch_and_unknown() {
     let engine = memory();
     let m = method("rows.charge").store_policy(StoreDeterministic::new().ambiguous_as_unknown());
-    let s = serve(&engine, config(m)).await;
+    let s = serve(&engine, common::charge_config(m)).await;
 
     // In flight: ABORTED with RetryInfo while the first call runs.
     let k = key();
@@ -102,14 +85,8 @@ async fn in_flight_mismatch_and_unknown() {
     let first = tokio::spawn(async move { client.charge(keyed(g, &gk, None)).await });
     started.await;
     let mut client = s.client.clone();
-    let busy = client
-        .charge(keyed(gated.clone(), &k, None))
-        .await
-        .expect_err("busy");
-    assert_eq!(
-        (busy.code(), reason(&busy)),
-        (Code::Aborted, "IN_FLIGHT".into())
-    );
+    let busy = charge_err(&mut client, keyed(gated.clone(), &k, None), "busy").await;
+    assert_refused(&busy, Code::Aborted, "IN_FLIGHT");
     assert!(
         busy.get_details_retry_info()
             .is_some_and(|r| r.retry_delay.is_some())
@@ -118,14 +95,8 @@ async fn in_flight_mismatch_and_unknown() {
     first.await.expect("join").expect("first answers");
 
     // Mismatch: the same key with another message.
-    let other = client
-        .charge(keyed(charge("o-1", 2), &k, None))
-        .await
-        .expect_err("reused");
-    assert_eq!(
-        (other.code(), reason(&other)),
-        (Code::FailedPrecondition, "KEY_REUSED".into())
-    );
+    let other = charge_err(&mut client, keyed(charge("o-1", 2), &k, None), "reused").await;
+    assert_refused(&other, Code::FailedPrecondition, "KEY_REUSED");
     assert_eq!(
         other.get_details_error_info().expect("info").metadata["key"],
         k
@@ -135,23 +106,14 @@ async fn in_flight_mismatch_and_unknown() {
     let k = key();
     let mut ambiguous = charge("o-2", 1);
     ambiguous.fail_code = Code::DeadlineExceeded as i32;
-    let first = client
-        .charge(keyed(ambiguous.clone(), &k, None))
-        .await
-        .expect_err("handler's");
+    let first = charge_err(&mut client, keyed(ambiguous.clone(), &k, None), "handler's").await;
     assert_eq!(
         first.code(),
         Code::DeadlineExceeded,
         "the handler's own status"
     );
-    let retry = client
-        .charge(keyed(ambiguous, &k, None))
-        .await
-        .expect_err("unknown");
-    assert_eq!(
-        (retry.code(), reason(&retry)),
-        (Code::FailedPrecondition, "OUTCOME_UNKNOWN".into())
-    );
+    let retry = charge_err(&mut client, keyed(ambiguous, &k, None), "unknown").await;
+    assert_refused(&retry, Code::FailedPrecondition, "OUTCOME_UNKNOWN");
     assert_eq!(s.hits.started(), 2);
 }
 
@@ -161,14 +123,13 @@ async fn a_failing_store_is_unavailable_with_retry_info_and_nothing_runs() {
     let engine = Engine::new(store, Policy::default());
     let s = serve(&engine, default_config("down")).await;
     let mut client = s.client.clone();
-    let down = client
-        .charge(keyed(charge("o", 1), &key(), None))
-        .await
-        .expect_err("store down");
-    assert_eq!(
-        (down.code(), reason(&down)),
-        (Code::Unavailable, "STORE_UNAVAILABLE".into())
-    );
+    let down = charge_err(
+        &mut client,
+        keyed(charge("o", 1), &key(), None),
+        "store down",
+    )
+    .await;
+    assert_refused(&down, Code::Unavailable, "STORE_UNAVAILABLE");
     assert!(
         down.get_details_retry_info()
             .is_some_and(|r| r.retry_delay.is_some())
@@ -184,49 +145,31 @@ async fn too_large_requests_are_refused_and_too_large_answers_are_not_replayed()
     // A 5 MiB message against the default 4 MiB cap.
     let mut huge = charge("o", 1);
     huge.reference = "r".repeat(5 << 20);
-    let refused = client
-        .charge(keyed(huge, &key(), None))
-        .await
-        .expect_err("too large");
-    assert_eq!(
-        (refused.code(), reason(&refused)),
-        (Code::ResourceExhausted, "REQUEST_TOO_LARGE".into())
-    );
+    let refused = charge_err(&mut client, keyed(huge, &key(), None), "too large").await;
+    assert_refused(&refused, Code::ResourceExhausted, "REQUEST_TOO_LARGE");
     assert_eq!(s.hits.started(), 0);
 
     let small = method("huge.small")
         .max_request(1024)
         .max_stored_response(512);
-    let s = serve(&engine, config(small)).await;
+    let s = serve(&engine, common::charge_config(small)).await;
     let mut client = s.client.clone();
     let mut over = charge("o", 1);
     over.reference = "r".repeat(2000);
-    let refused = client
-        .charge(keyed(over, &key(), None))
-        .await
-        .expect_err("over");
+    let refused = charge_err(&mut client, keyed(over, &key(), None), "over").await;
     assert_eq!(refused.code(), Code::ResourceExhausted);
 
     let k = key();
     let mut big = charge("o-big", 1);
     big.reply_bytes = 2000;
-    let first = client
-        .charge(keyed(big.clone(), &k, None))
-        .await
-        .expect("all of it");
+    let first = charge_ok(&mut client, keyed(big.clone(), &k, None), "all of it").await;
     assert_eq!(
         first.get_ref().padding.len(),
         2000,
         "this caller gets all of it"
     );
-    let again = client
-        .charge(keyed(big, &k, None))
-        .await
-        .expect_err("not stored");
-    assert_eq!(
-        (again.code(), reason(&again)),
-        (Code::FailedPrecondition, "RESPONSE_NOT_STORED".into())
-    );
+    let again = charge_err(&mut client, keyed(big, &k, None), "not stored").await;
+    assert_refused(&again, Code::FailedPrecondition, "RESPONSE_NOT_STORED");
     assert_eq!(s.hits.started(), 1, "never a second run");
 }
 
@@ -261,10 +204,7 @@ async fn definite_statuses_are_stored_and_retryable_ones_release_the_claim() {
         let mut msg = charge("o", 1);
         msg.fail_code = code as i32;
         for _ in 0..2 {
-            let got = client
-                .charge(keyed(msg.clone(), &k, None))
-                .await
-                .expect_err("fails");
+            let got = charge_err(&mut client, keyed(msg.clone(), &k, None), "fails").await;
             assert_eq!(got.code(), code);
         }
         let runs = s.hits.started() - before;
@@ -292,20 +232,11 @@ async fn a_timed_out_or_panicking_handler_is_released() {
     let mut slow = charge("o", 1);
     slow.sleep_ms = 2000;
     let k = key();
-    let late = client
-        .charge(keyed(slow.clone(), &k, None))
-        .await
-        .expect_err("timeout");
-    assert_eq!(
-        (late.code(), reason(&late)),
-        (Code::DeadlineExceeded, "HANDLER_TIMEOUT".into())
-    );
+    let late = charge_err(&mut client, keyed(slow.clone(), &k, None), "timeout").await;
+    assert_refused(&late, Code::DeadlineExceeded, "HANDLER_TIMEOUT");
     assert_eq!(s.hits.finished(), 0);
     // Released: the retry runs (and times out) again.
-    let _ = client
-        .charge(keyed(slow, &k, None))
-        .await
-        .expect_err("timeout");
+    let _ = charge_err(&mut client, keyed(slow, &k, None), "timeout").await;
     assert_eq!(s.hits.started(), 2);
 
     // A panic is INTERNAL with HANDLER_PANICKED; the claim is released and the server serves on.
@@ -313,14 +244,8 @@ async fn a_timed_out_or_panicking_handler_is_released() {
     let mut boom = charge("o", 1);
     boom.fail_code = common::PANIC;
     for _ in 0..2 {
-        let got = client
-            .charge(keyed(boom.clone(), &k, None))
-            .await
-            .expect_err("panic");
-        assert_eq!(
-            (got.code(), reason(&got)),
-            (Code::Internal, "HANDLER_PANICKED".into())
-        );
+        let got = charge_err(&mut client, keyed(boom.clone(), &k, None), "panic").await;
+        assert_refused(&got, Code::Internal, "HANDLER_PANICKED");
     }
     assert_eq!(s.hits.started(), 4);
 
@@ -336,19 +261,10 @@ async fn a_timed_out_or_panicking_handler_is_released() {
     let mut slow = charge("o", 1);
     slow.sleep_ms = 2000;
     let k = key();
-    let late = client
-        .charge(keyed(slow.clone(), &k, None))
-        .await
-        .expect_err("timeout");
+    let late = charge_err(&mut client, keyed(slow.clone(), &k, None), "timeout").await;
     assert_eq!(reason(&late), "HANDLER_TIMEOUT");
-    let again = client
-        .charge(keyed(slow, &k, None))
-        .await
-        .expect_err("unknown");
-    assert_eq!(
-        (again.code(), reason(&again)),
-        (Code::FailedPrecondition, "OUTCOME_UNKNOWN".into())
-    );
+    let again = charge_err(&mut client, keyed(slow, &k, None), "unknown").await;
+    assert_refused(&again, Code::FailedPrecondition, "OUTCOME_UNKNOWN");
     assert_eq!(s.hits.started(), 1);
 }
 
@@ -367,14 +283,8 @@ async fn a_lost_lease_cancels_the_handler_and_is_unavailable() {
     let mut client = s.client.clone();
     let mut slow = charge("o", 1);
     slow.sleep_ms = 1000;
-    let lost = client
-        .charge(keyed(slow, &key(), None))
-        .await
-        .expect_err("lease lost");
-    assert_eq!(
-        (lost.code(), reason(&lost)),
-        (Code::Unavailable, "LEASE_LOST".into())
-    );
+    let lost = charge_err(&mut client, keyed(slow, &key(), None), "lease lost").await;
+    assert_refused(&lost, Code::Unavailable, "LEASE_LOST");
     assert!(lost.get_details_retry_info().is_some());
     assert_eq!(s.hits.finished(), 0, "the handler was cancelled");
 }

@@ -361,3 +361,66 @@ pub async fn raw_call(channel: &Channel, path: &str, key: &str, body: &[u8]) -> 
         trailers: collected.trailers().cloned().unwrap_or_default(),
     }
 }
+
+/// Calls `Charge` with `req`, expecting a refusal (`why` says which).
+pub async fn charge_err(
+    client: &mut PaymentsClient<Channel>,
+    req: impl tonic::IntoRequest<ChargeRequest>,
+    why: &str,
+) -> Status {
+    client.charge(req).await.expect_err(why)
+}
+
+/// Calls `Charge` with `req`, expecting an answer (`why` says which).
+pub async fn charge_ok(
+    client: &mut PaymentsClient<Channel>,
+    req: impl tonic::IntoRequest<ChargeRequest>,
+    why: &str,
+) -> Response<ChargeReply> {
+    client.charge(req).await.expect(why)
+}
+
+/// Asserts that `status` has `code` and the `ErrorInfo.reason` `want`.
+#[track_caller]
+pub fn assert_refused(status: &Status, code: Code, want: &str) {
+    assert_eq!((status.code(), reason(status)), (code, want.to_owned()));
+}
+
+/// Asks the status service about `req`, expecting an answer.
+pub async fn lookup(
+    status: &mut idem_grpc::proto::status_client::StatusClient<Channel>,
+    req: Request<idem_grpc::proto::LookupRequest>,
+) -> idem_grpc::proto::LookupResponse {
+    status.lookup(req).await.expect("lookup").into_inner()
+}
+
+/// A status-service question about `key` on `method`, with no principal.
+pub fn ask(method: &str, key: &str) -> Request<idem_grpc::proto::LookupRequest> {
+    Request::new(idem_grpc::proto::LookupRequest {
+        method: method.into(),
+        key: key.into(),
+    })
+}
+
+/// A config protecting `Charge` with `m`.
+pub fn charge_config(m: MethodConfig) -> GrpcIdempotencyConfig {
+    GrpcIdempotencyConfig::new()
+        .method(CHARGE, m)
+        .expect("path")
+}
+
+/// Starts `n` concurrent `Charge` calls of `msg` with `key`, all as `alice`.
+pub fn spawn_charges(
+    s: &Running,
+    msg: &ChargeRequest,
+    key: &str,
+    n: usize,
+) -> tokio::task::JoinSet<Result<Response<ChargeReply>, Status>> {
+    let mut tasks = tokio::task::JoinSet::new();
+    for _ in 0..n {
+        let mut client = s.client.clone();
+        let (msg, key) = (msg.clone(), key.to_owned());
+        tasks.spawn(async move { client.charge(keyed(msg, &key, Some("alice"))).await });
+    }
+    tasks
+}
