@@ -8,20 +8,20 @@ use std::time::Duration;
 
 use futures::FutureExt;
 use idem_core::{
-    ClaimOutcome, ClaimRequest, Fingerprint, Key, OwnerId, Scope, ScopedKey, Store, StoredResponse,
-    TakeoverPolicy,
+    ClaimOutcome, ClaimRequest, Fingerprint, OwnerId, Store, StoredResponse, TakeoverPolicy,
 };
 use idem_sql::{InTxError, TxOutcome};
 
 fn req(ns: &str, key: &str) -> ClaimRequest {
     ClaimRequest {
-        key: ScopedKey::new(Scope::new(ns).expect("ns"), Key::new(key).expect("key")),
         fingerprint: Fingerprint::of_bytes(1, b"pay 100"),
-        owner: OwnerId::random(),
-        lease: Duration::from_secs(30),
-        ttl: Duration::from_secs(3600),
-        takeover: TakeoverPolicy::Reexecute,
-        request_id: None,
+        ..common::claim_req(
+            ns,
+            key,
+            Duration::from_secs(30),
+            Duration::from_secs(3600),
+            TakeoverPolicy::Reexecute,
+        )
     }
 }
 

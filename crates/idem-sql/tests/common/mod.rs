@@ -215,3 +215,57 @@ impl Drop for SqliteHarness {
 }
 
 real_time_harness!(SqliteHarness, SqliteStore);
+
+/// A pool of `n` connections to the test PostgreSQL server; `None` when it is unreachable
+/// (reported by [`missing`]).
+pub async fn pg_pool(n: u32) -> Option<sqlx::PgPool> {
+    match sqlx::postgres::PgPoolOptions::new()
+        .max_connections(n)
+        .connect(&pg_url())
+        .await
+    {
+        Ok(p) => Some(p),
+        Err(e) => {
+            missing("PostgreSQL", &e);
+            None
+        }
+    }
+}
+
+/// A pool of `n` connections to the test MariaDB server; `None` when it is unreachable
+/// (reported by [`missing`]).
+pub async fn mysql_pool(n: u32) -> Option<sqlx::MySqlPool> {
+    match sqlx::mysql::MySqlPoolOptions::new()
+        .max_connections(n)
+        .connect(&mysql_url())
+        .await
+    {
+        Ok(p) => Some(p),
+        Err(e) => {
+            missing("MariaDB", &e);
+            None
+        }
+    }
+}
+
+/// A claim of `key` in namespace `ns` by a fresh owner, fingerprint of `"x"`, no request id.
+pub fn claim_req(
+    ns: &str,
+    key: &str,
+    lease: Duration,
+    ttl: Duration,
+    takeover: idem_core::TakeoverPolicy,
+) -> idem_core::ClaimRequest {
+    idem_core::ClaimRequest {
+        key: idem_core::ScopedKey::new(
+            idem_core::Scope::new(ns).expect("ns"),
+            idem_core::Key::new(key).expect("key"),
+        ),
+        fingerprint: idem_core::Fingerprint::of_bytes(1, b"x"),
+        owner: idem_core::OwnerId::random(),
+        lease,
+        ttl,
+        takeover,
+        request_id: None,
+    }
+}
