@@ -16,9 +16,7 @@ use tonic_types::StatusExt;
 
 #[tokio::test]
 async fn bad_keys_and_principals_are_refused_before_anything_runs() {
-    let engine = memory();
-    let s = serve(&engine, default_config("keys")).await;
-    let mut client = s.client.clone();
+    let (engine, s, mut client) = common::serve_memory("keys").await;
 
     let missing = charge_err(&mut client, charge("o", 1), "no key").await;
     assert_refused(&missing, Code::InvalidArgument, "KEY_MISSING");
@@ -51,15 +49,10 @@ async fn bad_keys_and_principals_are_refused_before_anything_runs() {
     );
     let s = serve(&engine, common::charge_config(required)).await;
     let mut client = s.client.clone();
-    let anon = charge_err(
-        &mut client,
-        keyed(charge("o", 1), &key(), None),
-        "no principal",
-    )
-    .await;
+    let anon = charge_err(&mut client, common::fresh_call(), "no principal").await;
     assert_refused(&anon, Code::Unauthenticated, "UNAUTHENTICATED");
     // The credential twice: the handler might read the other one.
-    let mut req = keyed(charge("o", 1), &key(), None);
+    let mut req = common::fresh_call();
     req.metadata_mut()
         .append("x-api-key", MetadataValue::from_static("alice"));
     req.metadata_mut()
@@ -77,8 +70,7 @@ async fn in_flight_mismatch_and_unknown() {
 
     // In flight: ABORTED with RetryInfo while the first call runs.
     let k = key();
-    let mut gated = charge("o-1", 1);
-    gated.gated = true;
+    let gated = common::gated("o-1", 1);
     let mut client = s.client.clone();
     let started = s.hits.on_start.notified();
     let (gk, g) = (k.clone(), gated.clone());
@@ -123,12 +115,7 @@ async fn a_failing_store_is_unavailable_with_retry_info_and_nothing_runs() {
     let engine = Engine::new(store, Policy::default());
     let s = serve(&engine, default_config("down")).await;
     let mut client = s.client.clone();
-    let down = charge_err(
-        &mut client,
-        keyed(charge("o", 1), &key(), None),
-        "store down",
-    )
-    .await;
+    let down = charge_err(&mut client, common::fresh_call(), "store down").await;
     assert_refused(&down, Code::Unavailable, "STORE_UNAVAILABLE");
     assert!(
         down.get_details_retry_info()
@@ -139,9 +126,7 @@ async fn a_failing_store_is_unavailable_with_retry_info_and_nothing_runs() {
 
 #[tokio::test]
 async fn too_large_requests_are_refused_and_too_large_answers_are_not_replayed() {
-    let engine = memory();
-    let s = serve(&engine, default_config("huge")).await;
-    let mut client = s.client.clone();
+    let (engine, s, mut client) = common::serve_memory("huge").await;
     // A 5 MiB message against the default 4 MiB cap.
     let mut huge = charge("o", 1);
     huge.reference = "r".repeat(5 << 20);
@@ -175,30 +160,28 @@ async fn too_large_requests_are_refused_and_too_large_answers_are_not_replayed()
 
 #[tokio::test]
 async fn definite_statuses_are_stored_and_retryable_ones_release_the_claim() {
-    let engine = memory();
-    let s = serve(&engine, default_config("codes")).await;
-    let mut client = s.client.clone();
-    let stored = [
-        Code::InvalidArgument,
-        Code::NotFound,
-        Code::AlreadyExists,
-        Code::FailedPrecondition,
-        Code::OutOfRange,
-        Code::Unimplemented,
+    let (_engine, s, mut client) = common::serve_memory("codes").await;
+    // Each code, and how often two calls with one key run the handler: once for a stored
+    // status, twice for a released one.
+    let cases = [
+        (Code::InvalidArgument, 1),
+        (Code::NotFound, 1),
+        (Code::AlreadyExists, 1),
+        (Code::FailedPrecondition, 1),
+        (Code::OutOfRange, 1),
+        (Code::Unimplemented, 1),
+        (Code::Unavailable, 2),
+        (Code::DeadlineExceeded, 2),
+        (Code::ResourceExhausted, 2),
+        (Code::Aborted, 2),
+        (Code::Cancelled, 2),
+        (Code::Unauthenticated, 2),
+        (Code::PermissionDenied, 2),
+        (Code::Internal, 2),
+        (Code::Unknown, 2),
+        (Code::DataLoss, 2),
     ];
-    let released = [
-        Code::Unavailable,
-        Code::DeadlineExceeded,
-        Code::ResourceExhausted,
-        Code::Aborted,
-        Code::Cancelled,
-        Code::Unauthenticated,
-        Code::PermissionDenied,
-        Code::Internal,
-        Code::Unknown,
-        Code::DataLoss,
-    ];
-    for code in stored.into_iter().chain(released) {
+    for (code, want) in cases {
         let before = s.hits.started();
         let k = key();
         let mut msg = charge("o", 1);
@@ -208,7 +191,6 @@ async fn definite_statuses_are_stored_and_retryable_ones_release_the_claim() {
             assert_eq!(got.code(), code);
         }
         let runs = s.hits.started() - before;
-        let want = if stored.contains(&code) { 1 } else { 2 };
         assert_eq!(
             runs, want,
             "{code:?}: stored ones run once, released ones again"
@@ -226,11 +208,9 @@ async fn a_timed_out_or_panicking_handler_is_released() {
         .lease(std::time::Duration::from_secs(16))
         .build()
         .expect("policy");
-    let engine = Engine::new(MemoryStore::new(100), policy);
-    let s = serve(&engine, default_config("slow")).await;
-    let mut client = s.client.clone();
-    let mut slow = charge("o", 1);
-    slow.sleep_ms = 2000;
+    let (_engine, s, mut client) =
+        common::serve_engine(Engine::new(MemoryStore::new(100), policy), "slow").await;
+    let slow = common::sleeping(2000);
     let k = key();
     let late = charge_err(&mut client, keyed(slow.clone(), &k, None), "timeout").await;
     assert_refused(&late, Code::DeadlineExceeded, "HANDLER_TIMEOUT");
@@ -255,11 +235,9 @@ async fn a_timed_out_or_panicking_handler_is_released() {
         .handler_timeout(std::time::Duration::from_millis(200))
         .build()
         .expect("policy");
-    let engine = Engine::new(MemoryStore::new(100), policy);
-    let s = serve(&engine, default_config("slow-held")).await;
-    let mut client = s.client.clone();
-    let mut slow = charge("o", 1);
-    slow.sleep_ms = 2000;
+    let (_engine, s, mut client) =
+        common::serve_engine(Engine::new(MemoryStore::new(100), policy), "slow-held").await;
+    let slow = common::sleeping(2000);
     let k = key();
     let late = charge_err(&mut client, keyed(slow.clone(), &k, None), "timeout").await;
     assert_eq!(reason(&late), "HANDLER_TIMEOUT");
@@ -278,11 +256,8 @@ async fn a_lost_lease_cancels_the_handler_and_is_unavailable() {
         .renew_every(std::time::Duration::from_millis(50))
         .build()
         .expect("policy");
-    let engine = Engine::new(store, policy);
-    let s = serve(&engine, default_config("lost")).await;
-    let mut client = s.client.clone();
-    let mut slow = charge("o", 1);
-    slow.sleep_ms = 1000;
+    let (_engine, s, mut client) = common::serve_engine(Engine::new(store, policy), "lost").await;
+    let slow = common::sleeping(1000);
     let lost = charge_err(&mut client, keyed(slow, &key(), None), "lease lost").await;
     assert_refused(&lost, Code::Unavailable, "LEASE_LOST");
     assert!(lost.get_details_retry_info().is_some());

@@ -23,13 +23,17 @@ async fn fifty_concurrent_duplicates_run_the_handler_once() {
     let engine = memory();
     let s = serve(&engine, default_config("dup")).await;
     let k = key();
-    let mut msg = charge("o-1", 100);
-    msg.gated = true;
-    let mut tasks = common::spawn_charges(&s, &msg, &k, 50);
+    let msg = common::gated("o-1", 100);
     // The winner is held at the gate, so the 49 others must all answer first.
-    for _ in 0..49 {
-        let got = tasks.join_next().await.expect("task").expect("join");
-        let status = got.expect_err("a duplicate is refused while the first runs");
+    let (mut tasks, refused) = common::duplicates_refused(
+        &s,
+        &msg,
+        &k,
+        50,
+        "a duplicate is refused while the first runs",
+    )
+    .await;
+    for status in refused {
         assert_eq!(status.code(), Code::Aborted, "{status:?}");
         assert_eq!(reason(&status), "IN_FLIGHT");
         let retry = status.get_details_retry_info().expect("RetryInfo");
@@ -41,11 +45,8 @@ async fn fifty_concurrent_duplicates_run_the_handler_once() {
     }
     assert_eq!(s.hits.started(), 1);
     s.hits.gate.notify_waiters();
-    let first = tasks
-        .join_next()
+    let first = common::next_answer(&mut tasks)
         .await
-        .expect("task")
-        .expect("join")
         .expect("the first call answers");
     assert_eq!(first.get_ref().execution, 1);
     assert!(first.metadata().get("idempotent-replayed").is_none());
@@ -127,9 +128,7 @@ async fn the_layer_also_wraps_one_service() {
 
 #[tokio::test]
 async fn two_principals_never_share_a_key() {
-    let engine = memory();
-    let s = serve(&engine, default_config("who")).await;
-    let mut client = s.client.clone();
+    let (_engine, s, mut client) = common::serve_memory("who").await;
     let k = key();
     let a = charge_ok(
         &mut client,
@@ -231,20 +230,26 @@ async fn the_callers_deadline_bounds_the_handler_and_the_lease() {
     assert_eq!(again.get_ref().execution, 2);
 }
 
+/// Calls `Watch` for order `o-s` with key `k` and collects every message.
+async fn watch_all(
+    client: &mut common::pb::payments_client::PaymentsClient<tonic::transport::Channel>,
+    k: &str,
+) -> Vec<common::pb::ChargeReply> {
+    use tokio_stream::StreamExt;
+    let stream = client
+        .watch(keyed(charge("o-s", 1), k, None))
+        .await
+        .expect("watch")
+        .into_inner();
+    stream.collect::<Result<_, _>>().await.expect("messages")
+}
+
 #[tokio::test]
 async fn streaming_methods_pass_through_unless_configured() {
-    use tokio_stream::StreamExt;
-    let engine = memory();
-    let s = serve(&engine, default_config("stream")).await;
-    let mut client = s.client.clone();
+    let (engine, _s, mut client) = common::serve_memory("stream").await;
     let k = key();
     for n in 1..=2u64 {
-        let stream = client
-            .watch(keyed(charge("o-s", 1), &k, None))
-            .await
-            .expect("watch")
-            .into_inner();
-        let got: Vec<_> = stream.collect::<Result<_, _>>().await.expect("messages");
+        let got = watch_all(&mut client, &k).await;
         assert_eq!(got.len(), 3);
         assert_eq!(got[0].execution, n, "unprotected: every call runs");
     }
@@ -256,12 +261,7 @@ async fn streaming_methods_pass_through_unless_configured() {
     let mut client = s.client.clone();
     let mut answers = Vec::new();
     for _ in 0..2 {
-        let stream = client
-            .watch(keyed(charge("o-s", 1), &k, None))
-            .await
-            .expect("watch")
-            .into_inner();
-        let got: Vec<_> = stream.collect::<Result<_, _>>().await.expect("messages");
+        let got = watch_all(&mut client, &k).await;
         answers.push(got);
     }
     assert_eq!(
@@ -292,8 +292,7 @@ async fn the_status_service_answers_absent_in_flight_completed_and_unknown() {
     let look = lookup(&mut status, ask_as(&k, "alice")).await;
     assert_eq!(look.state, State::Absent as i32);
 
-    let mut gated = charge("o-q", 3);
-    gated.gated = true;
+    let gated = common::gated("o-q", 3);
     let mut client = s.client.clone();
     let started = s.hits.on_start.notified();
     let (gk, g) = (k.clone(), gated.clone());

@@ -20,21 +20,13 @@ async fn scenario<St: Store>(engine: Engine<St>, ns: &str) {
 
     // Concurrent duplicates: one run, the others in flight, then the replay.
     let k = key();
-    let mut gated = charge("o-1", 100);
-    gated.gated = true;
-    let mut tasks = common::spawn_charges(&s, &gated, &k, 20);
-    for _ in 0..19 {
-        let got = tasks.join_next().await.expect("task").expect("join");
-        let status = got.expect_err("in flight");
+    let gated = common::gated("o-1", 100);
+    let (mut tasks, refused) = common::duplicates_refused(&s, &gated, &k, 20, "in flight").await;
+    for status in refused {
         assert_refused(&status, Code::Aborted, "IN_FLIGHT");
     }
     s.hits.gate.notify_waiters();
-    let first = tasks
-        .join_next()
-        .await
-        .expect("task")
-        .expect("join")
-        .expect("first");
+    let first = common::next_answer(&mut tasks).await.expect("first");
     let mut client = s.client.clone();
     let replay = charge_ok(&mut client, keyed(gated, &k, Some("alice")), "replay").await;
     assert_eq!(replay.get_ref(), first.get_ref());

@@ -424,3 +424,68 @@ pub fn spawn_charges(
     }
     tasks
 }
+
+/// A charge for order `id` that waits at the gate before it answers.
+pub fn gated(id: &str, amount: i64) -> ChargeRequest {
+    ChargeRequest {
+        gated: true,
+        ..charge(id, amount)
+    }
+}
+
+/// The next of `tasks` to answer, with what it answered.
+pub async fn next_answer(
+    tasks: &mut tokio::task::JoinSet<Result<Response<ChargeReply>, Status>>,
+) -> Result<Response<ChargeReply>, Status> {
+    tasks.join_next().await.expect("task").expect("join")
+}
+
+/// A memory store engine, the test service behind the layer with `default_config(ns)`, and a
+/// client of it.
+pub async fn serve_memory(ns: &str) -> (Engine<MemoryStore>, Running, PaymentsClient<Channel>) {
+    serve_engine(memory(), ns).await
+}
+
+/// `engine`, the test service behind the layer with `default_config(ns)`, and a client of it.
+pub async fn serve_engine<St: Store>(
+    engine: Engine<St>,
+    ns: &str,
+) -> (Engine<St>, Running, PaymentsClient<Channel>) {
+    let s = serve(&engine, default_config(ns)).await;
+    let client = s.client.clone();
+    (engine, s, client)
+}
+
+/// A charge whose handler sleeps `ms` before it answers.
+pub fn sleeping(ms: u32) -> ChargeRequest {
+    ChargeRequest {
+        sleep_ms: ms,
+        ..charge("o", 1)
+    }
+}
+
+/// Starts `n` concurrent gated calls of `msg` with `key` (see [`spawn_charges`]) and returns
+/// the tasks with the `n - 1` refusals that must come while the winner waits at the gate
+/// (`why` says what they are).
+pub async fn duplicates_refused(
+    s: &Running,
+    msg: &ChargeRequest,
+    key: &str,
+    n: usize,
+    why: &str,
+) -> (
+    tokio::task::JoinSet<Result<Response<ChargeReply>, Status>>,
+    Vec<Status>,
+) {
+    let mut tasks = spawn_charges(s, msg, key, n);
+    let mut refused = Vec::new();
+    for _ in 1..n {
+        refused.push(next_answer(&mut tasks).await.expect_err(why));
+    }
+    (tasks, refused)
+}
+
+/// A `Charge` request for order `o` with a fresh key and no principal.
+pub fn fresh_call() -> Request<ChargeRequest> {
+    keyed(charge("o", 1), &key(), None)
+}
