@@ -32,12 +32,9 @@ async fn crashed_holder_is_taken_over_with_a_higher_fence() {
         panic!("got {crashed:?}")
     };
     // Re-running an expired lease is an explicit choice (the default holds it).
-    let engine = rig.engine(
-        Policy::builder()
-            .takeover(TakeoverPolicy::Reexecute)
-            .build()
-            .expect("policy"),
-    );
+    let engine = rig.engine(common::policy_with(|b| {
+        b.takeover(TakeoverPolicy::Reexecute)
+    }));
     let busy = engine
         .run(&k, &fp(b"x"), |_| async { ok("too early") })
         .await
@@ -93,12 +90,7 @@ async fn hold_policy_turns_an_expired_lease_into_unknown() {
     rig.claim_elsewhere(&k, secs(45), TakeoverPolicy::Hold)
         .await;
     rig.clock.jump(secs(46));
-    let engine = rig.engine(
-        Policy::builder()
-            .takeover(TakeoverPolicy::Hold)
-            .build()
-            .expect("policy"),
-    );
+    let engine = rig.engine(common::policy_with(|b| b.takeover(TakeoverPolicy::Hold)));
     let ran = Arc::new(AtomicBool::new(false));
     let outcome = engine
         .run(&k, &fp(b"x"), |_| {
@@ -233,18 +225,8 @@ async fn in_flight_wait_replays_the_first_result() {
     // first result arrived within its wait.
     let rig = Rig::new();
     let k = key("waited");
-    let ClaimOutcome::Claimed { lease, .. } = rig
-        .claim_elsewhere(&k, secs(45), TakeoverPolicy::Reexecute)
-        .await
-    else {
-        panic!("claim")
-    };
-    let engine = rig.engine(
-        Policy::builder()
-            .in_flight_wait(Some(secs(5)))
-            .build()
-            .expect("policy"),
-    );
+    let lease = rig.lease_elsewhere(&k).await;
+    let engine = rig.engine(common::policy_with(|b| b.in_flight_wait(Some(secs(5)))));
     let start = Instant::now();
     let (memory, x, k2) = (rig.memory.clone(), fp(b"x"), k.clone());
     let (waiter, ()) = tokio::join!(
@@ -281,12 +263,7 @@ async fn in_flight_wait_gives_up_after_its_budget() {
     let k = key("waited-out");
     rig.claim_elsewhere(&k, secs(45), TakeoverPolicy::Reexecute)
         .await;
-    let engine = rig.engine(
-        Policy::builder()
-            .in_flight_wait(Some(secs(2)))
-            .build()
-            .expect("policy"),
-    );
+    let engine = rig.engine(common::policy_with(|b| b.in_flight_wait(Some(secs(2)))));
     let start = Instant::now();
     let outcome = engine
         .run(&k, &fp(b"x"), |_| async { ok("must not run") })
@@ -302,18 +279,8 @@ async fn in_flight_wait_runs_when_the_first_releases() {
     // Guards: a waiter that keeps answering "in flight" after the holder released the key.
     let rig = Rig::new();
     let k = key("waited-release");
-    let ClaimOutcome::Claimed { lease, .. } = rig
-        .claim_elsewhere(&k, secs(45), TakeoverPolicy::Reexecute)
-        .await
-    else {
-        panic!("claim")
-    };
-    let engine = rig.engine(
-        Policy::builder()
-            .in_flight_wait(Some(secs(5)))
-            .build()
-            .expect("policy"),
-    );
+    let lease = rig.lease_elsewhere(&k).await;
+    let engine = rig.engine(common::policy_with(|b| b.in_flight_wait(Some(secs(5)))));
     let (memory, x, k2) = (rig.memory.clone(), fp(b"x"), k.clone());
     let (waiter, ()) = tokio::join!(engine.run(&k, &x, |_| async { ok("second") }), async move {
         tokio::time::sleep(Duration::from_millis(300)).await;

@@ -119,14 +119,11 @@ async fn handler_timeout_releases_per_policy() {
     assert!(matches!(retry, Answer::Executed { .. }), "{retry:?}");
 
     let k = key("slow-held");
-    let hold = rig.engine(
-        Policy::builder()
-            .handler_timeout(secs(5))
+    let hold = rig.engine(common::policy_with(|b| {
+        b.handler_timeout(secs(5))
             .lease(secs(20))
             .takeover(TakeoverPolicy::Hold)
-            .build()
-            .expect("policy"),
-    );
+    }));
     let timed_out = hold
         .run(&k, &fp(b"x"), |_| pending::<Settlement<()>>())
         .await;
@@ -152,12 +149,7 @@ async fn handler_timeout_releases_per_policy() {
 
 async fn drop_mid_handler(takeover: TakeoverPolicy) -> Rig {
     let rig = Rig::new();
-    let engine = rig.engine(
-        Policy::builder()
-            .takeover(takeover)
-            .build()
-            .expect("policy"),
-    );
+    let engine = rig.engine(common::policy_with(|b| b.takeover(takeover)));
     let k = key("dropped");
     let dropped = Arc::new(AtomicBool::new(false));
     let (started_tx, started) = tokio::sync::oneshot::channel();
@@ -250,12 +242,9 @@ async fn a_hanging_store_times_out_before_the_claim() {
     // Guards: a request hanging forever on an unresponsive store instead of a prompt 503.
     let rig = Rig::new();
     rig.faults.set(StoreOp::Claim, Fault::Hang);
-    let engine = rig.engine(
-        Policy::builder()
-            .store_timeout(Duration::from_millis(250))
-            .build()
-            .expect("policy"),
-    );
+    let engine = rig.engine(common::policy_with(|b| {
+        b.store_timeout(Duration::from_millis(250))
+    }));
     let ran = AtomicBool::new(false);
     let start = Instant::now();
     let result = bounded(engine.run(&key("slow-store"), &fp(b"x"), |_| {

@@ -75,10 +75,7 @@ impl Downstream {
 }
 
 fn reexecute() -> Policy {
-    Policy::builder()
-        .takeover(TakeoverPolicy::Reexecute)
-        .build()
-        .expect("policy")
+    common::policy_with(|b| b.takeover(TakeoverPolicy::Reexecute))
 }
 
 /// A holder elsewhere claimed `k`, performed the effect, and died before completing.

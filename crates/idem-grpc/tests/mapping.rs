@@ -3,86 +3,62 @@
 
 mod common;
 
-use common::{CHARGE, charge, default_config, key, keyed, memory, method, reason, serve};
+use common::{
+    CHARGE, assert_refused, charge, charge_err, charge_ok, default_config, key, keyed, memory,
+    method, reason, serve,
+};
 use idem_core::{Engine, MemoryStore, Policy, StoreOp, TakeoverPolicy};
-use idem_grpc::{GrpcIdempotencyConfig, StoreDeterministic};
+use idem_grpc::StoreDeterministic;
 use idem_testkit::{Fault, FaultyStore};
 use tonic::Code;
 use tonic::metadata::MetadataValue;
 use tonic_types::StatusExt;
 
-fn config(m: idem_grpc::MethodConfig) -> GrpcIdempotencyConfig {
-    GrpcIdempotencyConfig::new()
-        .method(CHARGE, m)
-        .expect("path")
-}
-
 #[tokio::test]
 async fn bad_keys_and_principals_are_refused_before_anything_runs() {
-    let engine = memory();
-    let s = serve(&engine, default_config("keys")).await;
-    let mut client = s.client.clone();
+    let (engine, s, mut client) = common::serve_memory("keys").await;
 
-    let missing = client.charge(charge("o", 1)).await.expect_err("no key");
-    assert_eq!(
-        (missing.code(), reason(&missing)),
-        (Code::InvalidArgument, "KEY_MISSING".into())
-    );
+    let missing = charge_err(&mut client, charge("o", 1), "no key").await;
+    assert_refused(&missing, Code::InvalidArgument, "KEY_MISSING");
 
-    let long = client
-        .charge(keyed(charge("o", 1), &"x".repeat(256), None))
-        .await
-        .expect_err("too long");
-    assert_eq!(
-        (long.code(), reason(&long)),
-        (Code::InvalidArgument, "KEY_MALFORMED".into())
-    );
+    let long = charge_err(
+        &mut client,
+        keyed(charge("o", 1), &"x".repeat(256), None),
+        "too long",
+    )
+    .await;
+    assert_refused(&long, Code::InvalidArgument, "KEY_MALFORMED");
 
     let mut req = tonic::Request::new(charge("o", 1));
     req.metadata_mut()
         .insert("idempotency-key", MetadataValue::from_static(""));
-    let empty = client.charge(req).await.expect_err("empty");
-    assert_eq!(
-        (empty.code(), reason(&empty)),
-        (Code::InvalidArgument, "KEY_MALFORMED".into())
-    );
+    let empty = charge_err(&mut client, req, "empty").await;
+    assert_refused(&empty, Code::InvalidArgument, "KEY_MALFORMED");
 
     let mut req = tonic::Request::new(charge("o", 1));
     req.metadata_mut()
         .append("idempotency-key", MetadataValue::from_static("a"));
     req.metadata_mut()
         .append("idempotency-key", MetadataValue::from_static("b"));
-    let twice = client.charge(req).await.expect_err("two keys");
-    assert_eq!(
-        (twice.code(), reason(&twice)),
-        (Code::InvalidArgument, "KEY_MULTIPLE".into())
-    );
+    let twice = charge_err(&mut client, req, "two keys").await;
+    assert_refused(&twice, Code::InvalidArgument, "KEY_MULTIPLE");
     assert_eq!(s.hits.started(), 0);
 
     let required = method("keys.required").principal(
         idem_http::HeaderPrincipal::new(http::HeaderName::from_static("x-api-key")).required(),
     );
-    let s = serve(&engine, config(required)).await;
+    let s = serve(&engine, common::charge_config(required)).await;
     let mut client = s.client.clone();
-    let anon = client
-        .charge(keyed(charge("o", 1), &key(), None))
-        .await
-        .expect_err("no principal");
-    assert_eq!(
-        (anon.code(), reason(&anon)),
-        (Code::Unauthenticated, "UNAUTHENTICATED".into())
-    );
+    let anon = charge_err(&mut client, common::fresh_call(), "no principal").await;
+    assert_refused(&anon, Code::Unauthenticated, "UNAUTHENTICATED");
     // The credential twice: the handler might read the other one.
-    let mut req = keyed(charge("o", 1), &key(), None);
+    let mut req = common::fresh_call();
     req.metadata_mut()
         .append("x-api-key", MetadataValue::from_static("alice"));
     req.metadata_mut()
         .append("x-api-key", MetadataValue::from_static("bob"));
-    let twice = client.charge(req).await.expect_err("two credentials");
-    assert_eq!(
-        (twice.code(), reason(&twice)),
-        (Code::InvalidArgument, "CREDENTIAL_AMBIGUOUS".into())
-    );
+    let twice = charge_err(&mut client, req, "two credentials").await;
+    assert_refused(&twice, Code::InvalidArgument, "CREDENTIAL_AMBIGUOUS");
     assert_eq!(s.hits.started(), 0);
 }
 
@@ -90,26 +66,19 @@ async fn bad_keys_and_principals_are_refused_before_anything_runs() {
 async fn in_flight_mismatch_and_unknown() {
     let engine = memory();
     let m = method("rows.charge").store_policy(StoreDeterministic::new().ambiguous_as_unknown());
-    let s = serve(&engine, config(m)).await;
+    let s = serve(&engine, common::charge_config(m)).await;
 
     // In flight: ABORTED with RetryInfo while the first call runs.
     let k = key();
-    let mut gated = charge("o-1", 1);
-    gated.gated = true;
+    let gated = common::gated("o-1", 1);
     let mut client = s.client.clone();
     let started = s.hits.on_start.notified();
     let (gk, g) = (k.clone(), gated.clone());
     let first = tokio::spawn(async move { client.charge(keyed(g, &gk, None)).await });
     started.await;
     let mut client = s.client.clone();
-    let busy = client
-        .charge(keyed(gated.clone(), &k, None))
-        .await
-        .expect_err("busy");
-    assert_eq!(
-        (busy.code(), reason(&busy)),
-        (Code::Aborted, "IN_FLIGHT".into())
-    );
+    let busy = charge_err(&mut client, keyed(gated.clone(), &k, None), "busy").await;
+    assert_refused(&busy, Code::Aborted, "IN_FLIGHT");
     assert!(
         busy.get_details_retry_info()
             .is_some_and(|r| r.retry_delay.is_some())
@@ -118,14 +87,8 @@ async fn in_flight_mismatch_and_unknown() {
     first.await.expect("join").expect("first answers");
 
     // Mismatch: the same key with another message.
-    let other = client
-        .charge(keyed(charge("o-1", 2), &k, None))
-        .await
-        .expect_err("reused");
-    assert_eq!(
-        (other.code(), reason(&other)),
-        (Code::FailedPrecondition, "KEY_REUSED".into())
-    );
+    let other = charge_err(&mut client, keyed(charge("o-1", 2), &k, None), "reused").await;
+    assert_refused(&other, Code::FailedPrecondition, "KEY_REUSED");
     assert_eq!(
         other.get_details_error_info().expect("info").metadata["key"],
         k
@@ -135,23 +98,14 @@ async fn in_flight_mismatch_and_unknown() {
     let k = key();
     let mut ambiguous = charge("o-2", 1);
     ambiguous.fail_code = Code::DeadlineExceeded as i32;
-    let first = client
-        .charge(keyed(ambiguous.clone(), &k, None))
-        .await
-        .expect_err("handler's");
+    let first = charge_err(&mut client, keyed(ambiguous.clone(), &k, None), "handler's").await;
     assert_eq!(
         first.code(),
         Code::DeadlineExceeded,
         "the handler's own status"
     );
-    let retry = client
-        .charge(keyed(ambiguous, &k, None))
-        .await
-        .expect_err("unknown");
-    assert_eq!(
-        (retry.code(), reason(&retry)),
-        (Code::FailedPrecondition, "OUTCOME_UNKNOWN".into())
-    );
+    let retry = charge_err(&mut client, keyed(ambiguous, &k, None), "unknown").await;
+    assert_refused(&retry, Code::FailedPrecondition, "OUTCOME_UNKNOWN");
     assert_eq!(s.hits.started(), 2);
 }
 
@@ -161,14 +115,8 @@ async fn a_failing_store_is_unavailable_with_retry_info_and_nothing_runs() {
     let engine = Engine::new(store, Policy::default());
     let s = serve(&engine, default_config("down")).await;
     let mut client = s.client.clone();
-    let down = client
-        .charge(keyed(charge("o", 1), &key(), None))
-        .await
-        .expect_err("store down");
-    assert_eq!(
-        (down.code(), reason(&down)),
-        (Code::Unavailable, "STORE_UNAVAILABLE".into())
-    );
+    let down = charge_err(&mut client, common::fresh_call(), "store down").await;
+    assert_refused(&down, Code::Unavailable, "STORE_UNAVAILABLE");
     assert!(
         down.get_details_retry_info()
             .is_some_and(|r| r.retry_delay.is_some())
@@ -178,97 +126,71 @@ async fn a_failing_store_is_unavailable_with_retry_info_and_nothing_runs() {
 
 #[tokio::test]
 async fn too_large_requests_are_refused_and_too_large_answers_are_not_replayed() {
-    let engine = memory();
-    let s = serve(&engine, default_config("huge")).await;
-    let mut client = s.client.clone();
+    let (engine, s, mut client) = common::serve_memory("huge").await;
     // A 5 MiB message against the default 4 MiB cap.
     let mut huge = charge("o", 1);
     huge.reference = "r".repeat(5 << 20);
-    let refused = client
-        .charge(keyed(huge, &key(), None))
-        .await
-        .expect_err("too large");
-    assert_eq!(
-        (refused.code(), reason(&refused)),
-        (Code::ResourceExhausted, "REQUEST_TOO_LARGE".into())
-    );
+    let refused = charge_err(&mut client, keyed(huge, &key(), None), "too large").await;
+    assert_refused(&refused, Code::ResourceExhausted, "REQUEST_TOO_LARGE");
     assert_eq!(s.hits.started(), 0);
 
     let small = method("huge.small")
         .max_request(1024)
         .max_stored_response(512);
-    let s = serve(&engine, config(small)).await;
+    let s = serve(&engine, common::charge_config(small)).await;
     let mut client = s.client.clone();
     let mut over = charge("o", 1);
     over.reference = "r".repeat(2000);
-    let refused = client
-        .charge(keyed(over, &key(), None))
-        .await
-        .expect_err("over");
+    let refused = charge_err(&mut client, keyed(over, &key(), None), "over").await;
     assert_eq!(refused.code(), Code::ResourceExhausted);
 
     let k = key();
     let mut big = charge("o-big", 1);
     big.reply_bytes = 2000;
-    let first = client
-        .charge(keyed(big.clone(), &k, None))
-        .await
-        .expect("all of it");
+    let first = charge_ok(&mut client, keyed(big.clone(), &k, None), "all of it").await;
     assert_eq!(
         first.get_ref().padding.len(),
         2000,
         "this caller gets all of it"
     );
-    let again = client
-        .charge(keyed(big, &k, None))
-        .await
-        .expect_err("not stored");
-    assert_eq!(
-        (again.code(), reason(&again)),
-        (Code::FailedPrecondition, "RESPONSE_NOT_STORED".into())
-    );
+    let again = charge_err(&mut client, keyed(big, &k, None), "not stored").await;
+    assert_refused(&again, Code::FailedPrecondition, "RESPONSE_NOT_STORED");
     assert_eq!(s.hits.started(), 1, "never a second run");
 }
 
 #[tokio::test]
 async fn definite_statuses_are_stored_and_retryable_ones_release_the_claim() {
-    let engine = memory();
-    let s = serve(&engine, default_config("codes")).await;
-    let mut client = s.client.clone();
-    let stored = [
-        Code::InvalidArgument,
-        Code::NotFound,
-        Code::AlreadyExists,
-        Code::FailedPrecondition,
-        Code::OutOfRange,
-        Code::Unimplemented,
+    let (_engine, s, mut client) = common::serve_memory("codes").await;
+    // Each code, and how often two calls with one key run the handler: once for a stored
+    // status, twice for a released one.
+    let cases = [
+        (Code::InvalidArgument, 1),
+        (Code::NotFound, 1),
+        (Code::AlreadyExists, 1),
+        (Code::FailedPrecondition, 1),
+        (Code::OutOfRange, 1),
+        (Code::Unimplemented, 1),
+        (Code::Unavailable, 2),
+        (Code::DeadlineExceeded, 2),
+        (Code::ResourceExhausted, 2),
+        (Code::Aborted, 2),
+        (Code::Cancelled, 2),
+        (Code::Unauthenticated, 2),
+        (Code::PermissionDenied, 2),
+        (Code::Internal, 2),
+        (Code::Unknown, 2),
+        (Code::DataLoss, 2),
     ];
-    let released = [
-        Code::Unavailable,
-        Code::DeadlineExceeded,
-        Code::ResourceExhausted,
-        Code::Aborted,
-        Code::Cancelled,
-        Code::Unauthenticated,
-        Code::PermissionDenied,
-        Code::Internal,
-        Code::Unknown,
-        Code::DataLoss,
-    ];
-    for code in stored.into_iter().chain(released) {
+    for (code, want) in cases {
         let before = s.hits.started();
         let k = key();
         let mut msg = charge("o", 1);
         msg.fail_code = code as i32;
         for _ in 0..2 {
-            let got = client
-                .charge(keyed(msg.clone(), &k, None))
-                .await
-                .expect_err("fails");
+            let got = charge_err(&mut client, keyed(msg.clone(), &k, None), "fails").await;
             assert_eq!(got.code(), code);
         }
         let runs = s.hits.started() - before;
-        let want = if stored.contains(&code) { 1 } else { 2 };
         assert_eq!(
             runs, want,
             "{code:?}: stored ones run once, released ones again"
@@ -286,26 +208,15 @@ async fn a_timed_out_or_panicking_handler_is_released() {
         .lease(std::time::Duration::from_secs(16))
         .build()
         .expect("policy");
-    let engine = Engine::new(MemoryStore::new(100), policy);
-    let s = serve(&engine, default_config("slow")).await;
-    let mut client = s.client.clone();
-    let mut slow = charge("o", 1);
-    slow.sleep_ms = 2000;
+    let (_engine, s, mut client) =
+        common::serve_engine(Engine::new(MemoryStore::new(100), policy), "slow").await;
+    let slow = common::sleeping(2000);
     let k = key();
-    let late = client
-        .charge(keyed(slow.clone(), &k, None))
-        .await
-        .expect_err("timeout");
-    assert_eq!(
-        (late.code(), reason(&late)),
-        (Code::DeadlineExceeded, "HANDLER_TIMEOUT".into())
-    );
+    let late = charge_err(&mut client, keyed(slow.clone(), &k, None), "timeout").await;
+    assert_refused(&late, Code::DeadlineExceeded, "HANDLER_TIMEOUT");
     assert_eq!(s.hits.finished(), 0);
     // Released: the retry runs (and times out) again.
-    let _ = client
-        .charge(keyed(slow, &k, None))
-        .await
-        .expect_err("timeout");
+    let _ = charge_err(&mut client, keyed(slow, &k, None), "timeout").await;
     assert_eq!(s.hits.started(), 2);
 
     // A panic is INTERNAL with HANDLER_PANICKED; the claim is released and the server serves on.
@@ -313,14 +224,8 @@ async fn a_timed_out_or_panicking_handler_is_released() {
     let mut boom = charge("o", 1);
     boom.fail_code = common::PANIC;
     for _ in 0..2 {
-        let got = client
-            .charge(keyed(boom.clone(), &k, None))
-            .await
-            .expect_err("panic");
-        assert_eq!(
-            (got.code(), reason(&got)),
-            (Code::Internal, "HANDLER_PANICKED".into())
-        );
+        let got = charge_err(&mut client, keyed(boom.clone(), &k, None), "panic").await;
+        assert_refused(&got, Code::Internal, "HANDLER_PANICKED");
     }
     assert_eq!(s.hits.started(), 4);
 
@@ -330,25 +235,14 @@ async fn a_timed_out_or_panicking_handler_is_released() {
         .handler_timeout(std::time::Duration::from_millis(200))
         .build()
         .expect("policy");
-    let engine = Engine::new(MemoryStore::new(100), policy);
-    let s = serve(&engine, default_config("slow-held")).await;
-    let mut client = s.client.clone();
-    let mut slow = charge("o", 1);
-    slow.sleep_ms = 2000;
+    let (_engine, s, mut client) =
+        common::serve_engine(Engine::new(MemoryStore::new(100), policy), "slow-held").await;
+    let slow = common::sleeping(2000);
     let k = key();
-    let late = client
-        .charge(keyed(slow.clone(), &k, None))
-        .await
-        .expect_err("timeout");
+    let late = charge_err(&mut client, keyed(slow.clone(), &k, None), "timeout").await;
     assert_eq!(reason(&late), "HANDLER_TIMEOUT");
-    let again = client
-        .charge(keyed(slow, &k, None))
-        .await
-        .expect_err("unknown");
-    assert_eq!(
-        (again.code(), reason(&again)),
-        (Code::FailedPrecondition, "OUTCOME_UNKNOWN".into())
-    );
+    let again = charge_err(&mut client, keyed(slow, &k, None), "unknown").await;
+    assert_refused(&again, Code::FailedPrecondition, "OUTCOME_UNKNOWN");
     assert_eq!(s.hits.started(), 1);
 }
 
@@ -362,19 +256,10 @@ async fn a_lost_lease_cancels_the_handler_and_is_unavailable() {
         .renew_every(std::time::Duration::from_millis(50))
         .build()
         .expect("policy");
-    let engine = Engine::new(store, policy);
-    let s = serve(&engine, default_config("lost")).await;
-    let mut client = s.client.clone();
-    let mut slow = charge("o", 1);
-    slow.sleep_ms = 1000;
-    let lost = client
-        .charge(keyed(slow, &key(), None))
-        .await
-        .expect_err("lease lost");
-    assert_eq!(
-        (lost.code(), reason(&lost)),
-        (Code::Unavailable, "LEASE_LOST".into())
-    );
+    let (_engine, s, mut client) = common::serve_engine(Engine::new(store, policy), "lost").await;
+    let slow = common::sleeping(1000);
+    let lost = charge_err(&mut client, keyed(slow, &key(), None), "lease lost").await;
+    assert_refused(&lost, Code::Unavailable, "LEASE_LOST");
     assert!(lost.get_details_retry_info().is_some());
     assert_eq!(s.hits.finished(), 0, "the handler was cancelled");
 }

@@ -32,36 +32,22 @@ async fn every_response_carries_its_outcome() {
     let svc = layer.layer(PaymentsServer::new(App(Arc::new(Hits::default()))));
     let msg = frame(&charge("o", 1));
     let outcome = |res: &http::Response<_>| res.extensions().get::<Outcome>().copied();
+    let send = async |path, key, msg: &[u8]| {
+        svc.clone()
+            .oneshot(call(path, key, msg))
+            .await
+            .expect("call")
+    };
 
-    let first = svc
-        .clone()
-        .oneshot(call(CHARGE, Some("k"), &msg))
-        .await
-        .expect("call");
+    let first = send(CHARGE, Some("k"), &msg).await;
     assert_eq!(outcome(&first), Some(Outcome::Executed(Kept::Stored)));
-    let again = svc
-        .clone()
-        .oneshot(call(CHARGE, Some("k"), &msg))
-        .await
-        .expect("call");
+    let again = send(CHARGE, Some("k"), &msg).await;
     assert_eq!(outcome(&again), Some(Outcome::Replayed));
     let other = frame(&charge("o", 2));
-    let reused = svc
-        .clone()
-        .oneshot(call(CHARGE, Some("k"), &other))
-        .await
-        .expect("call");
+    let reused = send(CHARGE, Some("k"), &other).await;
     assert_eq!(outcome(&reused), Some(Outcome::Mismatch));
-    let none = svc
-        .clone()
-        .oneshot(call(CHARGE, None, &msg))
-        .await
-        .expect("call");
+    let none = send(CHARGE, None, &msg).await;
     assert_eq!(outcome(&none), Some(Outcome::Refused(Refusal::KeyMissing)));
-    let plain = svc
-        .clone()
-        .oneshot(call(ECHO, Some("k"), &msg))
-        .await
-        .expect("call");
+    let plain = send(ECHO, Some("k"), &msg).await;
     assert_eq!(outcome(&plain), Some(Outcome::Passthrough));
 }

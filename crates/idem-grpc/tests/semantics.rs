@@ -7,11 +7,14 @@ mod common;
 use std::time::Duration;
 
 use common::pb::ChargeRequest;
-use common::{CHARGE, WATCH, charge, default_config, key, keyed, memory, method, reason, serve};
+use common::{
+    CHARGE, WATCH, ask, assert_refused, charge, charge_err, charge_ok, default_config, key, keyed,
+    lookup, memory, method, reason, serve,
+};
 use idem_core::key_source::KeySources;
 use idem_core::{Engine, MemoryStore, Policy, TakeoverPolicy};
 use idem_grpc::GrpcIdempotencyConfig;
-use idem_grpc::proto::{LookupRequest, State};
+use idem_grpc::proto::State;
 use tonic::Code;
 use tonic_types::StatusExt;
 
@@ -20,18 +23,17 @@ async fn fifty_concurrent_duplicates_run_the_handler_once() {
     let engine = memory();
     let s = serve(&engine, default_config("dup")).await;
     let k = key();
-    let mut msg = charge("o-1", 100);
-    msg.gated = true;
-    let mut tasks = tokio::task::JoinSet::new();
-    for _ in 0..50 {
-        let mut client = s.client.clone();
-        let (msg, k) = (msg.clone(), k.clone());
-        tasks.spawn(async move { client.charge(keyed(msg, &k, Some("alice"))).await });
-    }
+    let msg = common::gated("o-1", 100);
     // The winner is held at the gate, so the 49 others must all answer first.
-    for _ in 0..49 {
-        let got = tasks.join_next().await.expect("task").expect("join");
-        let status = got.expect_err("a duplicate is refused while the first runs");
+    let (mut tasks, refused) = common::duplicates_refused(
+        &s,
+        &msg,
+        &k,
+        50,
+        "a duplicate is refused while the first runs",
+    )
+    .await;
+    for status in refused {
         assert_eq!(status.code(), Code::Aborted, "{status:?}");
         assert_eq!(reason(&status), "IN_FLIGHT");
         let retry = status.get_details_retry_info().expect("RetryInfo");
@@ -43,20 +45,14 @@ async fn fifty_concurrent_duplicates_run_the_handler_once() {
     }
     assert_eq!(s.hits.started(), 1);
     s.hits.gate.notify_waiters();
-    let first = tasks
-        .join_next()
+    let first = common::next_answer(&mut tasks)
         .await
-        .expect("task")
-        .expect("join")
         .expect("the first call answers");
     assert_eq!(first.get_ref().execution, 1);
     assert!(first.metadata().get("idempotent-replayed").is_none());
 
     let mut client = s.client.clone();
-    let again = client
-        .charge(keyed(msg, &k, Some("alice")))
-        .await
-        .expect("replay");
+    let again = charge_ok(&mut client, keyed(msg, &k, Some("alice")), "replay").await;
     assert_eq!(again.get_ref(), first.get_ref(), "the same message");
     assert_eq!(
         again.metadata().get("idempotent-replayed").expect("marked"),
@@ -68,12 +64,9 @@ async fn fifty_concurrent_duplicates_run_the_handler_once() {
 #[tokio::test]
 async fn replays_carry_the_stored_status_message_details_and_trailers() {
     let engine = memory();
-    let config = GrpcIdempotencyConfig::new()
-        .method(
-            CHARGE,
-            method("replay.charge").replay_metadata(http::HeaderName::from_static("x-charge-id")),
-        )
-        .expect("path");
+    let config = common::charge_config(
+        method("replay.charge").replay_metadata(http::HeaderName::from_static("x-charge-id")),
+    );
     let s = serve(&engine, config).await;
     let mut client = s.client.clone();
 
@@ -81,14 +74,8 @@ async fn replays_carry_the_stored_status_message_details_and_trailers() {
     let mut failing = charge("o-2", 5);
     failing.fail_code = Code::NotFound as i32;
     let k = key();
-    let first = client
-        .charge(keyed(failing.clone(), &k, None))
-        .await
-        .expect_err("not found");
-    let again = client
-        .charge(keyed(failing, &k, None))
-        .await
-        .expect_err("replayed not found");
+    let first = charge_err(&mut client, keyed(failing.clone(), &k, None), "not found").await;
+    let again = charge_err(&mut client, keyed(failing, &k, None), "replayed not found").await;
     assert_eq!(s.hits.started(), 1);
     assert_eq!(
         (first.code(), again.code()),
@@ -108,14 +95,8 @@ async fn replays_carry_the_stored_status_message_details_and_trailers() {
 
     // A success replays its message, its allow-listed metadata and `grpc-status: 0`.
     let k = key();
-    let ok = client
-        .charge(keyed(charge("o-3", 7), &k, None))
-        .await
-        .expect("ok");
-    let replay = client
-        .charge(keyed(charge("o-3", 7), &k, None))
-        .await
-        .expect("replay");
+    let ok = charge_ok(&mut client, keyed(charge("o-3", 7), &k, None), "ok").await;
+    let replay = charge_ok(&mut client, keyed(charge("o-3", 7), &k, None), "replay").await;
     assert_eq!(s.hits.started(), 2);
     assert_eq!(replay.get_ref(), ok.get_ref());
     assert_eq!(replay.metadata().get("x-charge-id").expect("kept"), "ch-2");
@@ -136,40 +117,33 @@ async fn the_layer_also_wraps_one_service() {
     let s = common::serve_per_service(&engine, default_config("one")).await;
     let mut client = s.client.clone();
     let k = key();
-    let a = client
-        .charge(keyed(charge("o", 1), &k, None))
-        .await
-        .expect("first");
-    let b = client
-        .charge(keyed(charge("o", 1), &k, None))
-        .await
-        .expect("replay");
+    let a = charge_ok(&mut client, keyed(charge("o", 1), &k, None), "first").await;
+    let b = charge_ok(&mut client, keyed(charge("o", 1), &k, None), "replay").await;
     assert_eq!((a.get_ref().execution, b.get_ref().execution), (1, 1));
     assert!(b.metadata().get("idempotent-replayed").is_some());
-    let missing = client.charge(charge("o", 1)).await.expect_err("no key");
+    let missing = charge_err(&mut client, charge("o", 1), "no key").await;
     assert_eq!(reason(&missing), "KEY_MISSING");
     assert_eq!(s.hits.started(), 1);
 }
 
 #[tokio::test]
 async fn two_principals_never_share_a_key() {
-    let engine = memory();
-    let s = serve(&engine, default_config("who")).await;
-    let mut client = s.client.clone();
+    let (_engine, s, mut client) = common::serve_memory("who").await;
     let k = key();
-    let a = client
-        .charge(keyed(charge("o", 1), &k, Some("alice")))
-        .await
-        .expect("alice");
-    let b = client
-        .charge(keyed(charge("o", 1), &k, Some("bob")))
-        .await
-        .expect("bob");
+    let a = charge_ok(
+        &mut client,
+        keyed(charge("o", 1), &k, Some("alice")),
+        "alice",
+    )
+    .await;
+    let b = charge_ok(&mut client, keyed(charge("o", 1), &k, Some("bob")), "bob").await;
     assert_eq!((a.get_ref().execution, b.get_ref().execution), (1, 2));
-    let a2 = client
-        .charge(keyed(charge("o", 1), &k, Some("alice")))
-        .await
-        .expect("alice again");
+    let a2 = charge_ok(
+        &mut client,
+        keyed(charge("o", 1), &k, Some("alice")),
+        "alice again",
+    )
+    .await;
     assert_eq!(a2.get_ref().execution, 1);
     assert_eq!(s.hits.started(), 2);
 }
@@ -180,36 +154,22 @@ async fn the_key_can_come_from_a_field_of_the_message() {
     // The client's metadata key if it sends one, else the order id (field 1.1) and "pay".
     let sources =
         KeySources::parse(&["header:idempotency-key", "{proto.1.1}:pay"]).expect("sources");
-    let config = GrpcIdempotencyConfig::new()
-        .method(CHARGE, method("field.charge").key(sources))
-        .expect("path");
+    let config = common::charge_config(method("field.charge").key(sources));
     let s = serve(&engine, config).await;
     let mut client = s.client.clone();
-    let first = client.charge(charge("order-9", 10)).await.expect("first");
-    let again = client.charge(charge("order-9", 10)).await.expect("again");
+    let first = charge_ok(&mut client, charge("order-9", 10), "first").await;
+    let again = charge_ok(&mut client, charge("order-9", 10), "again").await;
     assert_eq!(
         (first.get_ref().execution, again.get_ref().execution),
         (1, 1)
     );
     assert!(again.metadata().get("idempotent-replayed").is_some());
     // The same order charged another amount is the same key with another request.
-    let other = client
-        .charge(charge("order-9", 11))
-        .await
-        .expect_err("mismatch");
-    assert_eq!(
-        (other.code(), reason(&other)),
-        (Code::FailedPrecondition, "KEY_REUSED".into())
-    );
+    let other = charge_err(&mut client, charge("order-9", 11), "mismatch").await;
+    assert_refused(&other, Code::FailedPrecondition, "KEY_REUSED");
     // No order id and no metadata key: refused, naming where the key was looked for.
-    let none = client
-        .charge(ChargeRequest::default())
-        .await
-        .expect_err("no key");
-    assert_eq!(
-        (none.code(), reason(&none)),
-        (Code::InvalidArgument, "KEY_MISSING".into())
-    );
+    let none = charge_err(&mut client, ChargeRequest::default(), "no key").await;
+    assert_refused(&none, Code::InvalidArgument, "KEY_MISSING");
     assert!(none.message().contains("proto.1.1"), "{}", none.message());
     assert_eq!(s.hits.started(), 1);
 }
@@ -240,14 +200,7 @@ async fn the_callers_deadline_bounds_the_handler_and_the_lease() {
     // While it runs, the lease covers the caller's deadline plus the 15 s margin, not the
     // method's 45 s default.
     let mut status = s.status.clone();
-    let look = status
-        .lookup(tonic::Request::new(LookupRequest {
-            method: CHARGE.into(),
-            key: k.clone(),
-        }))
-        .await
-        .expect("lookup")
-        .into_inner();
+    let look = lookup(&mut status, ask(CHARGE, &k)).await;
     assert_eq!(look.state, State::InFlight as i32);
     let lease = look.lease_until_ms - look.created_at_ms;
     assert!((15_000..20_000).contains(&lease), "lease {lease} ms");
@@ -261,14 +214,7 @@ async fn the_callers_deadline_bounds_the_handler_and_the_lease() {
     // absent again (no lease left to run out) while the handler never reached its end.
     let mut absent = false;
     for _ in 0..100 {
-        let look = status
-            .lookup(tonic::Request::new(LookupRequest {
-                method: CHARGE.into(),
-                key: k.clone(),
-            }))
-            .await
-            .expect("lookup")
-            .into_inner();
+        let look = lookup(&mut status, ask(CHARGE, &k)).await;
         if look.state == State::Absent as i32 {
             absent = true;
             break;
@@ -280,27 +226,30 @@ async fn the_callers_deadline_bounds_the_handler_and_the_lease() {
     // A retry runs again.
     let mut client = s.client.clone();
     slow.sleep_ms = 1500;
-    let again = client
-        .charge(keyed(slow, &k, None))
-        .await
-        .expect("retry runs");
+    let again = charge_ok(&mut client, keyed(slow, &k, None), "retry runs").await;
     assert_eq!(again.get_ref().execution, 2);
+}
+
+/// Calls `Watch` for order `o-s` with key `k` and collects every message.
+async fn watch_all(
+    client: &mut common::pb::payments_client::PaymentsClient<tonic::transport::Channel>,
+    k: &str,
+) -> Vec<common::pb::ChargeReply> {
+    use tokio_stream::StreamExt;
+    let stream = client
+        .watch(keyed(charge("o-s", 1), k, None))
+        .await
+        .expect("watch")
+        .into_inner();
+    stream.collect::<Result<_, _>>().await.expect("messages")
 }
 
 #[tokio::test]
 async fn streaming_methods_pass_through_unless_configured() {
-    use tokio_stream::StreamExt;
-    let engine = memory();
-    let s = serve(&engine, default_config("stream")).await;
-    let mut client = s.client.clone();
+    let (engine, _s, mut client) = common::serve_memory("stream").await;
     let k = key();
     for n in 1..=2u64 {
-        let stream = client
-            .watch(keyed(charge("o-s", 1), &k, None))
-            .await
-            .expect("watch")
-            .into_inner();
-        let got: Vec<_> = stream.collect::<Result<_, _>>().await.expect("messages");
+        let got = watch_all(&mut client, &k).await;
         assert_eq!(got.len(), 3);
         assert_eq!(got[0].execution, n, "unprotected: every call runs");
     }
@@ -312,12 +261,7 @@ async fn streaming_methods_pass_through_unless_configured() {
     let mut client = s.client.clone();
     let mut answers = Vec::new();
     for _ in 0..2 {
-        let stream = client
-            .watch(keyed(charge("o-s", 1), &k, None))
-            .await
-            .expect("watch")
-            .into_inner();
-        let got: Vec<_> = stream.collect::<Result<_, _>>().await.expect("messages");
+        let got = watch_all(&mut client, &k).await;
         answers.push(got);
     }
     assert_eq!(
@@ -332,61 +276,38 @@ async fn streaming_methods_pass_through_unless_configured() {
 #[tokio::test]
 async fn the_status_service_answers_absent_in_flight_completed_and_unknown() {
     let engine = memory();
-    let config = GrpcIdempotencyConfig::new()
-        .method(
-            CHARGE,
-            method("status.charge")
-                .store_policy(idem_grpc::StoreDeterministic::new().ambiguous_as_unknown()),
-        )
-        .expect("path");
+    let config = common::charge_config(
+        method("status.charge")
+            .store_policy(idem_grpc::StoreDeterministic::new().ambiguous_as_unknown()),
+    );
     let s = serve(&engine, config).await;
     let mut status = s.status.clone();
-    let ask = |key: &str, who: &str| {
-        let mut req = tonic::Request::new(LookupRequest {
-            method: CHARGE.into(),
-            key: key.into(),
-        });
+    let ask_as = |key: &str, who: &str| {
+        let mut req = ask(CHARGE, key);
         req.metadata_mut()
             .insert("x-api-key", who.parse().expect("ascii"));
         req
     };
     let k = key();
-    let look = status
-        .lookup(ask(&k, "alice"))
-        .await
-        .expect("lookup")
-        .into_inner();
+    let look = lookup(&mut status, ask_as(&k, "alice")).await;
     assert_eq!(look.state, State::Absent as i32);
 
-    let mut gated = charge("o-q", 3);
-    gated.gated = true;
+    let gated = common::gated("o-q", 3);
     let mut client = s.client.clone();
     let started = s.hits.on_start.notified();
     let (gk, g) = (k.clone(), gated.clone());
     let call = tokio::spawn(async move { client.charge(keyed(g, &gk, Some("alice"))).await });
     started.await;
-    let look = status
-        .lookup(ask(&k, "alice"))
-        .await
-        .expect("lookup")
-        .into_inner();
+    let look = lookup(&mut status, ask_as(&k, "alice")).await;
     assert_eq!(look.state, State::InFlight as i32);
     assert!(look.lease_until_ms > 0);
     // Another principal asking about the same key sees nothing.
-    let other = status
-        .lookup(ask(&k, "mallory"))
-        .await
-        .expect("lookup")
-        .into_inner();
+    let other = lookup(&mut status, ask_as(&k, "mallory")).await;
     assert_eq!(other.state, State::Absent as i32);
 
     s.hits.gate.notify_waiters();
     let reply = call.await.expect("join").expect("answer").into_inner();
-    let look = status
-        .lookup(ask(&k, "alice"))
-        .await
-        .expect("lookup")
-        .into_inner();
+    let look = lookup(&mut status, ask_as(&k, "alice")).await;
     assert_eq!(look.state, State::Completed as i32);
     let answer = look.answer.expect("the stored answer");
     assert_eq!(answer.code, 0);
@@ -400,32 +321,21 @@ async fn the_status_service_answers_absent_in_flight_completed_and_unknown() {
     let mut ambiguous = charge("o-u", 1);
     ambiguous.fail_code = Code::DeadlineExceeded as i32;
     let mut client = s.client.clone();
-    let _ = client
-        .charge(keyed(ambiguous, &k, Some("alice")))
-        .await
-        .expect_err("handler failed");
-    let look = status
-        .lookup(ask(&k, "alice"))
-        .await
-        .expect("lookup")
-        .into_inner();
+    let _ = charge_err(
+        &mut client,
+        keyed(ambiguous, &k, Some("alice")),
+        "handler failed",
+    )
+    .await;
+    let look = lookup(&mut status, ask_as(&k, "alice")).await;
     assert_eq!(look.state, State::Unknown as i32);
 
     // A method this server does not protect, and a malformed key, are refused.
     let bad = status
-        .lookup(tonic::Request::new(LookupRequest {
-            method: "/x.Y/Z".into(),
-            key: k.clone(),
-        }))
+        .lookup(ask("/x.Y/Z", &k))
         .await
         .expect_err("unknown method");
     assert_eq!(bad.code(), Code::InvalidArgument);
-    let bad = status
-        .lookup(tonic::Request::new(LookupRequest {
-            method: CHARGE.into(),
-            key: String::new(),
-        }))
-        .await
-        .expect_err("empty key");
+    let bad = status.lookup(ask(CHARGE, "")).await.expect_err("empty key");
     assert_eq!(bad.code(), Code::InvalidArgument);
 }

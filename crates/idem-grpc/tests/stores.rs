@@ -7,7 +7,9 @@ mod common;
 
 use std::time::Duration;
 
-use common::{CHARGE, charge, default_config, key, keyed, reason, serve};
+use common::{
+    CHARGE, assert_refused, charge, charge_err, charge_ok, default_config, key, keyed, serve,
+};
 use idem_core::{Engine, Key, Policy, RecordState, Scope, ScopedKey, Store};
 use idem_grpc::proto::{LookupRequest, State};
 use tonic::Code;
@@ -18,34 +20,15 @@ async fn scenario<St: Store>(engine: Engine<St>, ns: &str) {
 
     // Concurrent duplicates: one run, the others in flight, then the replay.
     let k = key();
-    let mut gated = charge("o-1", 100);
-    gated.gated = true;
-    let mut tasks = tokio::task::JoinSet::new();
-    for _ in 0..20 {
-        let mut client = s.client.clone();
-        let (msg, k) = (gated.clone(), k.clone());
-        tasks.spawn(async move { client.charge(keyed(msg, &k, Some("alice"))).await });
-    }
-    for _ in 0..19 {
-        let got = tasks.join_next().await.expect("task").expect("join");
-        let status = got.expect_err("in flight");
-        assert_eq!(
-            (status.code(), reason(&status)),
-            (Code::Aborted, "IN_FLIGHT".into())
-        );
+    let gated = common::gated("o-1", 100);
+    let (mut tasks, refused) = common::duplicates_refused(&s, &gated, &k, 20, "in flight").await;
+    for status in refused {
+        assert_refused(&status, Code::Aborted, "IN_FLIGHT");
     }
     s.hits.gate.notify_waiters();
-    let first = tasks
-        .join_next()
-        .await
-        .expect("task")
-        .expect("join")
-        .expect("first");
+    let first = common::next_answer(&mut tasks).await.expect("first");
     let mut client = s.client.clone();
-    let replay = client
-        .charge(keyed(gated, &k, Some("alice")))
-        .await
-        .expect("replay");
+    let replay = charge_ok(&mut client, keyed(gated, &k, Some("alice")), "replay").await;
     assert_eq!(replay.get_ref(), first.get_ref());
     assert_eq!(s.hits.started(), 1);
 
@@ -78,14 +61,13 @@ async fn scenario<St: Store>(engine: Engine<St>, ns: &str) {
     let k = key();
     let mut failing = charge("o-2", 1);
     failing.fail_code = Code::NotFound as i32;
-    let a = client
-        .charge(keyed(failing.clone(), &k, Some("alice")))
-        .await
-        .expect_err("not found");
-    let b = client
-        .charge(keyed(failing, &k, Some("alice")))
-        .await
-        .expect_err("replayed");
+    let a = charge_err(
+        &mut client,
+        keyed(failing.clone(), &k, Some("alice")),
+        "not found",
+    )
+    .await;
+    let b = charge_err(&mut client, keyed(failing, &k, Some("alice")), "replayed").await;
     assert_eq!((a.code(), b.code()), (Code::NotFound, Code::NotFound));
     assert_eq!((a.message(), a.details()), (b.message(), b.details()));
     assert!(b.get_details_bad_request().is_some());
@@ -100,10 +82,12 @@ async fn scenario<St: Store>(engine: Engine<St>, ns: &str) {
     let mut flaky = charge("o-3", 1);
     flaky.fail_code = Code::Unavailable as i32;
     for _ in 0..2 {
-        let e = client
-            .charge(keyed(flaky.clone(), &k, Some("alice")))
-            .await
-            .expect_err("unavailable");
+        let e = charge_err(
+            &mut client,
+            keyed(flaky.clone(), &k, Some("alice")),
+            "unavailable",
+        )
+        .await;
         assert_eq!(e.code(), Code::Unavailable);
     }
     assert_eq!(s.hits.started(), 4);

@@ -8,25 +8,29 @@ use std::time::Duration;
 
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
-use common::{Hits, app, post_req, send};
+use common::{Hits, app, post_req, send, send_post};
 use idem_core::{Engine, MemoryStore, Policy};
 
 fn engine() -> Engine<MemoryStore> {
     Engine::new(MemoryStore::new(10_000), Policy::default())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn two_hundred_identical_requests_run_the_handler_once() {
+/// A memory-store engine, the handler's counters, and the default app on both.
+fn served() -> (Engine<MemoryStore>, Arc<Hits>, axum::Router) {
     let engine = engine();
     let hits = Arc::new(Hits::default());
     let router = app(&engine, Arc::clone(&hits));
+    (engine, hits, router)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_hundred_identical_requests_run_the_handler_once() {
+    let (_engine, hits, router) = served();
     let body = r#"{"amount":100}"#;
     let mut tasks = tokio::task::JoinSet::new();
     for _ in 0..200 {
         let router = router.clone();
-        tasks.spawn(
-            async move { send(&router, post_req("/gated", Some("k-200"), None, body)).await },
-        );
+        tasks.spawn(async move { send_post(&router, "/gated", Some("k-200"), body).await });
     }
     // The winner's handler is held at the gate, so the 199 others must all answer first.
     for _ in 0..199 {
@@ -44,7 +48,7 @@ async fn two_hundred_identical_requests_run_the_handler_once() {
     assert_eq!(winner.status, StatusCode::CREATED);
     assert_eq!(hits.started(), 1);
 
-    let retry = send(&router, post_req("/gated", Some("k-200"), None, body)).await;
+    let retry = send_post(&router, "/gated", Some("k-200"), body).await;
     assert_eq!(retry.status, winner.status);
     assert_eq!(retry.body, winner.body, "byte-identical body");
     assert!(retry.replayed());
@@ -55,15 +59,13 @@ async fn two_hundred_identical_requests_run_the_handler_once() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_in_flight_wait_duplicates_get_the_stored_response() {
-    let engine = engine();
-    let hits = Arc::new(Hits::default());
-    let router = app(&engine, Arc::clone(&hits));
+    let (_engine, hits, router) = served();
     let started = hits.on_start.notified();
     let mut tasks = Vec::new();
     for _ in 0..200 {
         let router = router.clone();
         tasks.push(tokio::spawn(async move {
-            send(&router, post_req("/gated-wait", Some("w"), None, "{}")).await
+            send_post(&router, "/gated-wait", Some("w"), "{}").await
         }));
     }
     started.await;
@@ -90,40 +92,29 @@ async fn with_in_flight_wait_duplicates_get_the_stored_response() {
 
 #[tokio::test]
 async fn different_body_is_422_and_reordered_json_replays() {
-    let engine = engine();
-    let hits = Arc::new(Hits::default());
-    let router = app(&engine, Arc::clone(&hits));
-    let first = send(
+    let (_engine, hits, router) = served();
+    let first = send_post(
         &router,
-        post_req(
-            "/respond",
-            Some("m"),
-            None,
-            r#"{"amount":100,"currency":"EUR"}"#,
-        ),
+        "/respond",
+        Some("m"),
+        r#"{"amount":100,"currency":"EUR"}"#,
     )
     .await;
     assert_eq!(first.status, StatusCode::CREATED);
-    let reordered = send(
+    let reordered = send_post(
         &router,
-        post_req(
-            "/respond",
-            Some("m"),
-            None,
-            "{ \"currency\" : \"EUR\",\n  \"amount\": 100.0 }",
-        ),
+        "/respond",
+        Some("m"),
+        "{ \"currency\" : \"EUR\",\n  \"amount\": 100.0 }",
     )
     .await;
     assert!(reordered.replayed(), "{reordered:?}");
     assert_eq!(reordered.body, first.body);
-    let other = send(
+    let other = send_post(
         &router,
-        post_req(
-            "/respond",
-            Some("m"),
-            None,
-            r#"{"amount":101,"currency":"EUR"}"#,
-        ),
+        "/respond",
+        Some("m"),
+        r#"{"amount":101,"currency":"EUR"}"#,
     )
     .await;
     assert_eq!(other.status, StatusCode::UNPROCESSABLE_ENTITY);
@@ -140,39 +131,28 @@ async fn different_body_is_422_and_reordered_json_replays() {
 /// of duplicate members the last won, while an upstream that keeps the first one charges it.
 #[tokio::test]
 async fn json_that_means_two_things_is_not_the_same_request() {
-    let engine = engine();
-    let hits = Arc::new(Hits::default());
-    let router = app(&engine, Arc::clone(&hits));
-    let first = send(
+    let (_engine, hits, router) = served();
+    let first = send_post(
         &router,
-        post_req(
-            "/respond",
-            Some("big"),
-            None,
-            r#"{"amount":10000000000000000000001}"#,
-        ),
+        "/respond",
+        Some("big"),
+        r#"{"amount":10000000000000000000001}"#,
     )
     .await;
     assert_eq!(first.status, StatusCode::CREATED);
-    let other = send(
+    let other = send_post(
         &router,
-        post_req(
-            "/respond",
-            Some("big"),
-            None,
-            r#"{"amount":10000000000000000000002}"#,
-        ),
+        "/respond",
+        Some("big"),
+        r#"{"amount":10000000000000000000002}"#,
     )
     .await;
     assert_eq!(other.status, StatusCode::UNPROCESSABLE_ENTITY, "{other:?}");
-    let same = send(
+    let same = send_post(
         &router,
-        post_req(
-            "/respond",
-            Some("big"),
-            None,
-            r#"{"amount":1000000000000000000000.1e1}"#,
-        ),
+        "/respond",
+        Some("big"),
+        r#"{"amount":1000000000000000000000.1e1}"#,
     )
     .await;
     assert!(
@@ -180,9 +160,11 @@ async fn json_that_means_two_things_is_not_the_same_request() {
         "one exact value, another spelling: {same:?}"
     );
 
-    let twice = send(
+    let twice = send_post(
         &router,
-        post_req("/respond", Some("dup"), None, r#"{"amount":1,"amount":9}"#),
+        "/respond",
+        Some("dup"),
+        r#"{"amount":1,"amount":9}"#,
     )
     .await;
     assert_eq!(twice.status, StatusCode::BAD_REQUEST, "{twice:?}");
@@ -200,10 +182,8 @@ async fn json_that_means_two_things_is_not_the_same_request() {
 
 #[tokio::test]
 async fn missing_and_malformed_keys_are_400() {
-    let engine = engine();
-    let hits = Arc::new(Hits::default());
-    let router = app(&engine, Arc::clone(&hits));
-    let missing = send(&router, post_req("/respond", None, None, "{}")).await;
+    let (_engine, hits, router) = served();
+    let missing = send_post(&router, "/respond", None, "{}").await;
     assert_eq!(missing.status, StatusCode::BAD_REQUEST);
     assert_eq!(
         missing.problem_type(),
@@ -266,7 +246,7 @@ async fn missing_and_malformed_keys_are_400() {
         )
     );
     for list in ["a, b", r#""a", "b""#] {
-        let got = send(&router, post_req("/respond", Some(list), None, "{}")).await;
+        let got = send_post(&router, "/respond", Some(list), "{}").await;
         assert_eq!(got.status, StatusCode::BAD_REQUEST, "{list}");
         assert_eq!(got.problem_type(), "https://idem.dev/problems/key-multiple");
     }
@@ -276,13 +256,9 @@ async fn missing_and_malformed_keys_are_400() {
         "no malformed request reached the handler"
     );
 
-    let bare = send(&router, post_req("/respond", Some("same-key"), None, "{}")).await;
+    let bare = send_post(&router, "/respond", Some("same-key"), "{}").await;
     assert_eq!(bare.status, StatusCode::CREATED);
-    let quoted = send(
-        &router,
-        post_req("/respond", Some("\"same-key\""), None, "{}"),
-    )
-    .await;
+    let quoted = send_post(&router, "/respond", Some("\"same-key\""), "{}").await;
     assert!(
         quoted.replayed(),
         "quoted sf-string and bare token are the same key"
@@ -293,11 +269,9 @@ async fn missing_and_malformed_keys_are_400() {
 
 #[tokio::test]
 async fn optional_key_passes_through_and_get_is_never_protected() {
-    let engine = engine();
-    let hits = Arc::new(Hits::default());
-    let router = app(&engine, Arc::clone(&hits));
+    let (_engine, hits, router) = served();
     for _ in 0..2 {
-        let got = send(&router, post_req("/respond-optional", None, None, "{}")).await;
+        let got = send_post(&router, "/respond-optional", None, "{}").await;
         assert_eq!(got.status, StatusCode::CREATED);
         assert!(!got.replayed());
     }
@@ -312,9 +286,7 @@ async fn optional_key_passes_through_and_get_is_never_protected() {
 
 #[tokio::test]
 async fn principals_never_see_each_others_responses() {
-    let engine = engine();
-    let hits = Arc::new(Hits::default());
-    let router = app(&engine, Arc::clone(&hits));
+    let (_engine, hits, router) = served();
     let alice = send(
         &router,
         post_req("/respond", Some("shared"), Some("Bearer alice"), "{}"),
@@ -360,9 +332,7 @@ async fn principals_never_see_each_others_responses() {
 
 #[tokio::test]
 async fn store_policy_releases_500_and_429_and_keeps_422() {
-    let engine = engine();
-    let hits = Arc::new(Hits::default());
-    let router = app(&engine, Arc::clone(&hits));
+    let (_engine, hits, router) = served();
     for (key, status, stored) in [
         ("s500", 500, false),
         ("s429", 429, false),
@@ -371,8 +341,8 @@ async fn store_policy_releases_500_and_429_and_keeps_422() {
     ] {
         let body = format!(r#"{{"status":{status}}}"#);
         let before = hits.started();
-        let first = send(&router, post_req("/respond", Some(key), None, &body)).await;
-        let second = send(&router, post_req("/respond", Some(key), None, &body)).await;
+        let first = send_post(&router, "/respond", Some(key), &body).await;
+        let second = send_post(&router, "/respond", Some(key), &body).await;
         assert_eq!(first.status.as_u16(), status);
         assert_eq!(second.status.as_u16(), status);
         if stored {
@@ -393,15 +363,13 @@ async fn store_policy_releases_500_and_429_and_keeps_422() {
 
 #[tokio::test]
 async fn replays_only_allow_listed_headers() {
-    let engine = engine();
-    let hits = Arc::new(Hits::default());
-    let router = app(&engine, Arc::clone(&hits));
-    let first = send(&router, post_req("/respond", Some("h"), None, "{}")).await;
+    let (_engine, _hits, router) = served();
+    let first = send_post(&router, "/respond", Some("h"), "{}").await;
     assert!(
         first.headers.contains_key("set-cookie"),
         "the first caller gets its cookie"
     );
-    let again = send(&router, post_req("/respond", Some("h"), None, "{}")).await;
+    let again = send_post(&router, "/respond", Some("h"), "{}").await;
     assert!(again.replayed());
     assert_eq!(again.headers["content-type"], "application/json");
     for never in ["set-cookie", "www-authenticate", "x-custom"] {
@@ -418,37 +386,29 @@ async fn replays_only_allow_listed_headers() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_panicking_handler_gets_500_releases_the_claim_and_the_service_keeps_serving() {
-    let engine = engine();
-    let hits = Arc::new(Hits::default());
-    let router = app(&engine, Arc::clone(&hits));
-    let boom = send(&router, post_req("/panic", Some("p"), None, "{}")).await;
+    let (_engine, hits, router) = served();
+    let boom = send_post(&router, "/panic", Some("p"), "{}").await;
     assert_eq!(boom.status, StatusCode::INTERNAL_SERVER_ERROR);
     assert_eq!(
         boom.problem_type(),
         "https://idem.dev/problems/handler-panicked"
     );
     // Released, not stuck in processing: the retry runs the handler again.
-    let retry = send(&router, post_req("/panic", Some("p"), None, "{}")).await;
+    let retry = send_post(&router, "/panic", Some("p"), "{}").await;
     assert_eq!(
         (retry.status, &retry.body[..]),
         (StatusCode::OK, &b"recovered"[..])
     );
     assert_eq!(hits.started(), 2);
-    let other = send(
-        &router,
-        post_req("/respond", Some("after-panic"), None, "{}"),
-    )
-    .await;
+    let other = send_post(&router, "/respond", Some("after-panic"), "{}").await;
     assert_eq!(other.status, StatusCode::CREATED);
 }
 
 #[tokio::test]
 async fn oversized_request_is_413_and_nothing_runs() {
-    let engine = engine();
-    let hits = Arc::new(Hits::default());
-    let router = app(&engine, Arc::clone(&hits));
+    let (_engine, hits, router) = served();
     let big = format!(r#"{{"pad":"{}"}}"#, "x".repeat(100));
-    let got = send(&router, post_req("/small-body", Some("b"), None, &big)).await;
+    let got = send_post(&router, "/small-body", Some("b"), &big).await;
     assert_eq!(got.status, StatusCode::PAYLOAD_TOO_LARGE);
     assert_eq!(
         got.problem_type(),
@@ -465,18 +425,16 @@ async fn oversized_request_is_413_and_nothing_runs() {
     let got = send(&router, req).await;
     assert_eq!(got.status, StatusCode::PAYLOAD_TOO_LARGE);
     assert_eq!(hits.started(), 0);
-    let ok = send(&router, post_req("/small-body", Some("b3"), None, "{}")).await;
+    let ok = send_post(&router, "/small-body", Some("b3"), "{}").await;
     assert_eq!(ok.status, StatusCode::CREATED);
 }
 
 #[tokio::test]
 async fn oversized_response_reaches_the_client_and_replays_as_a_problem() {
-    let engine = engine();
-    let hits = Arc::new(Hits::default());
-    let router = app(&engine, Arc::clone(&hits));
-    let first = send(&router, post_req("/big", Some("big"), None, "")).await;
+    let (_engine, hits, router) = served();
+    let first = send_post(&router, "/big", Some("big"), "").await;
     assert_eq!((first.status, first.body.len()), (StatusCode::OK, 4096));
-    let again = send(&router, post_req("/big", Some("big"), None, "")).await;
+    let again = send_post(&router, "/big", Some("big"), "").await;
     assert_eq!(again.status, StatusCode::CONFLICT);
     assert_eq!(
         again.problem_type(),
@@ -488,12 +446,10 @@ async fn oversized_response_reaches_the_client_and_replays_as_a_problem() {
 
 #[tokio::test]
 async fn streaming_responses_pass_through_and_release() {
-    let engine = engine();
-    let hits = Arc::new(Hits::default());
-    let router = app(&engine, Arc::clone(&hits));
-    let first = send(&router, post_req("/sse", Some("sse"), None, "")).await;
+    let (_engine, hits, router) = served();
+    let first = send_post(&router, "/sse", Some("sse"), "").await;
     assert_eq!(&first.body[..], b"data: 1\n\ndata: end\n\n");
-    let second = send(&router, post_req("/sse", Some("sse"), None, "")).await;
+    let second = send_post(&router, "/sse", Some("sse"), "").await;
     assert!(!second.replayed());
     assert_eq!(&second.body[..], b"data: 2\n\ndata: end\n\n");
     assert_eq!(
@@ -505,15 +461,11 @@ async fn streaming_responses_pass_through_and_release() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_that_disconnects_does_not_cancel_the_handler() {
-    let engine = engine();
-    let hits = Arc::new(Hits::default());
-    let router = app(&engine, Arc::clone(&hits));
+    let (_engine, hits, router) = served();
     let started = hits.on_start.notified();
     let client = {
         let router = router.clone();
-        tokio::spawn(async move {
-            send(&router, post_req("/gated-wait", Some("gone"), None, "{}")).await
-        })
+        tokio::spawn(async move { send_post(&router, "/gated-wait", Some("gone"), "{}").await })
     };
     started.await;
     // The client goes away mid-handler.
@@ -525,7 +477,7 @@ async fn a_client_that_disconnects_does_not_cancel_the_handler() {
         .await
         .expect("the handler was cancelled together with the client");
     // The outcome was recorded: the retry (waiting for it if needed) replays it.
-    let retry = send(&router, post_req("/gated-wait", Some("gone"), None, "{}")).await;
+    let retry = send_post(&router, "/gated-wait", Some("gone"), "{}").await;
     assert!(retry.replayed(), "{retry:?}");
     assert_eq!(retry.json()["execution"], 1);
     assert_eq!(hits.started(), 1);
@@ -536,9 +488,7 @@ async fn a_client_that_disconnects_does_not_cancel_the_handler() {
 
 #[tokio::test]
 async fn status_endpoint_reports_processing_and_absent() {
-    let engine = engine();
-    let hits = Arc::new(Hits::default());
-    let router = app(&engine, Arc::clone(&hits));
+    let (_engine, _hits, router) = served();
     let absent = send(
         &router,
         Request::get("/idempotency/nope")
@@ -556,11 +506,7 @@ async fn status_endpoint_reports_processing_and_absent() {
     )
     .await;
     assert_eq!(bad.status, StatusCode::BAD_REQUEST);
-    send(
-        &router,
-        post_req("/respond", Some("with space"), None, "{}"),
-    )
-    .await;
+    send_post(&router, "/respond", Some("with space"), "{}").await;
     let done = send(
         &router,
         Request::get("/idempotency/with%20space")
@@ -589,7 +535,7 @@ async fn a_handler_past_its_timeout_gets_504_and_is_released() {
     });
     // The gate is never opened: the handler hangs until the engine's timeout cancels it
     // (the paused clock jumps straight to it).
-    let got = send(&router, post_req("/gated", Some("slow"), None, "{}")).await;
+    let got = send_post(&router, "/gated", Some("slow"), "{}").await;
     assert_eq!(got.status, StatusCode::GATEWAY_TIMEOUT);
     assert_eq!(
         got.problem_type(),
@@ -612,15 +558,11 @@ async fn a_handler_past_its_timeout_gets_504_and_is_released() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn status_endpoint_reports_a_key_in_flight() {
-    let engine = engine();
-    let hits = Arc::new(Hits::default());
-    let router = app(&engine, Arc::clone(&hits));
+    let (_engine, hits, router) = served();
     let started = hits.on_start.notified();
     let first = {
         let router = router.clone();
-        tokio::spawn(
-            async move { send(&router, post_req("/gated", Some("busy"), None, "{}")).await },
-        )
+        tokio::spawn(async move { send_post(&router, "/gated", Some("busy"), "{}").await })
     };
     started.await;
     let query = || {

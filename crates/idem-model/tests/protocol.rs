@@ -25,6 +25,19 @@ struct Checked {
 }
 
 impl Checked {
+    /// Reads the counts and discoveries of a finished `checker` run started at `started`.
+    fn of(name: &'static str, checker: &impl Checker<ProtocolModel>, started: Instant) -> Self {
+        Checked {
+            name,
+            states: checker.state_count(),
+            unique: checker.unique_state_count(),
+            depth: checker.max_depth(),
+            elapsed: started.elapsed(),
+            done: checker.is_done(),
+            discoveries: checker.discoveries(),
+        }
+    }
+
     fn print(&self, end: &str) {
         println!(
             "{}: {} states ({} unique), depth {}, {:.2?}, {end}",
@@ -43,15 +56,7 @@ impl Checked {
 fn explore(name: &'static str, config: Config) -> Checked {
     let started = Instant::now();
     let checker = ProtocolModel::new(config).checker().spawn_bfs().join();
-    let checked = Checked {
-        name,
-        states: checker.state_count(),
-        unique: checker.unique_state_count(),
-        depth: checker.max_depth(),
-        elapsed: started.elapsed(),
-        done: checker.is_done(),
-        discoveries: checker.discoveries(),
-    };
+    let checked = Checked::of(name, &checker, started);
     checked.print(if checked.done {
         "explored fully"
     } else {
@@ -92,15 +97,7 @@ fn hunt(name: &'static str, config: Config) -> Hunted {
         })
         .spawn_bfs()
         .join();
-    let checked = Checked {
-        name,
-        states: checker.state_count(),
-        unique: checker.unique_state_count(),
-        depth: checker.max_depth(),
-        elapsed: started.elapsed(),
-        done: checker.is_done(),
-        discoveries: checker.discoveries(),
-    };
+    let checked = Checked::of(name, &checker, started);
     // The hunt stops once both are broken; otherwise it has explored the whole space.
     let stopped = ALWAYS.iter().all(|p| checked.found(p));
     checked.print(if stopped {
@@ -151,6 +148,20 @@ fn assert_broken(hunted: &Hunted, property: &str) {
     );
 }
 
+/// Asserts that the hunt found a counterexample to each `always` property.
+fn assert_both_broken(hunted: &Hunted) {
+    for property in ALWAYS {
+        assert_broken(hunted, property);
+    }
+}
+
+/// The fixed design with one rule changed by `change`.
+fn fixed_with(change: impl FnOnce(&mut Config)) -> Config {
+    let mut config = Config::fixed();
+    change(&mut config);
+    config
+}
+
 const EVERY_SOMETIMES: [&str; 6] = [
     properties::COMPLETED,
     properties::CRASHED,
@@ -159,6 +170,24 @@ const EVERY_SOMETIMES: [&str; 6] = [
     properties::FENCED_OUT,
     properties::LEFT_UNKNOWN,
 ];
+
+/// The bounds of a run: gateways, clients, requests per client, crashes, pauses.
+type Bounds = (u8, u8, u8, u8, u8);
+
+/// Explores the fixed design within `bounds` and asserts that it holds every property and
+/// reaches every `sometimes` one.
+fn assert_fixed_holds(name: &'static str, bounds: Bounds) {
+    let (gateways, clients, requests_per_client, crashes, pauses) = bounds;
+    let config = Config {
+        gateways,
+        clients,
+        requests_per_client,
+        crashes,
+        pauses,
+        ..Config::fixed()
+    };
+    assert_holds(&explore(name, config), &EVERY_SOMETIMES);
+}
 
 // The fixed design, within the default bounds: 2 gateways, 1 client with 3 requests (so two
 // of its attempts can be in flight at once after it stops waiting), 1 crash, 1 pause.
@@ -174,44 +203,28 @@ fn fixed_defaults_hold_every_property() {
 #[test]
 #[ignore = "wider bounds, 10-20 s in a debug build: run with --ignored"]
 fn fixed_defaults_hold_with_two_clients() {
-    let config = Config {
-        clients: 2,
-        requests_per_client: 3,
-        ..Config::fixed()
-    };
-    let checked = explore("fixed, 2 clients x 3 requests, 1 crash, 1 pause", config);
-    assert_holds(&checked, &EVERY_SOMETIMES);
+    assert_fixed_holds(
+        "fixed, 2 clients x 3 requests, 1 crash, 1 pause",
+        (2, 2, 3, 1, 1),
+    );
 }
 
 // The fixed design with two clients and twice the faults.
 #[test]
 fn fixed_defaults_hold_with_two_clients_and_more_faults() {
-    let config = Config {
-        clients: 2,
-        requests_per_client: 2,
-        crashes: 2,
-        pauses: 2,
-        ..Config::fixed()
-    };
-    let checked = explore("fixed, 2 clients x 2 requests, 2 crashes, 2 pauses", config);
-    assert_holds(&checked, &EVERY_SOMETIMES);
+    assert_fixed_holds(
+        "fixed, 2 clients x 2 requests, 2 crashes, 2 pauses",
+        (2, 2, 2, 2, 2),
+    );
 }
 
 // The fixed design with three gateways, a longer retry chain and twice the faults.
 #[test]
 fn fixed_defaults_hold_with_three_gateways_and_more_faults() {
-    let config = Config {
-        gateways: 3,
-        requests_per_client: 4,
-        crashes: 2,
-        pauses: 2,
-        ..Config::fixed()
-    };
-    let checked = explore(
+    assert_fixed_holds(
         "fixed, 3 gateways, 1 client x 4 requests, 2 crashes, 2 pauses",
-        config,
+        (3, 1, 4, 2, 2),
     );
-    assert_holds(&checked, &EVERY_SOMETIMES);
 }
 
 // The "done" above rests on stateright's BFS: count the reachable states independently and
@@ -239,16 +252,14 @@ fn the_checker_explores_every_reachable_state() {
 #[test]
 fn takeover_reexecute_runs_the_effect_twice() {
     let today = hunt("today (reexecute)", Config::today());
-    assert_broken(&today, properties::AT_MOST_ONCE);
-    assert_broken(&today, properties::FIRST_ANSWER);
+    assert_both_broken(&today);
 
     let takeover_only = Config {
         timeout_before_window: false,
         ..Config::today()
     };
     let takeover = hunt("today, timeouts only after the window", takeover_only);
-    assert_broken(&takeover, properties::AT_MOST_ONCE);
-    assert_broken(&takeover, properties::FIRST_ANSWER);
+    assert_both_broken(&takeover);
     let path = &takeover.shortest[properties::AT_MOST_ONCE];
     assert!(
         path.clone()
@@ -259,26 +270,20 @@ fn takeover_reexecute_runs_the_effect_twice() {
     );
 
     // The takeover rule alone is the bug: the other new rules do not save it.
-    let config = Config {
-        takeover: Takeover::Reexecute,
-        ..Config::fixed()
-    };
-    let fixed = hunt("fixed but reexecute", config);
-    assert_broken(&fixed, properties::AT_MOST_ONCE);
-    assert_broken(&fixed, properties::FIRST_ANSWER);
+    assert_both_broken(&hunt(
+        "fixed but reexecute",
+        fixed_with(|c| c.takeover = Takeover::Reexecute),
+    ));
 }
 
 // Trusting the upstream's "not done" before the attempt's window has passed: the first
 // request is still in transit when the key is released and run afresh.
 #[test]
 fn not_done_before_the_window_runs_the_effect_twice() {
-    let config = Config {
-        window_rule: false,
-        ..Config::fixed()
-    };
-    let found = hunt("no window rule", config);
-    assert_broken(&found, properties::AT_MOST_ONCE);
-    assert_broken(&found, properties::FIRST_ANSWER);
+    assert_both_broken(&hunt(
+        "no window rule",
+        fixed_with(|c| c.window_rule = false),
+    ));
 }
 
 // The window read at the wrong moment: after the upstream said "not done" rather than before
@@ -286,13 +291,10 @@ fn not_done_before_the_window_runs_the_effect_twice() {
 // sees only a passed window.
 #[test]
 fn a_window_read_after_the_probe_runs_the_effect_twice() {
-    let config = Config {
-        window_read_before_probe: false,
-        ..Config::fixed()
-    };
-    let found = hunt("window read at resolve", config);
-    assert_broken(&found, properties::AT_MOST_ONCE);
-    assert_broken(&found, properties::FIRST_ANSWER);
+    assert_both_broken(&hunt(
+        "window read at resolve",
+        fixed_with(|c| c.window_read_before_probe = false),
+    ));
 }
 
 // A resolve not guarded by the fence it read: a stale prober releases a newer attempt's
@@ -300,22 +302,16 @@ fn a_window_read_after_the_probe_runs_the_effect_twice() {
 // attempt's request is in transit.
 #[test]
 fn an_unguarded_resolve_runs_the_effect_twice() {
-    let config = Config {
-        fence_guarded_resolve: false,
-        ..Config::fixed()
-    };
-    let found = hunt("unguarded resolve", config);
-    assert_broken(&found, properties::AT_MOST_ONCE);
-    assert_broken(&found, properties::FIRST_ANSWER);
+    assert_both_broken(&hunt(
+        "unguarded resolve",
+        fixed_with(|c| c.fence_guarded_resolve = false),
+    ));
 }
 
 // Hold without a probe: never a second run, but a key can be left unknown for an operator.
 #[test]
 fn hold_without_probe_never_runs_twice_but_can_end_unknown() {
-    let config = Config {
-        probe: false,
-        ..Config::fixed()
-    };
+    let config = fixed_with(|c| c.probe = false);
     let checked = explore("hold, no probe", config);
     assert_holds(
         &checked,
@@ -336,10 +332,7 @@ fn hold_without_probe_never_runs_twice_but_can_end_unknown() {
 // own unknown record (the probe settles it instead): the switch is what makes that happen.
 #[test]
 fn without_late_complete_a_late_holder_is_fenced_out() {
-    let config = Config {
-        late_complete: false,
-        ..Config::fixed()
-    };
+    let config = fixed_with(|c| c.late_complete = false);
     let checked = explore("no late complete", config);
     assert_holds(
         &checked,

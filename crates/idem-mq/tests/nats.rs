@@ -327,11 +327,7 @@ async fn guarded(f: &JsStream, ledger: &Ledger) -> Running {
 async fn killed_after_commit_before_ack_redelivery_skipped() {
     let (plain_f, plain) = one_message("n_kill_after_plain", "order-5").await;
     run_child_until_point("plain_after_effect", &plain_f.name, &plain).await;
-    assert_eq!(
-        plain.rows().await,
-        1,
-        "the child credited before it was killed"
-    );
+    common::kill::assert_effects(&plain, 1, "the child credited before it was killed").await;
     let mut messages = plain_f.consumer().await.messages().await.unwrap();
     let m = tokio::time::timeout(WAIT, messages.next())
         .await
@@ -351,21 +347,8 @@ async fn killed_after_commit_before_ack_redelivery_skipped() {
 
     let (f, ledger) = one_message("n_kill_after", "order-5").await;
     run_child_until_point("idem_after_commit", &f.name, &ledger).await;
-    assert_eq!(
-        ledger.rows().await,
-        1,
-        "the child committed before it was killed"
-    );
-    let running = guarded(&f, &ledger).await;
-    assert!(eventually(WAIT, || async { Stats::get(&running.stats().acked) == 1 }).await);
-    assert_eq!(
-        Stats::get(&running.stats().replayed),
-        1,
-        "the redelivery was skipped"
-    );
-    assert_eq!(ledger.rows().await, 1);
-    running.stop().await;
-    ledger.drop_all().await;
+    common::kill::assert_effects(&ledger, 1, "the child committed before it was killed").await;
+    common::kill::assert_redelivery_skipped(guarded(&f, &ledger).await, &ledger).await;
     f.cleanup().await;
 }
 
@@ -379,26 +362,13 @@ async fn killed_before_commit_redelivery_runs() {
     // Twice the ack wait: an unacknowledged message would be back by then.
     let again = tokio::time::timeout(ACK_WAIT * 2, messages.next()).await;
     assert!(again.is_err(), "unguarded: nothing is redelivered");
-    assert_eq!(
-        plain.rows().await,
-        0,
-        "unguarded: acked before the effect, then lost"
-    );
+    common::kill::assert_effects(&plain, 0, "unguarded: acked before the effect, then lost").await;
     drop(messages);
     plain.drop_all().await;
     plain_f.cleanup().await;
 
     let (f, ledger) = one_message("n_kill_before", "order-6").await;
     run_child_until_point("idem_before_commit", &f.name, &ledger).await;
-    let running = guarded(&f, &ledger).await;
-    assert!(eventually(WAIT, || async { Stats::get(&running.stats().acked) == 1 }).await);
-    assert_eq!(
-        Stats::get(&running.stats().executed),
-        1,
-        "the redelivery ran"
-    );
-    assert_eq!(ledger.rows().await, 1);
-    running.stop().await;
-    ledger.drop_all().await;
+    common::kill::assert_redelivery_ran(guarded(&f, &ledger).await, &ledger).await;
     f.cleanup().await;
 }

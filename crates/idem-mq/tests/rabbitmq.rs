@@ -22,8 +22,8 @@ use idem_mq::rabbitmq::{RabbitConsumer, default_keys};
 use idem_mq::{Processor, Stats, Work};
 use idem_redis::RedisStore;
 use lapin::Connection;
-use lapin::options::{BasicAckOptions, BasicConsumeOptions, BasicNackOptions, BasicQosOptions};
-use lapin::types::{AMQPValue, FieldTable};
+use lapin::options::{BasicAckOptions, BasicNackOptions};
+use lapin::types::AMQPValue;
 use tokio::task::JoinHandle;
 
 async fn connect() -> Arc<Connection> {
@@ -142,17 +142,7 @@ async fn poison_message_dead_lettered_others_flow() {
     let plain_ok = Arc::new(AtomicU64::new(0));
     let (p, c2, q2) = (Arc::clone(&plain_ok), Arc::clone(&conn), plain_q.clone());
     let plain_task = tokio::spawn(async move {
-        let ch = c2.create_channel().await.unwrap();
-        ch.basic_qos(1, BasicQosOptions::default()).await.unwrap();
-        let mut consumer = ch
-            .basic_consume(
-                q2.as_str().into(),
-                "".into(),
-                BasicConsumeOptions::default(),
-                FieldTable::default(),
-            )
-            .await
-            .unwrap();
+        let (_ch, mut consumer) = unguarded::rabbit_consumer(&c2, &q2, Some(1)).await;
         while let Some(Ok(d)) = consumer.next().await {
             if d.data == b"poison" {
                 let requeue = BasicNackOptions {
@@ -393,16 +383,7 @@ async fn first_delivery(
     conn: &Connection,
     queue: &str,
 ) -> (lapin::Channel, lapin::message::Delivery) {
-    let ch = conn.create_channel().await.unwrap();
-    let mut c = ch
-        .basic_consume(
-            queue.into(),
-            "".into(),
-            BasicConsumeOptions::default(),
-            FieldTable::default(),
-        )
-        .await
-        .unwrap();
+    let (ch, mut c) = unguarded::rabbit_consumer(conn, queue, None).await;
     let d = c.next().await.unwrap().unwrap();
     (ch, d)
 }
@@ -433,11 +414,7 @@ async fn killed_after_commit_before_ack_redelivery_skipped() {
 
     let (plain_q, plain) = one_message(&conn, "kill_after_plain", "order-5").await;
     run_child_until_point("plain_after_effect", &plain_q, &plain).await;
-    assert_eq!(
-        plain.rows().await,
-        1,
-        "the child credited before it was killed"
-    );
+    common::kill::assert_effects(&plain, 1, "the child credited before it was killed").await;
     let (pl, pool) = (plain.ledger.clone(), plain.pool.clone());
     let t = unguarded::rabbit(&conn, &plain_q, 1, false, move |data| {
         let (pl, pool) = (pl.clone(), pool.clone());
@@ -460,21 +437,8 @@ async fn killed_after_commit_before_ack_redelivery_skipped() {
 
     let (q, ledger) = one_message(&conn, "kill_after", "order-5").await;
     run_child_until_point("idem_after_commit", &q, &ledger).await;
-    assert_eq!(
-        ledger.rows().await,
-        1,
-        "the child committed before it was killed"
-    );
-    let running = guarded(&conn, &ledger, &q).await;
-    assert!(eventually(WAIT, || async { Stats::get(&running.stats().acked) == 1 }).await);
-    assert_eq!(
-        Stats::get(&running.stats().replayed),
-        1,
-        "the redelivery was skipped"
-    );
-    assert_eq!(ledger.rows().await, 1);
-    running.stop().await;
-    ledger.drop_all().await;
+    common::kill::assert_effects(&ledger, 1, "the child committed before it was killed").await;
+    common::kill::assert_redelivery_skipped(guarded(&conn, &ledger, &q).await, &ledger).await;
 }
 
 /// Killed after the write and before the commit: the redelivery runs, 1 effect (unguarded,
@@ -488,23 +452,10 @@ async fn killed_before_commit_redelivery_runs() {
     // Nothing is left to redeliver: the acknowledged message is gone and never took effect.
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert_eq!(queue_ready(&conn, &plain_q).await, 0);
-    assert_eq!(
-        plain.rows().await,
-        0,
-        "unguarded: acked before the effect, then lost"
-    );
+    common::kill::assert_effects(&plain, 0, "unguarded: acked before the effect, then lost").await;
     plain.drop_all().await;
 
     let (q, ledger) = one_message(&conn, "kill_before", "order-6").await;
     run_child_until_point("idem_before_commit", &q, &ledger).await;
-    let running = guarded(&conn, &ledger, &q).await;
-    assert!(eventually(WAIT, || async { Stats::get(&running.stats().acked) == 1 }).await);
-    assert_eq!(
-        Stats::get(&running.stats().executed),
-        1,
-        "the redelivery ran"
-    );
-    assert_eq!(ledger.rows().await, 1);
-    running.stop().await;
-    ledger.drop_all().await;
+    common::kill::assert_redelivery_ran(guarded(&conn, &ledger, &q).await, &ledger).await;
 }

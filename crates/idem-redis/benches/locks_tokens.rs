@@ -22,7 +22,6 @@
 //! For every row it also prints the CPU time per pair of the Redis server and of this
 //! process (the client), from `/proc`.
 
-use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -35,41 +34,11 @@ use redis::Value;
 
 const CONCURRENCY: usize = 64;
 
-struct Server {
-    child: Child,
-    port: u16,
-    dir: std::path::PathBuf,
-}
+use idem_testkit::redis_server::Server;
 
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
-
+/// A private `redis-server` for the bench.
 fn start_server() -> Server {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("spare port");
-    let dir = std::env::temp_dir().join(format!("idem-lock-bench-{port}"));
-    std::fs::create_dir_all(&dir).expect("dir");
-    let child = Command::new("redis-server")
-        .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
-        .args(["--save", "", "--appendonly", "no"])
-        .arg("--dir")
-        .arg(&dir)
-        .stdout(Stdio::null())
-        .spawn()
-        .expect("redis-server");
-    let give_up = Instant::now() + Duration::from_secs(10);
-    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(Instant::now() < give_up, "redis-server did not start");
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    Server { child, port, dir }
+    Server::start(&[])
 }
 
 /// CPU time (user + system) of process `pid` so far, in seconds.
@@ -174,7 +143,7 @@ fn main() {
         .and_then(|s| s.parse().ok())
         .unwrap_or(3);
     let server = start_server();
-    let server_pid = server.child.id().to_string();
+    let server_pid = server.pid().to_string();
     let url = format!("redis://127.0.0.1:{}", server.port);
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

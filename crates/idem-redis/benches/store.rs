@@ -15,7 +15,7 @@
 //! - `first request`: `Engine::run` on fresh keys: claim + complete (two scripts);
 //! - `replay`: `Engine::run` on completed keys: one claim script that finds the response.
 
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -27,51 +27,14 @@ use idem_core::{
 };
 use idem_redis::{RedisConfig, RedisStore};
 
-struct Server {
-    child: Child,
-    port: u16,
-    dir: std::path::PathBuf,
-}
+use idem_testkit::redis_server::Server;
 
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
-
+/// A private `redis-server` for the bench, its pid and port kept for [`server_stats`] and the
+/// CPU readings.
 fn start_server() -> Server {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("spare port");
-    let dir = std::env::temp_dir().join(format!("idem-redis-bench-{port}"));
-    std::fs::create_dir_all(&dir).expect("dir");
-    let child = Command::new("redis-server")
-        .args([
-            "--port",
-            &port.to_string(),
-            "--bind",
-            "127.0.0.1",
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-        ])
-        .arg("--dir")
-        .arg(&dir)
-        .stdout(Stdio::null())
-        .spawn()
-        .expect("redis-server");
-    SERVER_PID.store(u64::from(child.id()), Ordering::Relaxed);
-    SERVER_PORT.store(u64::from(port), Ordering::Relaxed);
-    let server = Server { child, port, dir };
-    let give_up = Instant::now() + Duration::from_secs(10);
-    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(Instant::now() < give_up, "redis-server did not start");
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    let server = Server::start(&[]);
+    SERVER_PID.store(u64::from(server.pid()), Ordering::Relaxed);
+    SERVER_PORT.store(u64::from(server.port), Ordering::Relaxed);
     server
 }
 

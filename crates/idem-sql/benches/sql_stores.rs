@@ -114,6 +114,27 @@ async fn replay<S: Store + Clone>(
 /// A baseline insert of key `i`, on the store's own pool.
 type Baseline = Arc<dyn Fn(u64) -> Pin<Box<dyn Future<Output = ()> + Send>> + Send + Sync>;
 
+/// A [`Baseline`] that runs the insert `$sql` (one blob parameter: a counter, so every key is
+/// new) on `$pool`. A macro because the dialects' pools are different types.
+macro_rules! insert_baseline {
+    ($pool:expr, $sql:expr) => {{
+        let (pool, sql) = ($pool.clone(), Arc::new($sql));
+        let counter = Arc::new(AtomicU64::new(0));
+        let baseline: Baseline = Arc::new(move |_| {
+            let (pool, sql) = (pool.clone(), sql.clone());
+            let n = counter.fetch_add(1, Ordering::Relaxed);
+            Box::pin(async move {
+                sqlx::query(&sql)
+                    .bind(n.to_be_bytes().to_vec())
+                    .execute(&pool)
+                    .await
+                    .expect("insert");
+            })
+        });
+        baseline
+    }};
+}
+
 /// One round's figures for one store at one concurrency (ops/s).
 #[derive(Clone, Copy)]
 struct Cell {
@@ -275,24 +296,10 @@ async fn main() {
                     .execute(store.pool())
                     .await
                     .expect("raw");
-                let (pool, sql) = (
-                    store.pool().clone(),
-                    Arc::new(format!(
-                        "INSERT INTO {raw} (id) VALUES ($1) ON CONFLICT DO NOTHING"
-                    )),
+                let baseline = insert_baseline!(
+                    store.pool(),
+                    format!("INSERT INTO {raw} (id) VALUES ($1) ON CONFLICT DO NOTHING")
                 );
-                let counter = Arc::new(AtomicU64::new(0));
-                let baseline: Baseline = Arc::new(move |_| {
-                    let (pool, sql) = (pool.clone(), sql.clone());
-                    let n = counter.fetch_add(1, Ordering::Relaxed);
-                    Box::pin(async move {
-                        sqlx::query(&sql)
-                            .bind(n.to_be_bytes().to_vec())
-                            .execute(&pool)
-                            .await
-                            .expect("insert");
-                    })
-                });
                 let alone = store.clone().with_group_commit(false);
                 rows.extend(rows_of("PostgreSQL", &store, &alone, &baseline, &run, &knobs).await);
                 sqlx::raw_sql(&format!("DROP TABLE {raw}"))
@@ -321,22 +328,10 @@ async fn main() {
                 .execute(store.pool())
                 .await
                 .expect("raw");
-                let (pool, sql) = (
-                    store.pool().clone(),
-                    Arc::new(format!("INSERT IGNORE INTO {raw} (id) VALUES (?)")),
+                let baseline = insert_baseline!(
+                    store.pool(),
+                    format!("INSERT IGNORE INTO {raw} (id) VALUES (?)")
                 );
-                let counter = Arc::new(AtomicU64::new(0));
-                let baseline: Baseline = Arc::new(move |_| {
-                    let (pool, sql) = (pool.clone(), sql.clone());
-                    let n = counter.fetch_add(1, Ordering::Relaxed);
-                    Box::pin(async move {
-                        sqlx::query(&sql)
-                            .bind(n.to_be_bytes().to_vec())
-                            .execute(&pool)
-                            .await
-                            .expect("insert");
-                    })
-                });
                 let alone = store.clone().with_group_commit(false);
                 rows.extend(rows_of("MariaDB", &store, &alone, &baseline, &run, &knobs).await);
                 sqlx::raw_sql(&format!("DROP TABLE {raw}"))
@@ -361,19 +356,10 @@ async fn main() {
             .execute(store.writer())
             .await
             .expect("raw");
-        let pool = store.writer().clone();
-        let counter = Arc::new(AtomicU64::new(0));
-        let baseline: Baseline = Arc::new(move |_| {
-            let pool = pool.clone();
-            let n = counter.fetch_add(1, Ordering::Relaxed);
-            Box::pin(async move {
-                sqlx::query("INSERT INTO raw (id) VALUES (?1) ON CONFLICT DO NOTHING")
-                    .bind(n.to_be_bytes().to_vec())
-                    .execute(&pool)
-                    .await
-                    .expect("insert");
-            })
-        });
+        let baseline = insert_baseline!(
+            store.writer(),
+            "INSERT INTO raw (id) VALUES (?1) ON CONFLICT DO NOTHING".to_owned()
+        );
         let alone = store.clone().with_group_commit(false);
         rows.extend(
             rows_of(

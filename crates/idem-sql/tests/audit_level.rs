@@ -9,22 +9,19 @@ use std::time::Duration;
 use common::{MySqlHarness, PgHarness, SqliteHarness};
 use idem_core::audit::{AuditKind, AuditLevel};
 use idem_core::{
-    ClaimOutcome, ClaimRequest, Fingerprint, Key, OwnerId, Scope, ScopedKey, SettleOutcome, Store,
-    StoredResponse, TakeoverPolicy,
+    ClaimOutcome, ClaimRequest, OwnerId, SettleOutcome, Store, StoredResponse, TakeoverPolicy,
 };
 
 fn req(key: &str, lease: Duration) -> ClaimRequest {
     ClaimRequest {
-        key: ScopedKey::new(
-            Scope::new("audit-level").expect("ns"),
-            Key::new(key).expect("key"),
-        ),
-        fingerprint: Fingerprint::of_bytes(1, b"x"),
-        owner: OwnerId::random(),
-        lease,
-        ttl: Duration::from_secs(60),
-        takeover: TakeoverPolicy::Hold,
         request_id: Some("req-1".into()),
+        ..common::claim_req(
+            "audit-level",
+            key,
+            lease,
+            Duration::from_secs(60),
+            TakeoverPolicy::Hold,
+        )
     }
 }
 
@@ -108,20 +105,28 @@ async fn check<S: Store + Clone>(
     );
 }
 
+/// Runs [`check`] on `$store` and a copy of it at `all`, reading the trail of `$table` through
+/// `$pool`. A macro because the dialects' pools are different types.
+macro_rules! check_at_all {
+    ($store:expr, $pool:expr, $table:expr) => {{
+        let pool = $pool.clone();
+        let codes = async |sql: &str| -> Vec<i16> {
+            sqlx::query_scalar(sql)
+                .fetch_all(&pool)
+                .await
+                .expect("trail")
+        };
+        let at_all = $store.clone().with_audit_level(AuditLevel::All);
+        check(&$store, &at_all, $table, codes).await;
+    }};
+}
+
 #[tokio::test]
 async fn postgres_records_a_first_request_only_at_all() {
     let Some(h) = PgHarness::connect().await else {
         return;
     };
-    let pool = h.store.pool().clone();
-    let codes = async |sql: &str| -> Vec<i16> {
-        sqlx::query_scalar(sql)
-            .fetch_all(&pool)
-            .await
-            .expect("trail")
-    };
-    let at_all = h.store.clone().with_audit_level(AuditLevel::All);
-    check(&h.store, &at_all, h.store.table().as_str(), codes).await;
+    check_at_all!(h.store, h.store.pool(), h.store.table().as_str());
 }
 
 #[tokio::test]
@@ -135,28 +140,12 @@ async fn mysql_records_a_first_request_only_at_all() {
         } else {
             h.store.clone()
         };
-        let pool = h.store.pool().clone();
-        let codes = async |sql: &str| -> Vec<i16> {
-            sqlx::query_scalar(sql)
-                .fetch_all(&pool)
-                .await
-                .expect("trail")
-        };
-        let at_all = store.clone().with_audit_level(AuditLevel::All);
-        check(&store, &at_all, h.store.table().as_str(), codes).await;
+        check_at_all!(store, h.store.pool(), h.store.table().as_str());
     }
 }
 
 #[tokio::test]
 async fn sqlite_records_a_first_request_only_at_all() {
     let h = SqliteHarness::new().await;
-    let pool = h.store.writer().clone();
-    let codes = async |sql: &str| -> Vec<i16> {
-        sqlx::query_scalar(sql)
-            .fetch_all(&pool)
-            .await
-            .expect("trail")
-    };
-    let at_all = h.store.clone().with_audit_level(AuditLevel::All);
-    check(&h.store, &at_all, h.store.table().as_str(), codes).await;
+    check_at_all!(h.store, h.store.writer(), h.store.table().as_str());
 }

@@ -6,24 +6,19 @@ mod common;
 use std::time::Duration;
 
 use idem_core::{
-    ClaimOutcome, ClaimRequest, Fingerprint, Key, OwnerId, ReleaseKind, Scope, ScopedKey,
-    SettleOutcome, Store, StoreError, StoredResponse, TakeoverPolicy,
+    ClaimOutcome, ClaimRequest, OwnerId, ReleaseKind, SettleOutcome, Store, StoreError,
+    StoredResponse, TakeoverPolicy,
 };
 use sqlx::{Connection, PgConnection};
 
 fn req(key: &str) -> ClaimRequest {
-    ClaimRequest {
-        key: ScopedKey::new(
-            Scope::new("fault.pg").expect("ns"),
-            Key::new(key).expect("key"),
-        ),
-        fingerprint: Fingerprint::of_bytes(1, b"x"),
-        owner: OwnerId::random(),
-        lease: Duration::from_secs(30),
-        ttl: Duration::from_secs(3600),
-        takeover: TakeoverPolicy::Reexecute,
-        request_id: None,
-    }
+    common::claim_req(
+        "fault.pg",
+        key,
+        Duration::from_secs(30),
+        Duration::from_secs(3600),
+        TakeoverPolicy::Reexecute,
+    )
 }
 
 /// Waits until a backend is blocked on a lock while running a statement on `table`, and
@@ -46,6 +41,21 @@ async fn blocked_backend(admin: &mut PgConnection, table: &str) -> i32 {
     panic!("the claim never blocked on the row lock");
 }
 
+/// A connection of its own to the test database (`why` names it).
+async fn connect(why: &str) -> PgConnection {
+    PgConnection::connect(&common::pg_url()).await.expect(why)
+}
+
+/// A connection to be killed, and its backend's pid.
+async fn victim() -> (PgConnection, i32) {
+    let mut conn = connect("conn").await;
+    let pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
+        .fetch_one(&mut conn)
+        .await
+        .expect("pid");
+    (conn, pid)
+}
+
 async fn terminate(admin: &mut PgConnection, pid: i32) {
     let killed: bool = sqlx::query_scalar("SELECT pg_terminate_backend($1)")
         .bind(pid)
@@ -61,12 +71,8 @@ async fn connection_killed_during_claim_is_a_store_error_and_writes_nothing() {
         return;
     };
     let table = h.store.table().to_string();
-    let mut admin = PgConnection::connect(&common::pg_url())
-        .await
-        .expect("admin");
-    let mut locker = PgConnection::connect(&common::pg_url())
-        .await
-        .expect("locker");
+    let mut admin = connect("admin").await;
+    let mut locker = connect("locker").await;
 
     // A released record: a tombstone row the next claim must take with an upsert.
     let r = req("k");
@@ -128,18 +134,10 @@ async fn connection_killed_inside_same_db_transaction_leaves_no_record_and_no_ro
         .execute(h.store.pool())
         .await
         .expect("schema");
-    let mut admin = PgConnection::connect(&common::pg_url())
-        .await
-        .expect("admin");
+    let mut admin = connect("admin").await;
 
     let r = req("tx");
-    let mut conn = PgConnection::connect(&common::pg_url())
-        .await
-        .expect("conn");
-    let pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
-        .fetch_one(&mut conn)
-        .await
-        .expect("pid");
+    let (mut conn, pid) = victim().await;
     let mut tx = conn.begin().await.expect("begin");
     let ClaimOutcome::Claimed { lease, .. } = h.store.claim_in(&mut tx, &r).await.expect("claim")
     else {
@@ -193,17 +191,9 @@ async fn two_step_claim_killed_between_steps_leaves_a_half_written_record() {
         return;
     };
     let table = h.store.table().to_string();
-    let mut admin = PgConnection::connect(&common::pg_url())
-        .await
-        .expect("admin");
+    let mut admin = connect("admin").await;
     let r = req("two-step");
-    let mut conn = PgConnection::connect(&common::pg_url())
-        .await
-        .expect("conn");
-    let pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
-        .fetch_one(&mut conn)
-        .await
-        .expect("pid");
+    let (mut conn, pid) = victim().await;
     // Step 1 of the unguarded claim.
     sqlx::query(&format!(
         "INSERT INTO {table} (id, namespace, principal, idem_key, fingerprint, fence, state, owner, lease_until, response,

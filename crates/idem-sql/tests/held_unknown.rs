@@ -22,6 +22,7 @@ use idem_core::{
     ReleaseKind, RenewOutcome, Resolution, ResolveOutcome, Scope, ScopedKey, SettleOutcome,
     StateKind, Store, StoredResponse, TakeoverPolicy,
 };
+use idem_sql::SqlStore;
 
 const LEASE: Duration = Duration::from_millis(400);
 const TTL: Duration = Duration::from_secs(3600);
@@ -79,6 +80,41 @@ async fn held<S: Store>(store: &S, key: &ScopedKey, lease: &Lease) -> Duration {
     }
 }
 
+/// `store.complete` at [`TTL`], which must answer.
+async fn complete<S: Store>(
+    store: &S,
+    k: &ScopedKey,
+    owner: OwnerId,
+    fence: u64,
+    response: &StoredResponse,
+) -> SettleOutcome {
+    store
+        .complete(k, owner, fence, response, TTL)
+        .await
+        .expect("complete")
+}
+
+/// `store.release`, which must answer.
+async fn release<S: Store>(
+    store: &S,
+    k: &ScopedKey,
+    owner: OwnerId,
+    fence: u64,
+    kind: ReleaseKind,
+) -> SettleOutcome {
+    store.release(k, owner, fence, kind).await.expect("release")
+}
+
+/// `store.resolve`, which must answer.
+async fn resolve<S: Store>(
+    store: &S,
+    k: &ScopedKey,
+    resolution: &Resolution,
+    fence: Option<u64>,
+) -> ResolveOutcome {
+    store.resolve(k, resolution, fence).await.expect("resolve")
+}
+
 fn settled(outcome: SettleOutcome, what: &str) {
     assert_eq!(outcome, SettleOutcome::Settled, "{what}");
 }
@@ -119,10 +155,7 @@ async fn holder_completes<S: Store>(store: &S, ns: &str) {
     );
     for n in 0..2 {
         settled(
-            store
-                .release(&k, a.owner, a.fence, ReleaseKind::Unknown)
-                .await
-                .expect("release"),
+            release(store, &k, a.owner, a.fence, ReleaseKind::Unknown).await,
             "the holder releases its unknown record as unknown",
         );
         assert_eq!(
@@ -133,24 +166,15 @@ async fn holder_completes<S: Store>(store: &S, ns: &str) {
     }
     let response = StoredResponse::new(201, "late");
     fenced(
-        store
-            .complete(&k, OwnerId::random(), a.fence, &response, TTL)
-            .await
-            .expect("complete"),
+        complete(store, &k, OwnerId::random(), a.fence, &response).await,
         "another owner",
     );
     fenced(
-        store
-            .complete(&k, a.owner, a.fence + 1, &response, TTL)
-            .await
-            .expect("complete"),
+        complete(store, &k, a.owner, a.fence + 1, &response).await,
         "another fence",
     );
     settled(
-        store
-            .complete(&k, a.owner, a.fence, &response, TTL)
-            .await
-            .expect("complete"),
+        complete(store, &k, a.owner, a.fence, &response).await,
         "the holder completes its unknown record",
     );
     assert_eq!(
@@ -161,10 +185,7 @@ async fn holder_completes<S: Store>(store: &S, ns: &str) {
         ClaimOutcome::Done { response }
     );
     fenced(
-        store
-            .release(&k, a.owner, a.fence, ReleaseKind::Retryable)
-            .await
-            .expect("release"),
+        release(store, &k, a.owner, a.fence, ReleaseKind::Retryable).await,
         "a completed record is nobody's",
     );
 }
@@ -176,10 +197,7 @@ async fn holder_releases<S: Store>(store: &S, ns: &str) {
     wait_out_lease().await;
     held(store, &k, &a).await;
     settled(
-        store
-            .release(&k, a.owner, a.fence, ReleaseKind::Retryable)
-            .await
-            .expect("release"),
+        release(store, &k, a.owner, a.fence, ReleaseKind::Retryable).await,
         "the holder releases its unknown record as retryable",
     );
     assert_eq!(store.get(&k).await.expect("get"), None);
@@ -192,10 +210,7 @@ async fn released_names_nobody<S: Store>(store: &S, ns: &str) {
     let k = key(ns, "nobody");
     let a = claimed(store, &k).await;
     settled(
-        store
-            .release(&k, a.owner, a.fence, ReleaseKind::Unknown)
-            .await
-            .expect("release"),
+        release(store, &k, a.owner, a.fence, ReleaseKind::Unknown).await,
         "release as unknown",
     );
     let rec = store.get(&k).await.expect("get").expect("record");
@@ -204,17 +219,11 @@ async fn released_names_nobody<S: Store>(store: &S, ns: &str) {
         RecordState::Unknown { owner: None, .. }
     ));
     fenced(
-        store
-            .complete(&k, a.owner, a.fence, &StoredResponse::new(200, "x"), TTL)
-            .await
-            .expect("complete"),
+        complete(store, &k, a.owner, a.fence, &StoredResponse::new(200, "x")).await,
         "complete after release as unknown",
     );
     fenced(
-        store
-            .release(&k, a.owner, a.fence, ReleaseKind::Unknown)
-            .await
-            .expect("release"),
+        release(store, &k, a.owner, a.fence, ReleaseKind::Unknown).await,
         "release after release as unknown",
     );
     assert_eq!(store.get(&k).await.expect("get").expect("record"), rec);
@@ -225,54 +234,39 @@ async fn resolve_order<S: Store>(store: &S, ns: &str) {
     let k = key(ns, "order");
     let release = Resolution::Release;
     assert_eq!(
-        store.resolve(&k, &release, Some(7)).await.expect("resolve"),
+        resolve(store, &k, &release, Some(7)).await,
         ResolveOutcome::NotFound
     );
     let a = claimed(store, &k).await;
     assert_eq!(
-        store
-            .resolve(&k, &release, Some(a.fence + 1))
-            .await
-            .expect("resolve"),
+        resolve(store, &k, &release, Some(a.fence + 1)).await,
         ResolveOutcome::Fenced { fence: a.fence },
         "a live lease under another fence is fenced before it is unresolvable"
     );
     assert_eq!(
-        store
-            .resolve(&k, &release, Some(a.fence))
-            .await
-            .expect("resolve"),
+        resolve(store, &k, &release, Some(a.fence)).await,
         ResolveOutcome::NotResolvable {
             state: StateKind::Processing
         }
     );
     let response = StoredResponse::new(200, "done");
     settled(
-        store
-            .complete(&k, a.owner, a.fence, &response, TTL)
-            .await
-            .expect("complete"),
+        complete(store, &k, a.owner, a.fence, &response).await,
         "complete",
     );
     assert_eq!(
-        store
-            .resolve(&k, &release, Some(a.fence - 1))
-            .await
-            .expect("resolve"),
+        resolve(store, &k, &release, Some(a.fence - 1)).await,
         ResolveOutcome::Fenced { fence: a.fence }
     );
     assert_eq!(
-        store.resolve(&k, &release, None).await.expect("resolve"),
+        resolve(store, &k, &release, None).await,
         ResolveOutcome::NotResolvable {
             state: StateKind::Completed
         }
     );
     assert!(store.delete(&k).await.expect("delete"));
     assert_eq!(
-        store
-            .resolve(&k, &release, Some(a.fence))
-            .await
-            .expect("resolve"),
+        resolve(store, &k, &release, Some(a.fence)).await,
         ResolveOutcome::NotFound,
         "a deleted record (a tombstone) is absent"
     );
@@ -280,10 +274,7 @@ async fn resolve_order<S: Store>(store: &S, ns: &str) {
     let b = claimed(store, &k).await;
     wait_out_lease().await;
     assert_eq!(
-        store
-            .resolve(&k, &release, Some(b.fence))
-            .await
-            .expect("resolve"),
+        resolve(store, &k, &release, Some(b.fence)).await,
         ResolveOutcome::Resolved
     );
 }
@@ -402,18 +393,12 @@ async fn check<S: Store>(store: &S, at_all: &S, ns: &str, exec: Exec<'_>) {
         "{rec:?}"
     );
     fenced(
-        store
-            .complete(&k, a.owner, a.fence, &StoredResponse::new(200, "x"), TTL)
-            .await
-            .expect("complete"),
+        complete(store, &k, a.owner, a.fence, &StoredResponse::new(200, "x")).await,
         "a held row of the previous version names nobody",
     );
     held_again(store, &k, a.fence).await;
     assert_eq!(
-        store
-            .resolve(&k, &Resolution::Release, Some(a.fence))
-            .await
-            .expect("resolve"),
+        resolve(store, &k, &Resolution::Release, Some(a.fence)).await,
         ResolveOutcome::Resolved
     );
 }
@@ -429,64 +414,54 @@ async fn held_again<S: Store>(store: &S, k: &ScopedKey, fence: u64) {
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn postgres() {
-    let Some(h) = common::PgHarness::connect().await else {
-        return;
-    };
-    let (pool, table) = (h.store.pool().clone(), h.store.table().to_string());
-    let exec = move |sql: String| -> Pin<Box<dyn Future<Output = ()> + Send>> {
-        let (pool, sql) = (pool.clone(), sql.replace("{t}", &table));
-        Box::pin(async move {
-            sqlx::raw_sql(&sql).execute(&pool).await.expect("raw sql");
-        })
-    };
-    let at_all = h.store.clone().with_audit_level(AuditLevel::All);
-    check(&h.store, &at_all, "held.pg", &exec).await;
+/// Runs [`check`] on `store`, with a copy of it that audits everything.
+async fn check_at_all<D: idem_sql::Dialect>(store: &SqlStore<D>, ns: &str, exec: Exec<'_>) {
+    let at_all = store.clone().with_audit_level(AuditLevel::All);
+    check(store, &at_all, ns, exec).await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn mysql() {
-    let Some(h) = common::MySqlHarness::connect().await else {
-        return;
+/// A test named `$name` that runs [`check_at_all`] on the store of `$harness` (`None` skips),
+/// running raw SQL through the pool its `$pool` method gives (`{t}` is the store's table).
+macro_rules! held_unknown_test {
+    ($name:ident, $harness:expr, $pool:ident, $ns:literal) => {
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn $name() {
+            let Some(h) = $harness else {
+                return;
+            };
+            let (pool, table) = (h.store.$pool().clone(), h.store.table().to_string());
+            let exec = move |sql: String| -> Pin<Box<dyn Future<Output = ()> + Send>> {
+                let (pool, sql) = (pool.clone(), sql.replace("{t}", &table));
+                Box::pin(async move {
+                    sqlx::raw_sql(&sql).execute(&pool).await.expect("raw sql");
+                })
+            };
+            check_at_all(&h.store, $ns, &exec).await;
+        }
     };
-    let (pool, table) = (h.store.pool().clone(), h.store.table().to_string());
-    let exec = move |sql: String| -> Pin<Box<dyn Future<Output = ()> + Send>> {
-        let (pool, sql) = (pool.clone(), sql.replace("{t}", &table));
-        Box::pin(async move {
-            sqlx::raw_sql(&sql).execute(&pool).await.expect("raw sql");
-        })
-    };
-    let at_all = h.store.clone().with_audit_level(AuditLevel::All);
-    check(&h.store, &at_all, "held.my", &exec).await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn mysql_then_read() {
-    let Some(h) = common::MySqlHarness::connect_then_read().await else {
-        return;
-    };
-    let (pool, table) = (h.store.pool().clone(), h.store.table().to_string());
-    let exec = move |sql: String| -> Pin<Box<dyn Future<Output = ()> + Send>> {
-        let (pool, sql) = (pool.clone(), sql.replace("{t}", &table));
-        Box::pin(async move {
-            sqlx::raw_sql(&sql).execute(&pool).await.expect("raw sql");
-        })
-    };
-    let at_all = h.store.clone().with_audit_level(AuditLevel::All);
-    check(&h.store, &at_all, "held.my2", &exec).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sqlite() {
-    let h = common::SqliteHarness::new().await;
-    let (pool, table) = (h.store.writer().clone(), h.store.table().to_string());
-    let exec = move |sql: String| -> Pin<Box<dyn Future<Output = ()> + Send>> {
-        let (pool, sql) = (pool.clone(), sql.replace("{t}", &table));
-        Box::pin(async move {
-            sqlx::raw_sql(&sql).execute(&pool).await.expect("raw sql");
-        })
-    };
-    let at_all = h.store.clone().with_audit_level(AuditLevel::All);
-    check(&h.store, &at_all, "held.lite", &exec).await;
-}
+held_unknown_test!(
+    postgres,
+    common::PgHarness::connect().await,
+    pool,
+    "held.pg"
+);
+held_unknown_test!(
+    mysql,
+    common::MySqlHarness::connect().await,
+    pool,
+    "held.my"
+);
+held_unknown_test!(
+    mysql_then_read,
+    common::MySqlHarness::connect_then_read().await,
+    pool,
+    "held.my2"
+);
+held_unknown_test!(
+    sqlite,
+    Some(common::SqliteHarness::new().await),
+    writer,
+    "held.lite"
+);

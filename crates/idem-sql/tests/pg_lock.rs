@@ -10,17 +10,7 @@ use idem_sql::lock::LockError;
 use sqlx::Connection as _;
 
 async fn lock() -> Option<PgLock> {
-    let pool = match sqlx::postgres::PgPoolOptions::new()
-        .max_connections(8)
-        .connect(&common::pg_url())
-        .await
-    {
-        Ok(p) => p,
-        Err(e) => {
-            common::missing("PostgreSQL", &e);
-            return None;
-        }
-    };
+    let pool = common::pg_pool(8).await?;
     let lock = PgLock::new(pool)
         .op_timeout(Duration::from_millis(500))
         .check_every(Duration::from_millis(100));

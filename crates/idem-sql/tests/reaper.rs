@@ -7,23 +7,17 @@ use std::time::Duration;
 
 use idem_core::audit::{AuditKind, AuditQuery};
 use idem_core::{
-    ClaimOutcome, ClaimRequest, Fingerprint, Key, OwnerId, ReleaseKind, Scope, ScopedKey,
-    SettleOutcome, Store, TakeoverPolicy,
+    ClaimOutcome, ClaimRequest, OwnerId, ReleaseKind, SettleOutcome, Store, TakeoverPolicy,
 };
 
 fn req(key: &str, ttl: Duration) -> ClaimRequest {
-    ClaimRequest {
-        key: ScopedKey::new(
-            Scope::new("reaper").expect("ns"),
-            Key::new(key).expect("key"),
-        ),
-        fingerprint: Fingerprint::of_bytes(1, b"x"),
-        owner: OwnerId::random(),
-        lease: Duration::from_millis(20),
+    common::claim_req(
+        "reaper",
+        key,
+        Duration::from_millis(20),
         ttl,
-        takeover: TakeoverPolicy::Reexecute,
-        request_id: None,
-    }
+        TakeoverPolicy::Reexecute,
+    )
 }
 
 async fn fence<S: Store>(store: &S, r: &ClaimRequest) -> u64 {

@@ -8,20 +8,20 @@ use std::time::Duration;
 
 use futures::FutureExt;
 use idem_core::{
-    ClaimOutcome, ClaimRequest, Fingerprint, Key, OwnerId, Scope, ScopedKey, Store, StoredResponse,
-    TakeoverPolicy,
+    ClaimOutcome, ClaimRequest, Fingerprint, OwnerId, Store, StoredResponse, TakeoverPolicy,
 };
 use idem_sql::{InTxError, TxOutcome};
 
 fn req(ns: &str, key: &str) -> ClaimRequest {
     ClaimRequest {
-        key: ScopedKey::new(Scope::new(ns).expect("ns"), Key::new(key).expect("key")),
         fingerprint: Fingerprint::of_bytes(1, b"pay 100"),
-        owner: OwnerId::random(),
-        lease: Duration::from_secs(30),
-        ttl: Duration::from_secs(3600),
-        takeover: TakeoverPolicy::Reexecute,
-        request_id: None,
+        ..common::claim_req(
+            ns,
+            key,
+            Duration::from_secs(30),
+            Duration::from_secs(3600),
+            TakeoverPolicy::Reexecute,
+        )
     }
 }
 
@@ -34,6 +34,19 @@ fn fresh(r: &ClaimRequest) -> ClaimRequest {
 
 #[derive(Debug)]
 struct Boom;
+
+/// Asserts that of eight concurrent runs one executed and seven replayed.
+fn assert_one_executed_seven_replayed<E: std::fmt::Debug>(results: &[Result<TxOutcome<()>, E>]) {
+    let executed = results
+        .iter()
+        .filter(|r| matches!(r, Ok(TxOutcome::Executed(()))))
+        .count();
+    let replayed = results
+        .iter()
+        .filter(|r| matches!(r, Ok(TxOutcome::Replayed(_))))
+        .count();
+    assert_eq!((executed, replayed), (1, 7), "{results:?}");
+}
 
 mod postgres {
     use super::*;
@@ -147,6 +160,53 @@ mod postgres {
     }
 }
 
+/// On harness `$h`, whose store reaches its database through the pool its `$pool` method gives
+/// and opens a transaction with `$begin`, and with the business table `$payments` created: a
+/// claim and a business write rolled back leave neither a record nor a row, then eight
+/// concurrent runs execute once and replay seven times. A macro because the dialects' pools and
+/// transactions are different types.
+macro_rules! rollback_then_concurrent_runs {
+    ($h:expr, $pool:ident, $begin:expr, $payments:expr, $ns:literal) => {{
+        let (h, payments) = (&$h, $payments);
+        let count = || async {
+            sqlx::query_scalar::<_, i64>(&format!("SELECT count(*) FROM {payments}"))
+                .fetch_one(h.store.$pool())
+                .await
+                .expect("count")
+        };
+        let r = req($ns, "k");
+        let mut tx = $begin.await.expect("begin");
+        assert!(matches!(
+            h.store.claim_in(&mut tx, &r).await.expect("claim"),
+            ClaimOutcome::Claimed { .. }
+        ));
+        sqlx::query(&format!("INSERT INTO {payments} VALUES ('k', 1)"))
+            .execute(&mut *tx)
+            .await
+            .expect("write");
+        tx.rollback().await.expect("rollback");
+        assert_eq!(h.store.get(&r.key).await.expect("get"), None);
+        assert_eq!(count().await, 0);
+
+        let reqs: Vec<_> = (0..8).map(|_| fresh(&r)).collect();
+        let results = futures::future::join_all(reqs.iter().map(|r| {
+            let p = payments.to_owned();
+            h.store.run_in_tx(r, move |tx| {
+                async move {
+                    sqlx::query(&format!("INSERT INTO {p} VALUES ('k', 1)"))
+                        .execute(&mut *tx)
+                        .await?;
+                    Ok::<_, sqlx::Error>(((), StoredResponse::new(200, "ok")))
+                }
+                .boxed()
+            })
+        }))
+        .await;
+        assert_one_executed_seven_replayed(&results);
+        assert_eq!(count().await, 1);
+    }};
+}
+
 mod sqlite {
     use super::*;
 
@@ -157,54 +217,13 @@ mod sqlite {
             .execute(h.store.writer())
             .await
             .expect("schema");
-        let count = || async {
-            sqlx::query_scalar::<_, i64>("SELECT count(*) FROM payments")
-                .fetch_one(h.store.writer())
-                .await
-                .expect("count")
-        };
-        let r = req("same-db.sqlite", "k");
-        let mut tx = h
-            .store
-            .writer()
-            .begin_with("BEGIN IMMEDIATE")
-            .await
-            .expect("begin");
-        assert!(matches!(
-            h.store.claim_in(&mut tx, &r).await.expect("claim"),
-            ClaimOutcome::Claimed { .. }
-        ));
-        sqlx::query("INSERT INTO payments VALUES ('k', 1)")
-            .execute(&mut *tx)
-            .await
-            .expect("write");
-        tx.rollback().await.expect("rollback");
-        assert_eq!(h.store.get(&r.key).await.expect("get"), None);
-        assert_eq!(count().await, 0);
-
-        let reqs: Vec<_> = (0..8).map(|_| fresh(&r)).collect();
-        let results = futures::future::join_all(reqs.iter().map(|r| {
-            h.store.run_in_tx(r, |tx| {
-                async move {
-                    sqlx::query("INSERT INTO payments VALUES ('k', 1)")
-                        .execute(&mut *tx)
-                        .await?;
-                    Ok::<_, sqlx::Error>(((), StoredResponse::new(200, "ok")))
-                }
-                .boxed()
-            })
-        }))
-        .await;
-        let executed = results
-            .iter()
-            .filter(|r| matches!(r, Ok(TxOutcome::Executed(()))))
-            .count();
-        let replayed = results
-            .iter()
-            .filter(|r| matches!(r, Ok(TxOutcome::Replayed(_))))
-            .count();
-        assert_eq!((executed, replayed), (1, 7), "{results:?}");
-        assert_eq!(count().await, 1);
+        rollback_then_concurrent_runs!(
+            h,
+            writer,
+            h.store.writer().begin_with("BEGIN IMMEDIATE"),
+            "payments",
+            "same-db.sqlite"
+        );
     }
 }
 
@@ -235,50 +254,13 @@ mod mysql {
             .execute(h.store.pool())
             .await
             .expect("schema");
-        let count = || async {
-            sqlx::query_scalar::<_, i64>(&format!("SELECT count(*) FROM {payments}"))
-                .fetch_one(h.store.pool())
-                .await
-                .expect("count")
-        };
-        let r = req("same-db.mysql", "k");
-        let mut tx = h.store.pool().begin().await.expect("begin");
-        assert!(matches!(
-            h.store.claim_in(&mut tx, &r).await.expect("claim"),
-            ClaimOutcome::Claimed { .. }
-        ));
-        sqlx::query(&format!("INSERT INTO {payments} VALUES ('k', 1)"))
-            .execute(&mut *tx)
-            .await
-            .expect("write");
-        tx.rollback().await.expect("rollback");
-        assert_eq!(h.store.get(&r.key).await.expect("get"), None);
-        assert_eq!(count().await, 0);
-
-        let reqs: Vec<_> = (0..8).map(|_| fresh(&r)).collect();
-        let results = futures::future::join_all(reqs.iter().map(|r| {
-            let p = payments.clone();
-            h.store.run_in_tx(r, move |tx| {
-                async move {
-                    sqlx::query(&format!("INSERT INTO {p} VALUES ('k', 1)"))
-                        .execute(&mut *tx)
-                        .await?;
-                    Ok::<_, sqlx::Error>(((), StoredResponse::new(200, "ok")))
-                }
-                .boxed()
-            })
-        }))
-        .await;
-        let executed = results
-            .iter()
-            .filter(|r| matches!(r, Ok(TxOutcome::Executed(()))))
-            .count();
-        let replayed = results
-            .iter()
-            .filter(|r| matches!(r, Ok(TxOutcome::Replayed(_))))
-            .count();
-        assert_eq!((executed, replayed), (1, 7), "{results:?}");
-        assert_eq!(count().await, 1);
+        rollback_then_concurrent_runs!(
+            h,
+            pool,
+            h.store.pool().begin(),
+            payments.as_str(),
+            "same-db.mysql"
+        );
         sqlx::raw_sql(&format!("DROP TABLE {payments}"))
             .execute(h.store.pool())
             .await

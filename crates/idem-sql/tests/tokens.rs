@@ -61,17 +61,7 @@ where
 }
 
 async fn pg() -> Option<Tokens<sqlx::Postgres>> {
-    let pool = match sqlx::postgres::PgPoolOptions::new()
-        .max_connections(16)
-        .connect(&common::pg_url())
-        .await
-    {
-        Ok(p) => p,
-        Err(e) => {
-            common::missing("PostgreSQL", &e);
-            return None;
-        }
-    };
+    let pool = common::pg_pool(16).await?;
     let tokens = SqlTokens::with_table(pool, &common::unique_table("idem_tok")).expect("table");
     tokens.migrate().await.expect("migrate");
     Some(Tokens {
@@ -87,17 +77,7 @@ async fn mysql() -> Option<Tokens<sqlx::MySql>> {
 async fn mysql_with(
     spell: fn(SqlTokens<sqlx::MySql>) -> SqlTokens<sqlx::MySql>,
 ) -> Option<Tokens<sqlx::MySql>> {
-    let pool = match sqlx::mysql::MySqlPoolOptions::new()
-        .max_connections(16)
-        .connect(&common::mysql_url())
-        .await
-    {
-        Ok(p) => p,
-        Err(e) => {
-            common::missing("MariaDB", &e);
-            return None;
-        }
-    };
+    let pool = common::mysql_pool(16).await?;
     let tokens =
         spell(SqlTokens::with_table(pool, &common::unique_table("idem_tok")).expect("table"));
     tokens.migrate().await.expect("migrate");

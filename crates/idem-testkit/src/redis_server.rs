@@ -174,6 +174,11 @@ impl Server {
         format!("{scheme}://127.0.0.1:{}", self.port)
     }
 
+    /// The `redis-server` process's id (for reading its CPU time, say).
+    pub fn pid(&self) -> u32 {
+        self.pid
+    }
+
     /// `127.0.0.1:<port>`.
     pub fn addr(&self) -> String {
         format!("127.0.0.1:{}", self.port)

@@ -176,7 +176,26 @@ impl Rig {
             .expect("claim")
     }
 
+    /// [`Rig::claim_elsewhere`] under `reexecute` with a 45 s lease, which must claim: the
+    /// holder's lease.
+    pub async fn lease_elsewhere(&self, k: &ScopedKey) -> idem_core::Lease {
+        match self
+            .claim_elsewhere(k, secs(45), TakeoverPolicy::Reexecute)
+            .await
+        {
+            ClaimOutcome::Claimed { lease, .. } => lease,
+            other => panic!("claim of {k}: got {other:?}"),
+        }
+    }
+
     pub async fn record(&self, k: &ScopedKey) -> Option<Record> {
         self.memory.get(k).await.expect("memory get")
     }
+}
+
+/// The default policy with what `set` changes.
+pub fn policy_with(
+    set: impl FnOnce(idem_core::PolicyBuilder) -> idem_core::PolicyBuilder,
+) -> Policy {
+    set(Policy::builder()).build().expect("policy")
 }

@@ -361,3 +361,131 @@ pub async fn raw_call(channel: &Channel, path: &str, key: &str, body: &[u8]) -> 
         trailers: collected.trailers().cloned().unwrap_or_default(),
     }
 }
+
+/// Calls `Charge` with `req`, expecting a refusal (`why` says which).
+pub async fn charge_err(
+    client: &mut PaymentsClient<Channel>,
+    req: impl tonic::IntoRequest<ChargeRequest>,
+    why: &str,
+) -> Status {
+    client.charge(req).await.expect_err(why)
+}
+
+/// Calls `Charge` with `req`, expecting an answer (`why` says which).
+pub async fn charge_ok(
+    client: &mut PaymentsClient<Channel>,
+    req: impl tonic::IntoRequest<ChargeRequest>,
+    why: &str,
+) -> Response<ChargeReply> {
+    client.charge(req).await.expect(why)
+}
+
+/// Asserts that `status` has `code` and the `ErrorInfo.reason` `want`.
+#[track_caller]
+pub fn assert_refused(status: &Status, code: Code, want: &str) {
+    assert_eq!((status.code(), reason(status)), (code, want.to_owned()));
+}
+
+/// Asks the status service about `req`, expecting an answer.
+pub async fn lookup(
+    status: &mut idem_grpc::proto::status_client::StatusClient<Channel>,
+    req: Request<idem_grpc::proto::LookupRequest>,
+) -> idem_grpc::proto::LookupResponse {
+    status.lookup(req).await.expect("lookup").into_inner()
+}
+
+/// A status-service question about `key` on `method`, with no principal.
+pub fn ask(method: &str, key: &str) -> Request<idem_grpc::proto::LookupRequest> {
+    Request::new(idem_grpc::proto::LookupRequest {
+        method: method.into(),
+        key: key.into(),
+    })
+}
+
+/// A config protecting `Charge` with `m`.
+pub fn charge_config(m: MethodConfig) -> GrpcIdempotencyConfig {
+    GrpcIdempotencyConfig::new()
+        .method(CHARGE, m)
+        .expect("path")
+}
+
+/// Starts `n` concurrent `Charge` calls of `msg` with `key`, all as `alice`.
+pub fn spawn_charges(
+    s: &Running,
+    msg: &ChargeRequest,
+    key: &str,
+    n: usize,
+) -> tokio::task::JoinSet<Result<Response<ChargeReply>, Status>> {
+    let mut tasks = tokio::task::JoinSet::new();
+    for _ in 0..n {
+        let mut client = s.client.clone();
+        let (msg, key) = (msg.clone(), key.to_owned());
+        tasks.spawn(async move { client.charge(keyed(msg, &key, Some("alice"))).await });
+    }
+    tasks
+}
+
+/// A charge for order `id` that waits at the gate before it answers.
+pub fn gated(id: &str, amount: i64) -> ChargeRequest {
+    ChargeRequest {
+        gated: true,
+        ..charge(id, amount)
+    }
+}
+
+/// The next of `tasks` to answer, with what it answered.
+pub async fn next_answer(
+    tasks: &mut tokio::task::JoinSet<Result<Response<ChargeReply>, Status>>,
+) -> Result<Response<ChargeReply>, Status> {
+    tasks.join_next().await.expect("task").expect("join")
+}
+
+/// A memory store engine, the test service behind the layer with `default_config(ns)`, and a
+/// client of it.
+pub async fn serve_memory(ns: &str) -> (Engine<MemoryStore>, Running, PaymentsClient<Channel>) {
+    serve_engine(memory(), ns).await
+}
+
+/// `engine`, the test service behind the layer with `default_config(ns)`, and a client of it.
+pub async fn serve_engine<St: Store>(
+    engine: Engine<St>,
+    ns: &str,
+) -> (Engine<St>, Running, PaymentsClient<Channel>) {
+    let s = serve(&engine, default_config(ns)).await;
+    let client = s.client.clone();
+    (engine, s, client)
+}
+
+/// A charge whose handler sleeps `ms` before it answers.
+pub fn sleeping(ms: u32) -> ChargeRequest {
+    ChargeRequest {
+        sleep_ms: ms,
+        ..charge("o", 1)
+    }
+}
+
+/// Starts `n` concurrent gated calls of `msg` with `key` (see [`spawn_charges`]) and returns
+/// the tasks with the `n - 1` refusals that must come while the winner waits at the gate
+/// (`why` says what they are).
+pub async fn duplicates_refused(
+    s: &Running,
+    msg: &ChargeRequest,
+    key: &str,
+    n: usize,
+    why: &str,
+) -> (
+    tokio::task::JoinSet<Result<Response<ChargeReply>, Status>>,
+    Vec<Status>,
+) {
+    let mut tasks = spawn_charges(s, msg, key, n);
+    let mut refused = Vec::new();
+    for _ in 1..n {
+        refused.push(next_answer(&mut tasks).await.expect_err(why));
+    }
+    (tasks, refused)
+}
+
+/// A `Charge` request for order `o` with a fresh key and no principal.
+pub fn fresh_call() -> Request<ChargeRequest> {
+    keyed(charge("o", 1), &key(), None)
+}

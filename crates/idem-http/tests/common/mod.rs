@@ -241,3 +241,8 @@ pub async fn send(router: &Router, req: Request<Body>) -> Got {
         body,
     }
 }
+
+/// Sends a POST of `body` to `path` with an optional key and no principal.
+pub async fn send_post(router: &Router, path: &str, key: Option<&str>, body: &str) -> Got {
+    send(router, post_req(path, key, None, body)).await
+}

@@ -147,3 +147,45 @@ pub async fn run_child_until_point(mode: &str, source: &str, ledger: &Ledger) {
     let _ = tokio::time::timeout(Duration::from_secs(5), child.wait()).await;
     assert!(reached, "child {mode} did not reach its kill point");
 }
+
+/// Asserts that the ledger holds `n` effects (`why` says why so many).
+pub async fn assert_effects(ledger: &Ledger, n: i64, why: &str) {
+    assert_eq!(ledger.rows().await, n, "{why}");
+}
+
+/// With `running` (the idem consumer started after the kill) taking the redelivery: it is
+/// acknowledged, the `counted` statistic is 1 (`why` says which), and the ledger holds one
+/// effect. Then stops `running` and drops the ledger's tables.
+pub async fn assert_redelivery_settled(
+    running: super::Running,
+    ledger: &Ledger,
+    counted: fn(&idem_mq::Stats) -> &std::sync::atomic::AtomicU64,
+    why: &str,
+) {
+    assert!(
+        super::eventually(WAIT, || async {
+            idem_mq::Stats::get(&running.stats().acked) == 1
+        })
+        .await
+    );
+    assert_eq!(idem_mq::Stats::get(counted(running.stats())), 1, "{why}");
+    assert_eq!(ledger.rows().await, 1);
+    running.stop().await;
+    ledger.drop_all().await;
+}
+
+/// [`assert_redelivery_settled`] for a kill after the commit: the redelivery is skipped.
+pub async fn assert_redelivery_skipped(running: super::Running, ledger: &Ledger) {
+    assert_redelivery_settled(
+        running,
+        ledger,
+        |s| &s.replayed,
+        "the redelivery was skipped",
+    )
+    .await;
+}
+
+/// [`assert_redelivery_settled`] for a kill before the commit: the redelivery runs.
+pub async fn assert_redelivery_ran(running: super::Running, ledger: &Ledger) {
+    assert_redelivery_settled(running, ledger, |s| &s.executed, "the redelivery ran").await;
+}

@@ -31,19 +31,7 @@ where
 {
     let (conn, queue) = (Arc::clone(conn), queue.to_owned());
     tokio::spawn(async move {
-        let ch = conn.create_channel().await.unwrap();
-        ch.basic_qos(prefetch, BasicQosOptions::default())
-            .await
-            .unwrap();
-        let mut consumer = ch
-            .basic_consume(
-                queue.as_str().into(),
-                "".into(),
-                BasicConsumeOptions::default(),
-                FieldTable::default(),
-            )
-            .await
-            .unwrap();
+        let (_ch, mut consumer) = rabbit_consumer(&conn, &queue, Some(prefetch)).await;
         while let Some(Ok(d)) = consumer.next().await {
             if ack_first {
                 d.ack(BasicAckOptions::default()).await.unwrap();
@@ -118,4 +106,29 @@ impl<S: Store> Work<S> for PaperedOver {
             other => other,
         }
     }
+}
+
+/// A plain consumer of `queue` on a channel of its own, `prefetch` deliveries at a time when
+/// given (the broker's default otherwise).
+pub async fn rabbit_consumer(
+    conn: &Connection,
+    queue: &str,
+    prefetch: Option<u16>,
+) -> (lapin::Channel, lapin::Consumer) {
+    let ch = conn.create_channel().await.unwrap();
+    if let Some(prefetch) = prefetch {
+        ch.basic_qos(prefetch, BasicQosOptions::default())
+            .await
+            .unwrap();
+    }
+    let consumer = ch
+        .basic_consume(
+            queue.into(),
+            "".into(),
+            BasicConsumeOptions::default(),
+            FieldTable::default(),
+        )
+        .await
+        .unwrap();
+    (ch, consumer)
 }

@@ -61,6 +61,28 @@ where
     .join();
 }
 
+/// `Harness` for a harness type whose `store` field is a `$store`: stores at other audit
+/// levels are copies of it, time passes for real, with [`LEASE`] and [`MODEL_STEP`].
+macro_rules! real_time_harness {
+    ($harness:ty, $store:ty) => {
+        impl Harness for $harness {
+            type Store = $store;
+            fn store_at(&self, level: AuditLevel) -> impl Future<Output = $store> + Send {
+                std::future::ready(self.store.clone().with_audit_level(level))
+            }
+            fn advance(&self, d: Duration) -> impl Future<Output = ()> + Send {
+                sleep_for(d)
+            }
+            fn lease(&self) -> Duration {
+                LEASE
+            }
+            fn model_step(&self) -> Duration {
+                MODEL_STEP
+            }
+        }
+    };
+}
+
 /// A PostgreSQL store on its own table.
 #[derive(Debug)]
 pub struct PgHarness {
@@ -113,21 +135,7 @@ impl Drop for PgHarness {
     }
 }
 
-impl Harness for PgHarness {
-    type Store = PgStore;
-    fn store_at(&self, level: AuditLevel) -> impl Future<Output = PgStore> + Send {
-        std::future::ready(self.store.clone().with_audit_level(level))
-    }
-    fn advance(&self, d: Duration) -> impl Future<Output = ()> + Send {
-        sleep_for(d)
-    }
-    fn lease(&self) -> Duration {
-        LEASE
-    }
-    fn model_step(&self) -> Duration {
-        MODEL_STEP
-    }
-}
+real_time_harness!(PgHarness, PgStore);
 
 /// A MySQL/MariaDB store on its own table.
 #[derive(Debug)]
@@ -178,21 +186,7 @@ impl Drop for MySqlHarness {
     }
 }
 
-impl Harness for MySqlHarness {
-    type Store = MySqlStore;
-    fn store_at(&self, level: AuditLevel) -> impl Future<Output = MySqlStore> + Send {
-        std::future::ready(self.store.clone().with_audit_level(level))
-    }
-    fn advance(&self, d: Duration) -> impl Future<Output = ()> + Send {
-        sleep_for(d)
-    }
-    fn lease(&self) -> Duration {
-        LEASE
-    }
-    fn model_step(&self) -> Duration {
-        MODEL_STEP
-    }
-}
+real_time_harness!(MySqlHarness, MySqlStore);
 
 /// A SQLite store in its own temporary file.
 #[derive(Debug)]
@@ -220,18 +214,58 @@ impl Drop for SqliteHarness {
     }
 }
 
-impl Harness for SqliteHarness {
-    type Store = SqliteStore;
-    fn store_at(&self, level: AuditLevel) -> impl Future<Output = SqliteStore> + Send {
-        std::future::ready(self.store.clone().with_audit_level(level))
+real_time_harness!(SqliteHarness, SqliteStore);
+
+/// A pool of `n` connections to the test PostgreSQL server; `None` when it is unreachable
+/// (reported by [`missing`]).
+pub async fn pg_pool(n: u32) -> Option<sqlx::PgPool> {
+    match sqlx::postgres::PgPoolOptions::new()
+        .max_connections(n)
+        .connect(&pg_url())
+        .await
+    {
+        Ok(p) => Some(p),
+        Err(e) => {
+            missing("PostgreSQL", &e);
+            None
+        }
     }
-    fn advance(&self, d: Duration) -> impl Future<Output = ()> + Send {
-        sleep_for(d)
+}
+
+/// A pool of `n` connections to the test MariaDB server; `None` when it is unreachable
+/// (reported by [`missing`]).
+pub async fn mysql_pool(n: u32) -> Option<sqlx::MySqlPool> {
+    match sqlx::mysql::MySqlPoolOptions::new()
+        .max_connections(n)
+        .connect(&mysql_url())
+        .await
+    {
+        Ok(p) => Some(p),
+        Err(e) => {
+            missing("MariaDB", &e);
+            None
+        }
     }
-    fn lease(&self) -> Duration {
-        LEASE
-    }
-    fn model_step(&self) -> Duration {
-        MODEL_STEP
+}
+
+/// A claim of `key` in namespace `ns` by a fresh owner, fingerprint of `"x"`, no request id.
+pub fn claim_req(
+    ns: &str,
+    key: &str,
+    lease: Duration,
+    ttl: Duration,
+    takeover: idem_core::TakeoverPolicy,
+) -> idem_core::ClaimRequest {
+    idem_core::ClaimRequest {
+        key: idem_core::ScopedKey::new(
+            idem_core::Scope::new(ns).expect("ns"),
+            idem_core::Key::new(key).expect("key"),
+        ),
+        fingerprint: idem_core::Fingerprint::of_bytes(1, b"x"),
+        owner: idem_core::OwnerId::random(),
+        lease,
+        ttl,
+        takeover,
+        request_id: None,
     }
 }
