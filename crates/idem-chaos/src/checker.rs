@@ -27,7 +27,7 @@ use std::fmt;
 use serde::Serialize;
 
 use crate::FaultKind;
-use crate::history::{Attempt, AttemptResult, History, OpKind};
+use crate::history::{Answer, Attempt, AttemptResult, History, Op, OpKind};
 use crate::upstream::{Call, Execution};
 
 /// One kind of anomaly.
@@ -181,85 +181,118 @@ fn is_mismatch_body(body: &str) -> bool {
     body.contains("\"probe\":\"mismatch\"")
 }
 
+/// A key: the caller (or relay principal) and the idempotency key (or message id).
+type Key = (String, String);
+
+/// A key's executions, with the calls that carried them.
+type Runs<'a> = Vec<(&'a Call, &'a Execution)>;
+
+/// Executions by execution id, with the calls that carried them.
+type ByExec<'a> = HashMap<&'a str, (&'a Call, &'a Execution)>;
+
+/// The windows the fault log gives: when each via's store was out of reach, when the
+/// store itself was frozen, and when each gateway was stopped.
+#[derive(Default)]
+struct Windows {
+    /// Cut links, by via.
+    outages: HashMap<String, Vec<(u64, u64)>>,
+    /// Store-wide freezes.
+    store_down: Vec<(u64, u64)>,
+    /// Stopped gateways, by name.
+    paused: HashMap<String, Vec<(u64, u64)>>,
+}
+
+impl Windows {
+    /// Reads the windows off the fault log.
+    fn of(history: &History) -> Self {
+        let mut w = Self::default();
+        for r in &history.faults {
+            let span = r.held();
+            match r.kind {
+                FaultKind::FreezeStore => w.store_down.push(span),
+                FaultKind::CutLink => {
+                    let via = r.target.trim_start_matches("link ").to_owned();
+                    w.outages.entry(via).or_default().push(span);
+                }
+                FaultKind::PauseGateway => {
+                    w.paused.entry(r.target.clone()).or_default().push(span);
+                }
+                _ => {}
+            }
+        }
+        w
+    }
+}
+
+/// The run as the passes read it: the history, the limits, the first data loss, the fault
+/// windows and the ledger's executions indexed by key and by execution id.
+struct View<'a> {
+    history: &'a History,
+    limits: &'a Limits,
+    /// When the store first lost its data, if it did.
+    loss: Option<u64>,
+    windows: Windows,
+    /// Executions by key, in the order they acted.
+    by_key: BTreeMap<Key, Runs<'a>>,
+    /// Executions by execution id.
+    by_exec: ByExec<'a>,
+}
+
+impl View<'_> {
+    /// Whether `t` comes before the store first lost its data (always, if it never did).
+    fn before_loss(&self, t: u64) -> bool {
+        self.loss.is_none_or(|l| t < l)
+    }
+}
+
+impl Findings {
+    /// Records one anomaly.
+    fn add(&mut self, kind: Kind, key: String, detail: String) {
+        self.anomalies.push(Anomaly { kind, key, detail });
+    }
+}
+
 /// Checks a run.
 pub fn check(history: &History, calls: &[Call], messages: &Messages, limits: &Limits) -> Findings {
     let mut f = Findings::default();
-    let mut add = |kind: Kind, key: String, detail: String| {
-        f.anomalies.push(Anomaly { kind, key, detail });
-    };
-    let loss = history.data_lost_ms.iter().copied().min();
-    let before_loss = |t: u64| loss.is_none_or(|l| t < l);
-
-    // Windows in which each via's store was out of reach, and in which each gateway was
-    // stopped.
-    let mut outages: HashMap<String, Vec<(u64, u64)>> = HashMap::new();
-    let mut store_down: Vec<(u64, u64)> = Vec::new();
-    let mut paused: HashMap<String, Vec<(u64, u64)>> = HashMap::new();
-    for r in &history.faults {
-        let span = r.held();
-        match r.kind {
-            FaultKind::FreezeStore => store_down.push(span),
-            FaultKind::CutLink => {
-                let via = r.target.trim_start_matches("link ").to_owned();
-                outages.entry(via).or_default().push(span);
-            }
-            FaultKind::PauseGateway => paused.entry(r.target.clone()).or_default().push(span),
-            _ => {}
-        }
-    }
-
-    // The ledger by key, executions in the order they acted.
+    let windows = Windows::of(history);
     f.fences_forwarded = calls.iter().any(|c| c.fence.is_some());
-    let mut by_key: BTreeMap<(String, String), Vec<(&Call, &Execution)>> = BTreeMap::new();
-    let mut by_exec: HashMap<&str, (&Call, &Execution)> = HashMap::new();
+    let (by_key, by_exec) = index_calls(calls, &windows, limits, &mut f);
+    let view = View {
+        history,
+        limits,
+        loss: history.data_lost_ms.iter().copied().min(),
+        windows,
+        by_key,
+        by_exec,
+    };
+    let first = check_keys(&view, &mut f);
+    f.keys = view.by_key.len();
+    let delivered = check_attempts(&view, &first, &mut f);
+    check_durability(&view, &delivered, &mut f);
+    record_final_states(history, &mut f);
+    check_messages(&view, messages, &mut f);
+    f.unknown.sort();
+    f.unknown.dedup();
+    f
+}
+
+/// Indexes the ledger's executions by key (in the order they acted) and by execution id,
+/// checking each execution's claim on the way.
+fn index_calls<'a>(
+    calls: &'a [Call],
+    windows: &Windows,
+    limits: &Limits,
+    f: &mut Findings,
+) -> (BTreeMap<Key, Runs<'a>>, ByExec<'a>) {
+    let mut by_key: BTreeMap<Key, Runs<'a>> = BTreeMap::new();
+    let mut by_exec: ByExec<'a> = HashMap::new();
     for call in calls {
         let Some(e) = call.execution() else { continue };
         f.executions += 1;
         by_exec.insert(e.exec.as_str(), (call, e));
         let key = call.key.clone().unwrap_or_default();
-        if call.key.is_none() {
-            add(
-                Kind::NoKey,
-                name(&call.principal, "-"),
-                format!(
-                    "{} via {} at {}ms had no Idempotency-Key",
-                    e.exec, call.via, call.arrived_ms
-                ),
-            );
-        }
-        // Every store's fences start at 1: a fence of 0 (or one that is no number) is no
-        // store's grant, so the execution ran without a claim.
-        let granted = call
-            .fence
-            .as_deref()
-            .and_then(|x| x.trim().parse::<u64>().ok())
-            .is_some_and(|x| x > 0);
-        if f.fences_forwarded && !granted {
-            add(
-                Kind::NoFence,
-                name(&call.principal, &key),
-                format!(
-                    "{} via {} at {}ms carried no fence a store granted ({})",
-                    e.exec,
-                    call.via,
-                    call.arrived_ms,
-                    call.fence.as_deref().unwrap_or("none")
-                ),
-            );
-        }
-        let out = outages.get(&call.via).map_or(&[][..], Vec::as_slice);
-        if inside(call.arrived_ms, out, limits.outage_grace_ms)
-            || inside(call.arrived_ms, &store_down, limits.outage_grace_ms)
-        {
-            add(
-                Kind::ExecutedDuringOutage,
-                name(&call.principal, &key),
-                format!(
-                    "{} arrived via {} at {}ms while its store was out of reach",
-                    e.exec, call.via, call.arrived_ms
-                ),
-            );
-        }
+        check_claim(call, e, &key, windows, limits, f);
         by_key
             .entry((call.principal.clone(), key))
             .or_default()
@@ -268,251 +301,412 @@ pub fn check(history: &History, calls: &[Call], messages: &Messages, limits: &Li
     for list in by_key.values_mut() {
         list.sort_by_key(|(c, e)| (e.at_ms, c.id));
     }
+    (by_key, by_exec)
+}
 
-    // Executions per key; messages are counted below.
-    let mut first: HashMap<(String, String), &Execution> = HashMap::new();
-    for ((principal, key), list) in &by_key {
-        let k = name(principal, key);
-        let proper: Vec<&(&Call, &Execution)> = list
-            .iter()
-            .filter(|(c, _)| !is_mismatch_body(&c.body))
-            .collect();
-        for (c, e) in list.iter().filter(|(c, _)| is_mismatch_body(&c.body)) {
-            if before_loss(e.at_ms) {
-                add(
-                    Kind::MismatchRan,
-                    k.clone(),
-                    format!(
-                        "{} via {} ran a request that reused the key with another body",
-                        e.exec, c.via
-                    ),
-                );
-            }
-        }
-        if let Some((_, e)) = proper.first() {
+/// Checks that one execution carried its claim: the key header, a fence a store granted
+/// (once fences are forwarded), and a store within reach when it arrived.
+fn check_claim(
+    call: &Call,
+    e: &Execution,
+    key: &str,
+    windows: &Windows,
+    limits: &Limits,
+    f: &mut Findings,
+) {
+    if call.key.is_none() {
+        f.add(
+            Kind::NoKey,
+            name(&call.principal, "-"),
+            format!(
+                "{} via {} at {}ms had no Idempotency-Key",
+                e.exec, call.via, call.arrived_ms
+            ),
+        );
+    }
+    // Every store's fences start at 1: a fence of 0 (or one that is no number) is no
+    // store's grant, so the execution ran without a claim.
+    let granted = call
+        .fence
+        .as_deref()
+        .and_then(|x| x.trim().parse::<u64>().ok())
+        .is_some_and(|x| x > 0);
+    if f.fences_forwarded && !granted {
+        f.add(
+            Kind::NoFence,
+            name(&call.principal, key),
+            format!(
+                "{} via {} at {}ms carried no fence a store granted ({})",
+                e.exec,
+                call.via,
+                call.arrived_ms,
+                call.fence.as_deref().unwrap_or("none")
+            ),
+        );
+    }
+    let out = windows
+        .outages
+        .get(&call.via)
+        .map_or(&[][..], Vec::as_slice);
+    if inside(call.arrived_ms, out, limits.outage_grace_ms)
+        || inside(call.arrived_ms, &windows.store_down, limits.outage_grace_ms)
+    {
+        f.add(
+            Kind::ExecutedDuringOutage,
+            name(&call.principal, key),
+            format!(
+                "{} arrived via {} at {}ms while its store was out of reach",
+                e.exec, call.via, call.arrived_ms
+            ),
+        );
+    }
+}
+
+/// Checks every key's executions (messages are counted in [`check_messages`]); the first
+/// proper execution of each key.
+fn check_keys<'a>(view: &View<'a>, f: &mut Findings) -> HashMap<Key, &'a Execution> {
+    let mut first: HashMap<Key, &Execution> = HashMap::new();
+    for ((principal, key), list) in &view.by_key {
+        if let Some(e) = check_key(view, principal, key, list, f) {
             first.insert((principal.clone(), key.clone()), e);
         }
-        // Executions per store epoch (the store lost its data between two epochs): one per
-        // epoch is allowed, a second within one is a double execution. An execution belongs
-        // to the epoch of its claim, which can be earlier than its arrival (a request claimed
-        // just before the loss reaches the upstream after it): a Redis fence is the server's
-        // time in µs when the claim was granted, which places it; otherwise the arrival does.
-        // A claim within the loss itself (between the old server's last grant and the new
-        // one's first, give or take the clocks' resolution) cannot be placed, and is not
-        // counted.
-        let epoch = |c: &Call, e: &Execution| -> Option<usize> {
-            let claimed_us = c
-                .fence
-                .as_deref()
-                .and_then(|x| x.trim().parse::<u64>().ok())
-                .filter(|&us| us > MICROS_2001 && !history.data_lost_wall_us.is_empty());
-            match claimed_us {
-                Some(us) => {
-                    let unsure = history
-                        .data_lost_wall_us
-                        .iter()
-                        .any(|&(from, to)| us + LOSS_SLACK_US >= from && us <= to + LOSS_SLACK_US);
-                    (!unsure).then(|| {
-                        history
-                            .data_lost_wall_us
-                            .iter()
-                            .filter(|&&(from, _)| from <= us)
-                            .count()
-                    })
-                }
-                None => Some(
-                    history
-                        .data_lost_ms
-                        .iter()
-                        .filter(|&&l| l <= e.at_ms)
-                        .count(),
-                ),
-            }
-        };
-        let mut per_epoch: BTreeMap<usize, usize> = BTreeMap::new();
-        for (c, e) in &proper {
-            if let Some(at) = epoch(c, e) {
-                *per_epoch.entry(at).or_default() += 1;
-            }
-        }
-        let counted = per_epoch.values().copied().max().unwrap_or(0);
-        if per_epoch.len() > 1 {
-            f.after_data_loss.push((k.clone(), proper.len()));
-        }
-        let runs = |list: &[&(&Call, &Execution)]| {
-            list.iter()
-                .map(|(c, e)| {
-                    format!(
-                        "{} via {} at {}ms fence {}",
-                        e.exec,
-                        c.via,
-                        e.at_ms,
-                        c.fence.as_deref().unwrap_or("-")
-                    )
-                })
-                .collect::<Vec<_>>()
-                .join("; ")
-        };
-        if counted > 1 && !principal.starts_with("relay:") {
-            add(
-                Kind::DoubleExecution,
+    }
+    first
+}
+
+/// Checks one key's executions: none of a request that reused the key with another body,
+/// at most one per store epoch, and fences that are neither reused nor go back within an
+/// epoch. Its first proper execution, if any.
+fn check_key<'a>(
+    view: &View<'a>,
+    principal: &str,
+    key: &str,
+    list: &[(&'a Call, &'a Execution)],
+    f: &mut Findings,
+) -> Option<&'a Execution> {
+    let k = name(principal, key);
+    let proper: Vec<&(&Call, &Execution)> = list
+        .iter()
+        .filter(|(c, _)| !is_mismatch_body(&c.body))
+        .collect();
+    for (c, e) in list.iter().filter(|(c, _)| is_mismatch_body(&c.body)) {
+        if view.before_loss(e.at_ms) {
+            f.add(
+                Kind::MismatchRan,
                 k.clone(),
-                format!("{counted} executions in one store epoch: {}", runs(&proper)),
+                format!(
+                    "{} via {} ran a request that reused the key with another body",
+                    e.exec, c.via
+                ),
             );
         }
-        if f.fences_forwarded {
-            // Fences are compared within an epoch: a store that lost its data starts a key's
-            // fences afresh.
-            let fences: Vec<(u64, &str, usize)> = proper
-                .iter()
-                .filter_map(|(c, e)| {
-                    c.fence
-                        .as_deref()
-                        .and_then(|x| x.trim().parse::<u64>().ok())
-                        .and_then(|x| epoch(c, e).map(|at| (x, e.exec.as_str(), at)))
-                })
-                .collect();
-            for (i, (fence, exec, at)) in fences.iter().enumerate() {
-                let earlier = || fences[..i].iter().filter(|(_, _, e)| e == at);
-                if let Some((_, other, _)) = earlier().find(|(x, _, _)| x == fence) {
-                    add(
-                        Kind::FenceReused,
-                        k.clone(),
-                        format!("{other} and {exec} both ran under fence {fence}"),
-                    );
-                }
-                if let Some((higher, other, _)) = earlier().find(|(x, _, _)| x > fence) {
-                    add(
-                        Kind::FenceWentBack,
-                        k.clone(),
-                        format!("{exec} ran under fence {fence} after {other} ran under {higher}"),
-                    );
-                }
-            }
+    }
+    let epoch = |c: &Call, e: &Execution| epoch_of(view.history, c, e);
+    let mut per_epoch: BTreeMap<usize, usize> = BTreeMap::new();
+    for (c, e) in &proper {
+        if let Some(at) = epoch(c, e) {
+            *per_epoch.entry(at).or_default() += 1;
         }
     }
-    f.keys = by_key.len();
+    let counted = per_epoch.values().copied().max().unwrap_or(0);
+    if per_epoch.len() > 1 {
+        f.after_data_loss.push((k.clone(), proper.len()));
+    }
+    if counted > 1 && !principal.starts_with("relay:") {
+        f.add(
+            Kind::DoubleExecution,
+            k.clone(),
+            format!(
+                "{counted} executions in one store epoch: {}",
+                describe_runs(&proper)
+            ),
+        );
+    }
+    if f.fences_forwarded {
+        check_fences(view.history, &k, &proper, f);
+    }
+    proper.first().map(|(_, e)| *e)
+}
 
-    // The clients' attempts.
-    let mut delivered: HashMap<(String, String), u64> = HashMap::new();
-    for a in &history.attempts {
-        let Some(op) = history.ops.get(a.op) else {
+/// The store epoch an execution belongs to (the store lost its data between two epochs),
+/// `None` if it cannot be placed.
+///
+/// An execution belongs to the epoch of its claim, which can be earlier than its arrival
+/// (a request claimed just before the loss reaches the upstream after it): a Redis fence is
+/// the server's time in µs when the claim was granted, which places it; otherwise the
+/// arrival does. A claim within the loss itself (between the old server's last grant and
+/// the new one's first, give or take the clocks' resolution) cannot be placed, and is not
+/// counted.
+fn epoch_of(history: &History, c: &Call, e: &Execution) -> Option<usize> {
+    let claimed_us = c
+        .fence
+        .as_deref()
+        .and_then(|x| x.trim().parse::<u64>().ok())
+        .filter(|&us| us > MICROS_2001 && !history.data_lost_wall_us.is_empty());
+    match claimed_us {
+        Some(us) => {
+            let unsure = history
+                .data_lost_wall_us
+                .iter()
+                .any(|&(from, to)| us + LOSS_SLACK_US >= from && us <= to + LOSS_SLACK_US);
+            (!unsure).then(|| {
+                history
+                    .data_lost_wall_us
+                    .iter()
+                    .filter(|&&(from, _)| from <= us)
+                    .count()
+            })
+        }
+        None => Some(
+            history
+                .data_lost_ms
+                .iter()
+                .filter(|&&l| l <= e.at_ms)
+                .count(),
+        ),
+    }
+}
+
+/// A key's executions, one `exec via gateway at ms fence f` each, for a report's detail.
+fn describe_runs(list: &[&(&Call, &Execution)]) -> String {
+    list.iter()
+        .map(|(c, e)| {
+            format!(
+                "{} via {} at {}ms fence {}",
+                e.exec,
+                c.via,
+                e.at_ms,
+                c.fence.as_deref().unwrap_or("-")
+            )
+        })
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+/// Checks a key's fences within each epoch (a store that lost its data starts a key's
+/// fences afresh): no fence used twice, none lower than an earlier execution's.
+fn check_fences(history: &History, k: &str, proper: &[&(&Call, &Execution)], f: &mut Findings) {
+    let fences: Vec<(u64, &str, usize)> = proper
+        .iter()
+        .filter_map(|(c, e)| {
+            c.fence
+                .as_deref()
+                .and_then(|x| x.trim().parse::<u64>().ok())
+                .and_then(|x| epoch_of(history, c, e).map(|at| (x, e.exec.as_str(), at)))
+        })
+        .collect();
+    for (i, (fence, exec, at)) in fences.iter().enumerate() {
+        let earlier = || fences[..i].iter().filter(|(_, _, e)| e == at);
+        if let Some((_, other, _)) = earlier().find(|(x, _, _)| x == fence) {
+            f.add(
+                Kind::FenceReused,
+                k.to_owned(),
+                format!("{other} and {exec} both ran under fence {fence}"),
+            );
+        }
+        if let Some((higher, other, _)) = earlier().find(|(x, _, _)| x > fence) {
+            f.add(
+                Kind::FenceWentBack,
+                k.to_owned(),
+                format!("{exec} ran under fence {fence} after {other} ran under {higher}"),
+            );
+        }
+    }
+}
+
+/// Checks every answer the clients got; when each key's first upstream answer was
+/// delivered.
+fn check_attempts(
+    view: &View<'_>,
+    first: &HashMap<Key, &Execution>,
+    f: &mut Findings,
+) -> HashMap<Key, u64> {
+    let mut delivered: HashMap<Key, u64> = HashMap::new();
+    for a in &view.history.attempts {
+        let Some(op) = view.history.ops.get(a.op) else {
             continue;
         };
         let k = name(&op.caller, &op.key);
         let gateway = format!("g{}", a.gateway);
-        let stopped = paused
-            .get(&gateway)
-            .is_some_and(|p| overlaps(a.start_ms, a.end_ms, p));
-        let took = a.end_ms.saturating_sub(a.start_ms);
-        let late = match &a.result {
-            AttemptResult::Answer(_) | AttemptResult::Timeout => took > limits.answer_bound_ms,
-            _ => false,
-        };
-        if late && !stopped {
-            add(
-                Kind::LateAnswer,
-                k.clone(),
-                format!(
-                    "{gateway} took {took}ms (bound {}ms) from {}ms: {}",
-                    limits.answer_bound_ms,
-                    a.start_ms,
-                    match &a.result {
-                        AttemptResult::Answer(ans) => format!("answered {}", ans.status),
-                        _ => "no answer".to_owned(),
-                    }
-                ),
-            );
-        }
+        check_late(view, a, &gateway, &k, f);
         let Some(ans) = a.result.answer() else {
             continue;
         };
         // An attempt that ended after the store lost its data may have met the empty store.
-        let after_loss = !before_loss(a.end_ms);
-        if ans.from_upstream() {
-            let exec = ans.exec.as_deref().unwrap_or_default();
-            if ans.caller.as_deref() != Some(op.caller.as_str())
-                || ans.key.as_deref() != Some(op.key.as_str())
-            {
-                add(
-                    Kind::ForeignAnswer,
-                    k.clone(),
-                    format!(
-                        "{gateway} answered {exec} of {}/{}",
-                        ans.caller.as_deref().unwrap_or("?"),
-                        ans.key.as_deref().unwrap_or("?")
-                    ),
-                );
-            }
-            let Some((_, e)) = by_exec.get(exec) else {
-                add(
-                    Kind::PhantomAnswer,
-                    k.clone(),
-                    format!("{gateway} answered {exec}, which never ran"),
-                );
-                continue;
-            };
-            let after_loss = after_loss || !before_loss(e.at_ms);
-            if op.kind == OpKind::Mismatch {
-                if !after_loss {
-                    add(
-                        Kind::MismatchAnswered,
-                        k.clone(),
-                        format!("a request with another body got {exec} from {gateway}"),
-                    );
-                }
-                continue;
-            }
-            if ans.status != e.status {
-                add(
-                    Kind::PhantomAnswer,
-                    k.clone(),
-                    format!(
-                        "{gateway} answered {exec} with {}, it gave {}",
-                        ans.status, e.status
-                    ),
-                );
-            }
-            let key = (op.caller.clone(), op.key.clone());
-            if let Some(first) = first.get(&key)
-                && first.exec != e.exec
-                && !after_loss
-            {
-                add(
-                    Kind::NotFirstAnswer,
-                    k.clone(),
-                    format!(
-                        "{gateway} answered {exec} ({}), the first execution was {}",
-                        if ans.replayed { "replayed" } else { "fresh" },
-                        first.exec
-                    ),
-                );
-            }
-            let t = delivered.entry(key).or_insert(a.end_ms);
-            *t = (*t).min(a.end_ms);
-            continue;
-        }
-        let problem = ans.problem.as_deref().unwrap_or("");
-        let allowed = match op.kind {
-            OpKind::Mismatch => matches!(ans.status, 422 | 503),
-            _ => matches!(ans.status, 409 | 502 | 503 | 504),
+        let after_loss = !view.before_loss(a.end_ms);
+        let seen = Seen {
+            op,
+            ans,
+            k: &k,
+            gateway: &gateway,
+            after_loss,
         };
-        if !allowed && !after_loss {
-            let kind = if op.kind == OpKind::Mismatch {
-                Kind::MismatchAnswered
-            } else {
-                Kind::UnexpectedAnswer
-            };
-            add(
-                kind,
-                k.clone(),
-                format!("{gateway} answered {} {problem}", ans.status),
-            );
+        if ans.from_upstream() {
+            check_upstream_answer(view, first, &seen, a.end_ms, &mut delivered, f);
+        } else {
+            check_problem_answer(&seen, f);
         }
     }
+    delivered
+}
 
-    // Durability: after the first delivered answer, nothing runs again and no attempt that
-    // starts later hears in-flight or unknown.
+/// One answer a client got, as the answer checks read it.
+struct Seen<'s> {
+    /// The operation it answered.
+    op: &'s Op,
+    /// The answer.
+    ans: &'s Answer,
+    /// The key, as `caller/key`.
+    k: &'s str,
+    /// The gateway that answered, as `gN`.
+    gateway: &'s str,
+    /// Whether the attempt ended after the store lost its data.
+    after_loss: bool,
+}
+
+/// Checks that an attempt was answered (or timed out) within the bound, unless its gateway
+/// was stopped meanwhile.
+fn check_late(view: &View<'_>, a: &Attempt, gateway: &str, k: &str, f: &mut Findings) {
+    let stopped = view
+        .windows
+        .paused
+        .get(gateway)
+        .is_some_and(|p| overlaps(a.start_ms, a.end_ms, p));
+    let took = a.end_ms.saturating_sub(a.start_ms);
+    let late = match &a.result {
+        AttemptResult::Answer(_) | AttemptResult::Timeout => took > view.limits.answer_bound_ms,
+        _ => false,
+    };
+    if late && !stopped {
+        f.add(
+            Kind::LateAnswer,
+            k.to_owned(),
+            format!(
+                "{gateway} took {took}ms (bound {}ms) from {}ms: {}",
+                view.limits.answer_bound_ms,
+                a.start_ms,
+                match &a.result {
+                    AttemptResult::Answer(ans) => format!("answered {}", ans.status),
+                    _ => "no answer".to_owned(),
+                }
+            ),
+        );
+    }
+}
+
+/// Checks an upstream answer: in the caller's own scope, given by an execution with the
+/// status it gave, the key's first execution's, and never to a request with another body;
+/// notes when a proper one was delivered (`end_ms`).
+fn check_upstream_answer(
+    view: &View<'_>,
+    first: &HashMap<Key, &Execution>,
+    seen: &Seen<'_>,
+    end_ms: u64,
+    delivered: &mut HashMap<Key, u64>,
+    f: &mut Findings,
+) {
+    let Seen {
+        op,
+        ans,
+        k,
+        gateway,
+        after_loss,
+    } = *seen;
+    let exec = ans.exec.as_deref().unwrap_or_default();
+    if ans.caller.as_deref() != Some(op.caller.as_str())
+        || ans.key.as_deref() != Some(op.key.as_str())
+    {
+        f.add(
+            Kind::ForeignAnswer,
+            k.to_owned(),
+            format!(
+                "{gateway} answered {exec} of {}/{}",
+                ans.caller.as_deref().unwrap_or("?"),
+                ans.key.as_deref().unwrap_or("?")
+            ),
+        );
+    }
+    let Some((_, e)) = view.by_exec.get(exec) else {
+        f.add(
+            Kind::PhantomAnswer,
+            k.to_owned(),
+            format!("{gateway} answered {exec}, which never ran"),
+        );
+        return;
+    };
+    let after_loss = after_loss || !view.before_loss(e.at_ms);
+    if op.kind == OpKind::Mismatch {
+        if !after_loss {
+            f.add(
+                Kind::MismatchAnswered,
+                k.to_owned(),
+                format!("a request with another body got {exec} from {gateway}"),
+            );
+        }
+        return;
+    }
+    if ans.status != e.status {
+        f.add(
+            Kind::PhantomAnswer,
+            k.to_owned(),
+            format!(
+                "{gateway} answered {exec} with {}, it gave {}",
+                ans.status, e.status
+            ),
+        );
+    }
+    let key = (op.caller.clone(), op.key.clone());
+    if let Some(first) = first.get(&key)
+        && first.exec != e.exec
+        && !after_loss
+    {
+        f.add(
+            Kind::NotFirstAnswer,
+            k.to_owned(),
+            format!(
+                "{gateway} answered {exec} ({}), the first execution was {}",
+                if ans.replayed { "replayed" } else { "fresh" },
+                first.exec
+            ),
+        );
+    }
+    let t = delivered.entry(key).or_insert(end_ms);
+    *t = (*t).min(end_ms);
+}
+
+/// Checks an answer of idem's own (a problem): one the rules allow for the operation's
+/// kind, unless the store lost its data meanwhile.
+fn check_problem_answer(seen: &Seen<'_>, f: &mut Findings) {
+    let Seen {
+        op,
+        ans,
+        k,
+        gateway,
+        after_loss,
+    } = *seen;
+    let problem = ans.problem.as_deref().unwrap_or("");
+    let allowed = match op.kind {
+        OpKind::Mismatch => matches!(ans.status, 422 | 503),
+        _ => matches!(ans.status, 409 | 502 | 503 | 504),
+    };
+    if !allowed && !after_loss {
+        let kind = if op.kind == OpKind::Mismatch {
+            Kind::MismatchAnswered
+        } else {
+            Kind::UnexpectedAnswer
+        };
+        f.add(
+            kind,
+            k.to_owned(),
+            format!("{gateway} answered {} {problem}", ans.status),
+        );
+    }
+}
+
+/// Durability: after the first delivered answer, nothing runs again and no attempt that
+/// starts later hears in-flight or unknown.
+fn check_durability(view: &View<'_>, delivered: &HashMap<Key, u64>, f: &mut Findings) {
+    let history = view.history;
     // The attempts of each key's normal operations, indexed once: a long run has hundreds
     // of thousands of both keys and attempts.
     let mut attempts_of: HashMap<(&str, &str), Vec<&Attempt>> = HashMap::new();
@@ -526,12 +720,13 @@ pub fn check(history: &History, calls: &[Call], messages: &Messages, limits: &Li
                 .push(a);
         }
     }
-    for ((caller, key), &t) in &delivered {
+    for ((caller, key), &t) in delivered {
         let k = name(caller, key);
-        if let Some(list) = by_key.get(&(caller.clone(), key.clone())) {
+        if let Some(list) = view.by_key.get(&(caller.clone(), key.clone())) {
             for (c, e) in list {
-                if c.arrived_ms > t && before_loss(c.arrived_ms) && !is_mismatch_body(&c.body) {
-                    add(
+                if c.arrived_ms > t && view.before_loss(c.arrived_ms) && !is_mismatch_body(&c.body)
+                {
+                    f.add(
                         Kind::NotDurable,
                         k.clone(),
                         format!(
@@ -544,13 +739,13 @@ pub fn check(history: &History, calls: &[Call], messages: &Messages, limits: &Li
         }
         let of_key = attempts_of.get(&(caller.as_str(), key.as_str()));
         for a in of_key.into_iter().flatten() {
-            if a.start_ms <= t || !before_loss(a.end_ms) {
+            if a.start_ms <= t || !view.before_loss(a.end_ms) {
                 continue;
             }
             if let Some(ans) = a.result.answer()
                 && ans.status == 409
             {
-                add(
+                f.add(
                     Kind::NotDurable,
                     k.clone(),
                     format!(
@@ -563,8 +758,12 @@ pub fn check(history: &History, calls: &[Call], messages: &Messages, limits: &Li
             }
         }
     }
+}
 
-    // What the gateways said at the end.
+/// Records what the gateways said of the open keys at the end (unknown, still processing,
+/// or something else), and the message keys the relays parked unknown (a dead letter after
+/// a timeout or a kill).
+fn record_final_states(history: &History, f: &mut Findings) {
     for (op, state) in &history.final_states {
         let Some(op) = history.ops.get(*op) else {
             continue;
@@ -572,7 +771,7 @@ pub fn check(history: &History, calls: &[Call], messages: &Messages, limits: &Li
         let k = name(&op.caller, &op.key);
         match state.as_str() {
             "unknown" => f.unknown.push(k),
-            "processing" => add(
+            "processing" => f.add(
                 Kind::Stuck,
                 k,
                 "still processing after the settle phase".into(),
@@ -580,22 +779,22 @@ pub fn check(history: &History, calls: &[Call], messages: &Messages, limits: &Li
             _ => f.unanswered.push(format!("{k} ({state})")),
         }
     }
-
-    // Message keys the relays parked unknown (a dead letter after a timeout or a kill).
     for (namespace, _, key) in &history.unknown_records {
         if namespace == "messages" {
             f.unknown.push(format!("message/{key}"));
         }
     }
+}
 
-    // Messages.
+/// Checks that every published message executed once, or was dead-lettered.
+fn check_messages(view: &View<'_>, messages: &Messages, f: &mut Findings) {
     for (principal, ids) in &messages.published {
         let dead = messages.dead.get(principal);
         for id in ids {
             let k = name(principal, id);
-            let list = by_key.get(&(principal.clone(), id.clone()));
+            let list = view.by_key.get(&(principal.clone(), id.clone()));
             let counted = list.map_or(0, |l| {
-                l.iter().filter(|(_, e)| before_loss(e.at_ms)).count()
+                l.iter().filter(|(_, e)| view.before_loss(e.at_ms)).count()
             });
             let was_dead = dead.is_some_and(|d| d.contains(id));
             if was_dead {
@@ -603,14 +802,14 @@ pub fn check(history: &History, calls: &[Call], messages: &Messages, limits: &Li
             }
             match counted {
                 0 if list.is_some_and(|l| !l.is_empty()) => {}
-                0 if !was_dead => add(
+                0 if !was_dead => f.add(
                     Kind::MessageLost,
                     k,
                     "never executed, not dead-lettered".into(),
                 ),
                 0 => {}
                 1 => f.messages_once += 1,
-                n => add(
+                n => f.add(
                     Kind::MessageTwice,
                     k,
                     format!(
@@ -626,15 +825,12 @@ pub fn check(history: &History, calls: &[Call], messages: &Messages, limits: &Li
             }
         }
     }
-    f.unknown.sort();
-    f.unknown.dedup();
-    f
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::history::{Answer, FaultRecord, Op, Phase};
+    use crate::history::{FaultRecord, Phase};
     use crate::upstream::CallOutcome;
 
     fn call(id: usize, via: &str, key: &str, fence: Option<&str>, at: u64, exec: &str) -> Call {

@@ -252,19 +252,10 @@ impl Nemesis {
     }
 }
 
+/// Injects one planned fault, waits out its length, heals it and logs what happened.
 async fn inject(world: &World, clock: &Clock, log: &FaultLog, p: &Planned, verbose: bool) {
     let length = Duration::from_millis(p.length_ms);
-    let name = |role: Role| {
-        world
-            .slot(role, p.target)
-            .map_or_else(|| format!("{role:?}{}", p.target), |s| s.name.clone())
-    };
-    let target = match p.kind {
-        FaultKind::KillGateway | FaultKind::PauseGateway => name(Role::Serve),
-        FaultKind::KillRelay => name(Role::Relay),
-        FaultKind::CutLink | FaultKind::SlowLink => format!("link {}", name(Role::Serve)),
-        _ => "store".to_owned(),
-    };
+    let target = target_name(world, p);
     let entry = log.begin(p.kind, target.clone(), clock.ms());
     if verbose {
         eprintln!(
@@ -274,57 +265,16 @@ async fn inject(world: &World, clock: &Clock, log: &FaultLog, p: &Planned, verbo
         );
     }
     let detail = match p.kind {
-        FaultKind::KillGateway | FaultKind::KillRelay => {
-            let role = if p.kind == FaultKind::KillGateway {
-                Role::Serve
-            } else {
-                Role::Relay
-            };
-            if let Some(slot) = world.slot(role, p.target) {
-                slot.kill();
-            }
-            tokio::time::sleep(length).await;
-            match world.start(role, p.target, Duration::from_secs(30)).await {
-                Ok(()) => "killed, restarted".to_owned(),
-                Err(e) => format!("killed; restart failed: {e:#}"),
-            }
-        }
+        FaultKind::KillGateway | FaultKind::KillRelay => kill_and_restart(world, p, length).await,
         FaultKind::PauseGateway => {
-            let Some(slot) = world.slot(Role::Serve, p.target) else {
+            // A gateway slot that does not exist leaves its record open.
+            let Some(detail) = pause_gateway(world, p, length).await else {
                 return;
             };
-            if !slot.pause(true) {
-                log.end(entry, clock.ms(), "not running".into());
-                return;
-            }
-            tokio::time::sleep(length).await;
-            slot.pause(false);
-            format!("stopped {:.1}s", length.as_secs_f64())
+            detail
         }
-        FaultKind::FreezeStore => match world.store.freeze(true) {
-            Ok(()) => {
-                let from = clock.ms();
-                tokio::time::sleep(length).await;
-                log.in_force(entry, from, clock.ms());
-                match world.store.freeze(false) {
-                    Ok(()) => format!("frozen {:.1}s", length.as_secs_f64()),
-                    Err(e) => format!("thaw failed: {e:#}"),
-                }
-            }
-            Err(e) => format!("freeze failed: {e:#}"),
-        },
-        FaultKind::RestartStoreEmpty => {
-            let lost = clock.ms();
-            let lost_wall = wall_us();
-            match world.store.restart_empty().await {
-                Ok(()) => {
-                    log.data_lost.lock().push(lost);
-                    log.data_lost_wall.lock().push((lost_wall, wall_us()));
-                    "restarted empty: data lost".to_owned()
-                }
-                Err(e) => format!("restart failed: {e:#}"),
-            }
-        }
+        FaultKind::FreezeStore => freeze_store(world, clock, log, entry, length).await,
+        FaultKind::RestartStoreEmpty => restart_store_empty(world, clock, log).await,
         FaultKind::KillClusterMaster => match world
             .store
             .kill_master(usize::try_from(p.variant).unwrap_or(0))
@@ -333,38 +283,128 @@ async fn inject(world: &World, clock: &Clock, log: &FaultLog, p: &Planned, verbo
             Ok(d) => d,
             Err(e) => format!("failover failed: {e:#}"),
         },
-        FaultKind::PromoteStandby => match world.store.promote_standby().await {
-            Ok(d) => {
-                // The virtual IP follows the new primary.
-                if let Some(primary) = world.store.target() {
-                    for link in &world.links {
-                        link.retarget(primary);
-                    }
-                }
-                d
-            }
-            Err(e) => format!("promotion failed: {e:#}"),
-        },
-        FaultKind::CutLink | FaultKind::SlowLink => {
-            let Some(link) = world.links.get(p.target) else {
-                log.end(entry, clock.ms(), "no link".into());
-                return;
-            };
-            let (mode, what) = match (p.kind, p.variant) {
-                (FaultKind::SlowLink, d) => (
-                    Mode::Slow(Duration::from_millis(d)),
-                    format!("slowed by {d}ms"),
-                ),
-                (_, 0) => (Mode::Cut, "cut (reset)".to_owned()),
-                _ => (Mode::Blackhole, "cut (blackhole)".to_owned()),
-            };
-            link.set(mode);
-            tokio::time::sleep(length).await;
-            link.set(Mode::Pass);
-            format!("{what} {:.1}s", length.as_secs_f64())
-        }
+        FaultKind::PromoteStandby => promote_standby(world).await,
+        FaultKind::CutLink | FaultKind::SlowLink => disturb_link(world, p, length).await,
     };
     log.end(entry, clock.ms(), detail);
+}
+
+/// The name a fault's record gives its target: the gateway, relay or link it hits, or the
+/// store.
+fn target_name(world: &World, p: &Planned) -> String {
+    let name = |role: Role| {
+        world
+            .slot(role, p.target)
+            .map_or_else(|| format!("{role:?}{}", p.target), |s| s.name.clone())
+    };
+    match p.kind {
+        FaultKind::KillGateway | FaultKind::PauseGateway => name(Role::Serve),
+        FaultKind::KillRelay => name(Role::Relay),
+        FaultKind::CutLink | FaultKind::SlowLink => format!("link {}", name(Role::Serve)),
+        _ => "store".to_owned(),
+    }
+}
+
+/// Kills a gateway or relay, waits `length`, and starts it again.
+async fn kill_and_restart(world: &World, p: &Planned, length: Duration) -> String {
+    let role = if p.kind == FaultKind::KillGateway {
+        Role::Serve
+    } else {
+        Role::Relay
+    };
+    if let Some(slot) = world.slot(role, p.target) {
+        slot.kill();
+    }
+    tokio::time::sleep(length).await;
+    match world.start(role, p.target, Duration::from_secs(30)).await {
+        Ok(()) => "killed, restarted".to_owned(),
+        Err(e) => format!("killed; restart failed: {e:#}"),
+    }
+}
+
+/// Stops a gateway's process for `length`, then lets it run on; `None` if there is no such
+/// gateway.
+async fn pause_gateway(world: &World, p: &Planned, length: Duration) -> Option<String> {
+    let slot = world.slot(Role::Serve, p.target)?;
+    if !slot.pause(true) {
+        return Some("not running".into());
+    }
+    tokio::time::sleep(length).await;
+    slot.pause(false);
+    Some(format!("stopped {:.1}s", length.as_secs_f64()))
+}
+
+/// Freezes the store for `length` and thaws it, logging when the freeze was in force.
+async fn freeze_store(
+    world: &World,
+    clock: &Clock,
+    log: &FaultLog,
+    entry: usize,
+    length: Duration,
+) -> String {
+    match world.store.freeze(true) {
+        Ok(()) => {
+            let from = clock.ms();
+            tokio::time::sleep(length).await;
+            log.in_force(entry, from, clock.ms());
+            match world.store.freeze(false) {
+                Ok(()) => format!("frozen {:.1}s", length.as_secs_f64()),
+                Err(e) => format!("thaw failed: {e:#}"),
+            }
+        }
+        Err(e) => format!("freeze failed: {e:#}"),
+    }
+}
+
+/// Restarts the store without its data, logging when (on the run's clock and the wall
+/// clock) the data was lost.
+async fn restart_store_empty(world: &World, clock: &Clock, log: &FaultLog) -> String {
+    let lost = clock.ms();
+    let lost_wall = wall_us();
+    match world.store.restart_empty().await {
+        Ok(()) => {
+            log.data_lost.lock().push(lost);
+            log.data_lost_wall.lock().push((lost_wall, wall_us()));
+            "restarted empty: data lost".to_owned()
+        }
+        Err(e) => format!("restart failed: {e:#}"),
+    }
+}
+
+/// Promotes the standby and moves every link to the new primary.
+async fn promote_standby(world: &World) -> String {
+    match world.store.promote_standby().await {
+        Ok(d) => {
+            // The virtual IP follows the new primary.
+            if let Some(primary) = world.store.target() {
+                for link in &world.links {
+                    link.retarget(primary);
+                }
+            }
+            d
+        }
+        Err(e) => format!("promotion failed: {e:#}"),
+    }
+}
+
+/// Cuts (reset or blackhole) or slows a gateway's link to the store for `length`, then
+/// lets it pass again.
+async fn disturb_link(world: &World, p: &Planned, length: Duration) -> String {
+    let Some(link) = world.links.get(p.target) else {
+        return "no link".into();
+    };
+    let (mode, what) = match (p.kind, p.variant) {
+        (FaultKind::SlowLink, d) => (
+            Mode::Slow(Duration::from_millis(d)),
+            format!("slowed by {d}ms"),
+        ),
+        (_, 0) => (Mode::Cut, "cut (reset)".to_owned()),
+        _ => (Mode::Blackhole, "cut (blackhole)".to_owned()),
+    };
+    link.set(mode);
+    tokio::time::sleep(length).await;
+    link.set(Mode::Pass);
+    format!("{what} {:.1}s", length.as_secs_f64())
 }
 
 /// Microseconds since the Unix epoch: the clock Redis's `TIME`, and so its fences, read.

@@ -69,6 +69,19 @@ impl Report {
 
 impl fmt::Display for Report {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.fmt_figures(f)?;
+        writeln!(f)?;
+        self.fmt_faults(f)?;
+        writeln!(f)?;
+        self.fmt_anomalies(f)?;
+        writeln!(f)?;
+        self.fmt_keys_and_verdict(f)
+    }
+}
+
+impl Report {
+    /// The seed and setup, the run's figures, the answers by status and the settle times.
+    fn fmt_figures(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let fd = &self.findings;
         writeln!(f, "idem-chaos seed {} — {}", self.seed, self.setup)?;
         writeln!(
@@ -122,7 +135,11 @@ impl fmt::Display for Report {
             secs(1.0),
             st.unsettled
         )?;
-        writeln!(f)?;
+        Ok(())
+    }
+
+    /// The table of faults injected, by kind.
+    fn fmt_faults(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(f, "{:<24} {:>6}", "fault", "count")?;
         for (kind, n) in &self.faults {
             writeln!(f, "{:<24} {n:>6}", kind.as_str())?;
@@ -130,7 +147,12 @@ impl fmt::Display for Report {
         if self.faults.is_empty() {
             writeln!(f, "{:<24} {:>6}", "(none)", 0)?;
         }
-        writeln!(f)?;
+        Ok(())
+    }
+
+    /// The table of anomalies by kind with their first keys, then an example of each kind.
+    fn fmt_anomalies(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let fd = &self.findings;
         writeln!(f, "{:<24} {:>6}  first keys", "anomaly", "count")?;
         let counts = self.anomaly_counts();
         for (kind, n) in &counts {
@@ -150,7 +172,13 @@ impl fmt::Display for Report {
                 writeln!(f, "  e.g. {kind} {}: {}", a.key, a.detail)?;
             }
         }
-        writeln!(f)?;
+        Ok(())
+    }
+
+    /// The keys left unknown, never answered or re-executed after a data loss, the notes,
+    /// the files and the verdict.
+    fn fmt_keys_and_verdict(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let fd = &self.findings;
         writeln!(
             f,
             "keys left unknown: {}{}",
