@@ -7,7 +7,7 @@ use anyhow::{Context as _, anyhow, bail};
 
 use super::parse::{header_name, plain_path, positive};
 use super::route::compile_route;
-use super::settings::{AdminSettings, LogFormat, Settings, StatusSettings, Unmatched};
+use super::settings::{AdminSettings, LogFormat, Route, Settings, StatusSettings, Unmatched};
 use super::{ByteSize, DEFAULT_LISTEN, DEFAULT_STORE, RawConfig, RawRoute, listener};
 use crate::path::TrailingSlash;
 use crate::store::{StoreOptions, StoreSpec};
@@ -50,56 +50,7 @@ pub fn compile(raw: &RawConfig) -> anyhow::Result<Settings> {
         .context("`upstream`")?;
     let store =
         StoreSpec::parse(raw.store.as_deref().unwrap_or(DEFAULT_STORE)).context("`store`")?;
-    let store_options = StoreOptions {
-        table: raw.store_table.clone(),
-        prefix: raw.store_prefix.clone(),
-        pool: match raw.store_pool {
-            Some(0) => bail!("`store_pool` must be greater than zero"),
-            Some(n) => n,
-            None => crate::store::SQL_POOL_SIZE,
-        },
-        audit: {
-            let a = audit(raw.audit.as_ref())?;
-            idem_core::AuditRetention {
-                max_events: a.max_events,
-                max_age: a.max_age,
-            }
-        },
-        audit_level: audit(raw.audit.as_ref())?.level,
-        wait: match (raw.store_wait_replicas, &store) {
-            (None, _) => {
-                if raw.store_wait_timeout.is_some() {
-                    bail!("`store_wait_timeout` needs `store_wait_replicas`");
-                }
-                None
-            }
-            (Some(0), _) => bail!("`store_wait_replicas` must be greater than zero"),
-            (Some(n), StoreSpec::Redis { .. }) => Some((
-                n,
-                positive(
-                    raw.store_wait_timeout.map(|d| d.0),
-                    crate::store::DEFAULT_WAIT_TIMEOUT,
-                    "store_wait_timeout",
-                )?,
-            )),
-            (Some(_), other) => bail!(
-                "`store_wait_replicas` applies to Redis stores only, not `{}`",
-                other.kind()
-            ),
-        },
-        tls: store_tls(raw, &store)?,
-        memory_max_bytes: match (raw.store_max_bytes, &store) {
-            (None, _) => None,
-            (Some(ByteSize(0)), _) => bail!("`store_max_bytes` must be greater than zero"),
-            (Some(ByteSize(n)), StoreSpec::Memory { .. }) => {
-                Some(usize::try_from(n).unwrap_or(usize::MAX))
-            }
-            (Some(_), other) => bail!(
-                "`store_max_bytes` applies to the memory store only, not `{}`",
-                other.kind()
-            ),
-        },
-    };
+    let store_options = store_options(raw, &store)?;
     let store_timeout = positive(
         raw.store_timeout.map(|d| d.0),
         Duration::from_secs(1),
@@ -125,7 +76,155 @@ pub fn compile(raw: &RawConfig) -> anyhow::Result<Settings> {
         "json" => LogFormat::Json,
         other => bail!("`log.format`: `{other}` is neither `text` nor `json`"),
     };
-    let admin = match &raw.admin {
+    let admin = admin(raw, listen)?;
+
+    let defaults = raw.defaults.clone().unwrap_or_default();
+    policy_only(&defaults)?;
+    let demo_upstream = raw.demo_upstream.unwrap_or(false);
+    let (unmatched, trailing_slash, ignore_case) = path_rules(raw)?;
+    let (routes, implicit_route) = routes(
+        raw,
+        &defaults,
+        (trailing_slash, ignore_case),
+        store_timeout,
+        unmatched,
+        upstream.is_some() || demo_upstream,
+    )?;
+    let status = status(raw.status.as_ref()).context("`status.path`")?;
+    super::token::check_routes(&routes, &store, status.as_ref())?;
+    let relays = super::relay::compile(raw.relay.as_deref().unwrap_or_default(), &routes)?;
+    Ok(Settings {
+        listen,
+        upstream,
+        demo_upstream,
+        store,
+        store_timeout,
+        store_options,
+        store_cache,
+        upstream_connect_timeout: positive(
+            raw.upstream_connect_timeout.map(|d| d.0),
+            Duration::from_secs(5),
+            "upstream_connect_timeout",
+        )?,
+        upstream_pool_max_idle: raw.upstream_pool_max_idle.unwrap_or(256),
+        shutdown_grace: raw.shutdown_grace.map_or(Duration::from_secs(30), |d| d.0),
+        request_id_header,
+        log_format,
+        log_level: log.level.unwrap_or_else(|| "info".into()),
+        admin,
+        otel: super::telemetry::compile(raw.otel.as_ref())?,
+        routes,
+        implicit_route,
+        unmatched,
+        trailing_slash,
+        tls: listener::tls(raw.tls.as_ref(), "tls")?,
+        limits: listener::limits(raw.limits.as_ref())?,
+        status,
+        reconcile: reconcile(raw.reconcile.as_ref())?,
+        audit: audit(raw.audit.as_ref())?,
+        relays,
+    })
+}
+
+/// Refuses route fields in `[defaults]`: it holds policy fields only.
+fn policy_only(defaults: &RawRoute) -> anyhow::Result<()> {
+    for (field, set) in [
+        ("name", defaults.name.is_some()),
+        ("method", defaults.method.is_some()),
+        ("path", defaults.path.is_some()),
+        ("token", defaults.token.is_some()),
+    ] {
+        if set {
+            bail!(
+                "`defaults.{field}`: `defaults` holds policy fields only; give routes their own {field}"
+            );
+        }
+    }
+    Ok(())
+}
+
+/// How requests meet routes: what an unmatched request gets, the trailing-slash rule, and
+/// whether paths ignore letter case.
+fn path_rules(raw: &RawConfig) -> anyhow::Result<(Unmatched, TrailingSlash, bool)> {
+    let unmatched = match raw.unmatched.as_deref().unwrap_or("reject") {
+        "reject" => Unmatched::Reject,
+        "protect" => Unmatched::Protect,
+        "proxy" => Unmatched::Proxy,
+        other => bail!("`unmatched`: `{other}` is not one of reject, protect, proxy"),
+    };
+    let trailing_slash = match raw.trailing_slash.as_deref().unwrap_or("ignore") {
+        "ignore" => TrailingSlash::Ignore,
+        "strict" => TrailingSlash::Strict,
+        other => bail!("`trailing_slash`: `{other}` is neither `ignore` nor `strict`"),
+    };
+    let ignore_case = match raw.path_case.as_deref().unwrap_or("insensitive") {
+        "insensitive" => true,
+        "sensitive" => false,
+        other => bail!("`path_case`: `{other}` is neither `insensitive` nor `sensitive`"),
+    };
+    Ok((unmatched, trailing_slash, ignore_case))
+}
+
+/// The store's options: table and key prefix, pool size, audit retention and level,
+/// `WAIT` for Redis replicas, TLS, and the memory store's byte cap.
+fn store_options(raw: &RawConfig, store: &StoreSpec) -> anyhow::Result<StoreOptions> {
+    Ok(StoreOptions {
+        table: raw.store_table.clone(),
+        prefix: raw.store_prefix.clone(),
+        pool: match raw.store_pool {
+            Some(0) => bail!("`store_pool` must be greater than zero"),
+            Some(n) => n,
+            None => crate::store::SQL_POOL_SIZE,
+        },
+        audit: {
+            let a = audit(raw.audit.as_ref())?;
+            idem_core::AuditRetention {
+                max_events: a.max_events,
+                max_age: a.max_age,
+            }
+        },
+        audit_level: audit(raw.audit.as_ref())?.level,
+        wait: match (raw.store_wait_replicas, store) {
+            (None, _) => {
+                if raw.store_wait_timeout.is_some() {
+                    bail!("`store_wait_timeout` needs `store_wait_replicas`");
+                }
+                None
+            }
+            (Some(0), _) => bail!("`store_wait_replicas` must be greater than zero"),
+            (Some(n), StoreSpec::Redis { .. }) => Some((
+                n,
+                positive(
+                    raw.store_wait_timeout.map(|d| d.0),
+                    crate::store::DEFAULT_WAIT_TIMEOUT,
+                    "store_wait_timeout",
+                )?,
+            )),
+            (Some(_), other) => bail!(
+                "`store_wait_replicas` applies to Redis stores only, not `{}`",
+                other.kind()
+            ),
+        },
+        tls: store_tls(raw, store)?,
+        memory_max_bytes: match (raw.store_max_bytes, store) {
+            (None, _) => None,
+            (Some(ByteSize(0)), _) => bail!("`store_max_bytes` must be greater than zero"),
+            (Some(ByteSize(n)), StoreSpec::Memory { .. }) => {
+                Some(usize::try_from(n).unwrap_or(usize::MAX))
+            }
+            (Some(_), other) => bail!(
+                "`store_max_bytes` applies to the memory store only, not `{}`",
+                other.kind()
+            ),
+        },
+    })
+}
+
+/// The admin listener: none, or its address (apart from the data listener's port), its
+/// bearer token and optional scrape token (each at least 16 characters, and different), and
+/// its TLS.
+fn admin(raw: &RawConfig, listen: SocketAddr) -> anyhow::Result<Option<AdminSettings>> {
+    Ok(match &raw.admin {
         None => None,
         Some(a) => {
             let token = read_token(a.token.as_deref(), a.token_file.as_deref(), "token")?;
@@ -174,38 +273,22 @@ pub fn compile(raw: &RawConfig) -> anyhow::Result<Settings> {
                 }
             }
         }
-    };
+    })
+}
 
-    let defaults = raw.defaults.clone().unwrap_or_default();
-    for (field, set) in [
-        ("name", defaults.name.is_some()),
-        ("method", defaults.method.is_some()),
-        ("path", defaults.path.is_some()),
-        ("token", defaults.token.is_some()),
-    ] {
-        if set {
-            bail!(
-                "`defaults.{field}`: `defaults` holds policy fields only; give routes their own {field}"
-            );
-        }
-    }
-    let demo_upstream = raw.demo_upstream.unwrap_or(false);
-    let unmatched = match raw.unmatched.as_deref().unwrap_or("reject") {
-        "reject" => Unmatched::Reject,
-        "protect" => Unmatched::Protect,
-        "proxy" => Unmatched::Proxy,
-        other => bail!("`unmatched`: `{other}` is not one of reject, protect, proxy"),
-    };
-    let trailing_slash = match raw.trailing_slash.as_deref().unwrap_or("ignore") {
-        "ignore" => TrailingSlash::Ignore,
-        "strict" => TrailingSlash::Strict,
-        other => bail!("`trailing_slash`: `{other}` is neither `ignore` nor `strict`"),
-    };
-    let ignore_case = match raw.path_case.as_deref().unwrap_or("insensitive") {
-        "insensitive" => true,
-        "sensitive" => false,
-        other => bail!("`path_case`: `{other}` is neither `insensitive` nor `sensitive`"),
-    };
+/// The routes as configured (or one catch-all `default` route when none is), with an
+/// `unmatched` catch-all appended under `unmatched = "protect"`; and whether the route list
+/// is the implicit one. Every route needs an upstream: its own, or `upstream_elsewhere`
+/// (the global one or the demo upstream). `paths` is how paths match: the trailing-slash
+/// rule and whether letter case is ignored.
+fn routes(
+    raw: &RawConfig,
+    defaults: &RawRoute,
+    paths: (TrailingSlash, bool),
+    store_timeout: Duration,
+    unmatched: Unmatched,
+    upstream_elsewhere: bool,
+) -> anyhow::Result<(Vec<Route>, bool)> {
     let catch_all = |name: &str| RawRoute {
         name: Some(name.into()),
         path: Some("/*".into()),
@@ -218,9 +301,10 @@ pub fn compile(raw: &RawConfig) -> anyhow::Result<Settings> {
     if unmatched == Unmatched::Protect && !implicit_route {
         raw_routes.push(catch_all("unmatched"));
     }
+    let (trailing_slash, ignore_case) = paths;
     let mut routes = Vec::with_capacity(raw_routes.len());
     for (i, r) in raw_routes.iter().enumerate() {
-        let route = compile_route(r, &defaults, store_timeout, trailing_slash, ignore_case)
+        let route = compile_route(r, defaults, store_timeout, trailing_slash, ignore_case)
             .with_context(|| {
                 let name = r
                     .name
@@ -229,7 +313,7 @@ pub fn compile(raw: &RawConfig) -> anyhow::Result<Settings> {
                     .unwrap_or_else(|| "?".into());
                 format!("route #{} ({name})", i + 1)
             })?;
-        if route.upstream.is_none() && upstream.is_none() && !demo_upstream {
+        if route.upstream.is_none() && !upstream_elsewhere {
             bail!(
                 "route `{}` has no upstream: set `upstream` (globally or on the route), or run with --demo-upstream",
                 route.name
@@ -237,40 +321,7 @@ pub fn compile(raw: &RawConfig) -> anyhow::Result<Settings> {
         }
         routes.push(route);
     }
-    let status = status(raw.status.as_ref()).context("`status.path`")?;
-    super::token::check_routes(&routes, &store, status.as_ref())?;
-    let relays = super::relay::compile(raw.relay.as_deref().unwrap_or_default(), &routes)?;
-    Ok(Settings {
-        listen,
-        upstream,
-        demo_upstream,
-        store,
-        store_timeout,
-        store_options,
-        store_cache,
-        upstream_connect_timeout: positive(
-            raw.upstream_connect_timeout.map(|d| d.0),
-            Duration::from_secs(5),
-            "upstream_connect_timeout",
-        )?,
-        upstream_pool_max_idle: raw.upstream_pool_max_idle.unwrap_or(256),
-        shutdown_grace: raw.shutdown_grace.map_or(Duration::from_secs(30), |d| d.0),
-        request_id_header,
-        log_format,
-        log_level: log.level.unwrap_or_else(|| "info".into()),
-        admin,
-        otel: super::telemetry::compile(raw.otel.as_ref())?,
-        routes,
-        implicit_route,
-        unmatched,
-        trailing_slash,
-        tls: listener::tls(raw.tls.as_ref(), "tls")?,
-        limits: listener::limits(raw.limits.as_ref())?,
-        status,
-        reconcile: reconcile(raw.reconcile.as_ref())?,
-        audit: audit(raw.audit.as_ref())?,
-        relays,
-    })
+    Ok((routes, implicit_route))
 }
 
 /// The status endpoint's path: absolute, plain (unreserved characters and `/` only), already
