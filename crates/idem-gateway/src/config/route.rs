@@ -50,6 +50,13 @@ fn status_url(template: &str) -> anyhow::Result<String> {
     Ok(template.to_owned())
 }
 
+/// A route's own setting, else the `[defaults]` one.
+macro_rules! pick {
+    ($r:ident, $d:ident, $f:ident) => {
+        $r.$f.clone().or_else(|| $d.$f.clone())
+    };
+}
+
 pub(super) fn compile_route(
     r: &RawRoute,
     d: &RawRoute,
@@ -91,45 +98,98 @@ pub(super) fn compile_route(
         .transpose()
         .context("`upstream`")?;
 
-    macro_rules! pick {
-        ($f:ident) => {
-            r.$f.clone().or_else(|| d.$f.clone())
-        };
-    }
-    let namespace = pick!(namespace).unwrap_or_else(|| match &r.name {
+    let namespace = pick!(r, d, namespace).unwrap_or_else(|| match &r.name {
         Some(n) => n.clone(),
         None => format!("{methods}:{path}").replace(' ', ""),
     });
     Scope::new(namespace.clone()).map_err(|e| anyhow!("`namespace` `{namespace}`: {e}"))?;
 
+    let (engine, status_url, upstream_failure) = engine_policy(r, d, store_timeout)?;
+
+    let (store_statuses, release_statuses, replay_headers) = answer_rules(r, d)?;
+    let idempotency = pick!(r, d, idempotency).unwrap_or(true);
+    // A plain-proxy route has no keys, so it needs no principal.
+    let principal = match pick!(r, d, principal) {
+        None if !idempotency => PrincipalSource::None,
+        raw => principal(raw.as_ref()).context("`principal`")?,
+    };
+    let fingerprint = fingerprint(pick!(r, d, fingerprint).as_ref()).context("`fingerprint`")?;
+    let (max_request_body, max_stored_response) = body_limits(r, d)?;
+
+    let token = r.token.as_ref().map(super::token::compile).transpose()?;
+    let (key, key_path_params) = route_key(r, d, token.is_some(), idempotency, &pattern)?;
+    let policy = RoutePolicy {
+        idempotency,
+        key,
+        key_path_params,
+        key_required: token.is_some() || pick!(r, d, key_required).unwrap_or(true),
+        namespace,
+        principal,
+        fingerprint,
+        engine,
+        store_statuses,
+        release_statuses,
+        upstream_failure,
+        max_request_body,
+        max_stored_response,
+        replay_headers,
+        status_url,
+        fence_header: header_name(
+            pick!(r, d, fence_header)
+                .as_deref()
+                .unwrap_or(idem_http::IDEMPOTENCY_FENCE.as_str()),
+        )
+        .context("`fence_header`")?,
+        fenced_upstream: pick!(r, d, fenced_upstream).unwrap_or(false),
+        token,
+    };
+    Ok(Route {
+        name,
+        methods,
+        pattern,
+        upstream,
+        policy: Arc::new(policy),
+    })
+}
+
+/// The engine policy of a route (its timeout backed up by the engine's, takeover, lease,
+/// record TTL, in-flight wait, probe timeout), its status webhook, and what an upstream
+/// failure leaves behind.
+fn engine_policy(
+    r: &RawRoute,
+    d: &RawRoute,
+    store_timeout: Duration,
+) -> anyhow::Result<(Policy, Option<String>, UpstreamFailure)> {
     let timeout = positive(
-        pick!(timeout).map(|d| d.0),
+        pick!(r, d, timeout).map(|d| d.0),
         Duration::from_secs(30),
         "timeout",
     )?;
     // The engine's handler timeout backs the proxy's own timeout up by a second, so the
     // proxy's 504 (handled per `upstream_failure`) always comes first.
     let handler_timeout = timeout + crate::shared::HANDLER_BACKSTOP;
-    let takeover = match pick!(takeover).as_deref().unwrap_or("hold") {
+    let takeover = match pick!(r, d, takeover).as_deref().unwrap_or("hold") {
         "reexecute" => TakeoverPolicy::Reexecute,
         "hold" => TakeoverPolicy::Hold,
         other => bail!("`takeover`: `{other}` is neither `hold` nor `reexecute`"),
     };
-    let status_url = pick!(status_url)
+    let status_url = pick!(r, d, status_url)
         .map(|t| status_url(&t))
         .transpose()
         .context("`status_url`")?;
-    let lease = pick!(lease).map_or_else(
+    let lease = pick!(r, d, lease).map_or_else(
         || default_lease(takeover, status_url.is_some(), handler_timeout),
         |d| d.0,
     );
-    let ttl = pick!(ttl).map_or(Duration::from_secs(24 * 3600), |d| d.0);
-    let upstream_failure = match pick!(upstream_failure).as_deref().unwrap_or("hold") {
+    let ttl = pick!(r, d, ttl).map_or(Duration::from_secs(24 * 3600), |d| d.0);
+    let upstream_failure = match pick!(r, d, upstream_failure).as_deref().unwrap_or("hold") {
         "hold" => UpstreamFailure::Hold,
         "retry" => UpstreamFailure::Retry,
         other => bail!("`upstream_failure`: `{other}` is neither `hold` nor `retry`"),
     };
-    let in_flight_wait = pick!(in_flight_wait).map(|d| d.0).filter(|d| !d.is_zero());
+    let in_flight_wait = pick!(r, d, in_flight_wait)
+        .map(|d| d.0)
+        .filter(|d| !d.is_zero());
     let engine = Policy::builder()
         .handler_timeout(handler_timeout)
         .lease(lease)
@@ -138,7 +198,7 @@ pub(super) fn compile_route(
         .store_timeout(store_timeout)
         .in_flight_wait(in_flight_wait)
         .probe_timeout(positive(
-            pick!(status_timeout).map(|d| d.0),
+            pick!(r, d, status_timeout).map(|d| d.0),
             Duration::from_secs(2),
             "status_timeout",
         )?)
@@ -149,19 +209,43 @@ pub(super) fn compile_route(
             ),
             _ => anyhow!("policy: {e}"),
         })?;
+    Ok((engine, status_url, upstream_failure))
+}
 
-    let store_statuses = StatusSet::parse(&pick!(store_statuses).unwrap_or_else(|| {
+/// The largest request body a route buffers and the largest answer it stores (1 MiB each
+/// unless set).
+fn body_limits(r: &RawRoute, d: &RawRoute) -> anyhow::Result<(usize, usize)> {
+    let max_request_body = size(
+        pick!(r, d, max_request_body).map(|s| s.0),
+        1 << 20,
+        "max_request_body",
+    )?;
+    let max_stored_response = size(
+        pick!(r, d, max_stored_response).map(|s| s.0),
+        1 << 20,
+        "max_stored_response",
+    )?;
+    Ok((max_request_body, max_stored_response))
+}
+
+/// Which statuses a route stores and releases, and the headers it replays (warning about a
+/// credential-bearing one).
+fn answer_rules(
+    r: &RawRoute,
+    d: &RawRoute,
+) -> anyhow::Result<(StatusSet, StatusSet, Vec<http::HeaderName>)> {
+    let store_statuses = StatusSet::parse(&pick!(r, d, store_statuses).unwrap_or_else(|| {
         ["2xx", "3xx", "4xx"]
             .map(|s| StatusPattern::Text(s.into()))
             .to_vec()
     }))
     .context("`store_statuses`")?;
     let release_statuses = StatusSet::parse(
-        &pick!(release_statuses)
+        &pick!(r, d, release_statuses)
             .unwrap_or_else(|| [401, 403, 408, 409, 429].map(StatusPattern::Code).to_vec()),
     )
     .context("`release_statuses`")?;
-    let replay_headers = match pick!(replay_headers) {
+    let replay_headers = match pick!(r, d, replay_headers) {
         Some(list) => list
             .iter()
             .map(|h| header_name(h))
@@ -177,26 +261,19 @@ pub(super) fn compile_route(
             tracing::warn!(header = %h, "replay_headers replays a credential-bearing header to every retry");
         }
     }
-    let idempotency = pick!(idempotency).unwrap_or(true);
-    // A plain-proxy route has no keys, so it needs no principal.
-    let principal = match pick!(principal) {
-        None if !idempotency => PrincipalSource::None,
-        raw => principal(raw.as_ref()).context("`principal`")?,
-    };
-    let fingerprint = fingerprint(pick!(fingerprint).as_ref()).context("`fingerprint`")?;
-    let max_request_body = size(
-        pick!(max_request_body).map(|s| s.0),
-        1 << 20,
-        "max_request_body",
-    )?;
-    let max_stored_response = size(
-        pick!(max_stored_response).map(|s| s.0),
-        1 << 20,
-        "max_stored_response",
-    )?;
+    Ok((store_statuses, release_statuses, replay_headers))
+}
 
-    let token = r.token.as_ref().map(super::token::compile).transpose()?;
-    let (key, key_path_params) = if token.is_some() {
+/// Where a route's key comes from, and whether it names path parameters: the token header
+/// on a token route (whose key fields are then refused), else the route's key settings.
+fn route_key(
+    r: &RawRoute,
+    d: &RawRoute,
+    token: bool,
+    idempotency: bool,
+    pattern: &PathPattern,
+) -> anyhow::Result<(idem_core::key_source::KeySources, bool)> {
+    Ok(if token {
         // The token header is the key; the key fields (the route's or `defaults`') do not
         // apply, and setting them on the route is a mistake worth naming.
         for (field, set) in [
@@ -215,42 +292,13 @@ pub(super) fn compile_route(
         }
         (super::key::sources(None, None).context("`key`")?, false)
     } else {
-        let key = super::key::sources(pick!(key_header).as_deref(), pick!(key).as_ref())
-            .context("`key`")?;
-        let params = super::key::check_path_params(&key, &pattern).context("`key`")?;
-        (key, params)
-    };
-    let policy = RoutePolicy {
-        idempotency,
-        key,
-        key_path_params,
-        key_required: token.is_some() || pick!(key_required).unwrap_or(true),
-        namespace,
-        principal,
-        fingerprint,
-        engine,
-        store_statuses,
-        release_statuses,
-        upstream_failure,
-        max_request_body,
-        max_stored_response,
-        replay_headers,
-        status_url,
-        fence_header: header_name(
-            pick!(fence_header)
-                .as_deref()
-                .unwrap_or(idem_http::IDEMPOTENCY_FENCE.as_str()),
+        let key = super::key::sources(
+            pick!(r, d, key_header).as_deref(),
+            pick!(r, d, key).as_ref(),
         )
-        .context("`fence_header`")?,
-        fenced_upstream: pick!(fenced_upstream).unwrap_or(false),
-        token,
-    };
-    Ok(Route {
-        name,
-        methods,
-        pattern,
-        upstream,
-        policy: Arc::new(policy),
+        .context("`key`")?;
+        let params = super::key::check_path_params(&key, pattern).context("`key`")?;
+        (key, params)
     })
 }
 
