@@ -21,7 +21,7 @@ use serde_json::{Value, json};
 
 use super::visible::visible;
 use crate::admin::ACTOR_HEADER;
-use crate::upstream::{Clients, RawUpstream, RawUpstreamTable, UpstreamSpec};
+use crate::upstream::{Clients, HttpClient, RawUpstream, RawUpstreamTable, UpstreamSpec};
 
 /// Exit code: done.
 pub const EXIT_OK: u8 = 0;
@@ -195,6 +195,34 @@ fn admin_spec(base: &str, ca_file: Option<std::path::PathBuf>) -> anyhow::Result
     }))
 }
 
+/// One admin API call: its method, path, query and JSON body.
+struct AdminCall {
+    method: Method,
+    path: &'static str,
+    query: Vec<(&'static str, String)>,
+    body: Option<Value>,
+}
+
+impl AdminCall {
+    /// A call without a body.
+    fn new(method: Method, path: &'static str, query: Vec<(&'static str, String)>) -> Self {
+        Self {
+            method,
+            path,
+            query,
+            body: None,
+        }
+    }
+}
+
+/// Where and as whom the admin API is called.
+struct Admin<'a> {
+    client: HttpClient,
+    base: String,
+    token: String,
+    args: &'a AdminArgs,
+}
+
 /// Runs `idem admin …` and answers the exit code (see the module docs).
 pub async fn run(args: AdminArgs) -> u8 {
     let token = match token(&args) {
@@ -212,77 +240,41 @@ pub async fn run(args: AdminArgs) -> u8 {
             return EXIT_USAGE;
         }
     };
-    let call = |method: Method, path: &str, query: &[(&str, String)], body: Option<Value>| {
-        let mut url = format!("{base}{path}");
-        if !query.is_empty() {
-            let mut q = url::form_urlencoded::Serializer::new(String::new());
-            for (k, v) in query {
-                q.append_pair(k, v);
-            }
-            url.push('?');
-            url.push_str(&q.finish());
-        }
-        let req = Request::builder()
-            .method(method)
-            .uri(&url)
-            .header(http::header::AUTHORIZATION, format!("Bearer {token}"))
-            .header(ACTOR_HEADER, args.actor.as_str())
-            .header(http::header::CONTENT_TYPE, "application/json")
-            .body(RequestBody::from(Bytes::from(
-                body.map(|b| b.to_string()).unwrap_or_default(),
-            )));
-        let client = client.clone();
-        let timeout = args.timeout;
-        async move {
-            let req = req.map_err(|e| format!("{url}: {e}"))?;
-            let call = async {
-                let res = client
-                    .request(req)
-                    .await
-                    .map_err(|e| format!("{url}: {e}"))?;
-                let status = res.status();
-                let bytes = res
-                    .into_body()
-                    .collect()
-                    .await
-                    .map_err(|e| format!("{url}: {e}"))?
-                    .to_bytes();
-                let body = serde_json::from_slice(&bytes).unwrap_or_else(
-                    |_| json!({ "error": String::from_utf8_lossy(&bytes).trim().to_owned() }),
-                );
-                Ok::<_, String>(Answer { status, body })
-            };
-            tokio::time::timeout(timeout, call)
-                .await
-                .map_err(|_| format!("{url}: no answer within {timeout:?}"))?
+    let admin = Admin {
+        client,
+        base,
+        token,
+        args: &args,
+    };
+    let call = match admin_call(&args.command) {
+        Ok(c) => c,
+        Err(code) => return code,
+    };
+    let answer = match admin.send(call).await {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("error: {}", visible(&e));
+            return EXIT_FAILED;
         }
     };
-    let answer = match &args.command {
+    report(&args, &answer)
+}
+
+/// The admin API call a sub-command makes, or the exit code of arguments it cannot send.
+fn admin_call(command: &AdminCommand) -> Result<AdminCall, u8> {
+    Ok(match command {
         AdminCommand::Records(RecordsCommand::List {
             state,
             namespace,
             principal,
             older_than,
             limit,
-        }) => {
-            let mut q = vec![("limit", limit.to_string())];
-            for (name, value) in [
-                ("state", state),
-                ("namespace", namespace),
-                ("principal", principal),
-                ("older_than", older_than),
-            ] {
-                if let Some(v) = value {
-                    q.push((name, v.clone()));
-                }
-            }
-            call(Method::GET, "/admin/records", &q, None).await
-        }
+        }) => records_list_call(state, namespace, principal, older_than, *limit),
         AdminCommand::Records(RecordsCommand::Get { key, scope }) => {
-            call(Method::GET, "/admin/record", &scope.query(key), None).await
+            AdminCall::new(Method::GET, "/admin/record", scope.query(key))
         }
         AdminCommand::Records(RecordsCommand::Delete { key, scope }) => {
-            call(Method::DELETE, "/admin/record", &scope.query(key), None).await
+            AdminCall::new(Method::DELETE, "/admin/record", scope.query(key))
         }
         AdminCommand::Records(RecordsCommand::Resolve {
             key,
@@ -291,34 +283,10 @@ pub async fn run(args: AdminArgs) -> u8 {
             body,
             headers,
             release: _,
-        }) => {
-            let resolution = match complete {
-                Some(status) => {
-                    let mut fields = serde_json::Map::new();
-                    for h in headers {
-                        let Some((name, value)) = h.split_once(':') else {
-                            eprintln!("error: `--header {h}`: write `name: value`");
-                            return EXIT_USAGE;
-                        };
-                        fields.insert(name.trim().to_owned(), json!(value.trim()));
-                    }
-                    json!({
-                        "outcome": "complete",
-                        "status": status,
-                        "body": body.clone().unwrap_or_default(),
-                        "headers": fields,
-                    })
-                }
-                None => json!({ "outcome": "release" }),
-            };
-            call(
-                Method::POST,
-                "/admin/record/resolve",
-                &scope.query(key),
-                Some(resolution),
-            )
-            .await
-        }
+        }) => AdminCall {
+            body: Some(resolution(*complete, body, headers)?),
+            ..AdminCall::new(Method::POST, "/admin/record/resolve", scope.query(key))
+        },
         AdminCommand::Audit {
             key,
             scope,
@@ -326,37 +294,144 @@ pub async fn run(args: AdminArgs) -> u8 {
             since,
             until,
             limit,
-        } => {
-            let mut q = vec![
-                ("namespace", scope.namespace.clone()),
-                ("key", key.clone()),
-                ("limit", limit.to_string()),
-            ];
-            if let Some(p) = &scope.principal {
-                q.push(("scope", p.clone()));
-            }
-            if let Some(c) = &scope.credential {
-                q.push(("credential", c.clone()));
-            }
-            if let Some(e) = event {
-                q.push(("state", e.clone()));
-            }
-            if let Some(t) = since {
-                q.push(("since", t.to_string()));
-            }
-            if let Some(t) = until {
-                q.push(("until", t.to_string()));
-            }
-            call(Method::GET, "/admin/audit", &q, None).await
+        } => audit_call(key, scope, event, *since, *until, *limit),
+    })
+}
+
+/// `records list`: the records matching the given filters.
+fn records_list_call(
+    state: &Option<String>,
+    namespace: &Option<String>,
+    principal: &Option<String>,
+    older_than: &Option<String>,
+    limit: usize,
+) -> AdminCall {
+    let mut q = vec![("limit", limit.to_string())];
+    for (name, value) in [
+        ("state", state),
+        ("namespace", namespace),
+        ("principal", principal),
+        ("older_than", older_than),
+    ] {
+        if let Some(v) = value {
+            q.push((name, v.clone()));
         }
+    }
+    AdminCall::new(Method::GET, "/admin/records", q)
+}
+
+/// `records resolve`'s body: complete with a status, body and headers, or release; a header
+/// not written `name: value` is a usage error.
+fn resolution(
+    complete: Option<u16>,
+    body: &Option<String>,
+    headers: &[String],
+) -> Result<Value, u8> {
+    let Some(status) = complete else {
+        return Ok(json!({ "outcome": "release" }));
     };
-    let answer = match answer {
-        Ok(a) => a,
-        Err(e) => {
-            eprintln!("error: {}", visible(&e));
-            return EXIT_FAILED;
+    let mut fields = serde_json::Map::new();
+    for h in headers {
+        let Some((name, value)) = h.split_once(':') else {
+            eprintln!("error: `--header {h}`: write `name: value`");
+            return Err(EXIT_USAGE);
+        };
+        fields.insert(name.trim().to_owned(), json!(value.trim()));
+    }
+    Ok(json!({
+        "outcome": "complete",
+        "status": status,
+        "body": body.clone().unwrap_or_default(),
+        "headers": fields,
+    }))
+}
+
+/// `audit`: a key's events, filtered by event and time.
+fn audit_call(
+    key: &str,
+    scope: &ScopeArgs,
+    event: &Option<String>,
+    since: Option<u64>,
+    until: Option<u64>,
+    limit: usize,
+) -> AdminCall {
+    let mut q = vec![
+        ("namespace", scope.namespace.clone()),
+        ("key", key.to_owned()),
+        ("limit", limit.to_string()),
+    ];
+    if let Some(p) = &scope.principal {
+        q.push(("scope", p.clone()));
+    }
+    if let Some(c) = &scope.credential {
+        q.push(("credential", c.clone()));
+    }
+    if let Some(e) = event {
+        q.push(("state", e.clone()));
+    }
+    if let Some(t) = since {
+        q.push(("since", t.to_string()));
+    }
+    if let Some(t) = until {
+        q.push(("until", t.to_string()));
+    }
+    AdminCall::new(Method::GET, "/admin/audit", q)
+}
+
+impl Admin<'_> {
+    /// Sends `call` with the bearer token and actor, and reads the JSON answer within the
+    /// timeout; the error names the URL.
+    async fn send(&self, call: AdminCall) -> Result<Answer, String> {
+        let mut url = format!("{}{}", self.base, call.path);
+        if !call.query.is_empty() {
+            let mut q = url::form_urlencoded::Serializer::new(String::new());
+            for (k, v) in &call.query {
+                q.append_pair(k, v);
+            }
+            url.push('?');
+            url.push_str(&q.finish());
         }
-    };
+        let req = Request::builder()
+            .method(call.method)
+            .uri(&url)
+            .header(
+                http::header::AUTHORIZATION,
+                format!("Bearer {}", self.token),
+            )
+            .header(ACTOR_HEADER, self.args.actor.as_str())
+            .header(http::header::CONTENT_TYPE, "application/json")
+            .body(RequestBody::from(Bytes::from(
+                call.body.map(|b| b.to_string()).unwrap_or_default(),
+            )))
+            .map_err(|e| format!("{url}: {e}"))?;
+        let timeout = self.args.timeout;
+        let exchange = async {
+            let res = self
+                .client
+                .request(req)
+                .await
+                .map_err(|e| format!("{url}: {e}"))?;
+            let status = res.status();
+            let bytes = res
+                .into_body()
+                .collect()
+                .await
+                .map_err(|e| format!("{url}: {e}"))?
+                .to_bytes();
+            let body = serde_json::from_slice(&bytes).unwrap_or_else(
+                |_| json!({ "error": String::from_utf8_lossy(&bytes).trim().to_owned() }),
+            );
+            Ok::<_, String>(Answer { status, body })
+        };
+        tokio::time::timeout(timeout, exchange)
+            .await
+            .map_err(|_| format!("{url}: no answer within {timeout:?}"))?
+    }
+}
+
+/// Prints the answer (JSON, a table or a confirmation) and answers the exit code its status
+/// maps to.
+fn report(args: &AdminArgs, answer: &Answer) -> u8 {
     let code = match answer.status {
         s if s.is_success() => EXIT_OK,
         StatusCode::NOT_FOUND => EXIT_NOT_FOUND,

@@ -5,18 +5,40 @@ use std::fmt;
 use http::HeaderName;
 
 use super::Dur;
-use super::settings::{Settings, Unmatched};
+use super::settings::{Route, RoutePolicy, Settings, Unmatched};
 use crate::path::TrailingSlash;
 use crate::principal::PrincipalSource;
 
 impl fmt::Display for Settings {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.write_listener(f)?;
+        self.write_store(f)?;
+        self.write_front_door(f)?;
+        self.write_admin(f)?;
+        self.write_reconcile_and_audit(f)?;
+        self.write_telemetry(f)?;
+        self.write_path_matching(f)?;
+        self.write_status(f)?;
+        self.write_routes(f)?;
+        self.write_relays(f)?;
+        Ok(())
+    }
+}
+
+impl Settings {
+    /// The listening address and the default upstream.
+    fn write_listener(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(f, "listen:    {}", self.listen)?;
         match (&self.upstream, self.demo_upstream) {
             (_, true) => writeln!(f, "upstream:  built-in demo upstream")?,
             (Some(u), false) => writeln!(f, "upstream:  {u}")?,
             (None, false) => writeln!(f, "upstream:  (per route)")?,
         }
+        Ok(())
+    }
+
+    /// The store: its address and timeout, TLS, memory bound, replica wait and response cache.
+    fn write_store(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(
             f,
             "store:     {} (timeout {})",
@@ -63,6 +85,11 @@ impl fmt::Display for Settings {
                 Dur(age)
             )?;
         }
+        Ok(())
+    }
+
+    /// Client-facing TLS and the connection and request limits.
+    fn write_front_door(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match &self.tls {
             Some(t) => writeln!(
                 f,
@@ -84,6 +111,11 @@ impl fmt::Display for Settings {
             l.body_pace.min_rate,
             Dur(l.tunnel_idle_timeout)
         )?;
+        Ok(())
+    }
+
+    /// The admin listener and which tokens it accepts.
+    fn write_admin(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match &self.admin {
             Some(a) => writeln!(
                 f,
@@ -98,6 +130,11 @@ impl fmt::Display for Settings {
             )?,
             None => writeln!(f, "admin:     off")?,
         }
+        Ok(())
+    }
+
+    /// When reconciliation runs and what the audit log keeps.
+    fn write_reconcile_and_audit(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let r = &self.reconcile;
         match r.every {
             Some(every) => writeln!(
@@ -122,6 +159,11 @@ impl fmt::Display for Settings {
             self.audit.max_events,
             Dur(self.audit.max_age)
         )?;
+        Ok(())
+    }
+
+    /// Trace export, the shutdown drain and logging.
+    fn write_telemetry(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         if let Some(o) = &self.otel {
             writeln!(
                 f,
@@ -139,6 +181,11 @@ impl fmt::Display for Settings {
             "logs:      {:?}, level {}",
             self.log_format, self.log_level
         )?;
+        Ok(())
+    }
+
+    /// How paths are normalised and matched, and what happens to unmatched requests.
+    fn write_path_matching(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(
             f,
             "paths:     normalised before matching and forwarding; trailing slash {}; route literals {}",
@@ -160,6 +207,11 @@ impl fmt::Display for Settings {
                 Unmatched::Proxy => "proxy",
             }
         )?;
+        Ok(())
+    }
+
+    /// The status endpoint and the token routes it can be asked about.
+    fn write_status(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match &self.status {
             Some(s) => {
                 let protected: Vec<&str> = self
@@ -190,6 +242,11 @@ impl fmt::Display for Settings {
             }
             None => writeln!(f, "status:    off")?,
         }
+        Ok(())
+    }
+
+    /// The route table header, then each route in match order.
+    fn write_routes(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         if self.implicit_route {
             writeln!(
                 f,
@@ -210,109 +267,13 @@ impl fmt::Display for Settings {
             )?;
         }
         for r in &self.routes {
-            let p = &r.policy;
-            writeln!(f, "  - {} {} [{}]", r.methods, r.pattern.as_str(), r.name)?;
-            if let Some(u) = &r.upstream {
-                writeln!(f, "      upstream:    {u}")?;
-            }
-            if !p.idempotency {
-                writeln!(f, "      idempotency: off (plain proxy)")?;
-                continue;
-            }
-            match &p.token {
-                Some(t) => writeln!(
-                    f,
-                    "      token:       header {} replaces the key (required on POST/PUT/PATCH/DELETE); POST {} issues one, valid {}, at most {} per principal and {} for all callers together (never proxied)",
-                    t.header,
-                    t.issue,
-                    Dur(t.ttl),
-                    t.rate,
-                    t.global_rate
-                )?,
-                None => writeln!(
-                    f,
-                    "      key:         {} ({})",
-                    p.key,
-                    if p.key_required {
-                        "required on POST/PUT/PATCH/DELETE"
-                    } else {
-                        "optional"
-                    }
-                )?,
-            }
-            writeln!(f, "      namespace:   {}", p.namespace)?;
-            let principal = match &p.principal {
-                PrincipalSource::None => {
-                    "none (single tenant: every caller shares one key space)".to_owned()
-                }
-                PrincipalSource::Header(h) => format!(
-                    "header {} (a stable credential, stored hashed){}",
-                    h.header(),
-                    if h.is_required() { ", required" } else { "" }
-                ),
-                PrincipalSource::Jwt(j) => format!(
-                    "JWT ({:?}) in {}, claim `{}`{}",
-                    j.key,
-                    j.header,
-                    j.verifier.claim(),
-                    if j.required { ", required" } else { "" }
-                ),
-            };
-            writeln!(f, "      principal:   {principal}")?;
-            let fp = &p.fingerprint;
-            let headers: Vec<&str> = fp.headers.iter().map(HeaderName::as_str).collect();
-            writeln!(
-                f,
-                "      fingerprint: method + route + body ({:?}){}",
-                fp.body,
-                if headers.is_empty() {
-                    String::new()
-                } else {
-                    format!(" + headers {}", headers.join(", "))
-                }
-            )?;
-            let e = &p.engine;
-            writeln!(
-                f,
-                "      timing:      upstream timeout {}, lease {} (renewed every {}), ttl {}",
-                Dur(e
-                    .handler_timeout()
-                    .saturating_sub(crate::shared::HANDLER_BACKSTOP)),
-                Dur(e.lease()),
-                Dur(e.renew_every()),
-                Dur(e.record_ttl())
-            )?;
-            writeln!(
-                f,
-                "      on failure:  expired lease -> {:?}; upstream timeout/reset -> {}",
-                e.takeover(),
-                p.upstream_failure.as_str()
-            )?;
-            writeln!(
-                f,
-                "      stored:      {} except {}",
-                p.store_statuses, p.release_statuses
-            )?;
-            match e.in_flight_wait() {
-                Some(w) => writeln!(
-                    f,
-                    "      in flight:   wait up to {} for the first result, then 409",
-                    Dur(w)
-                )?,
-                None => writeln!(f, "      in flight:   409 at once")?,
-            }
-            let replay: Vec<&str> = p.replay_headers.iter().map(HeaderName::as_str).collect();
-            writeln!(
-                f,
-                "      limits:      request body {} bytes, stored response {} bytes; replayed headers: {}",
-                p.max_request_body,
-                p.max_stored_response,
-                replay.join(", ")
-            )?;
-            if let Some(url) = &p.status_url {
-                writeln!(f, "      reconcile:   asks {url}")?;
-            }
+            write_route(f, r)?;
         }
+        Ok(())
+    }
+
+    /// The relays run by `idem relay`.
+    fn write_relays(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         if !self.relays.is_empty() {
             writeln!(f, "relays:    {} (run by `idem relay`):", self.relays.len())?;
             for r in &self.relays {
@@ -321,4 +282,127 @@ impl fmt::Display for Settings {
         }
         Ok(())
     }
+}
+
+/// One route: its match line, then its idempotency settings unless it is a plain proxy.
+fn write_route(f: &mut fmt::Formatter<'_>, r: &Route) -> fmt::Result {
+    let p = &r.policy;
+    writeln!(f, "  - {} {} [{}]", r.methods, r.pattern.as_str(), r.name)?;
+    if let Some(u) = &r.upstream {
+        writeln!(f, "      upstream:    {u}")?;
+    }
+    if !p.idempotency {
+        writeln!(f, "      idempotency: off (plain proxy)")?;
+        return Ok(());
+    }
+    write_route_key(f, p)?;
+    writeln!(f, "      namespace:   {}", p.namespace)?;
+    writeln!(f, "      principal:   {}", principal_text(&p.principal))?;
+    let fp = &p.fingerprint;
+    let headers: Vec<&str> = fp.headers.iter().map(HeaderName::as_str).collect();
+    writeln!(
+        f,
+        "      fingerprint: method + route + body ({:?}){}",
+        fp.body,
+        if headers.is_empty() {
+            String::new()
+        } else {
+            format!(" + headers {}", headers.join(", "))
+        }
+    )?;
+    write_route_timing(f, p)?;
+    let replay: Vec<&str> = p.replay_headers.iter().map(HeaderName::as_str).collect();
+    writeln!(
+        f,
+        "      limits:      request body {} bytes, stored response {} bytes; replayed headers: {}",
+        p.max_request_body,
+        p.max_stored_response,
+        replay.join(", ")
+    )?;
+    if let Some(url) = &p.status_url {
+        writeln!(f, "      reconcile:   asks {url}")?;
+    }
+    Ok(())
+}
+
+/// Where a route's idempotency key comes from: a token header or the configured key source.
+fn write_route_key(f: &mut fmt::Formatter<'_>, p: &RoutePolicy) -> fmt::Result {
+    match &p.token {
+        Some(t) => writeln!(
+            f,
+            "      token:       header {} replaces the key (required on POST/PUT/PATCH/DELETE); POST {} issues one, valid {}, at most {} per principal and {} for all callers together (never proxied)",
+            t.header,
+            t.issue,
+            Dur(t.ttl),
+            t.rate,
+            t.global_rate
+        )?,
+        None => writeln!(
+            f,
+            "      key:         {} ({})",
+            p.key,
+            if p.key_required {
+                "required on POST/PUT/PATCH/DELETE"
+            } else {
+                "optional"
+            }
+        )?,
+    }
+    Ok(())
+}
+
+/// How a route tells callers apart.
+fn principal_text(principal: &PrincipalSource) -> String {
+    match principal {
+        PrincipalSource::None => {
+            "none (single tenant: every caller shares one key space)".to_owned()
+        }
+        PrincipalSource::Header(h) => format!(
+            "header {} (a stable credential, stored hashed){}",
+            h.header(),
+            if h.is_required() { ", required" } else { "" }
+        ),
+        PrincipalSource::Jwt(j) => format!(
+            "JWT ({:?}) in {}, claim `{}`{}",
+            j.key,
+            j.header,
+            j.verifier.claim(),
+            if j.required { ", required" } else { "" }
+        ),
+    }
+}
+
+/// A route's timing, failure handling, stored statuses and in-flight behaviour.
+fn write_route_timing(f: &mut fmt::Formatter<'_>, p: &RoutePolicy) -> fmt::Result {
+    let e = &p.engine;
+    writeln!(
+        f,
+        "      timing:      upstream timeout {}, lease {} (renewed every {}), ttl {}",
+        Dur(e
+            .handler_timeout()
+            .saturating_sub(crate::shared::HANDLER_BACKSTOP)),
+        Dur(e.lease()),
+        Dur(e.renew_every()),
+        Dur(e.record_ttl())
+    )?;
+    writeln!(
+        f,
+        "      on failure:  expired lease -> {:?}; upstream timeout/reset -> {}",
+        e.takeover(),
+        p.upstream_failure.as_str()
+    )?;
+    writeln!(
+        f,
+        "      stored:      {} except {}",
+        p.store_statuses, p.release_statuses
+    )?;
+    match e.in_flight_wait() {
+        Some(w) => writeln!(
+            f,
+            "      in flight:   wait up to {} for the first result, then 409",
+            Dur(w)
+        )?,
+        None => writeln!(f, "      in flight:   409 at once")?,
+    }
+    Ok(())
 }
