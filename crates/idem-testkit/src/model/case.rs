@@ -6,8 +6,8 @@ use std::fmt::Write as _;
 use std::time::Duration;
 
 use idem_core::{
-    ClaimOutcome, ClaimRequest, OwnerId, ReleaseKind, RenewOutcome, Resolution, ResolveOutcome,
-    ScopedKey, SettleOutcome, Store, TakeoverPolicy,
+    ClaimOutcome, ClaimRequest, Lease, OwnerId, ReleaseKind, RenewOutcome, Resolution,
+    ResolveOutcome, ScopedKey, SettleOutcome, Store, TakeoverPolicy,
 };
 
 use super::coverage::claim_branch;
@@ -144,6 +144,7 @@ impl<'h, H: Harness> Case<'h, H> {
         }
     }
 
+    /// Applies one operation to the store and the model and checks the store's answer.
     pub(super) async fn apply(&mut self, op: &Op) -> Checked {
         match *op {
             Op::Claim {
@@ -154,288 +155,31 @@ impl<'h, H: Harness> Case<'h, H> {
                 ttl,
                 request_id,
             } => {
-                let owner = OwnerId::random();
-                let request_id = request_id.then(|| format!("req-{}", self.holders.len()));
-                let req = ClaimRequest {
-                    key: self.keys[usize::from(key)].clone(),
-                    fingerprint: fp(f),
-                    owner,
-                    lease: self.steps(lease.into()),
-                    ttl: self.steps(ttl.into()),
-                    takeover: if hold {
-                        TakeoverPolicy::Hold
-                    } else {
-                        TakeoverPolicy::Reexecute
-                    },
-                    request_id: request_id.clone(),
-                };
-                let got = match self.store.claim(&req).await {
-                    Ok(o) => o,
-                    Err(e) => return self.fail(e),
-                };
-                let pre = self.snapshot(key);
-                let want =
-                    self.model
-                        .claim(key, f, owner, hold, lease.into(), ttl.into(), request_id);
-                self.hit(claim_branch(&want, pre.as_ref(), self.model.now));
-                let _ = write!(self.log, " => {got:?}");
-                match (&want, &got) {
-                    (
-                        ModelClaim::Claimed { takeover: w },
-                        ClaimOutcome::Claimed {
-                            lease: l,
-                            takeover: g,
-                        },
-                    ) => {
-                        ensure!(w == g, "claim: takeover flag {g}, model says {w}");
-                        ensure!(l.owner == owner, "claim: lease names another owner");
-                        let high = self.high_fence.get(&key).copied().unwrap_or(0);
-                        ensure!(
-                            l.fence > high,
-                            "claim: fence {} is not above the key's earlier fence {high}",
-                            l.fence
-                        );
-                        self.high_fence.insert(key, l.fence);
-                        self.model.granted(key, l.fence);
-                        self.holders.push(Held {
-                            key,
-                            owner,
-                            fence: l.fence,
-                        });
-                        self.time(
-                            "claim: lease deadline",
-                            l.deadline,
-                            self.model.now + u64::from(lease),
-                        )?;
-                    }
-                    (ModelClaim::Busy { steps }, ClaimOutcome::Busy { retry_after }) => {
-                        let want_ms = i128::from(self.step_ms * steps);
-                        let got_ms = i128::try_from(retry_after.as_millis()).unwrap_or(i128::MAX);
-                        ensure!(
-                            got_ms <= want_ms && got_ms >= want_ms - self.slack_ms && got_ms > 0,
-                            "busy: retry_after {got_ms} ms, model says {want_ms} ms"
-                        );
-                    }
-                    (ModelClaim::Done { response: r }, ClaimOutcome::Done { response: got_r }) => {
-                        ensure!(
-                            *got_r == response(*r),
-                            "done: replayed response differs from response #{r}"
-                        );
-                    }
-                    (
-                        ModelClaim::Unknown { fence: w, age },
-                        ClaimOutcome::Unknown {
-                            fence: g,
-                            age: got_age,
-                        },
-                    ) => {
-                        ensure!(w == g, "unknown: fence {g}, model says {w}");
-                        // The store's age may run ahead of the model's by the case's slack
-                        // (its created_at does), never behind it.
-                        let want_ms = i128::from(self.step_ms * age);
-                        let got_ms = i128::try_from(got_age.as_millis()).unwrap_or(i128::MAX);
-                        ensure!(
-                            got_ms <= want_ms + self.slack_ms && got_ms >= want_ms - self.slack_ms,
-                            "unknown: attempt age {got_ms} ms, model says {want_ms} ms"
-                        );
-                    }
-                    (ModelClaim::Mismatch { stored }, ClaimOutcome::Mismatch { stored: s }) => {
-                        ensure!(
-                            *s == fp(*stored),
-                            "mismatch: reports another stored fingerprint"
-                        );
-                    }
-                    _ => {
-                        return Err(format!(
-                            "claim: store answered {got:?}, model says {want:?}"
-                        ));
-                    }
-                }
+                self.apply_claim(key, f, hold, lease, ttl, request_id)
+                    .await?
             }
             Op::Renew {
                 holder,
                 forge,
                 lease,
-            } => {
-                let held = self.holder(holder, forge);
-                let key = &self.keys[usize::from(held.key)];
-                let got = match self
-                    .store
-                    .renew(key, held.owner, held.fence, self.steps(lease.into()))
-                    .await
-                {
-                    Ok(o) => o,
-                    Err(e) => return self.fail(e),
-                };
-                let _ = write!(self.log, " [{held:?}] => {got:?}");
-                let pre = self.snapshot(held.key);
-                let want = self
-                    .model
-                    .renew(held.key, held.owner, held.fence, lease.into());
-                self.settle_branches(
-                    forge,
-                    pre.as_ref(),
-                    want,
-                    if want {
-                        "renew: renewed"
-                    } else {
-                        "renew: lost"
-                    },
-                );
-                match got {
-                    RenewOutcome::Renewed { deadline } if want => {
-                        self.time(
-                            "renew: deadline",
-                            deadline,
-                            self.model.now + u64::from(lease),
-                        )?;
-                    }
-                    RenewOutcome::Lost if !want => {}
-                    _ => {
-                        return Err(format!(
-                            "renew: store answered {got:?}, model says renewed={want}"
-                        ));
-                    }
-                }
-            }
+            } => self.apply_renew(holder, forge, lease).await?,
             Op::Complete {
                 holder,
                 forge,
                 response: r,
                 ttl,
-            } => {
-                let held = self.holder(holder, forge);
-                let key = &self.keys[usize::from(held.key)];
-                let got = match self
-                    .store
-                    .complete(
-                        key,
-                        held.owner,
-                        held.fence,
-                        &response(r),
-                        self.steps(ttl.into()),
-                    )
-                    .await
-                {
-                    Ok(o) => o,
-                    Err(e) => return self.fail(e),
-                };
-                let _ = write!(self.log, " [{held:?}] => {got:?}");
-                let pre = self.snapshot(held.key);
-                let want = self
-                    .model
-                    .complete(held.key, held.owner, held.fence, r, ttl.into());
-                self.settle_branches(
-                    forge,
-                    pre.as_ref(),
-                    want,
-                    if want {
-                        "complete: settled"
-                    } else {
-                        "complete: fenced"
-                    },
-                );
-                ensure!(
-                    (got == SettleOutcome::Settled) == want,
-                    "complete: store answered {got:?}, model says settled={want}"
-                );
-            }
+            } => self.apply_complete(holder, forge, r, ttl).await?,
             Op::Release {
                 holder,
                 forge,
                 unknown,
-            } => {
-                let held = self.holder(holder, forge);
-                let key = &self.keys[usize::from(held.key)];
-                let kind = if unknown {
-                    ReleaseKind::Unknown
-                } else {
-                    ReleaseKind::Retryable
-                };
-                let got = match self.store.release(key, held.owner, held.fence, kind).await {
-                    Ok(o) => o,
-                    Err(e) => return self.fail(e),
-                };
-                let _ = write!(self.log, " [{held:?}] => {got:?}");
-                let pre = self.snapshot(held.key);
-                let want = self
-                    .model
-                    .release(held.key, held.owner, held.fence, unknown);
-                let branch = match (want, unknown) {
-                    (false, _) => "release: fenced",
-                    (true, false) => "release: retryable",
-                    (true, true) => "release: unknown",
-                };
-                self.settle_branches(forge, pre.as_ref(), want, branch);
-                ensure!(
-                    (got == SettleOutcome::Settled) == want,
-                    "release: store answered {got:?}, model says settled={want}"
-                );
-            }
+            } => self.apply_release(holder, forge, unknown).await?,
             Op::Resolve {
                 key,
                 complete,
                 fence,
-            } => {
-                let resolution = match complete {
-                    Some((r, ttl)) => Resolution::Complete {
-                        response: response(r),
-                        ttl: self.steps(ttl.into()),
-                    },
-                    None => Resolution::Release,
-                };
-                let latest = self.high_fence.get(&key).copied().unwrap_or(1);
-                let fence = fence.map(|f| match f {
-                    ResolveFence::Current => latest,
-                    ResolveFence::Stale => latest.saturating_sub(1),
-                });
-                let got = match self
-                    .store
-                    .resolve(&self.keys[usize::from(key)], &resolution, fence)
-                    .await
-                {
-                    Ok(o) => o,
-                    Err(e) => return self.fail(e),
-                };
-                let _ = write!(self.log, " => {got:?}");
-                let pre = self.snapshot(key);
-                let want =
-                    self.model
-                        .resolve(key, complete.map(|(r, ttl)| (r, u64::from(ttl))), fence);
-                self.hit(match (want, complete.is_some()) {
-                    (ResolveOutcome::Fenced { .. }, _) => "resolve: fenced",
-                    (ResolveOutcome::Resolved, _)
-                        if matches!(pre.map(|r| r.state), Some(ModelState::Processing { .. })) =>
-                    {
-                        "resolve: expired lease"
-                    }
-                    (ResolveOutcome::Resolved, true) => "resolve: unknown completed",
-                    (ResolveOutcome::Resolved, false) => "resolve: unknown released",
-                    (ResolveOutcome::NotFound, _) => "resolve: not found",
-                    _ => "resolve: not resolvable",
-                });
-                ensure!(
-                    got == want,
-                    "resolve: store answered {got:?}, model says {want:?}"
-                );
-            }
-            Op::Delete { key } => {
-                let got = match self.store.delete(&self.keys[usize::from(key)]).await {
-                    Ok(o) => o,
-                    Err(e) => return self.fail(e),
-                };
-                let _ = write!(self.log, " => {got:?}");
-                let want = self.model.delete(key);
-                self.hit(if want {
-                    "delete: existed"
-                } else {
-                    "delete: absent"
-                });
-                ensure!(
-                    got == want,
-                    "delete: store answered {got}, model says {want}"
-                );
-            }
+            } => self.apply_resolve(key, complete, fence).await?,
+            Op::Delete { key } => self.apply_delete(key).await?,
             Op::Get { key } => {
                 self.hit("get");
                 self.compare(key).await?;
@@ -450,5 +194,328 @@ impl<'h, H: Harness> Case<'h, H> {
             }
         }
         Ok(())
+    }
+
+    /// Claims `key` in the store and the model and checks the store's outcome.
+    async fn apply_claim(
+        &mut self,
+        key: u8,
+        f: u8,
+        hold: bool,
+        lease: u8,
+        ttl: u8,
+        request_id: bool,
+    ) -> Checked {
+        let owner = OwnerId::random();
+        let request_id = request_id.then(|| format!("req-{}", self.holders.len()));
+        let req = ClaimRequest {
+            key: self.keys[usize::from(key)].clone(),
+            fingerprint: fp(f),
+            owner,
+            lease: self.steps(lease.into()),
+            ttl: self.steps(ttl.into()),
+            takeover: if hold {
+                TakeoverPolicy::Hold
+            } else {
+                TakeoverPolicy::Reexecute
+            },
+            request_id: request_id.clone(),
+        };
+        let got = match self.store.claim(&req).await {
+            Ok(o) => o,
+            Err(e) => return self.fail(e),
+        };
+        let pre = self.snapshot(key);
+        let want = self
+            .model
+            .claim(key, f, owner, hold, lease.into(), ttl.into(), request_id);
+        self.hit(claim_branch(&want, pre.as_ref(), self.model.now));
+        let _ = write!(self.log, " => {got:?}");
+        self.check_claim(key, owner, lease, &want, &got)
+    }
+
+    /// Checks a claim's outcome in the store against the model's.
+    fn check_claim(
+        &mut self,
+        key: u8,
+        owner: OwnerId,
+        lease: u8,
+        want: &ModelClaim,
+        got: &ClaimOutcome,
+    ) -> Checked {
+        match (want, got) {
+            (
+                ModelClaim::Claimed { takeover: w },
+                ClaimOutcome::Claimed {
+                    lease: l,
+                    takeover: g,
+                },
+            ) => {
+                ensure!(w == g, "claim: takeover flag {g}, model says {w}");
+                self.check_granted(key, owner, lease, l)?;
+            }
+            (ModelClaim::Busy { steps }, ClaimOutcome::Busy { retry_after }) => {
+                let want_ms = i128::from(self.step_ms * steps);
+                let got_ms = i128::try_from(retry_after.as_millis()).unwrap_or(i128::MAX);
+                ensure!(
+                    got_ms <= want_ms && got_ms >= want_ms - self.slack_ms && got_ms > 0,
+                    "busy: retry_after {got_ms} ms, model says {want_ms} ms"
+                );
+            }
+            (ModelClaim::Done { response: r }, ClaimOutcome::Done { response: got_r }) => {
+                ensure!(
+                    *got_r == response(*r),
+                    "done: replayed response differs from response #{r}"
+                );
+            }
+            (
+                ModelClaim::Unknown { fence: w, age },
+                ClaimOutcome::Unknown {
+                    fence: g,
+                    age: got_age,
+                },
+            ) => {
+                ensure!(w == g, "unknown: fence {g}, model says {w}");
+                // The store's age may run ahead of the model's by the case's slack
+                // (its created_at does), never behind it.
+                let want_ms = i128::from(self.step_ms * age);
+                let got_ms = i128::try_from(got_age.as_millis()).unwrap_or(i128::MAX);
+                ensure!(
+                    got_ms <= want_ms + self.slack_ms && got_ms >= want_ms - self.slack_ms,
+                    "unknown: attempt age {got_ms} ms, model says {want_ms} ms"
+                );
+            }
+            (ModelClaim::Mismatch { stored }, ClaimOutcome::Mismatch { stored: s }) => {
+                ensure!(
+                    *s == fp(*stored),
+                    "mismatch: reports another stored fingerprint"
+                );
+            }
+            _ => {
+                return Err(format!(
+                    "claim: store answered {got:?}, model says {want:?}"
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Checks a lease the store granted for `key` and records it as a holder.
+    fn check_granted(&mut self, key: u8, owner: OwnerId, lease: u8, l: &Lease) -> Checked {
+        ensure!(l.owner == owner, "claim: lease names another owner");
+        let high = self.high_fence.get(&key).copied().unwrap_or(0);
+        ensure!(
+            l.fence > high,
+            "claim: fence {} is not above the key's earlier fence {high}",
+            l.fence
+        );
+        self.high_fence.insert(key, l.fence);
+        self.model.granted(key, l.fence);
+        self.holders.push(Held {
+            key,
+            owner,
+            fence: l.fence,
+        });
+        self.time(
+            "claim: lease deadline",
+            l.deadline,
+            self.model.now + u64::from(lease),
+        )
+    }
+
+    /// Renews a holder's lease in the store and the model and checks the store's outcome.
+    async fn apply_renew(&mut self, holder: u8, forge: Forge, lease: u8) -> Checked {
+        let held = self.holder(holder, forge);
+        let key = &self.keys[usize::from(held.key)];
+        let got = match self
+            .store
+            .renew(key, held.owner, held.fence, self.steps(lease.into()))
+            .await
+        {
+            Ok(o) => o,
+            Err(e) => return self.fail(e),
+        };
+        let _ = write!(self.log, " [{held:?}] => {got:?}");
+        let pre = self.snapshot(held.key);
+        let want = self
+            .model
+            .renew(held.key, held.owner, held.fence, lease.into());
+        self.settle_branches(
+            forge,
+            pre.as_ref(),
+            want,
+            if want {
+                "renew: renewed"
+            } else {
+                "renew: lost"
+            },
+        );
+        match got {
+            RenewOutcome::Renewed { deadline } if want => {
+                self.time(
+                    "renew: deadline",
+                    deadline,
+                    self.model.now + u64::from(lease),
+                )?;
+            }
+            RenewOutcome::Lost if !want => {}
+            _ => {
+                return Err(format!(
+                    "renew: store answered {got:?}, model says renewed={want}"
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Completes as a holder in the store and the model and checks the store's outcome.
+    async fn apply_complete(&mut self, holder: u8, forge: Forge, r: u8, ttl: u8) -> Checked {
+        let held = self.holder(holder, forge);
+        let key = &self.keys[usize::from(held.key)];
+        let got = match self
+            .store
+            .complete(
+                key,
+                held.owner,
+                held.fence,
+                &response(r),
+                self.steps(ttl.into()),
+            )
+            .await
+        {
+            Ok(o) => o,
+            Err(e) => return self.fail(e),
+        };
+        let _ = write!(self.log, " [{held:?}] => {got:?}");
+        let pre = self.snapshot(held.key);
+        let want = self
+            .model
+            .complete(held.key, held.owner, held.fence, r, ttl.into());
+        self.settle_branches(
+            forge,
+            pre.as_ref(),
+            want,
+            if want {
+                "complete: settled"
+            } else {
+                "complete: fenced"
+            },
+        );
+        ensure!(
+            (got == SettleOutcome::Settled) == want,
+            "complete: store answered {got:?}, model says settled={want}"
+        );
+        Ok(())
+    }
+
+    /// Releases as a holder in the store and the model and checks the store's outcome.
+    async fn apply_release(&mut self, holder: u8, forge: Forge, unknown: bool) -> Checked {
+        let held = self.holder(holder, forge);
+        let key = &self.keys[usize::from(held.key)];
+        let kind = if unknown {
+            ReleaseKind::Unknown
+        } else {
+            ReleaseKind::Retryable
+        };
+        let got = match self.store.release(key, held.owner, held.fence, kind).await {
+            Ok(o) => o,
+            Err(e) => return self.fail(e),
+        };
+        let _ = write!(self.log, " [{held:?}] => {got:?}");
+        let pre = self.snapshot(held.key);
+        let want = self
+            .model
+            .release(held.key, held.owner, held.fence, unknown);
+        let branch = match (want, unknown) {
+            (false, _) => "release: fenced",
+            (true, false) => "release: retryable",
+            (true, true) => "release: unknown",
+        };
+        self.settle_branches(forge, pre.as_ref(), want, branch);
+        ensure!(
+            (got == SettleOutcome::Settled) == want,
+            "release: store answered {got:?}, model says settled={want}"
+        );
+        Ok(())
+    }
+
+    /// Resolves `key` in the store and the model and checks the store's outcome.
+    async fn apply_resolve(
+        &mut self,
+        key: u8,
+        complete: Option<(u8, u8)>,
+        fence: Option<ResolveFence>,
+    ) -> Checked {
+        let resolution = match complete {
+            Some((r, ttl)) => Resolution::Complete {
+                response: response(r),
+                ttl: self.steps(ttl.into()),
+            },
+            None => Resolution::Release,
+        };
+        let latest = self.high_fence.get(&key).copied().unwrap_or(1);
+        let fence = fence.map(|f| match f {
+            ResolveFence::Current => latest,
+            ResolveFence::Stale => latest.saturating_sub(1),
+        });
+        let got = match self
+            .store
+            .resolve(&self.keys[usize::from(key)], &resolution, fence)
+            .await
+        {
+            Ok(o) => o,
+            Err(e) => return self.fail(e),
+        };
+        let _ = write!(self.log, " => {got:?}");
+        let pre = self.snapshot(key);
+        let want = self
+            .model
+            .resolve(key, complete.map(|(r, ttl)| (r, u64::from(ttl))), fence);
+        self.hit(resolve_branch(want, pre.as_ref(), complete.is_some()));
+        ensure!(
+            got == want,
+            "resolve: store answered {got:?}, model says {want:?}"
+        );
+        Ok(())
+    }
+
+    /// Deletes `key` in the store and the model and checks the store's answer.
+    async fn apply_delete(&mut self, key: u8) -> Checked {
+        let got = match self.store.delete(&self.keys[usize::from(key)]).await {
+            Ok(o) => o,
+            Err(e) => return self.fail(e),
+        };
+        let _ = write!(self.log, " => {got:?}");
+        let want = self.model.delete(key);
+        self.hit(if want {
+            "delete: existed"
+        } else {
+            "delete: absent"
+        });
+        ensure!(
+            got == want,
+            "delete: store answered {got}, model says {want}"
+        );
+        Ok(())
+    }
+}
+
+/// The contract branch a resolve exercised, from the model's outcome and its record before.
+fn resolve_branch(
+    want: ResolveOutcome,
+    pre: Option<&ModelRecord>,
+    completes: bool,
+) -> &'static str {
+    match (want, completes) {
+        (ResolveOutcome::Fenced { .. }, _) => "resolve: fenced",
+        (ResolveOutcome::Resolved, _)
+            if matches!(pre.map(|r| &r.state), Some(ModelState::Processing { .. })) =>
+        {
+            "resolve: expired lease"
+        }
+        (ResolveOutcome::Resolved, true) => "resolve: unknown completed",
+        (ResolveOutcome::Resolved, false) => "resolve: unknown released",
+        (ResolveOutcome::NotFound, _) => "resolve: not found",
+        _ => "resolve: not resolvable",
     }
 }

@@ -238,7 +238,17 @@ pub async fn audit_query_filters<H: Harness>(h: &H) {
 /// its unknown record, resolves and deletes, each with its fence, outcome and actor.
 pub async fn audit_default_level_records_what_an_operator_needs<H: Harness>(h: &H) {
     let c = Ctx::at(h, "audit-default", AuditLevel::default()).await;
+    default_first_request_leaves_no_trail(&c).await;
+    default_releases_and_delete_are_recorded(&c).await;
+    default_takeover_and_fenced_settle_are_recorded(&c).await;
+    default_late_holder_completing_is_recorded(&c).await;
+    default_unknown_and_resolve_are_recorded(&c).await;
+    default_namespace_has_no_claims(&c).await;
+}
 
+/// A claim, renewal, busy claim, completion, replay and read leave no event at the default
+/// level.
+async fn default_first_request_leaves_no_trail<H: Harness>(c: &Ctx<'_, H>) {
     let done = c.key("done");
     let d = c.claimed(&done).await;
     c.renew(&done, d.owner, d.fence, c.lease).await;
@@ -255,7 +265,11 @@ pub async fn audit_default_level_records_what_an_operator_needs<H: Harness>(h: &
         [],
         "a first request wrote to the trail: {trail:#?}"
     );
+}
 
+/// A retryable release, an unknown release and a delete each leave an event with its
+/// outcome, fence, instance and actor.
+async fn default_releases_and_delete_are_recorded<H: Harness>(c: &Ctx<'_, H>) {
     let freed = c.key("freed");
     let f = c.claimed(&freed).await;
     c.release(&freed, &f, ReleaseKind::Retryable).await;
@@ -273,7 +287,11 @@ pub async fn audit_default_level_records_what_an_operator_needs<H: Harness>(h: &
     assert_eq!(trail[2].outcome.as_deref(), Some("retryable"));
     assert_eq!((trail[2].fence, trail[1].fence), (f.fence, g.fence));
     assert_eq!(trail[2].instance, Some(instance_of(f.owner)));
+}
 
+/// A takeover and the old holder's fenced completion after it each leave an event; the new
+/// holder's completion does not.
+async fn default_takeover_and_fenced_settle_are_recorded<H: Harness>(c: &Ctx<'_, H>) {
     let stale = c.key("stale");
     let old = c.claimed(&stale).await;
     c.wait_out_lease().await;
@@ -293,7 +311,11 @@ pub async fn audit_default_level_records_what_an_operator_needs<H: Harness>(h: &
     );
     assert_eq!((trail[0].fence, trail[1].fence), (old.fence, new.fence));
     assert_eq!(trail[1].instance, Some(instance_of(new.owner)));
+}
 
+/// A holder completing its record after it went unknown leaves the unknown and the
+/// completion in the trail.
+async fn default_late_holder_completing_is_recorded<H: Harness>(c: &Ctx<'_, H>) {
     // The holder comes back after its lease ran out under `hold` and completes: the
     // completion is why the unknown in the trail never needed a resolve.
     let back = c.key("back");
@@ -312,7 +334,11 @@ pub async fn audit_default_level_records_what_an_operator_needs<H: Harness>(h: &
     assert_eq!(trail[0].status, Some(201));
     assert_eq!(trail[0].instance, Some(instance_of(lease.owner)));
     assert_eq!(trail[1].outcome.as_deref(), Some("lease_expired"));
+}
 
+/// An unknown release and the operator's resolve of it each leave an event with the
+/// lease's fence, the actor, the outcome and the request id.
+async fn default_unknown_and_resolve_are_recorded<H: Harness>(c: &Ctx<'_, H>) {
     let settled = c.key("settled");
     let mut req = c.hold_req(&settled, fp(1));
     req.request_id = Some("req-settled".into());
@@ -333,7 +359,10 @@ pub async fn audit_default_level_records_what_an_operator_needs<H: Harness>(h: &
     assert_eq!(trail[0].actor.as_deref(), Some("rule:operator"));
     assert_eq!(trail[0].outcome.as_deref(), Some("release"));
     assert_eq!(trail[1].request_id.as_deref(), Some("req-settled"));
+}
 
+/// The whole namespace's trail holds no claim and exactly the nine events of the phases.
+async fn default_namespace_has_no_claims<H: Harness>(c: &Ctx<'_, H>) {
     let in_ns = AuditQuery {
         namespace: Some(c.ns.clone()),
         ..AuditQuery::default()
