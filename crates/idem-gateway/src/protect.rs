@@ -185,8 +185,8 @@ mod tests {
         );
     }
 
-    #[test]
-    fn statuses_decide_what_is_kept() {
+    /// The settings of a default route's configuration, and its store policy.
+    fn default_policy() -> (crate::config::Settings, GatewayStorePolicy) {
         let s = crate::config::compile(
             &crate::config::from_toml(
                 "upstream = \"http://x\"\n[defaults]\nprincipal = { from = \"none\" }",
@@ -198,8 +198,17 @@ mod tests {
             policy: StatusPolicy::from(&*s.routes[0].policy),
             grpc: StoreDeterministic::new(),
         };
+        (s, hold)
+    }
+
+    fn of(code: u16) -> StatusCode {
+        StatusCode::from_u16(code).expect("status")
+    }
+
+    #[test]
+    fn statuses_decide_what_is_kept() {
+        let (s, hold) = default_policy();
         let (none, no_notes) = (http::HeaderMap::new(), http::Extensions::new());
-        let of = |code: u16| StatusCode::from_u16(code).expect("status");
         let kind = |code: u16| hold.decide(&AnswerHead::new(of(code), &none, &no_notes));
         assert_eq!(kind(201), StoreDecision::Store);
         assert_eq!(kind(422), StoreDecision::Store);
@@ -250,19 +259,8 @@ mod tests {
 
     #[test]
     fn grpc_answers_are_decided_by_their_grpc_status() {
-        let s = crate::config::compile(
-            &crate::config::from_toml(
-                "upstream = \"http://x\"\n[defaults]\nprincipal = { from = \"none\" }",
-            )
-            .expect("toml"),
-        )
-        .expect("valid");
-        let hold = GatewayStorePolicy {
-            policy: StatusPolicy::from(&*s.routes[0].policy),
-            grpc: StoreDeterministic::new(),
-        };
+        let (_, hold) = default_policy();
         let (none, no_notes) = (http::HeaderMap::new(), http::Extensions::new());
-        let of = |code: u16| StatusCode::from_u16(code).expect("status");
         // By the trailers, or by the code the proxy read from the trailers it holds.
         let mut grpc = http::HeaderMap::new();
         grpc.insert(
