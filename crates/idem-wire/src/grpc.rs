@@ -100,13 +100,6 @@ impl Reason {
     }
 }
 
-impl GrpcCode {
-    /// The code of a tonic status.
-    pub fn of_status(status: &tonic::Status) -> Self {
-        status.code().into()
-    }
-}
-
 /// The status service's messages and its generated server and client
 /// (`proto/idem/status/v1/status.proto`, compiled by `build.rs` with protox).
 #[allow(
