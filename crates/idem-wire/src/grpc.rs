@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use tonic_types::{ErrorDetails, StatusExt};
 
-use crate::{ERROR_DOMAIN, GrpcCode, Reason};
+use crate::{ERROR_DOMAIN, Reason};
 
 /// A status answered by idem itself rather than by a handler: `code` and `message`, with a
 /// `google.rpc.ErrorInfo` (`reason`, domain [`ERROR_DOMAIN`], the `key` in its metadata when
@@ -115,6 +115,7 @@ pub mod proto {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::GrpcCode;
 
     #[test]
     fn statuses_carry_error_and_retry_info() {
