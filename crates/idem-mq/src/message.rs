@@ -3,6 +3,7 @@
 use std::sync::OnceLock;
 
 use bytes::Bytes;
+use idem_core::fingerprint::{FingerprintError, validate_json};
 use idem_core::key_source::{KeyInputs, KeySourceError};
 use serde_json::Value;
 
@@ -45,7 +46,19 @@ impl Message {
         self.attempt
     }
 
-    /// The payload as JSON, when it parses.
+    /// The object member this payload names twice, if it is JSON that does: serde_json keeps
+    /// the last of them and a handler's parser may keep the first, so a key read from such a
+    /// payload could name another order than the one the handler acts on. Payloads that are
+    /// not JSON, and JSON without duplicates, give `None`.
+    pub fn ambiguous_member(&self) -> Option<String> {
+        match validate_json(&self.payload) {
+            Err(FingerprintError::DuplicateMember(name)) => Some(name),
+            _ => None,
+        }
+    }
+
+    /// The payload as JSON, when it parses (of duplicate members the last; see
+    /// [`Message::ambiguous_member`]).
     pub fn json(&self) -> Option<&Value> {
         self.json
             .get_or_init(|| serde_json::from_slice(&self.payload).ok())
@@ -115,5 +128,20 @@ mod tests {
             key(r#"{"order": 0.5, "order": 0.25}"#),
             Err(KeySourceError::Repeated("order".into()))
         );
+    }
+
+    #[test]
+    fn payloads_naming_a_member_twice_are_told_apart() {
+        let ambiguous = |p: &'static str| Message::new(Vec::new(), p, 1).ambiguous_member();
+        assert_eq!(
+            ambiguous(r#"{"order": {"id": 1, "id": 2}}"#),
+            Some("id".into())
+        );
+        assert_eq!(
+            ambiguous(r#"{"order": 1, "order": 2}"#),
+            Some("order".into())
+        );
+        assert_eq!(ambiguous(r#"{"order": {"id": 1}, "amount": 2}"#), None);
+        assert_eq!(ambiguous("not json"), None);
     }
 }

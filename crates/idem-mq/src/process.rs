@@ -209,6 +209,21 @@ impl<S: Store, W: Work<S>> Processor<S, W> {
     }
 
     async fn process_uncounted(&self, message: &Message) -> Delivered {
+        // A key read from a payload that names a member twice could be another order's than
+        // the one the handler reads: refused, as the HTTP layer refuses such a body. Payloads
+        // are only scanned when a key source reads them.
+        if self.keys.needs_body()
+            && let Some(member) = message.ambiguous_member()
+        {
+            tracing::error!(%member, "message payload names a member twice; dead-lettered, not run");
+            return Delivered {
+                key: None,
+                outcome: Outcome::Refused(Refusal::KeyMalformed),
+                disposition: Disposition::DeadLetter(DeadReason::BadKey(format!(
+                    "the payload names member `{member}` more than once"
+                ))),
+            };
+        }
         let key = match self.keys.resolve(message) {
             Ok(Some(found)) => found.key,
             Ok(None) => {
@@ -369,3 +384,52 @@ enum Next {
     Park(DeadReason),
 }
 use Next::{Now, Park};
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::AtomicUsize;
+
+    use idem_core::MemoryStore;
+
+    use super::*;
+    use crate::work::Handled;
+
+    /// Security: a key read from `{"order":{"id":1,"id":2}}` named order 2 while a handler
+    /// keeping the first member acted on order 1. Such a payload is dead-lettered, not run.
+    #[tokio::test]
+    async fn a_payload_naming_its_key_member_twice_is_dead_lettered_not_run() {
+        let runs = Arc::new(AtomicUsize::new(0));
+        let counted = Arc::clone(&runs);
+        let work = Handled(move |_message: Message| {
+            let counted = Arc::clone(&counted);
+            async move {
+                counted.fetch_add(1, Ordering::SeqCst);
+                Ok(())
+            }
+        });
+        let processor = Processor::new(
+            Engine::new(MemoryStore::new(64), Default::default()),
+            Scope::new("orders.paid").expect("scope"),
+            KeySources::parse(&["{json.order.id}:ship"]).expect("sources"),
+            ConsumerConfig::default(),
+            work,
+        );
+        let ambiguous = Message::new(Vec::new(), r#"{"order":{"id":1,"id":2}}"#, 1);
+        let delivered = processor.process(&ambiguous).await;
+        assert!(
+            matches!(&delivered.disposition, Disposition::DeadLetter(DeadReason::BadKey(why)) if why.contains("`id`")),
+            "{:?}",
+            delivered.disposition
+        );
+        assert_eq!(runs.load(Ordering::SeqCst), 0);
+        // The same order written once runs.
+        let plain = Message::new(Vec::new(), r#"{"order":{"id":1}}"#, 1);
+        let delivered = processor.process(&plain).await;
+        assert!(
+            matches!(delivered.disposition, Disposition::Ack),
+            "{:?}",
+            delivered.disposition
+        );
+        assert_eq!(runs.load(Ordering::SeqCst), 1);
+    }
+}
