@@ -218,7 +218,7 @@ impl<S: Store, W: Work<S>> Processor<S, W> {
             tracing::error!(%member, "message payload names a member twice; dead-lettered, not run");
             return Delivered {
                 key: None,
-                outcome: Outcome::Refused(Refusal::KeyMalformed),
+                outcome: Outcome::Refused(Refusal::BodyAmbiguous),
                 disposition: Disposition::DeadLetter(DeadReason::BadKey(format!(
                     "the payload names member `{member}` more than once"
                 ))),
