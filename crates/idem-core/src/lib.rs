@@ -15,6 +15,7 @@ pub mod fingerprint;
 pub mod key;
 pub mod key_source;
 pub mod lock;
+pub mod outbox;
 pub mod outcome;
 pub mod record;
 pub mod store;

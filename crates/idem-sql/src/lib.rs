@@ -60,6 +60,7 @@ mod driver;
 mod group;
 #[cfg(feature = "postgres")]
 pub mod lock;
+pub mod outbox;
 mod reaper;
 mod record;
 mod statements;
@@ -78,6 +79,7 @@ pub use dialect::postgres::{self, PgStore};
 pub use dialect::sqlite::{self, SqliteStore};
 #[cfg(feature = "postgres")]
 pub use lock::{PgHeld, PgLock};
+pub use outbox::{DEFAULT_OUTBOX_TABLE, OutboxDialect, SqlOutbox};
 pub use store::SqlStore;
 pub use table::{DEFAULT_TABLE, TableName, TableNameError};
 #[cfg(any(feature = "postgres", feature = "mysql"))]

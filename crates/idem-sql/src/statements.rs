@@ -59,6 +59,22 @@ pub enum Param {
     Since,
     /// An audit query's latest instant (ms).
     Until,
+    /// An outbox message's id.
+    MessageId,
+    /// An outbox message's destination (routing key or subject).
+    Destination,
+    /// An outbox message's aggregate, if any.
+    Aggregate,
+    /// An outbox message's headers (a JSON object), if any.
+    Headers,
+    /// An outbox row's position.
+    Seq,
+    /// How long until an outbox row is due again, in milliseconds.
+    Delay,
+    /// Whether a failed outbox row is parked for an operator.
+    Park,
+    /// Why an outbox row failed.
+    Reason,
 }
 
 impl Param {
@@ -88,6 +104,14 @@ impl Param {
             "actor" => Self::Actor,
             "since" => Self::Since,
             "until" => Self::Until,
+            "message_id" => Self::MessageId,
+            "destination" => Self::Destination,
+            "aggregate" => Self::Aggregate,
+            "headers" => Self::Headers,
+            "seq" => Self::Seq,
+            "delay" => Self::Delay,
+            "park" => Self::Park,
+            "reason" => Self::Reason,
             _ => return None,
         })
     }
