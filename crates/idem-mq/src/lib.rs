@@ -43,6 +43,7 @@
 
 mod config;
 mod message;
+pub mod outbox;
 mod process;
 #[cfg(any(feature = "rabbitmq", feature = "nats"))]
 mod runner;

@@ -279,6 +279,11 @@ impl<D: OutboxDialect> SqlOutbox<D> {
         }
     }
 
+    /// The pool the claims run on.
+    pub fn pool(&self) -> &Pool<D> {
+        &self.shared.pool
+    }
+
     /// The table's name.
     pub fn table(&self) -> &str {
         self.shared.table.as_str()
