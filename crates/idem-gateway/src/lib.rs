@@ -19,6 +19,8 @@ mod listener;
 mod matcher;
 pub mod metrics;
 pub mod observe;
+#[cfg(all(feature = "postgres", feature = "mysql", feature = "sqlite"))]
+pub mod outbox;
 pub mod path;
 #[cfg(feature = "planted-bugs")]
 mod planted;

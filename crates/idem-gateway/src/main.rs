@@ -74,6 +74,16 @@ enum Command {
         #[arg(long)]
         metrics_listen: Option<SocketAddr>,
     },
+    /// Publish the outbox table's pending messages to RabbitMQ or JetStream (`[outbox]` of
+    /// the file); any number of instances may share one table.
+    Outbox {
+        /// TOML file with an `[outbox]` table.
+        #[arg(long, short, env = "IDEM_OUTBOX_CONFIG")]
+        config: PathBuf,
+        /// Check the file, print what it sets up (credentials hidden) and exit.
+        #[arg(long)]
+        check: bool,
+    },
     /// Run only the sample upstream (for experiments and benchmarks).
     SampleUpstream {
         /// Address to listen on.
@@ -195,8 +205,40 @@ pub(crate) fn main() -> ExitCode {
             args,
             metrics_listen,
         } => relay(&args, metrics_listen),
+        Command::Outbox { config, check } => outbox(&config, check),
         Command::SampleUpstream { listen } => sample_upstream(listen),
         Command::Request(args) => request::run(&args),
+    }
+}
+
+fn outbox(config: &std::path::Path, check: bool) -> ExitCode {
+    let settings = match idem_gateway::outbox::OutboxSettings::load(config) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            return ExitCode::from(2);
+        }
+    };
+    if check {
+        print!("{settings}");
+        println!("ok: outbox configuration is valid");
+        return ExitCode::SUCCESS;
+    }
+    if let Err(e) = logging::init(LogFormat::Text, "info", None) {
+        eprintln!("error: {e:#}");
+        return ExitCode::from(2);
+    }
+    let Some(runtime) = runtime() else {
+        return ExitCode::FAILURE;
+    };
+    let result = runtime.block_on(idem_gateway::outbox::run(settings));
+    runtime.shutdown_timeout(std::time::Duration::from_secs(1));
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
     }
 }
 

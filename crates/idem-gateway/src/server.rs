@@ -367,7 +367,7 @@ async fn drain(store: &GatewayStore, deadline: tokio::time::Instant, store_timeo
 }
 
 /// Resolves on SIGTERM or Ctrl-C.
-async fn shutdown_signal() {
+pub(crate) async fn shutdown_signal() {
     let ctrl_c = async {
         if tokio::signal::ctrl_c().await.is_err() {
             std::future::pending::<()>().await;

@@ -1,0 +1,497 @@
+//! One key from the HTTP request to the message consumer.
+//!
+//! ```text
+//! orders-outbox service    # POST /orders/{id}/pay with Idempotency-Key: charge + enqueue, one transaction
+//! orders-outbox dispatch   # publish the outbox to RabbitMQ (any number of instances)
+//! orders-outbox consume    # ship each paid order once (inbox in the same transaction)
+//! orders-outbox report     # what each table holds
+//! ```
+//!
+//! - **service**: `Engine::run_in_tx` claims the key, inserts the charge and enqueues an
+//!   `order-paid` message whose id is derived from the key, and completes the key, all in
+//!   one PostgreSQL transaction. A crash before the commit leaves nothing; after it, the
+//!   retry is a replay and the message is already in the outbox.
+//! - **dispatch**: idem-mq's dispatcher claims pending rows under a lease, publishes them
+//!   with publisher confirms and `message-id`, and marks them sent. Killed between the
+//!   publish and the mark, its rows go out again after the lease, under the same ids.
+//! - **consume**: an idem-mq consumer whose inbox record and shipment row commit together;
+//!   the message is acknowledged after the commit, and a redelivery is skipped.
+//!
+//! Settings come from the environment: `DATABASE_URL`, `AMQP_URL`, `PREFIX` (names the
+//! tables and the queue, default `orders`), `LISTEN` (default `127.0.0.1:3400`), `LEASE_MS`
+//! (the dispatcher's lease, default 30000). For the crash tests, `KILL_AT` names a point
+//! (`service:after-commit`, `dispatcher:after-publish`, `consumer:after-commit`) where the
+//! process prints `KILL-POINT` and stops making progress until it is killed, and `PLAIN=1`
+//! runs the consumer without its inbox, to show what the inbox prevents.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context as _, bail};
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use bytes::Bytes;
+use futures::future::BoxFuture;
+use idem_core::outbox::OutboxMessage;
+use idem_core::{Answer, Engine, Fingerprint, Key, Policy, Scope, ScopedKey, StoredResponse};
+use idem_mq::outbox::{Dispatcher, DispatcherConfig, Publish, RabbitOutbox};
+use idem_mq::rabbitmq::{RabbitConsumer, RabbitPublisher};
+use idem_mq::{ConsumerConfig, HandlerError, InTx, Message, Processor, RunResult, Work};
+use idem_sql::{PgStore, SqlOutbox};
+use lapin::types::FieldTable;
+use lapin::{Connection, ConnectionProperties};
+use sqlx::{PgPool, Postgres, Transaction};
+
+/// The line a process prints at its `KILL_AT` point.
+const KILL_POINT: &str = "KILL-POINT";
+
+fn env(name: &str, default: &str) -> String {
+    std::env::var(name).unwrap_or_else(|_| default.to_owned())
+}
+
+/// Whether `KILL_AT` names `point`.
+fn kill_at(point: &str) -> bool {
+    std::env::var("KILL_AT").is_ok_and(|p| p == point)
+}
+
+/// Reports the kill point and never returns.
+async fn hang_here<T>() -> T {
+    println!("{KILL_POINT}");
+    futures::future::pending().await
+}
+
+/// The tables and the queue of one deployment.
+#[derive(Debug, Clone)]
+struct Names {
+    prefix: String,
+}
+
+impl Names {
+    fn table(&self, what: &str) -> String {
+        format!("{}_{what}", self.prefix)
+    }
+    fn queue(&self) -> String {
+        format!("{}.paid", self.prefix)
+    }
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(env("RUST_LOG", "warn,lapin=off"))
+        .init();
+    let role = std::env::args().nth(1).unwrap_or_default();
+    let names = Names {
+        prefix: env("PREFIX", "orders"),
+    };
+    let pool = PgPool::connect(&env(
+        "DATABASE_URL",
+        "postgres://postgres@127.0.0.1:5432/test",
+    ))
+    .await
+    .context("cannot connect to PostgreSQL")?;
+    migrate(&pool, &names).await?;
+    match role.as_str() {
+        "service" => service(pool, names).await,
+        "dispatch" => dispatch(pool, names).await,
+        "consume" => consume(pool, names).await,
+        "report" => report(&pool, &names).await,
+        _ => bail!("usage: orders-outbox service | dispatch | consume | report"),
+    }
+}
+
+async fn migrate(pool: &PgPool, names: &Names) -> anyhow::Result<()> {
+    PgStore::with_table(pool.clone(), &names.table("records"))?
+        .migrate()
+        .await?;
+    PgStore::with_table(pool.clone(), &names.table("inbox"))?
+        .migrate()
+        .await?;
+    SqlOutbox::with_table(pool.clone(), &names.table("outbox"))?
+        .migrate()
+        .await?;
+    sqlx::raw_sql(&format!(
+        "CREATE TABLE IF NOT EXISTS {c} (id BIGSERIAL PRIMARY KEY, order_id TEXT NOT NULL, amount BIGINT NOT NULL);
+         CREATE TABLE IF NOT EXISTS {s} (id BIGSERIAL PRIMARY KEY, order_id TEXT NOT NULL, message_id TEXT NOT NULL)",
+        c = names.table("charges"),
+        s = names.table("shipments"),
+    ))
+    .execute(pool)
+    .await?;
+    Ok(())
+}
+
+async fn amqp() -> anyhow::Result<Connection> {
+    Connection::connect(
+        &env("AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/%2f"),
+        ConnectionProperties::default(),
+    )
+    .await
+    .context("cannot connect to RabbitMQ")
+}
+
+// ---- The HTTP service.
+
+struct App {
+    engine: Engine<PgStore>,
+    outbox: SqlOutbox<Postgres>,
+    names: Names,
+}
+
+async fn service(pool: PgPool, names: Names) -> anyhow::Result<()> {
+    let app = Arc::new(App {
+        engine: Engine::new(
+            PgStore::with_table(pool.clone(), &names.table("records"))?,
+            Policy::default(),
+        ),
+        outbox: SqlOutbox::with_table(pool, &names.table("outbox"))?,
+        names,
+    });
+    let router = axum::Router::new()
+        .route("/orders/{id}/pay", axum::routing::post(pay))
+        .with_state(app);
+    let listen = env("LISTEN", "127.0.0.1:3400");
+    let listener = tokio::net::TcpListener::bind(&listen).await?;
+    println!("listening on http://{}", listener.local_addr()?);
+    axum::serve(listener, router).await?;
+    Ok(())
+}
+
+type Tx = Transaction<'static, Postgres>;
+type Charged<'c> = BoxFuture<'c, Result<((), StoredResponse), String>>;
+
+/// Pins a closure to the higher-ranked signature `run_in_tx` wants.
+fn in_tx<F>(f: F) -> F
+where
+    F: for<'c> FnOnce(&'c mut Tx, idem_core::Lease) -> Charged<'c>,
+{
+    f
+}
+
+/// Charges `order` and enqueues its `order-paid` message in the transaction that claims and
+/// completes the key.
+async fn pay(
+    State(app): State<Arc<App>>,
+    Path(order): Path<String>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let Some(key) = headers
+        .get("idempotency-key")
+        .and_then(|v| Key::from_bytes(v.as_bytes()).ok())
+    else {
+        return (
+            StatusCode::BAD_REQUEST,
+            "a valid Idempotency-Key is required\n",
+        )
+            .into_response();
+    };
+    let amount = serde_json::from_slice::<serde_json::Value>(&body)
+        .ok()
+        .and_then(|v| v["amount"].as_i64());
+    let Some(amount) = amount else {
+        return (
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "body must be {\"amount\": N}\n",
+        )
+            .into_response();
+    };
+    let scope = match Scope::new("orders.pay") {
+        Ok(s) => s,
+        Err(e) => return (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response(),
+    };
+    let key = ScopedKey::new(scope, key);
+    let mut request = format!("{order}\n").into_bytes();
+    request.extend_from_slice(&body);
+    let fingerprint = Fingerprint::of_bytes(1, &request);
+    let work = {
+        let (app, key, order) = (Arc::clone(&app), key.clone(), order.clone());
+        in_tx(move |tx, _lease| {
+            Box::pin(async move { charge(&app, tx, &key, &order, amount).await })
+        })
+    };
+    let answer = app.engine.run_in_tx(&key, &fingerprint, None, work).await;
+    match answer {
+        Ok(Answer::Executed { output: Ok(()), .. }) => {
+            if kill_at("service:after-commit") {
+                // Committed: the charge, the message and the completed key are durable; the
+                // client never hears back.
+                return hang_here().await;
+            }
+            (
+                StatusCode::CREATED,
+                format!("{{\"order\":\"{order}\",\"paid\":{amount}}}\n"),
+            )
+                .into_response()
+        }
+        Ok(Answer::Executed { output: Err(e), .. }) => {
+            (StatusCode::SERVICE_UNAVAILABLE, e).into_response()
+        }
+        Ok(Answer::Replayed(stored)) => {
+            let status = StatusCode::from_u16(stored.status).unwrap_or(StatusCode::OK);
+            (status, [("idempotent-replayed", "true")], stored.body).into_response()
+        }
+        Ok(Answer::InFlight { retry_after }) => (
+            StatusCode::CONFLICT,
+            [("retry-after", retry_after.as_secs().max(1).to_string())],
+            "in flight\n",
+        )
+            .into_response(),
+        Ok(Answer::Mismatch) => (
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "key reused with another body\n",
+        )
+            .into_response(),
+        Ok(Answer::Unknown) => (StatusCode::CONFLICT, "outcome unknown\n").into_response(),
+        Ok(_) => (StatusCode::INTERNAL_SERVER_ERROR, "unexpected answer\n").into_response(),
+        Err(e) => (StatusCode::SERVICE_UNAVAILABLE, e.to_string()).into_response(),
+    }
+}
+
+async fn charge(
+    app: &App,
+    tx: &mut Tx,
+    key: &ScopedKey,
+    order: &str,
+    amount: i64,
+) -> Result<((), StoredResponse), String> {
+    sqlx::query(&format!(
+        "INSERT INTO {} (order_id, amount) VALUES ($1, $2)",
+        app.names.table("charges")
+    ))
+    .bind(order)
+    .bind(amount)
+    .execute(&mut **tx)
+    .await
+    .map_err(|e| e.to_string())?;
+    let event = serde_json::json!({"type": "order-paid", "order_id": order, "amount": amount});
+    let message = OutboxMessage::for_key(key, "paid", app.names.queue(), event.to_string())
+        .map_err(|e| e.to_string())?
+        .aggregate(order)
+        .header("content-type", "application/json");
+    app.outbox
+        .enqueue(tx, &message)
+        .await
+        .map_err(|e| e.to_string())?;
+    let body = format!("{{\"order\":\"{order}\",\"paid\":{amount}}}\n");
+    Ok(((), StoredResponse::new(201, body)))
+}
+
+// ---- The dispatcher.
+
+/// Publishes, then (at the kill point) stops before the dispatcher can mark anything sent.
+struct KillAfterPublish<P>(P);
+
+impl<P: Publish> Publish for KillAfterPublish<P> {
+    async fn publish(&self, message: &OutboxMessage) -> Result<(), String> {
+        self.0.publish(message).await?;
+        hang_here().await
+    }
+}
+
+async fn declare(publisher: &RabbitPublisher, names: &Names) -> anyhow::Result<()> {
+    let durable = lapin::options::QueueDeclareOptions {
+        durable: true,
+        ..Default::default()
+    };
+    for q in [names.queue(), format!("{}.dead", names.queue())] {
+        publisher
+            .channel()
+            .queue_declare(q.as_str().into(), durable, FieldTable::default())
+            .await?;
+    }
+    Ok(())
+}
+
+async fn dispatch(pool: PgPool, names: Names) -> anyhow::Result<()> {
+    let outbox = SqlOutbox::with_table(pool, &names.table("outbox"))?;
+    let conn = amqp().await?;
+    let publisher = RabbitPublisher::new(&conn).await?;
+    declare(&publisher, &names).await?;
+    let lease_ms: u64 = env("LEASE_MS", "30000").parse().context("LEASE_MS")?;
+    let config = DispatcherConfig {
+        lease: Duration::from_millis(lease_ms),
+        publish_timeout: Duration::from_millis(lease_ms / 2),
+        idle: Duration::from_millis(100),
+        ..DispatcherConfig::default()
+    };
+    let rabbit = RabbitOutbox::new(publisher, "");
+    let shutdown = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    println!("dispatching to {}", names.queue());
+    if kill_at("dispatcher:after-publish") {
+        Dispatcher::new(outbox, KillAfterPublish(rabbit), config)
+            .run(shutdown)
+            .await;
+    } else {
+        Dispatcher::new(outbox, rabbit, config).run(shutdown).await;
+    }
+    Ok(())
+}
+
+// ---- The consumer.
+
+/// Ships the order on the inbox's transaction.
+fn ship<'c>(
+    table: &'c str,
+    tx: &'c mut Tx,
+    message: &'c Message,
+) -> BoxFuture<'c, Result<(), HandlerError>> {
+    Box::pin(async move {
+        let event = message
+            .json()
+            .ok_or_else(|| HandlerError::Permanent("payload is not JSON".into()))?;
+        let order = event["order_id"]
+            .as_str()
+            .ok_or_else(|| HandlerError::Permanent("no order_id".into()))?
+            .to_owned();
+        let id = message
+            .headers()
+            .iter()
+            .find(|(name, _)| name == "message-id")
+            .map(|(_, v)| String::from_utf8_lossy(v).into_owned())
+            .unwrap_or_default();
+        sqlx::query(&format!(
+            "INSERT INTO {table} (order_id, message_id) VALUES ($1, $2)"
+        ))
+        .bind(order)
+        .bind(id)
+        .execute(&mut **tx)
+        .await
+        .map_err(|e| HandlerError::Retry(e.to_string()))?;
+        Ok(())
+    })
+}
+
+/// Runs the inner work (the shipment and its commit), then stops before the ack.
+struct KillAfterCommit<W>(W);
+
+impl<W: Work<PgStore>> Work<PgStore> for KillAfterCommit<W> {
+    async fn run(
+        &self,
+        engine: &Engine<PgStore>,
+        key: &ScopedKey,
+        fingerprint: &Fingerprint,
+        message: &Message,
+    ) -> RunResult {
+        let _ = self.0.run(engine, key, fingerprint, message).await;
+        hang_here().await
+    }
+}
+
+async fn consume(pool: PgPool, names: Names) -> anyhow::Result<()> {
+    let conn = amqp().await?;
+    declare(&RabbitPublisher::new(&conn).await?, &names).await?;
+    let engine = Engine::new(
+        PgStore::with_table(pool.clone(), &names.table("inbox"))?,
+        Policy::default(),
+    );
+    let shipments: Arc<str> = names.table("shipments").into();
+    let in_tx = {
+        let shipments = Arc::clone(&shipments);
+        InTx::new(
+            move |tx: &mut Tx, m: &Message| -> BoxFuture<'_, Result<(), HandlerError>> {
+                let shipments = Arc::clone(&shipments);
+                Box::pin(async move { ship(&shipments, tx, m).await })
+            },
+        )
+    };
+    let scope = Scope::new("orders.ship")?;
+    let keys = idem_mq::rabbitmq::default_keys();
+    let config = ConsumerConfig::default();
+    let shutdown = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    println!("consuming {}", names.queue());
+    if std::env::var_os("PLAIN").is_some() {
+        return consume_plain(&conn, &pool, &names, &shipments).await;
+    }
+    if kill_at("consumer:after-commit") {
+        let processor = Processor::new(engine, scope, keys, config, KillAfterCommit(in_tx));
+        RabbitConsumer::new(processor, names.queue())
+            .run(&conn, shutdown)
+            .await?;
+    } else {
+        let processor = Processor::new(engine, scope, keys, config, in_tx);
+        RabbitConsumer::new(processor, names.queue())
+            .run(&conn, shutdown)
+            .await?;
+    }
+    Ok(())
+}
+
+/// Without the inbox: every delivery ships, then is acknowledged (what idem's consumer
+/// prevents: a redelivery or a republished copy ships again).
+async fn consume_plain(
+    conn: &Connection,
+    pool: &PgPool,
+    names: &Names,
+    shipments: &str,
+) -> anyhow::Result<()> {
+    use futures::StreamExt as _;
+    let channel = conn.create_channel().await?;
+    let mut deliveries = channel
+        .basic_consume(
+            names.queue().as_str().into(),
+            "plain".into(),
+            lapin::options::BasicConsumeOptions::default(),
+            FieldTable::default(),
+        )
+        .await?;
+    while let Some(delivery) = deliveries.next().await {
+        let delivery = delivery?;
+        let id = delivery
+            .properties
+            .message_id()
+            .as_ref()
+            .map(|s| s.as_str().to_owned())
+            .unwrap_or_default();
+        let message = Message::new(
+            vec![("message-id".to_owned(), Bytes::from(id))],
+            delivery.data.clone(),
+            1,
+        );
+        let mut tx = pool.begin().await?;
+        ship(shipments, &mut tx, &message)
+            .await
+            .map_err(|e| anyhow::anyhow!("{e}"))?;
+        tx.commit().await?;
+        delivery
+            .ack(lapin::options::BasicAckOptions::default())
+            .await?;
+    }
+    Ok(())
+}
+
+// ---- Reporting.
+
+async fn report(pool: &PgPool, names: &Names) -> anyhow::Result<()> {
+    let count = |sql: String| {
+        let pool = pool.clone();
+        async move {
+            sqlx::query_scalar::<_, i64>(&sql)
+                .fetch_one(&pool)
+                .await
+                .context("count")
+        }
+    };
+    let charges = count(format!("SELECT count(*) FROM {}", names.table("charges"))).await?;
+    let shipments = count(format!("SELECT count(*) FROM {}", names.table("shipments"))).await?;
+    let shipped = count(format!(
+        "SELECT count(DISTINCT order_id) FROM {}",
+        names.table("shipments")
+    ))
+    .await?;
+    let unsent = count(format!(
+        "SELECT count(*) FROM {} WHERE sent_at IS NULL",
+        names.table("outbox")
+    ))
+    .await?;
+    println!(
+        "{}",
+        serde_json::json!({"charges": charges, "shipments": shipments, "orders_shipped": shipped, "unsent": unsent})
+    );
+    Ok(())
+}
