@@ -426,3 +426,61 @@ async fn enqueue_commits_with_the_idempotency_record() {
     assert_eq!(ids(&claimed), expected);
     outbox.drop_table().await.expect("drop");
 }
+
+/// The claim without its lock, as a hand-written outbox poller often is (read the due rows,
+/// then mark them): concurrent pollers hand the same rows out twice, which the locked claim
+/// above never does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unlocked_claim_hands_rows_out_twice() {
+    let pool = match sqlx::PgPool::connect(&common::pg_url()).await {
+        Ok(p) => p,
+        Err(e) => return common::missing("PostgreSQL", &e),
+    };
+    let outbox =
+        SqlOutbox::with_table(pool.clone(), &common::unique_table("outbox")).expect("table");
+    outbox.migrate().await.expect("migrate");
+    let t = outbox.table().to_owned();
+    let mut handed_twice = false;
+    for round in 0..5 {
+        let many: Vec<OutboxMessage> = (0..40).map(|i| message(&format!("u{round}-{i}"))).collect();
+        assert_eq!(enqueue(&outbox, &pool, &many).await, 40);
+        let polls = futures::future::join_all((0..4).map(|_| {
+            let (pool, t) = (pool.clone(), t.clone());
+            async move {
+                let mut got = Vec::new();
+                loop {
+                    let seqs: Vec<i64> = sqlx::query_scalar(&format!(
+                        "SELECT seq FROM {t} WHERE sent_at IS NULL AND claimed_by IS NULL ORDER BY seq LIMIT 7"
+                    ))
+                    .fetch_all(&pool)
+                    .await
+                    .expect("read");
+                    if seqs.is_empty() {
+                        return got;
+                    }
+                    sqlx::query(&format!(
+                        "UPDATE {t} SET claimed_by = '\\x01'::bytea WHERE seq = ANY($1)"
+                    ))
+                    .bind(&seqs)
+                    .execute(&pool)
+                    .await
+                    .expect("mark");
+                    got.extend(seqs);
+                }
+            }
+        }))
+        .await;
+        let all: Vec<i64> = polls.into_iter().flatten().collect();
+        let distinct: BTreeSet<i64> = all.iter().copied().collect();
+        assert_eq!(distinct.len(), 40, "every row handed out");
+        if all.len() > distinct.len() {
+            handed_twice = true;
+            break;
+        }
+    }
+    outbox.drop_table().await.expect("drop");
+    assert!(
+        handed_twice,
+        "unlocked pollers never overlapped in 5 rounds"
+    );
+}
