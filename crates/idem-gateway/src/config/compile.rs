@@ -92,7 +92,6 @@ pub fn compile(raw: &RawConfig) -> anyhow::Result<Settings> {
     )?;
     let status = status(raw.status.as_ref()).context("`status.path`")?;
     super::token::check_routes(&routes, &store, status.as_ref())?;
-    let relays = super::relay::compile(raw.relay.as_deref().unwrap_or_default(), &routes)?;
     Ok(Settings {
         listen,
         upstream,
@@ -122,7 +121,6 @@ pub fn compile(raw: &RawConfig) -> anyhow::Result<Settings> {
         status,
         reconcile: reconcile(raw.reconcile.as_ref())?,
         audit: audit(raw.audit.as_ref())?,
-        relays,
     })
 }
 

@@ -8,7 +8,6 @@ mod display;
 mod key;
 mod listener;
 mod parse;
-mod relay;
 mod risks;
 mod route;
 mod settings;
@@ -29,7 +28,6 @@ use crate::upstream::RawUpstream;
 
 pub use compile::compile;
 pub use listener::{Limits, RawLimits, RawTls};
-pub use relay::{RawRelay, RelaySettings, Source};
 pub use settings::{
     AdminSettings, AuditSettings, FingerprintBody, FingerprintSettings, LogFormat,
     ReconcileSettings, Route, RoutePolicy, Settings, StatusSet, StatusSettings, Unmatched,
@@ -41,6 +39,9 @@ pub use units::{ByteSize, Dur};
 
 pub use crate::principal::{JwtKey, JwtSettings, PrincipalSource, RawPrincipal};
 pub use crate::tls::TlsFiles;
+
+/// A table of the file kept as written, for the part of the gateway that reads it.
+pub type RawTable = figment::value::Dict;
 
 /// The default data listener.
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:8080";
@@ -122,8 +123,9 @@ pub struct RawConfig {
     pub reconcile: Option<RawReconcile>,
     /// What the audit trail records and how much of it the store keeps.
     pub audit: Option<RawAudit>,
-    /// Relays run by `idem relay`: each consumes a queue and POSTs every message once.
-    pub relay: Option<Vec<RawRelay>>,
+    /// Relays run by `idem relay`: each consumes a queue and POSTs every message once. Kept
+    /// as written: the relay reads and checks its own tables (`crate::relay::config`).
+    pub relay: Option<Vec<RawTable>>,
 }
 
 /// The status endpoint: `GET <path>/{key}` tells a caller what became of its key.

@@ -71,8 +71,6 @@ pub struct Settings {
     pub reconcile: ReconcileSettings,
     /// What the audit trail records, and its retention.
     pub audit: AuditSettings,
-    /// Relays `idem relay` runs.
-    pub relays: Vec<super::RelaySettings>,
 }
 
 /// The status endpoint.

@@ -1,4 +1,8 @@
 //! `[[relay]]` in the configuration file: what each relay consumes and where it posts.
+//!
+//! The configuration hands the relay its `[[relay]]` tables as they were written
+//! ([`RawConfig::relay`](crate::config::RawConfig::relay)); they are read and checked here,
+//! against the compiled routes.
 
 use std::fmt;
 use std::sync::Arc;
@@ -8,7 +12,7 @@ use http::Uri;
 use idem_core::key_source::KeySources;
 use serde::{Deserialize, Serialize};
 
-use super::{Dur, Route, RoutePolicy};
+use crate::config::{Dur, RawTable, Route, RoutePolicy};
 
 /// One relay as written in the file.
 #[derive(Debug, Clone, Default, Deserialize, Serialize)]
@@ -90,23 +94,53 @@ pub struct RelaySettings {
     pub consumer: idem_mq::ConsumerConfig,
 }
 
-/// Checks every `[[relay]]` against the compiled routes.
+/// Reads and checks every `[[relay]]` table against the compiled routes.
 ///
 /// # Errors
-/// The first relay that is incomplete or names a missing route.
-pub(super) fn compile(raw: &[RawRelay], routes: &[Route]) -> anyhow::Result<Vec<RelaySettings>> {
+/// The first relay that has an unknown field or a wrongly typed value, is incomplete or
+/// names a missing route.
+pub fn compile(raw: &[RawTable], routes: &[Route]) -> anyhow::Result<Vec<RelaySettings>> {
     raw.iter()
         .enumerate()
-        .map(|(i, r)| {
-            one(r, routes).with_context(|| {
+        .map(|(i, table)| {
+            read(table).and_then(|r| one(&r, routes)).with_context(|| {
                 format!(
                     "relay #{} ({})",
                     i + 1,
-                    r.name.as_deref().unwrap_or("unnamed")
+                    table
+                        .get("name")
+                        .and_then(figment::value::Value::as_str)
+                        .unwrap_or("unnamed")
                 )
             })
         })
         .collect()
+}
+
+/// The relays among `relays` that follow `route`, as a risk names them after the route:
+/// ` (and relay orders, refunds)`, or nothing.
+pub fn following(relays: &[RelaySettings], route: &str) -> String {
+    let names: Vec<&str> = relays
+        .iter()
+        .filter(|r| r.route == route)
+        .map(|r| r.name.as_str())
+        .collect();
+    if names.is_empty() {
+        String::new()
+    } else {
+        format!(" (and relay {})", names.join(", "))
+    }
+}
+
+/// One table as a [`RawRelay`]: unknown fields and wrongly typed values are refused, naming
+/// the field (and for unknown ones, the fields there are).
+fn read(table: &RawTable) -> anyhow::Result<RawRelay> {
+    let figment = figment::Figment::from(figment::providers::Serialized::globals(table));
+    figment.extract::<RawRelay>().map_err(|e| {
+        // The path inside the relay's table (the provider, not the file, is the source).
+        let field = e.path.join(".");
+        anyhow::anyhow!("invalid configuration: {} for key `{field}`", e.kind)
+    })
 }
 
 fn one(r: &RawRelay, routes: &[Route]) -> anyhow::Result<RelaySettings> {
@@ -237,8 +271,8 @@ impl fmt::Display for RelaySettings {
             self.route,
             self.policy.namespace,
             match self.policy.upstream_failure {
-                super::UpstreamFailure::Hold => "hold",
-                super::UpstreamFailure::Retry => "retry",
+                crate::config::UpstreamFailure::Hold => "hold",
+                crate::config::UpstreamFailure::Retry => "retry",
             },
             self.consumer.prefetch,
             self.consumer.concurrency,
