@@ -144,7 +144,7 @@ impl ServeArgs {
             defaults
                 .principal
                 .get_or_insert_with(|| config::RawPrincipal {
-                    from: Some("none".into()),
+                    from: Some(config::PrincipalFrom::None),
                     ..Default::default()
                 });
             if raw.routes.as_ref().is_none_or(Vec::is_empty) {
