@@ -17,37 +17,37 @@ use crate::config::{Dur, RawTable, Route, RoutePolicy};
 /// One relay as written in the file.
 #[derive(Debug, Clone, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
-pub struct RawRelay {
+pub(super) struct RawRelay {
     /// A name for logs and metrics; it also scopes the relay's keys.
-    pub name: Option<String>,
+    pub(super) name: Option<String>,
     /// The broker: `amqp://user:pass@host:5672/%2f` (RabbitMQ) or `nats://host:4222`
     /// (JetStream).
-    pub broker: Option<String>,
+    pub(super) broker: Option<String>,
     /// RabbitMQ: the queue to consume.
-    pub queue: Option<String>,
+    pub(super) queue: Option<String>,
     /// JetStream: the stream.
-    pub stream: Option<String>,
+    pub(super) stream: Option<String>,
     /// JetStream: the durable pull consumer (created with explicit acks if absent).
-    pub consumer: Option<String>,
+    pub(super) consumer: Option<String>,
     /// RabbitMQ: the routing key dead letters go to through the default exchange (default
     /// `<queue>.dead`); JetStream: the subject dead letters are published to (required).
-    pub dead_letter: Option<String>,
+    pub(super) dead_letter: Option<String>,
     /// The URL each message is POSTed to.
-    pub post: Option<String>,
+    pub(super) post: Option<String>,
     /// The route whose policy applies (namespace, failure policy, timeouts, record TTL);
     /// default: the only route.
-    pub route: Option<String>,
+    pub(super) route: Option<String>,
     /// Key sources tried in order, such as `["header:order-id", "{json.order.id}:pay"]`
     /// (default: the message id).
-    pub key: Option<Vec<String>>,
+    pub(super) key: Option<Vec<String>>,
     /// Messages handed over before they are acknowledged (default 16).
-    pub prefetch: Option<u16>,
+    pub(super) prefetch: Option<u16>,
     /// Messages posted at once (default 16).
-    pub concurrency: Option<usize>,
+    pub(super) concurrency: Option<usize>,
     /// Attempts before a message is dead-lettered (default 5).
-    pub max_attempts: Option<u32>,
+    pub(super) max_attempts: Option<u32>,
     /// Delay before the second attempt, doubled per attempt (default `200ms`).
-    pub backoff: Option<Dur>,
+    pub(super) backoff: Option<Dur>,
 }
 
 /// Where a relay consumes from.
@@ -143,6 +143,7 @@ fn read(table: &RawTable) -> anyhow::Result<RawRelay> {
     })
 }
 
+/// One relay, checked field by field: its name, source, target, route, keys and consumer.
 fn one(r: &RawRelay, routes: &[Route]) -> anyhow::Result<RelaySettings> {
     let name = r.name.clone().context("`name` is required")?;
     if name.is_empty()
@@ -152,39 +153,69 @@ fn one(r: &RawRelay, routes: &[Route]) -> anyhow::Result<RelaySettings> {
     {
         bail!("`name` must be letters, digits, `-`, `_` or `.`");
     }
-    let broker = r.broker.clone().context("`broker` is required")?;
-    let source = if broker.starts_with("amqp://") || broker.starts_with("amqps://") {
-        let queue = r
-            .queue
-            .clone()
-            .context("`queue` is required for RabbitMQ")?;
-        Source::Rabbit {
-            url: broker,
-            dead_letter: r
-                .dead_letter
-                .clone()
-                .unwrap_or_else(|| format!("{queue}.dead")),
-            queue,
+    let source = source(r)?;
+    let post = post(r)?;
+    let route = route(r, routes)?;
+    let key = match &r.key {
+        None => None,
+        Some(list) => {
+            let texts: Vec<&str> = list.iter().map(String::as_str).collect();
+            Some(KeySources::parse(&texts).context("`key`")?)
         }
-    } else if broker.starts_with("nats://") {
-        Source::Nats {
-            url: broker,
-            stream: r
-                .stream
-                .clone()
-                .context("`stream` is required for JetStream")?,
-            consumer: r
-                .consumer
-                .clone()
-                .context("`consumer` is required for JetStream")?,
-            dead_letter: r
-                .dead_letter
-                .clone()
-                .context("`dead_letter` (a subject) is required for JetStream")?,
-        }
-    } else {
-        bail!("`broker` must be an amqp:// or nats:// URL");
     };
+    let consumer = consumer(r, key.as_ref());
+    Ok(RelaySettings {
+        name,
+        source,
+        post,
+        route: route.name.clone(),
+        policy: Arc::clone(&route.policy),
+        key,
+        consumer,
+    })
+}
+
+/// The broker and what to consume there: a RabbitMQ queue or a JetStream consumer.
+fn source(r: &RawRelay) -> anyhow::Result<Source> {
+    let broker = r.broker.clone().context("`broker` is required")?;
+    Ok(
+        if broker.starts_with("amqp://") || broker.starts_with("amqps://") {
+            let queue = r
+                .queue
+                .clone()
+                .context("`queue` is required for RabbitMQ")?;
+            Source::Rabbit {
+                url: broker,
+                dead_letter: r
+                    .dead_letter
+                    .clone()
+                    .unwrap_or_else(|| format!("{queue}.dead")),
+                queue,
+            }
+        } else if broker.starts_with("nats://") {
+            Source::Nats {
+                url: broker,
+                stream: r
+                    .stream
+                    .clone()
+                    .context("`stream` is required for JetStream")?,
+                consumer: r
+                    .consumer
+                    .clone()
+                    .context("`consumer` is required for JetStream")?,
+                dead_letter: r
+                    .dead_letter
+                    .clone()
+                    .context("`dead_letter` (a subject) is required for JetStream")?,
+            }
+        } else {
+            bail!("`broker` must be an amqp:// or nats:// URL");
+        },
+    )
+}
+
+/// The `http://` URL each message is POSTed to.
+fn post(r: &RawRelay) -> anyhow::Result<Uri> {
     let post: Uri = r
         .post
         .as_deref()
@@ -194,6 +225,11 @@ fn one(r: &RawRelay, routes: &[Route]) -> anyhow::Result<RelaySettings> {
     if post.scheme_str() != Some("http") || post.authority().is_none() {
         bail!("`post` must be an http:// URL");
     }
+    Ok(post)
+}
+
+/// The protected route whose policy the relay follows: the named one, or the only one.
+fn route<'a>(r: &RawRelay, routes: &'a [Route]) -> anyhow::Result<&'a Route> {
     let route = match (&r.route, routes) {
         (Some(n), _) => routes
             .iter()
@@ -208,13 +244,11 @@ fn one(r: &RawRelay, routes: &[Route]) -> anyhow::Result<RelaySettings> {
             route.name
         );
     }
-    let key = match &r.key {
-        None => None,
-        Some(list) => {
-            let texts: Vec<&str> = list.iter().map(String::as_str).collect();
-            Some(KeySources::parse(&texts).context("`key`")?)
-        }
-    };
+    Ok(route)
+}
+
+/// The consumer's settings: idem-mq's defaults, overridden by the ones set (each at least 1).
+fn consumer(r: &RawRelay, key: Option<&KeySources>) -> idem_mq::ConsumerConfig {
     let mut consumer = idem_mq::ConsumerConfig::default();
     if let Some(p) = r.prefetch {
         consumer.prefetch = p.max(1);
@@ -228,16 +262,8 @@ fn one(r: &RawRelay, routes: &[Route]) -> anyhow::Result<RelaySettings> {
     if let Some(b) = r.backoff {
         consumer.backoff = b.0;
     }
-    consumer.key.clone_from(&key);
-    Ok(RelaySettings {
-        name,
-        source,
-        post,
-        route: route.name.clone(),
-        policy: Arc::clone(&route.policy),
-        key,
-        consumer,
-    })
+    consumer.key = key.cloned();
+    consumer
 }
 
 impl fmt::Display for RelaySettings {

@@ -32,7 +32,7 @@ use tokio::sync::watch;
 
 use work::Post;
 
-pub use config::{RawRelay, RelaySettings, Source, compile, following};
+pub use config::{RelaySettings, Source, compile, following};
 
 use crate::config::Settings;
 use crate::metrics::RequestMetrics;
