@@ -306,3 +306,76 @@ impl fmt::Display for RelaySettings {
         )
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const BASE: &str = "upstream = \"http://x\"\n[defaults]\nprincipal = { from = \"none\" }\n\
+                        upstream_failure = \"retry\"\n\
+                        [[routes]]\nname = \"orders\"\npath = \"/orders\"\n\
+                        [[routes]]\nname = \"refunds\"\npath = \"/refunds\"\n";
+
+    fn relays(tables: &str) -> anyhow::Result<Vec<RelaySettings>> {
+        let raw = crate::config::from_toml(&format!("{BASE}{tables}"))?;
+        let settings = crate::config::compile(&raw)?;
+        compile(raw.relay.as_deref().unwrap_or_default(), &settings.routes)
+    }
+
+    #[test]
+    fn relays_are_read_from_their_tables_and_follow_their_route() {
+        let r = relays(
+            "[[relay]]\nname = \"o\"\nbroker = \"amqp://h\"\nqueue = \"q\"\npost = \"http://h/o\"\n\
+             route = \"orders\"\nprefetch = 0\nbackoff = \"1s\"\nkey = [\"header:order-id\"]\n\
+             [[relay]]\nname = \"n\"\nbroker = \"nats://h\"\nstream = \"s\"\nconsumer = \"c\"\n\
+             dead_letter = \"dl\"\npost = \"http://h/n\"\nroute = \"orders\"\n",
+        )
+        .expect("valid");
+        assert_eq!(
+            r[0].source,
+            Source::Rabbit {
+                url: "amqp://h".into(),
+                queue: "q".into(),
+                dead_letter: "q.dead".into()
+            }
+        );
+        assert_eq!(r[0].consumer.prefetch, 1);
+        assert_eq!(r[0].consumer.backoff, std::time::Duration::from_secs(1));
+        assert!(r[0].key.is_some() && r[0].consumer.key.is_some());
+        assert!(matches!(r[1].source, Source::Nats { .. }));
+        assert_eq!(following(&r, "orders"), " (and relay o, n)");
+        assert_eq!(following(&r, "refunds"), "");
+    }
+
+    #[test]
+    fn a_wrong_table_is_refused_naming_the_relay_and_the_field() {
+        for (table, words) in [
+            (
+                "name = \"o\"\nbogus = 1",
+                &["relay #1 (o)", "bogus", "`queue`"][..],
+            ),
+            (
+                "name = \"o\"\nprefetch = \"x\"",
+                &["relay #1 (o)", "prefetch"],
+            ),
+            (
+                "name = \"o\"\nbroker = \"amqp://h\"\npost = \"http://h\"",
+                &["`queue` is required"],
+            ),
+            (
+                "name = \"o\"\nbroker = \"amqp://h\"\nqueue = \"q\"\npost = \"http://h\"",
+                &["name the route"],
+            ),
+            (
+                "broker = \"amqp://h\"",
+                &["relay #1 (unnamed)", "`name` is required"],
+            ),
+        ] {
+            let e = relays(&format!("[[relay]]\n{table}\n")).expect_err(table);
+            let e = format!("{e:#}");
+            for w in words {
+                assert!(e.contains(w), "{table}: {e}");
+            }
+        }
+    }
+}
