@@ -21,7 +21,8 @@ use std::process::ExitCode;
 use clap::{Args, CommandFactory as _, FromArgMatches as _, Parser, Subcommand};
 
 use anyhow::Context as _;
-use idem_gateway::config::{self, LogFormat, OverrideAdmin, OverrideLog, Overrides, Settings};
+use idem_gateway::cli::config::Checked;
+use idem_gateway::config::{self, LogFormat, OverrideAdmin, OverrideLog, Overrides};
 use idem_gateway::observe::{build, logging};
 use idem_gateway::{cli, demo, metrics, reconcile, relay, request, server, store};
 
@@ -144,7 +145,7 @@ impl ServeArgs {
         }
     }
 
-    fn settings(&self, demo: bool) -> anyhow::Result<(Settings, config::Sources)> {
+    fn settings(&self, demo: bool) -> anyhow::Result<(Checked, config::Sources)> {
         let (mut raw, sources) = config::load(self.config.as_deref(), &self.overrides(demo))?;
         if demo {
             // The demo upstream is one tenant's charge endpoint: keys are not scoped by caller
@@ -153,7 +154,7 @@ impl ServeArgs {
             defaults
                 .principal
                 .get_or_insert_with(|| config::RawPrincipal {
-                    from: Some("none".into()),
+                    from: Some(config::PrincipalFrom::None),
                     ..Default::default()
                 });
             if raw.routes.as_ref().is_none_or(Vec::is_empty) {
@@ -164,9 +165,9 @@ impl ServeArgs {
                 path: Some(demo::STATUS_PATH.into()),
             });
         }
-        let settings = config::compile(&raw)?;
-        store::available(&settings.store).context("`store`")?;
-        Ok((settings, sources))
+        let checked = cli::config::compile(&raw)?;
+        store::available(&checked.settings.store).context("`store`")?;
+        Ok((checked, sources))
     }
 }
 
@@ -244,7 +245,7 @@ fn outbox(config: &std::path::Path, check: bool) -> ExitCode {
 
 fn reconcile(args: &ServeArgs, dry_run: bool, json: bool) -> ExitCode {
     let settings = match args.settings(false) {
-        Ok((s, _)) => s,
+        Ok((c, _)) => c.settings,
         Err(e) => {
             eprintln!("error: {e:#}");
             return ExitCode::from(2);
@@ -265,36 +266,8 @@ fn reconcile(args: &ServeArgs, dry_run: bool, json: bool) -> ExitCode {
 
 fn check_config(args: &ServeArgs) -> ExitCode {
     match args.settings(false) {
-        Ok((settings, sources)) => {
-            match &sources.file {
-                Some(f) => println!(
-                    "config:    {} (then IDEM_* variables, then flags)",
-                    f.display()
-                ),
-                None => println!("config:    no file (IDEM_* variables and flags only)"),
-            }
-            if !sources.env.is_empty() {
-                println!("env:       {}", sources.env.join(", "));
-            }
-            print!("{settings}");
-            let promise = settings.risks();
-            let credentials = settings.credential_risks();
-            for risk in promise.iter().chain(&credentials) {
-                println!("risk:      {risk}");
-            }
-            match (promise.len(), credentials.len()) {
-                (0, 0) => println!("ok: configuration is valid"),
-                (n, 0) => println!(
-                    "ok: configuration is valid, with {n} risk(s) to the at-most-once promise above"
-                ),
-                (0, c) => println!(
-                    "ok: configuration is valid, with {c} risk(s) to whose keys they are above"
-                ),
-                (n, c) => println!(
-                    "ok: configuration is valid, with {} risk(s) above: {n} to the at-most-once promise, {c} to whose keys they are",
-                    n + c
-                ),
-            }
+        Ok((checked, sources)) => {
+            print!("{}", checked.report(&sources));
             ExitCode::SUCCESS
         }
         Err(e) => {
@@ -305,8 +278,11 @@ fn check_config(args: &ServeArgs) -> ExitCode {
 }
 
 fn serve(args: &ServeArgs, demo: bool) -> ExitCode {
-    let settings = match args.settings(demo) {
-        Ok((s, _)) => s,
+    let (settings, risks) = match args.settings(demo) {
+        Ok((c, _)) => {
+            let risks = c.risks();
+            (c.settings, risks)
+        }
         Err(e) => {
             eprintln!("error: {e:#}");
             return ExitCode::from(2);
@@ -338,14 +314,14 @@ fn serve(args: &ServeArgs, demo: bool) -> ExitCode {
             None
         }
     };
-    for risk in settings.risks() {
+    for risk in risks {
         tracing::warn!(risk = %risk, "configuration risks the at-most-once promise");
     }
     for risk in settings.credential_risks() {
         tracing::warn!(risk = %risk, "configuration accepts tokens minted for another service");
     }
     let again = args.clone();
-    let load = Box::new(move || again.settings(demo).map(|(settings, _)| settings));
+    let load = Box::new(move || again.settings(demo).map(|(checked, _)| checked.settings));
     let result = runtime.block_on(server::run(settings, metrics, load));
     telemetry.shutdown();
     runtime.shutdown_timeout(std::time::Duration::from_secs(1));
@@ -360,8 +336,8 @@ fn serve(args: &ServeArgs, demo: bool) -> ExitCode {
 }
 
 fn relay(args: &ServeArgs, metrics_listen: Option<SocketAddr>) -> ExitCode {
-    let settings = match args.settings(false) {
-        Ok((s, _)) => s,
+    let Checked { settings, relays } = match args.settings(false) {
+        Ok((c, _)) => c,
         Err(e) => {
             eprintln!("error: {e:#}");
             return ExitCode::from(2);
@@ -383,7 +359,7 @@ fn relay(args: &ServeArgs, metrics_listen: Option<SocketAddr>) -> ExitCode {
     let Some(runtime) = runtime() else {
         return ExitCode::FAILURE;
     };
-    let result = runtime.block_on(relay::run(settings, metrics, metrics_listen));
+    let result = runtime.block_on(relay::run(settings, relays, metrics, metrics_listen));
     runtime.shutdown_timeout(std::time::Duration::from_secs(1));
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -21,8 +21,9 @@
 use std::borrow::Cow;
 use std::fmt;
 
-/// What happens to a trailing slash.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+/// What happens to a trailing slash (`trailing_slash`, default `ignore`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
 pub enum TrailingSlash {
     /// `/charge/` is `/charge` (what most frameworks do).
     #[default]

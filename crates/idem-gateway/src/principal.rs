@@ -20,12 +20,24 @@ use jsonwebtoken::{Algorithm, DecodingKey, Validation};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+/// What `principal.from` names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum PrincipalFrom {
+    /// No principal: keys are not scoped by caller.
+    None,
+    /// A header, such as an API key (stored hashed).
+    Header,
+    /// A verified JWT claim.
+    Jwt,
+}
+
 /// Where the principal comes from.
 #[derive(Debug, Clone, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawPrincipal {
-    /// `none` (default), `header` or `jwt`.
-    pub from: Option<String>,
+    /// `none`, `header` or `jwt` (default `header` when `header` is set).
+    pub from: Option<PrincipalFrom>,
     /// The header to read (default `authorization` for jwt; required for `header`).
     pub header: Option<String>,
     /// Whether a request without a principal gets 401 (default: true unless `from = "none"`).

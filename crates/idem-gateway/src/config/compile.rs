@@ -5,13 +5,31 @@ use std::time::Duration;
 
 use anyhow::{Context as _, anyhow, bail};
 
+use super::PathCase;
 use super::parse::{header_name, plain_path, positive};
 use super::route::compile_route;
-use super::settings::{AdminSettings, LogFormat, Route, Settings, StatusSettings, Unmatched};
+use super::settings::{AdminSettings, Route, Settings, StatusSettings, Unmatched};
 use super::{ByteSize, DEFAULT_LISTEN, DEFAULT_STORE, RawConfig, RawRoute, listener};
 use crate::path::TrailingSlash;
 use crate::store::{StoreOptions, StoreSpec};
 use crate::upstream::UpstreamSpec;
+
+/// `store_timeout` unset.
+const DEFAULT_STORE_TIMEOUT: Duration = Duration::from_secs(1);
+/// `store_cache_max_age` unset.
+const DEFAULT_STORE_CACHE_MAX_AGE: Duration = Duration::from_secs(60);
+/// `upstream_connect_timeout` unset.
+const DEFAULT_UPSTREAM_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// `upstream_pool_max_idle` unset.
+const DEFAULT_UPSTREAM_POOL_MAX_IDLE: usize = 256;
+/// `shutdown_grace` unset.
+const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(30);
+/// `log.level` unset.
+const DEFAULT_LOG_LEVEL: &str = "info";
+/// `reconcile.after` unset: how old an in-flight record must be to count as stuck.
+const DEFAULT_RECONCILE_AFTER: Duration = Duration::from_secs(300);
+/// `reconcile.timeout` unset.
+const DEFAULT_RECONCILE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// A bearer token given inline (`admin.NAME`) or in a file (`admin.NAME_file`, first line).
 fn read_token(
@@ -53,7 +71,7 @@ pub fn compile(raw: &RawConfig) -> anyhow::Result<Settings> {
     let store_options = store_options(raw, &store)?;
     let store_timeout = positive(
         raw.store_timeout.map(|d| d.0),
-        Duration::from_secs(1),
+        DEFAULT_STORE_TIMEOUT,
         "store_timeout",
     )?;
     let store_cache = match raw.store_cache_entries {
@@ -61,7 +79,7 @@ pub fn compile(raw: &RawConfig) -> anyhow::Result<Settings> {
         Some(n) => Some((
             n,
             raw.store_cache_max_age
-                .map_or(Duration::from_secs(60), |d| d.0),
+                .map_or(DEFAULT_STORE_CACHE_MAX_AGE, |d| d.0),
         )),
     };
     let request_id_header = header_name(
@@ -71,11 +89,7 @@ pub fn compile(raw: &RawConfig) -> anyhow::Result<Settings> {
     )
     .context("`request_id_header`")?;
     let log = raw.log.clone().unwrap_or_default();
-    let log_format = match log.format.as_deref().unwrap_or("text") {
-        "text" => LogFormat::Text,
-        "json" => LogFormat::Json,
-        other => bail!("`log.format`: `{other}` is neither `text` nor `json`"),
-    };
+    let log_format = log.format.unwrap_or_default();
     let admin = admin(raw, listen)?;
 
     let defaults = raw.defaults.clone().unwrap_or_default();
@@ -92,7 +106,6 @@ pub fn compile(raw: &RawConfig) -> anyhow::Result<Settings> {
     )?;
     let status = status(raw.status.as_ref()).context("`status.path`")?;
     super::token::check_routes(&routes, &store, status.as_ref())?;
-    let relays = super::relay::compile(raw.relay.as_deref().unwrap_or_default(), &routes)?;
     Ok(Settings {
         listen,
         upstream,
@@ -103,14 +116,16 @@ pub fn compile(raw: &RawConfig) -> anyhow::Result<Settings> {
         store_cache,
         upstream_connect_timeout: positive(
             raw.upstream_connect_timeout.map(|d| d.0),
-            Duration::from_secs(5),
+            DEFAULT_UPSTREAM_CONNECT_TIMEOUT,
             "upstream_connect_timeout",
         )?,
-        upstream_pool_max_idle: raw.upstream_pool_max_idle.unwrap_or(256),
-        shutdown_grace: raw.shutdown_grace.map_or(Duration::from_secs(30), |d| d.0),
+        upstream_pool_max_idle: raw
+            .upstream_pool_max_idle
+            .unwrap_or(DEFAULT_UPSTREAM_POOL_MAX_IDLE),
+        shutdown_grace: raw.shutdown_grace.map_or(DEFAULT_SHUTDOWN_GRACE, |d| d.0),
         request_id_header,
         log_format,
-        log_level: log.level.unwrap_or_else(|| "info".into()),
+        log_level: log.level.unwrap_or_else(|| DEFAULT_LOG_LEVEL.into()),
         admin,
         otel: super::telemetry::compile(raw.otel.as_ref())?,
         routes,
@@ -122,7 +137,6 @@ pub fn compile(raw: &RawConfig) -> anyhow::Result<Settings> {
         status,
         reconcile: reconcile(raw.reconcile.as_ref())?,
         audit: audit(raw.audit.as_ref())?,
-        relays,
     })
 }
 
@@ -146,22 +160,9 @@ fn policy_only(defaults: &RawRoute) -> anyhow::Result<()> {
 /// How requests meet routes: what an unmatched request gets, the trailing-slash rule, and
 /// whether paths ignore letter case.
 fn path_rules(raw: &RawConfig) -> anyhow::Result<(Unmatched, TrailingSlash, bool)> {
-    let unmatched = match raw.unmatched.as_deref().unwrap_or("reject") {
-        "reject" => Unmatched::Reject,
-        "protect" => Unmatched::Protect,
-        "proxy" => Unmatched::Proxy,
-        other => bail!("`unmatched`: `{other}` is not one of reject, protect, proxy"),
-    };
-    let trailing_slash = match raw.trailing_slash.as_deref().unwrap_or("ignore") {
-        "ignore" => TrailingSlash::Ignore,
-        "strict" => TrailingSlash::Strict,
-        other => bail!("`trailing_slash`: `{other}` is neither `ignore` nor `strict`"),
-    };
-    let ignore_case = match raw.path_case.as_deref().unwrap_or("insensitive") {
-        "insensitive" => true,
-        "sensitive" => false,
-        other => bail!("`path_case`: `{other}` is neither `insensitive` nor `sensitive`"),
-    };
+    let unmatched = raw.unmatched.unwrap_or_default();
+    let trailing_slash = raw.trailing_slash.unwrap_or_default();
+    let ignore_case = raw.path_case.unwrap_or_default() == PathCase::Insensitive;
     Ok((unmatched, trailing_slash, ignore_case))
 }
 
@@ -343,10 +344,10 @@ fn reconcile(raw: Option<&super::RawReconcile>) -> anyhow::Result<super::Reconci
     };
     Ok(super::ReconcileSettings {
         every,
-        after: raw.after.map_or(Duration::from_secs(300), |d| d.0),
+        after: raw.after.map_or(DEFAULT_RECONCILE_AFTER, |d| d.0),
         timeout: positive(
             raw.timeout.map(|d| d.0),
-            Duration::from_secs(10),
+            DEFAULT_RECONCILE_TIMEOUT,
             "reconcile.timeout",
         )?,
         limit: match raw.limit {

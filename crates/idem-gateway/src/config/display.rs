@@ -20,7 +20,6 @@ impl fmt::Display for Settings {
         self.write_path_matching(f)?;
         self.write_status(f)?;
         self.write_routes(f)?;
-        self.write_relays(f)?;
         Ok(())
     }
 }
@@ -268,17 +267,6 @@ impl Settings {
         }
         for r in &self.routes {
             write_route(f, r)?;
-        }
-        Ok(())
-    }
-
-    /// The relays run by `idem relay`.
-    fn write_relays(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        if !self.relays.is_empty() {
-            writeln!(f, "relays:    {} (run by `idem relay`):", self.relays.len())?;
-            for r in &self.relays {
-                write!(f, "{r}")?;
-            }
         }
         Ok(())
     }

@@ -8,7 +8,6 @@ mod display;
 mod key;
 mod listener;
 mod parse;
-mod relay;
 mod risks;
 mod route;
 mod settings;
@@ -25,11 +24,11 @@ use figment::Figment;
 use figment::providers::{Env, Format as _, Serialized, Toml};
 use serde::{Deserialize, Serialize};
 
+use crate::path::TrailingSlash;
 use crate::upstream::RawUpstream;
 
 pub use compile::compile;
 pub use listener::{Limits, RawLimits, RawTls};
-pub use relay::{RawRelay, RelaySettings, Source};
 pub use settings::{
     AdminSettings, AuditSettings, FingerprintBody, FingerprintSettings, LogFormat,
     ReconcileSettings, Route, RoutePolicy, Settings, StatusSet, StatusSettings, Unmatched,
@@ -39,8 +38,11 @@ pub use telemetry::{OtelSettings, RawOtel};
 pub use token::{Rate, RawToken, TokenSettings, supports_tokens};
 pub use units::{ByteSize, Dur};
 
-pub use crate::principal::{JwtKey, JwtSettings, PrincipalSource, RawPrincipal};
+pub use crate::principal::{JwtKey, JwtSettings, PrincipalFrom, PrincipalSource, RawPrincipal};
 pub use crate::tls::TlsFiles;
+
+/// A table of the file kept as written, for the part of the gateway that reads it.
+pub type RawTable = figment::value::Dict;
 
 /// The default data listener.
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:8080";
@@ -111,19 +113,51 @@ pub struct RawConfig {
     pub demo_upstream: Option<bool>,
     /// What happens to a request no route matches: `reject` (default, 404), `protect` (a
     /// last catch-all route from `defaults`) or `proxy` (forwarded unprotected).
-    pub unmatched: Option<String>,
+    pub unmatched: Option<Unmatched>,
     /// `ignore` (default: `/charge/` is `/charge`) or `strict`.
-    pub trailing_slash: Option<String>,
+    pub trailing_slash: Option<TrailingSlash>,
     /// `insensitive` (default: route literals match `/CHARGE` too) or `sensitive`.
-    pub path_case: Option<String>,
+    pub path_case: Option<PathCase>,
     /// The status endpoint (off unless `status.path` is set).
     pub status: Option<RawStatus>,
     /// Reconciliation of unknown and stuck records (see `docs/operations.md`).
     pub reconcile: Option<RawReconcile>,
     /// What the audit trail records and how much of it the store keeps.
     pub audit: Option<RawAudit>,
-    /// Relays run by `idem relay`: each consumes a queue and POSTs every message once.
-    pub relay: Option<Vec<RawRelay>>,
+    /// Relays run by `idem relay`: each consumes a queue and POSTs every message once. Kept
+    /// as written: the relay reads and checks its own tables (`crate::relay::config`).
+    pub relay: Option<Vec<RawTable>>,
+}
+
+/// Whether route literals match paths whatever their letter case (`path_case`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum PathCase {
+    /// `/CHARGE` matches a route for `/charge` (default).
+    #[default]
+    Insensitive,
+    /// Letter case counts.
+    Sensitive,
+}
+
+/// What an expired lease becomes (`takeover`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Takeover {
+    /// Unknown, settled from the status webhook if there is one (default).
+    #[default]
+    Hold,
+    /// Run again: only for an upstream that refuses stale fences.
+    Reexecute,
+}
+
+impl From<Takeover> for idem_core::TakeoverPolicy {
+    fn from(t: Takeover) -> Self {
+        match t {
+            Takeover::Hold => Self::Hold,
+            Takeover::Reexecute => Self::Reexecute,
+        }
+    }
 }
 
 /// The status endpoint: `GET <path>/{key}` tells a caller what became of its key.
@@ -166,7 +200,7 @@ pub struct RawAudit {
 #[serde(deny_unknown_fields)]
 pub struct RawLog {
     /// `text` (default) or `json`.
-    pub format: Option<String>,
+    pub format: Option<LogFormat>,
     /// A tracing filter such as `info` or `idem=debug` (default `info`); `RUST_LOG` wins.
     pub level: Option<String>,
 }
@@ -236,7 +270,7 @@ pub struct RawRoute {
     /// What an expired lease becomes: `hold` (default: unknown, settled from the status
     /// webhook if there is one) or `reexecute` (run again: only for an upstream that refuses
     /// stale fences, see `fenced_upstream`).
-    pub takeover: Option<String>,
+    pub takeover: Option<Takeover>,
     /// The header that carries the claim's fence to the upstream on every forwarded request
     /// (default `Idempotency-Fence`).
     pub fence_header: Option<String>,
@@ -248,7 +282,7 @@ pub struct RawRoute {
     /// is answered (default `2s`).
     pub status_timeout: Option<Dur>,
     /// What an upstream timeout or reset after sending becomes: `hold` (default) or `retry`.
-    pub upstream_failure: Option<String>,
+    pub upstream_failure: Option<UpstreamFailure>,
     /// How long a duplicate waits for the in-flight result before answering 409 (default 0).
     pub in_flight_wait: Option<Dur>,
     /// Largest request body accepted (default `1MiB`); larger is 413.
@@ -315,7 +349,7 @@ pub enum StatusPattern {
 #[serde(deny_unknown_fields)]
 pub struct RawFingerprint {
     /// `json` (canonical JSON; default), `raw` (exact bytes) or `ignore`.
-    pub body: Option<String>,
+    pub body: Option<FingerprintBody>,
     /// With `json`: only these dot paths count.
     pub include: Option<Vec<String>>,
     /// With `json`: these dot paths never count.
@@ -405,9 +439,25 @@ pub fn load(file: Option<&Path>, overrides: &Overrides) -> anyhow::Result<(RawCo
         .filter(|k| k.starts_with("IDEM_") && k != "IDEM_CONFIG")
         .collect();
     sources.env.sort();
-    figment = figment.merge(env).merge(Serialized::defaults(overrides));
+    figment = figment.merge(env).merge(Flags(overrides));
     let raw: RawConfig = figment.extract().context("invalid configuration")?;
     Ok((raw, sources))
+}
+
+/// The command-line flags as a figment provider, named so in errors (`--log-format xml`
+/// is "… for key log.format in command-line flags").
+struct Flags<'a>(&'a Overrides);
+
+impl figment::Provider for Flags<'_> {
+    fn metadata(&self) -> figment::Metadata {
+        figment::Metadata::named("command-line flags")
+    }
+
+    fn data(
+        &self,
+    ) -> Result<figment::value::Map<figment::Profile, figment::value::Dict>, figment::Error> {
+        Serialized::defaults(self.0).data()
+    }
 }
 
 /// Parses TOML text alone (no environment, no flags): for tests and `check-config --stdin`.

@@ -9,27 +9,22 @@ use super::settings::{Settings, UpstreamFailure};
 use crate::principal::PrincipalSource;
 
 impl Settings {
-    /// One line per route (and the relays that follow it) whose settings can run a key twice
-    /// under a single fault, saying what the fault is and how to avoid it. Empty for the
-    /// defaults.
+    /// One line per route whose settings can run a key twice under a single fault, saying
+    /// what the fault is and how to avoid it. Empty for the defaults.
     pub fn risks(&self) -> Vec<String> {
+        self.risks_with(|_| String::new())
+    }
+
+    /// As [`Settings::risks`], with `also(route)` written after each route's name: what else
+    /// follows that route's policy, such as ` (and relay orders)` (empty for nothing).
+    pub fn risks_with(&self, also: impl Fn(&str) -> String) -> Vec<String> {
         let mut out = Vec::new();
         for route in &self.routes {
             let p = &route.policy;
             if !p.idempotency || p.fenced_upstream {
                 continue;
             }
-            let relays: Vec<&str> = self
-                .relays
-                .iter()
-                .filter(|r| r.route == route.name)
-                .map(|r| r.name.as_str())
-                .collect();
-            let also = if relays.is_empty() {
-                String::new()
-            } else {
-                format!(" (and relay {})", relays.join(", "))
-            };
+            let also = also(&route.name);
             if p.engine.takeover() == TakeoverPolicy::Reexecute {
                 out.push(format!(
                     "route `{}`{also}: takeover = \"reexecute\" runs a request again when the gateway \

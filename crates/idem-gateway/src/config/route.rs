@@ -14,7 +14,9 @@ use super::settings::{
 use super::{Methods, RawFingerprint, RawRoute, StatusPattern};
 use crate::matcher::{MethodSet, PathPattern};
 use crate::path::TrailingSlash;
-use crate::principal::{JwtKey, JwtSettings, JwtVerifier, PrincipalSource, RawPrincipal};
+use crate::principal::{
+    JwtKey, JwtSettings, JwtVerifier, PrincipalFrom, PrincipalSource, RawPrincipal,
+};
 use crate::upstream::UpstreamSpec;
 
 /// Checks a status webhook template: a path or an http(s) URL that names `{key}`, with no
@@ -51,6 +53,15 @@ fn status_url(template: &str) -> anyhow::Result<String> {
 }
 
 /// A route's own setting, else the `[defaults]` one.
+/// `timeout` unset: how long the upstream may take.
+const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
+/// `ttl` unset: how long a record is kept.
+const DEFAULT_TTL: Duration = Duration::from_secs(24 * 3600);
+/// `status_timeout` unset: how long an unknown key waits for the status webhook.
+const DEFAULT_STATUS_TIMEOUT: Duration = Duration::from_secs(2);
+/// `principal.header` unset with `from = "jwt"`.
+const DEFAULT_JWT_HEADER: &str = "authorization";
+
 macro_rules! pick {
     ($r:ident, $d:ident, $f:ident) => {
         $r.$f.clone().or_else(|| $d.$f.clone())
@@ -162,17 +173,13 @@ fn engine_policy(
 ) -> anyhow::Result<(Policy, Option<String>, UpstreamFailure)> {
     let timeout = positive(
         pick!(r, d, timeout).map(|d| d.0),
-        Duration::from_secs(30),
+        DEFAULT_TIMEOUT,
         "timeout",
     )?;
     // The engine's handler timeout backs the proxy's own timeout up by a second, so the
     // proxy's 504 (handled per `upstream_failure`) always comes first.
     let handler_timeout = timeout + crate::shared::HANDLER_BACKSTOP;
-    let takeover = match pick!(r, d, takeover).as_deref().unwrap_or("hold") {
-        "reexecute" => TakeoverPolicy::Reexecute,
-        "hold" => TakeoverPolicy::Hold,
-        other => bail!("`takeover`: `{other}` is neither `hold` nor `reexecute`"),
-    };
+    let takeover = TakeoverPolicy::from(pick!(r, d, takeover).unwrap_or_default());
     let status_url = pick!(r, d, status_url)
         .map(|t| status_url(&t))
         .transpose()
@@ -181,12 +188,8 @@ fn engine_policy(
         || default_lease(takeover, status_url.is_some(), handler_timeout),
         |d| d.0,
     );
-    let ttl = pick!(r, d, ttl).map_or(Duration::from_secs(24 * 3600), |d| d.0);
-    let upstream_failure = match pick!(r, d, upstream_failure).as_deref().unwrap_or("hold") {
-        "hold" => UpstreamFailure::Hold,
-        "retry" => UpstreamFailure::Retry,
-        other => bail!("`upstream_failure`: `{other}` is neither `hold` nor `retry`"),
-    };
+    let ttl = pick!(r, d, ttl).map_or(DEFAULT_TTL, |d| d.0);
+    let upstream_failure = pick!(r, d, upstream_failure).unwrap_or_default();
     let in_flight_wait = pick!(r, d, in_flight_wait)
         .map(|d| d.0)
         .filter(|d| !d.is_zero());
@@ -199,7 +202,7 @@ fn engine_policy(
         .in_flight_wait(in_flight_wait)
         .probe_timeout(positive(
             pick!(r, d, status_timeout).map(|d| d.0),
-            Duration::from_secs(2),
+            DEFAULT_STATUS_TIMEOUT,
             "status_timeout",
         )?)
         .build()
@@ -330,22 +333,22 @@ fn principal(raw: Option<&RawPrincipal>) -> anyhow::Result<PrincipalSource> {
     let Some(p) = raw else {
         bail!("{PRINCIPAL_REQUIRED}");
     };
-    let from = match (p.from.as_deref(), &p.header) {
+    let from = match (p.from, &p.header) {
         (Some(from), _) => from,
-        (None, Some(_)) => "header",
+        (None, Some(_)) => PrincipalFrom::Header,
         (None, None) => bail!("`from` is not set; {PRINCIPAL_REQUIRED}"),
     };
     let jwt_fields = p.hs256_secret.is_some()
         || p.rs256_public_key.is_some()
         || p.rs256_public_key_file.is_some();
     match from {
-        "none" => {
+        PrincipalFrom::None => {
             if jwt_fields || p.header.is_some() {
                 bail!("`from = \"none\"` but a header or key is set");
             }
             Ok(PrincipalSource::None)
         }
-        "header" => {
+        PrincipalFrom::Header => {
             if jwt_fields {
                 bail!("JWT keys are set but `from = \"header\"`; use `from = \"jwt\"`");
             }
@@ -360,7 +363,7 @@ fn principal(raw: Option<&RawPrincipal>) -> anyhow::Result<PrincipalSource> {
                 header
             }))
         }
-        "jwt" => {
+        PrincipalFrom::Jwt => {
             let pem = match (&p.rs256_public_key, &p.rs256_public_key_file) {
                 (Some(_), Some(_)) => {
                     bail!("set `rs256_public_key` or `rs256_public_key_file`, not both")
@@ -386,7 +389,7 @@ fn principal(raw: Option<&RawPrincipal>) -> anyhow::Result<PrincipalSource> {
                 }
                 (None, Some(pem)) => (JwtKey::Rs256, JwtVerifier::rs256(&pem, p)?),
             };
-            let header = header_name(p.header.as_deref().unwrap_or("authorization"))?;
+            let header = header_name(p.header.as_deref().unwrap_or(DEFAULT_JWT_HEADER))?;
             Ok(PrincipalSource::Jwt(Arc::new(JwtSettings {
                 header,
                 required: p.required.unwrap_or(true),
@@ -394,18 +397,12 @@ fn principal(raw: Option<&RawPrincipal>) -> anyhow::Result<PrincipalSource> {
                 verifier,
             })))
         }
-        other => bail!("`from`: `{other}` is not one of none, header, jwt"),
     }
 }
 
 fn fingerprint(raw: Option<&RawFingerprint>) -> anyhow::Result<FingerprintSettings> {
     let f = raw.cloned().unwrap_or_default();
-    let body = match f.body.as_deref().unwrap_or("json") {
-        "json" => FingerprintBody::Json,
-        "raw" => FingerprintBody::Raw,
-        "ignore" => FingerprintBody::Ignore,
-        other => bail!("`body`: `{other}` is not one of json, raw, ignore"),
-    };
+    let body = f.body.unwrap_or_default();
     let include = f.include.unwrap_or_default();
     let exclude = f.exclude.unwrap_or_default();
     if body != FingerprintBody::Json && (!include.is_empty() || !exclude.is_empty()) {

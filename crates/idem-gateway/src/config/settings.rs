@@ -9,6 +9,7 @@ use anyhow::bail;
 use http::HeaderName;
 use idem_core::key_source::KeySources;
 use idem_core::{JsonFields, Policy, ReleaseKind};
+use serde::{Deserialize, Serialize};
 
 use super::StatusPattern;
 use crate::matcher::{MethodSet, PathPattern};
@@ -71,8 +72,6 @@ pub struct Settings {
     pub reconcile: ReconcileSettings,
     /// What the audit trail records, and its retention.
     pub audit: AuditSettings,
-    /// Relays `idem relay` runs.
-    pub relays: Vec<super::RelaySettings>,
 }
 
 /// The status endpoint.
@@ -107,10 +106,12 @@ pub struct AuditSettings {
     pub max_age: Duration,
 }
 
-/// What happens to a request that no route matches.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// What happens to a request that no route matches (`unmatched`, default `reject`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
+#[serde(rename_all = "kebab-case")]
 pub enum Unmatched {
     /// Refused with 404 `no-route`; nothing is forwarded.
+    #[default]
     Reject,
     /// Caught by a last catch-all route (named `unmatched`) with the `defaults` policy.
     Protect,
@@ -118,10 +119,12 @@ pub enum Unmatched {
     Proxy,
 }
 
-/// Log output format.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// Log output format (`log.format`, default `text`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
+#[serde(rename_all = "kebab-case")]
 pub enum LogFormat {
     /// Human-readable lines.
+    #[default]
     Text,
     /// One JSON object per line.
     Json,
@@ -218,10 +221,13 @@ impl RoutePolicy {
     }
 }
 
-/// What an upstream timeout or reset after the request was sent becomes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// What an upstream timeout or reset after the request was sent becomes
+/// (`upstream_failure`, default `hold`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
+#[serde(rename_all = "kebab-case")]
 pub enum UpstreamFailure {
     /// The record becomes unknown; retries get 409 outcome-unknown.
+    #[default]
     Hold,
     /// The claim is released; a retry runs again.
     Retry,
@@ -255,10 +261,12 @@ pub struct FingerprintSettings {
     pub headers: Vec<HeaderName>,
 }
 
-/// How the body takes part in the fingerprint.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// How the body takes part in the fingerprint (`fingerprint.body`, default `json`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
+#[serde(rename_all = "kebab-case")]
 pub enum FingerprintBody {
     /// Canonical JSON (falls back to raw bytes for non-JSON bodies).
+    #[default]
     Json,
     /// Exact bytes.
     Raw,

@@ -368,3 +368,94 @@ fn the_tunnel_idle_timeout_defaults_to_five_minutes_and_is_checked() {
         );
     }
 }
+
+#[test]
+fn named_settings_take_their_values_and_refuse_others_naming_the_allowed_ones() {
+    let s = compiled(
+        r#"
+        upstream = "http://127.0.0.1:9000"
+        unmatched = "proxy"
+        trailing_slash = "strict"
+        path_case = "sensitive"
+        [log]
+        format = "json"
+        [defaults]
+        principal = { from = "header", header = "x-api-key" }
+        takeover = "reexecute"
+        fenced_upstream = true
+        upstream_failure = "retry"
+        fingerprint = { body = "raw" }
+        [[routes]]
+        path = "/a"
+        "#,
+    )
+    .expect("valid");
+    assert_eq!(s.unmatched, super::Unmatched::Proxy);
+    assert_eq!(s.trailing_slash, crate::path::TrailingSlash::Strict);
+    assert_eq!(s.log_format, super::LogFormat::Json);
+    let p = &s.routes[0].policy;
+    assert_eq!(p.engine.takeover(), TakeoverPolicy::Reexecute);
+    assert_eq!(p.upstream_failure, super::UpstreamFailure::Retry);
+    assert_eq!(p.fingerprint.body, super::FingerprintBody::Raw);
+    assert!(matches!(p.principal, super::PrincipalSource::Header(_)));
+    assert!(s.to_string().contains("case-sensitive"), "{s}");
+
+    let unset = compiled(
+        "upstream = \"http://x\"\n[defaults]\nprincipal = { from = \"none\" }\n[[routes]]\npath = \"/a\"",
+    )
+    .expect("valid");
+    assert_eq!(unset.unmatched, super::Unmatched::Reject);
+    assert_eq!(unset.trailing_slash, crate::path::TrailingSlash::Ignore);
+    assert_eq!(unset.log_format, super::LogFormat::Text);
+    let p = &unset.routes[0].policy;
+    assert_eq!(p.engine.takeover(), TakeoverPolicy::Hold);
+    assert_eq!(p.upstream_failure, super::UpstreamFailure::Hold);
+    assert_eq!(p.fingerprint.body, super::FingerprintBody::Json);
+    assert!(unset.to_string().contains("case-insensitive"), "{unset}");
+
+    for (text, key, allowed) in [
+        (
+            "unmatched = \"drop\"",
+            "unmatched",
+            &["reject", "protect", "proxy"][..],
+        ),
+        (
+            "trailing_slash = \"x\"",
+            "trailing_slash",
+            &["ignore", "strict"],
+        ),
+        (
+            "path_case = \"x\"",
+            "path_case",
+            &["insensitive", "sensitive"],
+        ),
+        ("[log]\nformat = \"xml\"", "log.format", &["text", "json"]),
+        (
+            "[defaults]\ntakeover = \"x\"",
+            "takeover",
+            &["hold", "reexecute"],
+        ),
+        (
+            "[defaults]\nupstream_failure = \"x\"",
+            "upstream_failure",
+            &["hold", "retry"],
+        ),
+        (
+            "[defaults]\nfingerprint = { body = \"x\" }",
+            "fingerprint.body",
+            &["json", "raw", "ignore"],
+        ),
+        (
+            "[defaults]\nprincipal = { from = \"x\" }",
+            "principal.from",
+            &["none", "header", "jwt"],
+        ),
+    ] {
+        let e = compiled(&format!("upstream = \"http://x\"\n{text}")).expect_err(text);
+        let e = format!("{e:#}");
+        assert!(e.contains(key), "{text}: {e}");
+        for value in allowed {
+            assert!(e.contains(&format!("`{value}`")), "{text}: {e}");
+        }
+    }
+}

@@ -17,6 +17,7 @@
 //! outcome, disposition}` and logged as one `message` line. `docs/consumers.md` has the
 //! configuration and the failure table.
 
+mod config;
 mod work;
 
 use std::net::SocketAddr;
@@ -31,7 +32,9 @@ use tokio::sync::watch;
 
 use work::Post;
 
-use crate::config::{RelaySettings, Settings, Source};
+pub use config::{RelaySettings, Source, compile, following};
+
+use crate::config::Settings;
 use crate::metrics::RequestMetrics;
 use crate::{proxy, store};
 
@@ -52,19 +55,20 @@ pub fn metrics_tokens(settings: &Settings) -> anyhow::Result<(String, Option<Str
     }
 }
 
-/// Runs every configured relay until SIGINT or SIGTERM, then lets each finish the messages in
-/// progress. Serves `/metrics` on `metrics_listen` when given, to the holders of
-/// [`metrics_tokens`].
+/// Runs every relay in `relays` (compiled by [`compile`] against `settings`' routes) until
+/// SIGINT or SIGTERM, then lets each finish the messages in progress. Serves `/metrics` on
+/// `metrics_listen` when given, to the holders of [`metrics_tokens`].
 ///
 /// # Errors
 /// No relay is configured, `metrics_listen` is given without a token, the store cannot be
 /// opened, or a broker cannot be reached.
 pub async fn run(
     settings: Settings,
+    relays: Vec<RelaySettings>,
     metrics: Option<PrometheusHandle>,
     metrics_listen: Option<SocketAddr>,
 ) -> anyhow::Result<()> {
-    if settings.relays.is_empty() {
+    if relays.is_empty() {
         anyhow::bail!("no [[relay]] is configured");
     }
     let tokens = metrics_listen
@@ -94,9 +98,9 @@ pub async fn run(
         settings.upstream_pool_max_idle,
     );
     // Relayed messages count in `idem_requests_total` with the relay's name as the route.
-    let outcomes = RequestMetrics::new(settings.relays.iter().map(|r| r.name.as_str()));
+    let outcomes = RequestMetrics::new(relays.iter().map(|r| r.name.as_str()));
     let mut tasks = tokio::task::JoinSet::new();
-    for (index, relay) in settings.relays.iter().enumerate() {
+    for (index, relay) in relays.iter().enumerate() {
         let client = clients.get(&crate::upstream::UpstreamSpec::plain(relay.post.clone()));
         let probe = relay_webhook(&settings, relay, &mut clients)?;
         let running = start(
@@ -110,8 +114,8 @@ pub async fn run(
         .with_context(|| format!("relay `{}`", relay.name))?;
         tasks.spawn(running);
     }
-    println!("idem relay running ({} relays)", settings.relays.len());
-    tracing::info!(relays = settings.relays.len(), "relay running");
+    println!("idem relay running ({} relays)", relays.len());
+    tracing::info!(relays = relays.len(), "relay running");
     let failed = tokio::select! {
         () = shutdown_signal() => None,
         done = tasks.join_next() => Some(done),
