@@ -205,3 +205,91 @@ fn check_hides_credentials_and_bad_files_name_the_field() {
     }
     let _ = std::fs::remove_file(good);
 }
+
+/// The same service on SQLite to JetStream: the rows reach the stream with `Nats-Msg-Id`, and
+/// a row the service writes twice (the same id) goes out once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_rows_reach_jetstream_with_their_ids() {
+    use async_nats::jetstream;
+    let name = unique("js");
+    let client = async_nats::connect("nats://127.0.0.1:4222").await.unwrap();
+    let js = jetstream::new(client);
+    let stream = js
+        .create_stream(jetstream::stream::Config {
+            name: name.clone(),
+            subjects: vec![format!("{name}.>")],
+            duplicate_window: Duration::from_secs(60),
+            max_age: Duration::from_secs(600),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let db = std::env::temp_dir().join(format!("{}.db", unique("sqlite")));
+    let dir = std::env::temp_dir();
+    let file = config(
+        &dir,
+        &format!(
+            "[outbox]\ndatabase = \"sqlite:{}\"\nbroker = \"nats://127.0.0.1:4222\"\n\
+             migrate = true\nlease = \"2s\"\npublish_timeout = \"1s\"\nidle = \"50ms\"\n",
+            db.display()
+        ),
+    );
+    let _dispatcher = Running(
+        Command::new(IDEM)
+            .args(["outbox", "--config"])
+            .arg(&file)
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let options = sqlx::sqlite::SqliteConnectOptions::new()
+        .filename(&db)
+        .create_if_missing(true)
+        .busy_timeout(Duration::from_secs(10));
+    let pool = sqlx::SqlitePool::connect_with(options).await.unwrap();
+    let started = Instant::now();
+    while sqlx::query("SELECT 1 FROM idem_outbox LIMIT 1")
+        .fetch_optional(&pool)
+        .await
+        .is_err()
+    {
+        assert!(started.elapsed() < Duration::from_secs(20), "no table");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    for i in [0, 1, 1] {
+        sqlx::query(
+            "INSERT INTO idem_outbox (message_id, destination, payload) VALUES (?1, ?2, ?3) \
+             ON CONFLICT (message_id) DO NOTHING",
+        )
+        .bind(format!("order-{i}:paid"))
+        .bind(format!("{name}.paid"))
+        .bind(format!("{{\"order\":{i}}}").into_bytes())
+        .execute(&pool)
+        .await
+        .unwrap();
+    }
+    let started = Instant::now();
+    loop {
+        let unsent: i64 =
+            sqlx::query_scalar("SELECT count(*) FROM idem_outbox WHERE sent_at IS NULL")
+                .fetch_one(&pool)
+                .await
+                .unwrap();
+        if unsent == 0 {
+            break;
+        }
+        assert!(started.elapsed() < Duration::from_secs(20), "not sent");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let mut stream = stream;
+    let info = stream.info().await.unwrap();
+    assert_eq!(info.state.messages, 2, "one message per id");
+    for seq in 1..=2 {
+        let m = stream.get_raw_message(seq).await.unwrap();
+        let id = m.headers.get("Nats-Msg-Id").unwrap().to_string();
+        assert_eq!(id, format!("order-{}:paid", seq - 1));
+    }
+    let _ = js.delete_stream(&name).await;
+    let _ = std::fs::remove_file(&db);
+    let _ = std::fs::remove_file(file);
+}
