@@ -29,6 +29,22 @@ fn config(dir: &std::path::Path, body: &str) -> std::path::PathBuf {
     path
 }
 
+/// Waits until `unsent()` (the count of rows not yet sent) is 0.
+async fn drained<F, Fut>(mut unsent: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = i64>,
+{
+    let started = Instant::now();
+    while unsent().await > 0 {
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "not every row was sent"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 /// SIGKILLs the child when dropped.
 struct Running(std::process::Child);
 
@@ -126,20 +142,8 @@ async fn rows_written_by_another_program_are_published_once_and_marked() {
             .map(|i| (format!("order-{i}:paid"), format!("{{\"order\":{i}}}")))
             .collect::<Vec<_>>()
     );
-    let started = Instant::now();
-    loop {
-        let unsent: i64 = sqlx::query_scalar(&format!(
-            "SELECT count(*) FROM {table} WHERE sent_at IS NULL"
-        ))
-        .fetch_one(&pool)
-        .await
-        .unwrap();
-        if unsent == 0 {
-            break;
-        }
-        assert!(started.elapsed() < Duration::from_secs(10), "not marked");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let unsent = format!("SELECT count(*) FROM {table} WHERE sent_at IS NULL");
+    drained(|| async { sqlx::query_scalar(&unsent).fetch_one(&pool).await.unwrap() }).await;
     // Marked sent: nothing is published again.
     tokio::time::sleep(Duration::from_millis(500)).await;
     let again = channel
@@ -268,19 +272,8 @@ async fn sqlite_rows_reach_jetstream_with_their_ids() {
         .await
         .unwrap();
     }
-    let started = Instant::now();
-    loop {
-        let unsent: i64 =
-            sqlx::query_scalar("SELECT count(*) FROM idem_outbox WHERE sent_at IS NULL")
-                .fetch_one(&pool)
-                .await
-                .unwrap();
-        if unsent == 0 {
-            break;
-        }
-        assert!(started.elapsed() < Duration::from_secs(20), "not sent");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let unsent = "SELECT count(*) FROM idem_outbox WHERE sent_at IS NULL";
+    drained(|| async { sqlx::query_scalar(unsent).fetch_one(&pool).await.unwrap() }).await;
     let mut stream = stream;
     let info = stream.info().await.unwrap();
     assert_eq!(info.state.messages, 2, "one message per id");

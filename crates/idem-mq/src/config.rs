@@ -46,9 +46,13 @@ impl Default for ConsumerConfig {
 impl ConsumerConfig {
     /// The delay after failed attempt `attempt` (1-based): `backoff · 2^(attempt-1)`, capped.
     pub fn backoff_after(&self, attempt: u32) -> Duration {
-        let doublings = attempt.saturating_sub(1).min(20);
-        self.backoff
-            .saturating_mul(1u32 << doublings)
-            .min(self.max_backoff)
+        doubling(self.backoff, self.max_backoff, attempt)
     }
+}
+
+/// `base · 2^(attempt-1)`, capped at `max` (the consumer's and the outbox dispatcher's
+/// backoff).
+pub(crate) fn doubling(base: Duration, max: Duration, attempt: u32) -> Duration {
+    let doublings = attempt.saturating_sub(1).min(20);
+    base.saturating_mul(1u32 << doublings).min(max)
 }

@@ -74,10 +74,7 @@ impl Default for DispatcherConfig {
 impl DispatcherConfig {
     /// The delay after failed attempt `attempt` (1-based): `backoff · 2^(attempt-1)`, capped.
     pub fn backoff_after(&self, attempt: u32) -> Duration {
-        let doublings = attempt.saturating_sub(1).min(20);
-        self.backoff
-            .saturating_mul(1u32 << doublings)
-            .min(self.max_backoff)
+        crate::config::doubling(self.backoff, self.max_backoff, attempt)
     }
 }
 
