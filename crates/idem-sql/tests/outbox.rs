@@ -41,6 +41,16 @@ async fn enqueue<D: OutboxDialect>(
     new
 }
 
+/// Whether a claim by `owner` finds nothing due.
+async fn nothing_due<D: OutboxDialect>(outbox: &SqlOutbox<D>, owner: OwnerId) -> bool {
+    outbox
+        .claim(owner, 10, LEASE)
+        .await
+        .expect("claim")
+        .pending
+        .is_empty()
+}
+
 fn ids(claimed: &idem_core::outbox::Claimed) -> Vec<String> {
     claimed
         .pending
@@ -89,14 +99,7 @@ async fn scenarios<D: OutboxDialect>(
     assert_eq!(ids(&first), ["m-1", "M-1"]);
     assert_eq!(first.pending[0].attempts, 1);
     assert_eq!(first.pending[0].message, message("m-1"));
-    assert!(
-        outbox
-            .claim(OwnerId::random(), 10, LEASE)
-            .await
-            .expect("claim")
-            .pending
-            .is_empty()
-    );
+    assert!(nothing_due(&outbox, OwnerId::random()).await);
     // Only the holder marks its rows sent.
     let seqs: Vec<i64> = first.pending.iter().map(|p| p.seq).collect();
     assert_eq!(
@@ -110,15 +113,7 @@ async fn scenarios<D: OutboxDialect>(
         .failed(a, seqs[1], Duration::from_millis(300), false, "nacked")
         .await
         .expect("failed");
-    assert!(
-        outbox
-            .claim(a, 10, LEASE)
-            .await
-            .expect("claim")
-            .pending
-            .is_empty(),
-        "not yet due"
-    );
+    assert!(nothing_due(&outbox, a).await, "not yet due");
     tokio::time::sleep(Duration::from_millis(400)).await;
     let again = outbox.claim(a, 10, LEASE).await.expect("claim");
     assert_eq!(ids(&again), ["M-1"]);
@@ -148,14 +143,7 @@ async fn scenarios<D: OutboxDialect>(
         .expect("park");
     let stats = outbox.stats().await.expect("stats");
     assert_eq!((stats.pending, stats.parked, stats.sent), (0, 1, 1));
-    assert!(
-        outbox
-            .claim(c, 10, LEASE)
-            .await
-            .expect("claim")
-            .pending
-            .is_empty()
-    );
+    assert!(nothing_due(&outbox, c).await);
 
     // Aggregates: one message of each at a time, oldest first; unordered ones go together.
     let batch = [
@@ -170,15 +158,7 @@ async fn scenarios<D: OutboxDialect>(
     let round = outbox.claim(d, 10, LEASE).await.expect("claim");
     assert_eq!(ids(&round), ["a-1", "b-1", "free-1", "free-2"]);
     let seqs: Vec<i64> = round.pending.iter().map(|p| p.seq).collect();
-    assert!(
-        outbox
-            .claim(d, 10, LEASE)
-            .await
-            .expect("claim")
-            .pending
-            .is_empty(),
-        "a-2 waits"
-    );
+    assert!(nothing_due(&outbox, d).await, "a-2 waits");
     assert_eq!(outbox.sent(d, &seqs).await.expect("sent"), 4);
     let next = outbox.claim(d, 10, LEASE).await.expect("claim");
     assert_eq!(ids(&next), ["a-2"]);
@@ -203,15 +183,7 @@ async fn scenarios<D: OutboxDialect>(
         .failed(d, p.pending[0].seq, Duration::ZERO, true, "poison")
         .await
         .expect("park");
-    assert!(
-        outbox
-            .claim(d, 10, LEASE)
-            .await
-            .expect("claim")
-            .pending
-            .is_empty(),
-        "p-2 waits behind p-1"
-    );
+    assert!(nothing_due(&outbox, d).await, "p-2 waits behind p-1");
 
     // Rows written by hand: the defaults make them due now; one that cannot be read is parked
     // with the reason, in the claim that met it.
