@@ -121,9 +121,20 @@ impl Admin {
             .route("/admin/audit", get(audit_trail))
             .fallback(not_found)
             .layer(middleware::from_fn_with_state(Arc::clone(&self), authorize));
+        // The API's description is open, as `/healthz` is: it holds no data.
+        let described = Router::new().route(
+            "/openapi.json",
+            get(|| async {
+                (
+                    [(http::header::CONTENT_TYPE, "application/json")],
+                    crate::openapi::pretty(),
+                )
+            }),
+        );
         Arc::clone(&self.health)
             .router()
             .merge(crate::ui::router())
+            .merge(described)
             .merge(guarded.with_state(self))
     }
 

@@ -19,6 +19,7 @@ mod listener;
 mod matcher;
 pub mod metrics;
 pub mod observe;
+pub mod openapi;
 #[cfg(all(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 pub mod outbox;
 pub mod path;

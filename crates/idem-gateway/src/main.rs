@@ -85,6 +85,9 @@ enum Command {
         #[arg(long)]
         check: bool,
     },
+    /// Print the OpenAPI 3.1 description of what the gateway answers itself (also served at
+    /// `/openapi.json` on the admin listener).
+    Openapi,
     /// Run only the sample upstream (for experiments and benchmarks).
     SampleUpstream {
         /// Address to listen on.
@@ -207,6 +210,10 @@ pub(crate) fn main() -> ExitCode {
             metrics_listen,
         } => relay(&args, metrics_listen),
         Command::Outbox { config, check } => outbox(&config, check),
+        Command::Openapi => {
+            print!("{}", idem_gateway::openapi::pretty());
+            ExitCode::SUCCESS
+        }
         Command::SampleUpstream { listen } => sample_upstream(listen),
         Command::Request(args) => request::run(&args),
     }
