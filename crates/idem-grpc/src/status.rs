@@ -58,10 +58,11 @@ impl<St: Store> crate::proto::status_server::Status for StatusService<St> {
         let (parts, ()) = head.into_parts();
         let principal = method
             .config
+            .protection
             .principal
             .principal(&parts)
             .map_err(|r| tonic::Status::new(r.reason().code(), r.detail()))?;
-        let scoped = ScopedKey::new(method.config.scope_for(principal), key);
+        let scoped = ScopedKey::new(method.config.protection.scope_for(principal), key);
         let engine = &method.engine;
         let limit = engine.policy().store_timeout();
         let record = match tokio::time::timeout(limit, engine.store().get(&scoped)).await {

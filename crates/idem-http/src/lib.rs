@@ -33,7 +33,7 @@ mod status;
 pub use body::{BoxError, RequestBody, ResponseBody};
 pub use config::{
     DEFAULT_MAX_REQUEST_BODY, DEFAULT_MAX_STORED_RESPONSE, DEFAULT_REPLAY_HEADERS,
-    IdempotencyConfig, NEVER_REPLAYED, RouteConfigError, StreamingResponses,
+    IdempotencyConfig, NEVER_REPLAYED, Protection, RouteConfigError, StreamingResponses,
 };
 pub use guard::RunGuard;
 pub use idempotency::{Idempotency, IdempotencyLayer, ResponseFuture};

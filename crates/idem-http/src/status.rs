@@ -128,11 +128,11 @@ impl<St: Store> IdempotencyStatus<St> {
             Ok(key) => key,
             Err(r) => return crate::idempotency::key_problem(&r).into_response(),
         };
-        let principal = match self.config.principal.principal(parts) {
+        let principal = match self.config.protection.principal.principal(parts) {
             Ok(p) => p,
             Err(r) => return principal_refused(&r).into_response(),
         };
-        let scoped = ScopedKey::new(self.config.scope_for(principal), key);
+        let scoped = ScopedKey::new(self.config.protection.scope_for(principal), key);
         let limit = self
             .config
             .engine_policy()
@@ -228,7 +228,7 @@ fn store_unavailable(config: &IdempotencyConfig) -> StatusResponse {
         Reason::StoreUnavailable,
         "the idempotency store failed or timed out",
     )
-    .retry_after(config.store_retry_after)
+    .retry_after(config.protection.store_retry_after)
     .into_response();
     with_outcome(res, Outcome::StoreUnavailable)
 }
