@@ -24,6 +24,7 @@ use idem_core::store::coalesce::{self as queue, Batching, Queue};
 use redis::Value;
 
 use crate::batch::{malformed, redis_err};
+use crate::config::RedisConfig;
 use crate::script::{Connection, NamedScript, bounded, own_reply};
 
 /// Most operations in one batch.
@@ -192,6 +193,13 @@ impl Coalescer {
             queue: Queue::new(1, limit),
             conn,
         }
+    }
+
+    /// The coalescer `config` asks for on `conn`, bounded by its op timeout: `None` with
+    /// batching off or on a cluster (one batch script runs on one node).
+    pub(crate) fn for_config(conn: &Connection, config: &RedisConfig) -> Option<Arc<Self>> {
+        (config.batching && !conn.is_cluster())
+            .then(|| Arc::new(Self::new(conn.clone(), config.op_timeout)))
     }
 
     /// Runs `op`: alone at once when nothing is in flight, else in the next batch. The

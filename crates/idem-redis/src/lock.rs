@@ -48,6 +48,7 @@ use std::future::Future;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
+use idem_core::lock::check_lock_name;
 pub use idem_core::lock::{LockError, LockLease};
 use idem_core::record::duration_ms;
 use idem_core::{OwnerId, StoreError};
@@ -56,11 +57,11 @@ use tokio::time::Instant;
 
 use crate::batch::{malformed, redis_err};
 use crate::coalesce::{self, Coalescer, Code};
-use crate::config::{RedisConfig, Target};
-use crate::script::{Connection, NamedScript, Timeouts, bounded};
+use crate::config::RedisConfig;
+use crate::script::{Connection, NamedScript, bounded};
 
-/// Longest lock name accepted, in bytes.
-pub const MAX_LOCK_NAME: usize = 200;
+/// Longest lock name accepted, in bytes (every backend's).
+pub use idem_core::lock::MAX_LOCK_NAME;
 
 /// What the fence counter's key adds to the lock's key.
 const FENCE_SUFFIX: &str = ":fence";
@@ -136,24 +137,14 @@ impl RedisLock {
     /// [`StoreError::Unavailable`] for an unreachable server, [`StoreError::Timeout`] if
     /// connecting takes too long.
     pub async fn connect(config: RedisConfig, lease: Duration) -> Result<Self, StoreError> {
-        let timeouts = Timeouts {
-            connect: config.connect_timeout,
-            response: config.op_timeout,
-        };
-        let conn = match &config.target {
-            Target::Single(url) => Connection::single(url, timeouts, config.tls.as_ref()).await?,
-            Target::Cluster(nodes) => {
-                Connection::cluster(nodes, timeouts, config.tls.as_ref()).await?
-            }
-        };
+        let conn = Connection::to_target(&config, config.op_timeout).await?;
         Ok(Self::with_connection(conn, &config, lease))
     }
 
     /// A lock over an existing connection, with `config`'s prefix and operation timeout.
     pub fn with_connection(conn: Connection, config: &RedisConfig, lease: Duration) -> Self {
         let lease = lease.max(config.op_timeout * 3);
-        let coalescer = (config.batching && !conn.is_cluster())
-            .then(|| Arc::new(Coalescer::new(conn.clone(), config.op_timeout)));
+        let coalescer = Coalescer::for_config(&conn, config);
         Self {
             shared: Arc::new(Shared {
                 conn,
@@ -174,14 +165,7 @@ impl RedisLock {
     /// `<prefix>lock:{<name>}:fence`: the fence counter's key, which starts with the lock's
     /// key (all of it but [`FENCE_SUFFIX`]), so one allocation serves both.
     fn keys(&self, name: &str) -> Result<String, LockError> {
-        let ok = !name.is_empty()
-            && name.len() <= MAX_LOCK_NAME
-            && name
-                .bytes()
-                .all(|b| (0x20..=0x7e).contains(&b) && b != b'{' && b != b'}');
-        if !ok {
-            return Err(LockError::BadName);
-        }
+        let name = check_lock_name(name)?;
         let prefix = &self.shared.prefix;
         let mut keys = String::with_capacity(prefix.len() + name.len() + 7 + FENCE_SUFFIX.len());
         keys.push_str(prefix);

@@ -15,7 +15,7 @@ use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
 use redis::{Cmd, ErrorKind, RedisError, RedisFuture, ServerErrorKind, Value};
 
-use crate::config::TlsPem;
+use crate::config::{RedisConfig, Target, TlsPem};
 
 /// A connection to a single Redis node or a Redis Cluster. Cheap to clone: clones share one
 /// multiplexed connection (per node), which reconnects in the background after a failure.
@@ -113,6 +113,25 @@ impl Connection {
         Ok(Self {
             inner: Inner::Cluster(conn),
         })
+    }
+
+    /// Connects to `config`'s target (one node or a cluster), with its connect timeout and
+    /// TLS certificates, waiting at most `response` for any one reply.
+    ///
+    /// # Errors
+    /// As [`Connection::single`].
+    pub(crate) async fn to_target(
+        config: &RedisConfig,
+        response: Duration,
+    ) -> Result<Self, StoreError> {
+        let timeouts = Timeouts {
+            connect: config.connect_timeout,
+            response,
+        };
+        match &config.target {
+            Target::Single(url) => Self::single(url, timeouts, config.tls.as_ref()).await,
+            Target::Cluster(nodes) => Self::cluster(nodes, timeouts, config.tls.as_ref()).await,
+        }
     }
 
     /// True when connected to a Redis Cluster.

@@ -20,8 +20,8 @@ use crate::codec::{
     HOLDER_TOKEN_LEN, Header, decode_record, holder_token, meta_tail_len, parse_fence,
     push_decimal, push_hex, push_hex_str, push_holder_token, push_meta_tail,
 };
-use crate::config::{Durability, RedisConfig, Target};
-use crate::script::{Connection, NamedScript, Timeouts, bounded};
+use crate::config::{Durability, RedisConfig};
+use crate::script::{Connection, NamedScript, bounded};
 
 macro_rules! record_script {
     ($name:literal) => {
@@ -184,16 +184,8 @@ impl RedisStore {
     /// As [`RedisStore::open`].
     pub async fn connect(config: RedisConfig) -> Result<Self, StoreError> {
         let wait = config.durability.map_or(Duration::ZERO, |d| d.timeout);
-        let timeouts = Timeouts {
-            connect: config.connect_timeout,
-            response: config.op_timeout.max(config.admin_timeout) + wait,
-        };
-        let conn = match &config.target {
-            Target::Single(url) => Connection::single(url, timeouts, config.tls.as_ref()).await?,
-            Target::Cluster(nodes) => {
-                Connection::cluster(nodes, timeouts, config.tls.as_ref()).await?
-            }
-        };
+        let response = config.op_timeout.max(config.admin_timeout) + wait;
+        let conn = Connection::to_target(&config, response).await?;
         Ok(Self::with_connection(conn, config))
     }
 

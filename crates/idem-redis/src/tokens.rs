@@ -39,8 +39,8 @@ use redis::Value;
 
 use crate::batch::{malformed, redis_err};
 use crate::coalesce::{self, Coalescer, Code};
-use crate::config::{RedisConfig, Target};
-use crate::script::{Connection, NamedScript, Timeouts, bounded};
+use crate::config::RedisConfig;
+use crate::script::{Connection, NamedScript, bounded};
 
 /// Longest retention accepted (a year).
 const MAX_RETENTION: Duration = Duration::from_secs(366 * 24 * 3600);
@@ -91,24 +91,14 @@ impl RedisTokens {
     /// [`StoreError::Unavailable`] for an unreachable server, [`StoreError::Timeout`] if
     /// connecting takes too long.
     pub async fn connect(config: RedisConfig) -> Result<Self, StoreError> {
-        let timeouts = Timeouts {
-            connect: config.connect_timeout,
-            response: config.op_timeout,
-        };
-        let conn = match &config.target {
-            Target::Single(url) => Connection::single(url, timeouts, config.tls.as_ref()).await?,
-            Target::Cluster(nodes) => {
-                Connection::cluster(nodes, timeouts, config.tls.as_ref()).await?
-            }
-        };
+        let conn = Connection::to_target(&config, config.op_timeout).await?;
         Ok(Self::with_connection(conn, &config))
     }
 
     /// Tokens over an existing connection (a record store's, see
     /// [`crate::RedisStore::connection`]), with `config`'s prefix and operation timeout.
     pub fn with_connection(conn: Connection, config: &RedisConfig) -> Self {
-        let coalescer = (config.batching && !conn.is_cluster())
-            .then(|| Arc::new(Coalescer::new(conn.clone(), config.op_timeout)));
+        let coalescer = Coalescer::for_config(&conn, config);
         Self {
             shared: Arc::new(Shared {
                 conn,
