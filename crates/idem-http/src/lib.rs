@@ -46,4 +46,4 @@ pub use policy::{
 };
 pub use problem::{PROBLEM_BASE, Problem, Reason, retry_after_secs};
 pub use source::{PathParams, SourceKey};
-pub use status::IdempotencyStatus;
+pub use status::{IdempotencyStatus, read_record};

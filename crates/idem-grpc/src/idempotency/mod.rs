@@ -249,11 +249,7 @@ where
         .part("grpc.message", message.bytes)
         .finish();
     let scoped = ScopedKey::new(config.protection.scope_for(principal), key);
-    let request_id = parts
-        .headers
-        .get(idem_http::X_REQUEST_ID)
-        .and_then(|v| v.to_str().ok())
-        .map(str::to_owned);
+    let request_id = idem_http::policy::request_id(&parts.headers);
     let engine = bounded_engine(&method.engine, deadline(&parts.headers));
     let mut req = Request::from_parts(parts, GrpcBody::new(http_body_util::Full::new(bytes)));
 

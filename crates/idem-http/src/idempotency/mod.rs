@@ -59,7 +59,7 @@ use crate::buffer::{
 };
 use crate::config::{IdempotencyConfig, NEVER_REPLAYED, StreamingResponses};
 use crate::guard::RunGuard;
-use crate::policy::{AnswerHead, FoundKey, IDEMPOTENT_REPLAYED, StoreDecision, X_REQUEST_ID};
+use crate::policy::{AnswerHead, FoundKey, IDEMPOTENT_REPLAYED, StoreDecision, request_id};
 
 pub(crate) struct Shared<St> {
     pub(crate) engine: Engine<St>,
@@ -224,7 +224,7 @@ where
         Err(why) => return Ok(error::body_ambiguous(&found.key, &why).into_response()),
     };
     let scoped = ScopedKey::new(config.protection.scope_for(principal), found.key.clone());
-    let request_id = request_id(&parts);
+    let request_id = request_id(&parts.headers);
     let mut req = Request::from_parts(parts, ReqB::from(bytes));
 
     // Dropping this future mid-run hands the rest to a spawned task (see `ResponseFuture`),
@@ -268,15 +268,6 @@ fn body_key(
         }
         Ok(None) => Ok(None),
     }
-}
-
-/// The request's `X-Request-ID`, kept on the record.
-fn request_id(parts: &http::request::Parts) -> Option<String> {
-    parts
-        .headers
-        .get(X_REQUEST_ID)
-        .and_then(|v| v.to_str().ok())
-        .map(str::to_owned)
 }
 
 /// Decides what to keep of the handler's response, buffering it if it is to be stored.
