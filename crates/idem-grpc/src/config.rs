@@ -74,7 +74,7 @@ impl MethodConfig {
     /// **no principal** (one key space shared by every caller: set
     /// [`principal`](Self::principal) on any service with more than one tenant; a layer
     /// built with a method left so logs a warning),
-    /// [`StoreDeterministic`], the engine's own [`Policy`], 4 MiB request and 1 MiB stored
+    /// [`StoreDeterministic`], the engine's own [`Policy`](idem_core::Policy), 4 MiB request and 1 MiB stored
     /// response caps, [`DEFAULT_REPLAY_METADATA`] replayed with every trailer.
     ///
     /// # Errors
