@@ -12,6 +12,23 @@ use tokio::sync::watch;
 
 use crate::store::StoreError;
 
+/// Longest lock name any backend accepts, in bytes.
+pub const MAX_LOCK_NAME: usize = 200;
+
+/// `name` if it is a lock name every backend accepts: 1 to [`MAX_LOCK_NAME`] printable ASCII
+/// characters, no braces (a Redis key puts the name inside a `{…}` hash tag).
+///
+/// # Errors
+/// [`LockError::BadName`] for any other name.
+pub fn check_lock_name(name: &str) -> Result<&str, LockError> {
+    let ok = !name.is_empty()
+        && name.len() <= MAX_LOCK_NAME
+        && name
+            .bytes()
+            .all(|b| (0x20..=0x7e).contains(&b) && b != b'{' && b != b'}');
+    ok.then_some(name).ok_or(LockError::BadName)
+}
+
 /// Why a lock call did not run its work to the end.
 #[derive(Debug, Error)]
 #[non_exhaustive]

@@ -3,21 +3,17 @@
 use std::collections::HashMap;
 use std::fmt;
 use std::sync::Arc;
-use std::time::Duration;
 
 use http::HeaderName;
 use idem_core::key_source::{KeySourceError, KeySources};
-use idem_core::{Policy, Scope};
-use idem_http::policy::{ExtractPrincipal, NoPrincipal};
-
-use idem_http::StorePolicy;
+use idem_http::Protection;
 
 use crate::codes::StoreDeterministic;
 
 /// Default cap on a request message: 4 MiB, gRPC's default largest message.
 pub const DEFAULT_MAX_REQUEST: usize = 4 << 20;
-/// Default cap on a stored response (metadata, messages and trailers): 1 MiB.
-pub const DEFAULT_MAX_STORED_RESPONSE: usize = 1 << 20;
+/// Default cap on a stored response (metadata, messages and trailers): 1 MiB, as over HTTP.
+pub use idem_http::DEFAULT_MAX_STORED_RESPONSE;
 /// The metadata key the idempotency key is read from by default.
 pub const IDEMPOTENCY_KEY: &str = "idempotency-key";
 /// Response metadata stored and replayed by default (with every trailer): the framing of
@@ -48,33 +44,27 @@ pub enum MethodConfigError {
 /// How one protected method is handled. Cheap to clone.
 #[derive(Clone)]
 pub struct MethodConfig {
-    pub(crate) scope: Scope,
+    /// The settings every carrier shares. Its `principal_chosen` says whether
+    /// [`MethodConfig::principal`] was called: a layer built with a method that still shares
+    /// one key space between every caller says so in its log.
+    pub(crate) protection: Protection,
     pub(crate) key: KeySources,
-    pub(crate) key_required: bool,
-    pub(crate) principal: Arc<dyn ExtractPrincipal>,
-    /// Whether [`MethodConfig::principal`] was called: a layer built with a method that
-    /// still shares one key space between every caller says so in its log.
-    pub(crate) principal_chosen: bool,
-    pub(crate) store_policy: Arc<dyn StorePolicy>,
-    pub(crate) policy: Option<Policy>,
     pub(crate) max_request: usize,
-    pub(crate) max_stored_response: usize,
     pub(crate) replay_metadata: Vec<HeaderName>,
     pub(crate) fingerprint_version: u16,
-    pub(crate) store_retry_after: Duration,
 }
 
 impl fmt::Debug for MethodConfig {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("MethodConfig")
-            .field("namespace", &self.scope.namespace())
+            .field("namespace", &self.protection.namespace())
             .field("key", &self.key.to_string())
-            .field("key_required", &self.key_required)
-            .field("principal", &self.principal)
-            .field("store_policy", &self.store_policy)
-            .field("policy", &self.policy)
+            .field("key_required", &self.protection.key_required)
+            .field("principal", &self.protection.principal)
+            .field("store_policy", &self.protection.store_policy)
+            .field("policy", &self.protection.policy)
             .field("max_request", &self.max_request)
-            .field("max_stored_response", &self.max_stored_response)
+            .field("max_stored_response", &self.protection.max_stored_response)
             .finish_non_exhaustive()
     }
 }
@@ -84,34 +74,26 @@ impl MethodConfig {
     /// **no principal** (one key space shared by every caller: set
     /// [`principal`](Self::principal) on any service with more than one tenant; a layer
     /// built with a method left so logs a warning),
-    /// [`StoreDeterministic`], the engine's own [`Policy`], 4 MiB request and 1 MiB stored
+    /// [`StoreDeterministic`], the engine's own [`Policy`](idem_core::Policy), 4 MiB request and 1 MiB stored
     /// response caps, [`DEFAULT_REPLAY_METADATA`] replayed with every trailer.
     ///
     /// # Errors
     /// [`MethodConfigError::Namespace`] for an invalid namespace.
     pub fn new(namespace: impl Into<String>) -> Result<Self, MethodConfigError> {
-        let namespace = namespace.into();
-        let scope =
-            Scope::new(namespace.clone()).map_err(|_| MethodConfigError::Namespace(namespace))?;
+        let protection = Protection::new(namespace, Arc::new(StoreDeterministic::new()))
+            .map_err(MethodConfigError::Namespace)?;
         Ok(Self {
-            scope,
+            protection,
             key: KeySources::default(),
-            key_required: true,
-            principal: Arc::new(NoPrincipal),
-            principal_chosen: false,
-            store_policy: Arc::new(StoreDeterministic::new()),
-            policy: None,
             max_request: DEFAULT_MAX_REQUEST,
-            max_stored_response: DEFAULT_MAX_STORED_RESPONSE,
             replay_metadata: DEFAULT_REPLAY_METADATA.to_vec(),
             fingerprint_version: 1,
-            store_retry_after: Duration::from_secs(1),
         })
     }
 
-    /// The namespace.
-    pub fn namespace(&self) -> &str {
-        self.scope.namespace()
+    idem_http::protection_builders! {
+        /// The namespace.
+        namespace;
     }
 
     /// Where the key comes from, tried in order: `header:NAME` reads a metadata entry
@@ -132,39 +114,21 @@ impl MethodConfig {
         Ok(self.key(sources))
     }
 
-    /// Whether a call without a key is refused (`INVALID_ARGUMENT`, the default) or passed
-    /// through unprotected.
-    #[must_use]
-    pub fn key_required(mut self, required: bool) -> Self {
-        self.key_required = required;
-        self
-    }
-
-    /// Whose key it is, from the call's metadata or extensions: part of the scope, so two
-    /// principals' keys never meet. The extractors of `idem-http` work unchanged (gRPC
-    /// metadata are HTTP/2 headers): [`HeaderPrincipal`](idem_http::HeaderPrincipal) stores
-    /// a credential only as [`credential_principal`](idem_core::key::credential_principal),
-    /// the one scheme every carrier uses.
-    #[must_use]
-    pub fn principal(mut self, extract: impl ExtractPrincipal) -> Self {
-        self.principal = Arc::new(extract);
-        self.principal_chosen = true;
-        self
-    }
-
-    /// Which answers are stored (default: [`StoreDeterministic::new`]).
-    #[must_use]
-    pub fn store_policy(mut self, policy: impl StorePolicy) -> Self {
-        self.store_policy = Arc::new(policy);
-        self
-    }
-
-    /// Lease, handler timeout, record TTL, takeover, store timeout and in-flight wait for
-    /// this method. Unset, it runs under the policy of the engine the layer is built on.
-    #[must_use]
-    pub fn policy(mut self, policy: Policy) -> Self {
-        self.policy = Some(policy);
-        self
+    idem_http::protection_builders! {
+        /// Whether a call without a key is refused (`INVALID_ARGUMENT`, the default) or passed
+        /// through unprotected.
+        key_required;
+        /// Whose key it is, from the call's metadata or extensions: part of the scope, so two
+        /// principals' keys never meet. The extractors of `idem-http` work unchanged (gRPC
+        /// metadata are HTTP/2 headers): [`HeaderPrincipal`](idem_http::HeaderPrincipal) stores
+        /// a credential only as [`credential_principal`](idem_core::key::credential_principal),
+        /// the one scheme every carrier uses.
+        principal;
+        /// Which answers are stored (default: [`StoreDeterministic::new`]).
+        store_policy;
+        /// Lease, handler timeout, record TTL, takeover, store timeout and in-flight wait for
+        /// this method. Unset, it runs under the policy of the engine the layer is built on.
+        policy;
     }
 
     /// Largest request body (the message with its frame header); a larger one is
@@ -175,13 +139,11 @@ impl MethodConfig {
         self
     }
 
-    /// Largest answer stored. A larger one reaches this caller, and the record keeps only
-    /// its status: replays answer `FAILED_PRECONDITION` (`RESPONSE_NOT_STORED`) instead of
-    /// running again.
-    #[must_use]
-    pub fn max_stored_response(mut self, bytes: usize) -> Self {
-        self.max_stored_response = bytes;
-        self
+    idem_http::protection_builders! {
+        /// Largest answer stored. A larger one reaches this caller, and the record keeps only
+        /// its status: replays answer `FAILED_PRECONDITION` (`RESPONSE_NOT_STORED`) instead of
+        /// running again.
+        max_stored_response;
     }
 
     /// Also stores and replays the leading response metadata entry `name`.
@@ -201,18 +163,9 @@ impl MethodConfig {
         self
     }
 
-    /// The retry delay sent (in `RetryInfo`) when the store fails (default 1 s).
-    #[must_use]
-    pub fn store_retry_after(mut self, d: Duration) -> Self {
-        self.store_retry_after = d;
-        self
-    }
-
-    pub(crate) fn scope_for(&self, principal: Option<String>) -> Scope {
-        match principal {
-            Some(p) => self.scope.clone().with_principal(p),
-            None => self.scope.clone(),
-        }
+    idem_http::protection_builders! {
+        /// The retry delay sent (in `RetryInfo`) when the store fails (default 1 s).
+        store_retry_after;
     }
 }
 

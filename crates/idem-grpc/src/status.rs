@@ -58,20 +58,16 @@ impl<St: Store> crate::proto::status_server::Status for StatusService<St> {
         let (parts, ()) = head.into_parts();
         let principal = method
             .config
+            .protection
             .principal
             .principal(&parts)
             .map_err(|r| tonic::Status::new(r.reason().code(), r.detail()))?;
-        let scoped = ScopedKey::new(method.config.scope_for(principal), key);
+        let scoped = ScopedKey::new(method.config.protection.scope_for(principal), key);
         let engine = &method.engine;
         let limit = engine.policy().store_timeout();
-        let record = match tokio::time::timeout(limit, engine.store().get(&scoped)).await {
-            Ok(Ok(record)) => record,
-            Ok(Err(e)) => {
-                tracing::warn!(key = %scoped, error = %e, "status query failed");
-                return Err(unavailable());
-            }
-            Err(_) => return Err(unavailable()),
-        };
+        let record = idem_http::read_record(engine.store().as_ref(), &scoped, limit)
+            .await
+            .ok_or_else(unavailable)?;
         let mut out = LookupResponse {
             state: State::Absent as i32,
             ..LookupResponse::default()

@@ -33,7 +33,7 @@ mod status;
 pub use body::{BoxError, RequestBody, ResponseBody};
 pub use config::{
     DEFAULT_MAX_REQUEST_BODY, DEFAULT_MAX_STORED_RESPONSE, DEFAULT_REPLAY_HEADERS,
-    IdempotencyConfig, NEVER_REPLAYED, RouteConfigError, StreamingResponses,
+    IdempotencyConfig, NEVER_REPLAYED, Protection, RouteConfigError, StreamingResponses,
 };
 pub use guard::RunGuard;
 pub use idempotency::{Idempotency, IdempotencyLayer, ResponseFuture};
@@ -46,4 +46,4 @@ pub use policy::{
 };
 pub use problem::{PROBLEM_BASE, Problem, Reason, retry_after_secs};
 pub use source::{PathParams, SourceKey};
-pub use status::IdempotencyStatus;
+pub use status::{IdempotencyStatus, read_record};

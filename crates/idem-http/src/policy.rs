@@ -23,6 +23,15 @@ pub use idem_wire::header::{
     IDEMPOTENCY_FENCE, IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED, X_IDEMPOTENCY_KEY, X_REQUEST_ID,
 };
 
+/// The request's [`X_REQUEST_ID`] (a gRPC call's `x-request-id` metadata), kept on the record
+/// it claims; `None` when absent or not visible ASCII.
+pub fn request_id(headers: &http::HeaderMap) -> Option<String> {
+    headers
+        .get(X_REQUEST_ID)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned)
+}
+
 /// A key found in a request, with the header it came in, if it came in one (echoed on
 /// replays).
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -17,11 +17,12 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use bytes::Bytes;
 use http::{HeaderValue, Method, Request, Response, StatusCode, header};
 use http_body_util::Empty;
-use idem_core::{Engine, Outcome, RecordState, ScopedKey, Store};
+use idem_core::{Engine, Outcome, Record, RecordState, ScopedKey, Store};
 use serde::Serialize;
 use tower::Service;
 
@@ -31,6 +32,24 @@ use crate::idempotency::{principal_refused, replay, with_outcome};
 use crate::key::{KeyRejection, parse_key};
 use crate::policy::{FoundKey, IDEMPOTENCY_KEY};
 use crate::problem::{Problem, Reason};
+
+/// A status query's read of `scoped`'s record within `limit`, for every carrier's status
+/// answer: `None` when the store failed (logged here) or took longer, which the caller
+/// answers as "store unavailable".
+pub async fn read_record<St: Store>(
+    store: &St,
+    scoped: &ScopedKey,
+    limit: Duration,
+) -> Option<Option<Record>> {
+    match tokio::time::timeout(limit, store.get(scoped)).await {
+        Ok(Ok(record)) => Some(record),
+        Ok(Err(e)) => {
+            tracing::warn!(key = %scoped, error = %e, "status query failed");
+            None
+        }
+        Err(_) => None,
+    }
+}
 
 /// A tower service answering `GET <prefix>/{key}` for one namespace. Mount it with axum's
 /// `Router::route_service("/idempotency/{key}", status)` or call it from a hyper service.
@@ -128,23 +147,18 @@ impl<St: Store> IdempotencyStatus<St> {
             Ok(key) => key,
             Err(r) => return crate::idempotency::key_problem(&r).into_response(),
         };
-        let principal = match self.config.principal.principal(parts) {
+        let principal = match self.config.protection.principal.principal(parts) {
             Ok(p) => p,
             Err(r) => return principal_refused(&r).into_response(),
         };
-        let scoped = ScopedKey::new(self.config.scope_for(principal), key);
+        let scoped = ScopedKey::new(self.config.protection.scope_for(principal), key);
         let limit = self
             .config
             .engine_policy()
             .unwrap_or(self.engine.policy())
             .store_timeout();
-        let record = match tokio::time::timeout(limit, self.engine.store().get(&scoped)).await {
-            Ok(Ok(record)) => record,
-            Ok(Err(e)) => {
-                tracing::warn!(key = %scoped, error = %e, "status query failed");
-                return store_unavailable(&self.config);
-            }
-            Err(_) => return store_unavailable(&self.config),
+        let Some(record) = read_record(self.engine.store(), &scoped, limit).await else {
+            return store_unavailable(&self.config);
         };
         if wants_answer(parts.uri.query())
             && let Some(r) = &record
@@ -228,7 +242,7 @@ fn store_unavailable(config: &IdempotencyConfig) -> StatusResponse {
         Reason::StoreUnavailable,
         "the idempotency store failed or timed out",
     )
-    .retry_after(config.store_retry_after)
+    .retry_after(config.protection.store_retry_after)
     .into_response();
     with_outcome(res, Outcome::StoreUnavailable)
 }

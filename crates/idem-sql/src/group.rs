@@ -24,7 +24,9 @@ use std::fmt;
 use std::time::Duration;
 
 use idem_core::store::coalesce::{Batching, Queue};
-use idem_core::{ClaimOutcome, ClaimRequest, OwnerId, ScopedKey, SettleOutcome, StoreError};
+use idem_core::{
+    ClaimOutcome, ClaimRequest, OwnerId, ScopedKey, SettleOutcome, StoreError, StoredResponse,
+};
 
 use crate::dialect::{ClaimColumns, CompleteColumns, Dialect, Grouping};
 use crate::driver::On;
@@ -57,6 +59,25 @@ pub(crate) struct Completion {
     pub(crate) fence: u64,
     pub(crate) response: Vec<u8>,
     pub(crate) ttl: Duration,
+}
+
+impl Completion {
+    /// The completion of the claim (`owner`, `fence`) of `key` with `response`, encoded.
+    pub(crate) fn new(
+        key: &ScopedKey,
+        owner: OwnerId,
+        fence: u64,
+        response: &StoredResponse,
+        ttl: Duration,
+    ) -> Self {
+        Self {
+            key: key.clone(),
+            owner,
+            fence,
+            response: response.encode(),
+            ttl,
+        }
+    }
 }
 
 /// What an operation's caller gets back.

@@ -19,15 +19,13 @@ use std::future::Future;
 use std::time::Duration;
 
 use idem_core::StoreError;
+use idem_core::lock::check_lock_name;
 pub use idem_core::lock::{LockError, LockLease};
 use sqlx::pool::PoolConnection;
 use sqlx::{PgConnection, PgPool, Postgres, Row};
 use tokio::time::Instant;
 
 use crate::table::TableName;
-
-/// Longest lock name accepted, in bytes.
-const MAX_NAME: usize = 200;
 
 /// The sequence used when none is configured.
 pub const DEFAULT_FENCE_SEQUENCE: &str = "idem_lock_fence";
@@ -79,15 +77,6 @@ impl Drop for PgHeld {
             drop(conn.detach());
         }
     }
-}
-
-fn check_name(name: &str) -> Result<&str, LockError> {
-    let ok = !name.is_empty()
-        && name.len() <= MAX_NAME
-        && name
-            .bytes()
-            .all(|b| (0x20..=0x7e).contains(&b) && b != b'{' && b != b'}');
-    ok.then_some(name).ok_or(LockError::BadName)
 }
 
 fn db(e: sqlx::Error) -> StoreError {
@@ -171,7 +160,7 @@ impl PgLock {
     /// [`LockError::Busy`] when another session holds it, [`LockError::BadName`], or
     /// [`LockError::Store`] when the database failed.
     pub async fn try_acquire(&self, name: &str) -> Result<PgHeld, LockError> {
-        let name = check_name(name)?;
+        let name = check_lock_name(name)?;
         let mut conn = within(self.op_timeout, self.pool.acquire()).await?;
         let sql = self.take_sql(false);
         let row = within(
@@ -254,7 +243,7 @@ impl PgLock {
         tx: &mut PgConnection,
         name: &str,
     ) -> Result<Option<u64>, LockError> {
-        let name = check_name(name)?;
+        let name = check_lock_name(name)?;
         let sql = self.take_sql(true);
         let row = within(self.op_timeout, sqlx::query(&sql).bind(name).fetch_one(tx)).await?;
         let fence: i64 = row.try_get(1).map_err(db)?;

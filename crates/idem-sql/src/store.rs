@@ -438,13 +438,7 @@ impl<D: Dialect> SqlStore<D> {
         response: &StoredResponse,
         ttl: Duration,
     ) -> Result<SettleOutcome, StoreError> {
-        let c = Completion {
-            key: key.clone(),
-            owner,
-            fence,
-            response: response.encode(),
-            ttl,
-        };
+        let c = Completion::new(key, owner, fence, response, ttl);
         self.complete_encoded(on, &c).await
     }
 
@@ -644,13 +638,7 @@ impl<D: Dialect> Store for SqlStore<D> {
         response: &StoredResponse,
         ttl: Duration,
     ) -> Result<SettleOutcome, StoreError> {
-        let c = Completion {
-            key: key.clone(),
-            owner,
-            fence,
-            response: response.encode(),
-            ttl,
-        };
+        let c = Completion::new(key, owner, fence, response, ttl);
         match &self.group {
             Some(group) => coalesce::submit(group, group::Op::Complete(c))
                 .await?

@@ -19,16 +19,15 @@
 //! # let _ = url; Ok(()) }
 //! ```
 
-use std::collections::VecDeque;
 use std::io;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{Mutex, Notify};
+
+use crate::fault_plan::{FaultPlan, Listening};
 
 /// What happens to one connection.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -63,32 +62,22 @@ pub fn posts(head: &[u8]) -> bool {
 
 struct Shared {
     target: SocketAddr,
-    plan: Mutex<VecDeque<Fault>>,
+    plan: FaultPlan<Fault>,
     matcher: Matcher,
-    busy: AtomicUsize,
-    idle: Notify,
-    applied: Mutex<Vec<Fault>>,
 }
 
 /// The running proxy; stops when dropped.
 pub struct FaultProxy {
-    addr: SocketAddr,
+    listening: Listening,
     shared: Arc<Shared>,
-    task: tokio::task::JoinHandle<()>,
 }
 
 impl std::fmt::Debug for FaultProxy {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("FaultProxy")
-            .field("addr", &self.addr)
+            .field("addr", &self.listening.addr)
             .field("target", &self.shared.target)
             .finish()
-    }
-}
-
-impl Drop for FaultProxy {
-    fn drop(&mut self) {
-        self.task.abort();
     }
 }
 
@@ -115,49 +104,37 @@ impl FaultProxy {
         matcher: Matcher,
         plan: impl IntoIterator<Item = Fault>,
     ) -> io::Result<Self> {
-        let listener = TcpListener::bind(SocketAddr::from(([127, 0, 0, 1], 0))).await?;
-        let addr = listener.local_addr()?;
         let shared = Arc::new(Shared {
             target,
-            plan: Mutex::new(plan.into_iter().collect()),
+            plan: FaultPlan::new(plan),
             matcher,
-            busy: AtomicUsize::new(0),
-            idle: Notify::new(),
-            applied: Mutex::new(Vec::new()),
         });
-        let task = tokio::spawn(accept(listener, Arc::clone(&shared)));
-        Ok(Self { addr, shared, task })
+        let listening = {
+            let shared = Arc::clone(&shared);
+            Listening::start(|listener| accept(listener, shared)).await?
+        };
+        Ok(Self { listening, shared })
     }
 
     /// The address clients connect to.
     pub fn addr(&self) -> SocketAddr {
-        self.addr
+        self.listening.addr
     }
 
     /// Appends faults to the plan.
     pub async fn push(&self, faults: impl IntoIterator<Item = Fault>) {
-        self.shared.plan.lock().await.extend(faults);
+        self.shared.plan.push(faults).await;
     }
 
     /// The faults applied so far, in order (`Pass` for matching connections past the plan).
     pub async fn applied(&self) -> Vec<Fault> {
-        self.shared.applied.lock().await.clone()
+        self.shared.plan.applied().await
     }
 
     /// Waits until every delayed request has been forwarded and the server has started
     /// answering it, at most `limit`; returns whether it got there.
     pub async fn settled(&self, limit: Duration) -> bool {
-        tokio::time::timeout(limit, async {
-            loop {
-                let idle = self.shared.idle.notified();
-                if self.shared.busy.load(Ordering::SeqCst) == 0 {
-                    return;
-                }
-                idle.await;
-            }
-        })
-        .await
-        .is_ok()
+        self.shared.plan.settled(limit).await
     }
 }
 
@@ -180,9 +157,7 @@ async fn handle(mut client: TcpStream, shared: &Shared) -> io::Result<()> {
         return Ok(());
     }
     let fault = if (shared.matcher)(&first) {
-        let fault = shared.plan.lock().await.pop_front().unwrap_or(Fault::Pass);
-        shared.applied.lock().await.push(fault);
-        fault
+        shared.plan.next(Fault::Pass).await
     } else {
         Fault::Pass
     };
@@ -194,7 +169,7 @@ async fn handle(mut client: TcpStream, shared: &Shared) -> io::Result<()> {
         Fault::Delay(d) => {
             // Counted until the held request has been forwarded and the server has started
             // answering it (see `settled`).
-            shared.busy.fetch_add(1, Ordering::SeqCst);
+            shared.plan.begin();
             let forwarded = async {
                 tokio::time::sleep(d).await;
                 let mut server = TcpStream::connect(shared.target).await?;
@@ -204,9 +179,7 @@ async fn handle(mut client: TcpStream, shared: &Shared) -> io::Result<()> {
                 Ok::<_, io::Error>((server, answer, n))
             }
             .await;
-            if shared.busy.fetch_sub(1, Ordering::SeqCst) == 1 {
-                shared.idle.notify_waiters();
-            }
+            shared.plan.end();
             let (mut server, answer, n) = forwarded?;
             // The client has most likely given up; whatever is left goes to it if it has not.
             let _ = client.write_all(&answer[..n]).await;
@@ -306,6 +279,8 @@ fn reset(stream: TcpStream) {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
     use super::*;
 
     #[test]

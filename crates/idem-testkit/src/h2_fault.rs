@@ -21,7 +21,6 @@
 //! # let _ = url; Ok(()) }
 //! ```
 
-use std::collections::VecDeque;
 use std::convert::Infallible;
 use std::io;
 use std::net::SocketAddr;
@@ -35,7 +34,9 @@ use http_body_util::{BodyExt as _, StreamBody};
 use hyper::body::{Frame, Incoming};
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{Mutex, Notify};
+use tokio::sync::Notify;
+
+use crate::fault_plan::{FaultPlan, Listening};
 
 /// What happens to one request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -91,33 +92,23 @@ impl std::error::Error for Refused {}
 
 struct Shared {
     target: SocketAddr,
-    plan: Mutex<VecDeque<H2Fault>>,
+    plan: FaultPlan<H2Fault>,
     matcher: Matcher,
-    applied: Mutex<Vec<H2Fault>>,
     forwarded: AtomicUsize,
-    busy: AtomicUsize,
-    idle: Notify,
 }
 
 /// The running proxy; stops accepting when dropped.
 pub struct H2FaultProxy {
-    addr: SocketAddr,
+    listening: Listening,
     shared: Arc<Shared>,
-    task: tokio::task::JoinHandle<()>,
 }
 
 impl std::fmt::Debug for H2FaultProxy {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("H2FaultProxy")
-            .field("addr", &self.addr)
+            .field("addr", &self.listening.addr)
             .field("target", &self.shared.target)
             .finish()
-    }
-}
-
-impl Drop for H2FaultProxy {
-    fn drop(&mut self) {
-        self.task.abort();
     }
 }
 
@@ -144,34 +135,32 @@ impl H2FaultProxy {
         matcher: Matcher,
         plan: impl IntoIterator<Item = H2Fault>,
     ) -> io::Result<Self> {
-        let listener = TcpListener::bind(SocketAddr::from(([127, 0, 0, 1], 0))).await?;
-        let addr = listener.local_addr()?;
         let shared = Arc::new(Shared {
             target,
-            plan: Mutex::new(plan.into_iter().collect()),
+            plan: FaultPlan::new(plan),
             matcher,
-            applied: Mutex::new(Vec::new()),
             forwarded: AtomicUsize::new(0),
-            busy: AtomicUsize::new(0),
-            idle: Notify::new(),
         });
-        let task = tokio::spawn(accept(listener, Arc::clone(&shared)));
-        Ok(Self { addr, shared, task })
+        let listening = {
+            let shared = Arc::clone(&shared);
+            Listening::start(|listener| accept(listener, shared)).await?
+        };
+        Ok(Self { listening, shared })
     }
 
     /// The address clients connect to (h2c, prior knowledge).
     pub fn addr(&self) -> SocketAddr {
-        self.addr
+        self.listening.addr
     }
 
     /// Appends faults to the plan.
     pub async fn push(&self, faults: impl IntoIterator<Item = H2Fault>) {
-        self.shared.plan.lock().await.extend(faults);
+        self.shared.plan.push(faults).await;
     }
 
     /// The faults applied to matching requests so far, in order (`Pass` past the plan).
     pub async fn applied(&self) -> Vec<H2Fault> {
-        self.shared.applied.lock().await.clone()
+        self.shared.plan.applied().await
     }
 
     /// How many requests (matching or not) have been sent on to the server.
@@ -182,17 +171,7 @@ impl H2FaultProxy {
     /// Waits until the server has answered every request the proxy forwarded or holds (the
     /// delayed ones included), at most `limit`; returns whether it got there.
     pub async fn settled(&self, limit: Duration) -> bool {
-        tokio::time::timeout(limit, async {
-            loop {
-                let idle = self.shared.idle.notified();
-                if self.shared.busy.load(Ordering::SeqCst) == 0 {
-                    return;
-                }
-                idle.await;
-            }
-        })
-        .await
-        .is_ok()
+        self.shared.plan.settled(limit).await
     }
 }
 
@@ -229,14 +208,7 @@ async fn handle(
 ) -> Result<Response<Whole>, Refused> {
     let (parts, body) = req.into_parts();
     let fault = if (shared.matcher)(&parts) {
-        let fault = shared
-            .plan
-            .lock()
-            .await
-            .pop_front()
-            .unwrap_or(H2Fault::Pass);
-        shared.applied.lock().await.push(fault);
-        fault
+        shared.plan.next(H2Fault::Pass).await
     } else {
         H2Fault::Pass
     };
@@ -255,16 +227,14 @@ async fn handle(
     };
     // Forwarded on a task of its own, so the server gets the whole call and answers it even
     // when the client has reset its stream meanwhile.
-    shared.busy.fetch_add(1, Ordering::SeqCst);
+    shared.plan.begin();
     let forwarding = {
         let shared = Arc::clone(&shared);
         tokio::spawn(async move {
             tokio::time::sleep(hold).await;
             shared.forwarded.fetch_add(1, Ordering::SeqCst);
             let answer = forward(shared.target, parts, data, trailers).await;
-            if shared.busy.fetch_sub(1, Ordering::SeqCst) == 1 {
-                shared.idle.notify_waiters();
-            }
+            shared.plan.end();
             answer
         })
     };

@@ -56,6 +56,7 @@ pub mod broken;
 pub mod brokers;
 mod ctx;
 pub mod doubles;
+mod fault_plan;
 pub mod fault_proxy;
 pub mod h2_fault;
 mod harness;

@@ -77,7 +77,7 @@ where
         }
     };
     let answered = AnswerHead::of(&head).with_trailers(&trailers);
-    let decision = config.store_policy.decide(&answered);
+    let decision = config.protection.store_policy.decide(&answered);
     // An answer without a `grpc-status` is malformed, and counts as `UNKNOWN`.
     let code = answered.grpc_status().unwrap_or(GrpcCode::Unknown).number();
     let this_caller = |head, bytes, trailers| {
@@ -92,7 +92,7 @@ where
     let headers = stored_fields(&head.headers, |name| config.replay_metadata.contains(name));
     let kept_trailers = stored_fields(&trailers, |name| !NEVER_REPLAYED.contains(name));
     let size = fields_size(&headers) + bytes.len() + fields_size(&kept_trailers);
-    let stored = if size > config.max_stored_response {
+    let stored = if size > config.protection.max_stored_response {
         // This caller gets all of it; the record keeps the status alone.
         StoredResponse {
             status: code as u16,
@@ -154,7 +154,7 @@ pub(super) fn answer<B, E, St: Store>(
             Reason::AnswerNotRecorded.status(
                 "the call ran, but the idempotency store failed to record its answer; retry with the same key to get it once it is recorded",
                 Some(key.as_str()),
-                Some(config.store_retry_after),
+                Some(config.protection.store_retry_after),
             )
         }
         Answer::Executed { output, .. } => {
@@ -184,7 +184,7 @@ pub(super) fn answer<B, E, St: Store>(
 }
 
 fn engine_error(key: &Key, e: &EngineError, config: &MethodConfig) -> tonic::Status {
-    let retry = Some(config.store_retry_after);
+    let retry = Some(config.protection.store_retry_after);
     match e {
         EngineError::Store(_) => Reason::StoreUnavailable.status(
             "the idempotency store failed or timed out; nothing ran",

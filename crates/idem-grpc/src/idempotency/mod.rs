@@ -63,7 +63,7 @@ impl<St: Store> Shared<St> {
             .methods
             .into_iter()
             .map(|(path, config)| {
-                if !config.principal_chosen {
+                if !config.protection.principal_chosen {
                     // Not silent: one key space for every caller is a choice to see.
                     tracing::warn!(
                         method = %path,
@@ -73,10 +73,7 @@ impl<St: Store> Shared<St> {
                          (or NoPrincipal explicitly for a single-tenant one)"
                     );
                 }
-                let engine = match &config.policy {
-                    Some(policy) => engine.with_policy(policy.clone()),
-                    None => engine.clone(),
-                };
+                let engine = config.protection.engine(engine);
                 (path, Arc::new(Method { engine, config }))
             })
             .collect();
@@ -140,25 +137,10 @@ where
         let clone = self.inner.clone();
         let mut inner = std::mem::replace(&mut self.inner, clone);
         let Some(method) = self.shared.methods.get(req.uri().path()).cloned() else {
-            return passthrough(inner.call(req));
+            return ResponseFuture::passthrough(inner.call(req));
         };
         ResponseFuture::detached_on_drop(protect(method, inner, req))
     }
-}
-
-/// Calls the inner service without protection; the answer says so.
-fn passthrough<B, E>(
-    fut: impl Future<Output = Result<Response<B>, E>> + Send + 'static,
-) -> ResponseFuture<B, E>
-where
-    B: Send + 'static,
-    E: Send + 'static,
-{
-    ResponseFuture::new(async move {
-        let mut res = fut.await?.map(ResponseBody::inner);
-        res.extensions_mut().insert(Outcome::Passthrough);
-        Ok(res)
-    })
 }
 
 /// A status answered by the layer itself, as a trailers-only response carrying `outcome`.
@@ -216,7 +198,7 @@ where
 {
     let config = &method.config;
     let (parts, body) = req.into_parts();
-    let principal = match config.principal.principal(&parts) {
+    let principal = match config.protection.principal.principal(&parts) {
         Ok(p) => p,
         Err(r) => {
             return Ok(refused(r.reason(), r.detail(), r.refusal()));
@@ -243,7 +225,7 @@ where
     };
     let key = match config.key.resolve(&inputs) {
         Ok(Some(found)) => found.key,
-        Ok(None) if config.key_required => {
+        Ok(None) if config.protection.key_required => {
             return Ok(refused(
                 Reason::KeyMissing,
                 format!(
@@ -266,12 +248,8 @@ where
         .part("grpc.compressed", &[u8::from(message.compressed)])
         .part("grpc.message", message.bytes)
         .finish();
-    let scoped = ScopedKey::new(config.scope_for(principal), key);
-    let request_id = parts
-        .headers
-        .get(idem_http::X_REQUEST_ID)
-        .and_then(|v| v.to_str().ok())
-        .map(str::to_owned);
+    let scoped = ScopedKey::new(config.protection.scope_for(principal), key);
+    let request_id = idem_http::policy::request_id(&parts.headers);
     let engine = bounded_engine(&method.engine, deadline(&parts.headers));
     let mut req = Request::from_parts(parts, GrpcBody::new(http_body_util::Full::new(bytes)));
 

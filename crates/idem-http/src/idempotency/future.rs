@@ -8,6 +8,8 @@ use std::task::{Context, Poll};
 use futures::future::BoxFuture;
 use http::Response;
 
+use idem_core::Outcome;
+
 use crate::body::ResponseBody;
 
 /// Response future of [`Idempotency`](super::Idempotency).
@@ -44,6 +46,19 @@ impl<B: 'static, E: 'static> ResponseFuture<B, E> {
             inner: Some(Box::pin(fut)),
             detach_on_drop: true,
         }
+    }
+
+    /// The inner service's response, unprotected, marked [`Outcome::Passthrough`]: what every
+    /// carrier answers for a request it does not protect.
+    pub fn passthrough(fut: impl Future<Output = Result<Response<B>, E>> + Send + 'static) -> Self
+    where
+        B: Send,
+        E: Send,
+    {
+        Self::new(async move {
+            let res = fut.await?.map(ResponseBody::inner);
+            Ok(super::with_outcome(res, Outcome::Passthrough))
+        })
     }
 }
 

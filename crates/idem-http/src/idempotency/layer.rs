@@ -18,10 +18,7 @@ impl<St: Store> IdempotencyLayer<St> {
     /// A layer over `engine`'s store (one store for many routes), under the route's own
     /// policy if [`IdempotencyConfig::policy`] set one, else under `engine`'s.
     pub fn new(engine: &Engine<St>, config: IdempotencyConfig) -> Self {
-        let engine = match &config.policy {
-            Some(policy) => engine.with_policy(policy.clone()),
-            None => engine.clone(),
-        };
+        let engine = config.protection.engine(engine);
         Self {
             shared: Arc::new(Shared { engine, config }),
         }
@@ -29,7 +26,7 @@ impl<St: Store> IdempotencyLayer<St> {
 
     /// A layer over its own engine on `store`, under the route's policy or the default one.
     pub fn from_store(store: St, config: IdempotencyConfig) -> Self {
-        let engine = Engine::new(store, config.policy.clone().unwrap_or_default());
+        let engine = Engine::new(store, config.protection.policy.clone().unwrap_or_default());
         Self {
             shared: Arc::new(Shared { engine, config }),
         }

@@ -59,7 +59,7 @@ use crate::buffer::{
 };
 use crate::config::{IdempotencyConfig, NEVER_REPLAYED, StreamingResponses};
 use crate::guard::RunGuard;
-use crate::policy::{AnswerHead, FoundKey, IDEMPOTENT_REPLAYED, StoreDecision, X_REQUEST_ID};
+use crate::policy::{AnswerHead, FoundKey, IDEMPOTENT_REPLAYED, StoreDecision, request_id};
 
 pub(crate) struct Shared<St> {
     pub(crate) engine: Engine<St>,
@@ -119,7 +119,7 @@ where
         let config = &shared.config;
 
         if config.passthrough.contains(req.method()) {
-            return passthrough(inner.call(req));
+            return ResponseFuture::passthrough(inner.call(req));
         }
         let (parts, body) = req.into_parts();
         if config.key.needs_body() {
@@ -131,29 +131,13 @@ where
             Err(r) => return ready(error::key_rejection(&r)),
         };
         let Some(found) = found else {
-            if config.key_required {
+            if config.protection.key_required {
                 return ready(error::key_rejection(&config.key.missing()));
             }
-            return passthrough(inner.call(Request::from_parts(parts, body)));
+            return ResponseFuture::passthrough(inner.call(Request::from_parts(parts, body)));
         };
         ResponseFuture::detached_on_drop(protect(shared, inner, parts, body, Some(found)))
     }
-}
-
-/// Calls the inner service without protection; the answer says so.
-fn passthrough<B, E>(
-    fut: impl Future<Output = Result<Response<B>, E>> + Send + 'static,
-) -> ResponseFuture<B, E>
-where
-    B: Send + 'static,
-    E: Send + 'static,
-{
-    ResponseFuture::new(async move {
-        Ok(with_outcome(
-            fut.await?.map(ResponseBody::inner),
-            Outcome::Passthrough,
-        ))
-    })
 }
 
 /// Attaches what became of the request to its response, for whoever sits outside the layer.
@@ -194,7 +178,7 @@ where
     let config = &shared.config;
     // Held to the end of the run, which may go on in a spawned task after the client left.
     let _guard = parts.extensions.remove::<RunGuard>();
-    let principal = match config.principal.principal(&parts) {
+    let principal = match config.protection.principal.principal(&parts) {
         Ok(p) => p,
         Err(r) => return Ok(error::principal_refused(&r).into_response()),
     };
@@ -239,8 +223,8 @@ where
         Ok(fingerprint) => fingerprint,
         Err(why) => return Ok(error::body_ambiguous(&found.key, &why).into_response()),
     };
-    let scoped = ScopedKey::new(config.scope_for(principal), found.key.clone());
-    let request_id = request_id(&parts);
+    let scoped = ScopedKey::new(config.protection.scope_for(principal), found.key.clone());
+    let request_id = request_id(&parts.headers);
     let mut req = Request::from_parts(parts, ReqB::from(bytes));
 
     // Dropping this future mid-run hands the rest to a spawned task (see `ResponseFuture`),
@@ -279,18 +263,11 @@ fn body_key(
     match config.key.extract_with_body(parts, bytes) {
         Ok(Some(found)) => Ok(Some(found)),
         Err(r) => Err(error::key_rejection(&r)),
-        Ok(None) if config.key_required => Err(error::key_rejection(&config.key.missing())),
+        Ok(None) if config.protection.key_required => {
+            Err(error::key_rejection(&config.key.missing()))
+        }
         Ok(None) => Ok(None),
     }
-}
-
-/// The request's `X-Request-ID`, kept on the record.
-fn request_id(parts: &http::request::Parts) -> Option<String> {
-    parts
-        .headers
-        .get(X_REQUEST_ID)
-        .and_then(|v| v.to_str().ok())
-        .map(str::to_owned)
 }
 
 /// Decides what to keep of the handler's response, buffering it if it is to be stored.
@@ -304,13 +281,17 @@ where
     B::Error: Into<BoxError>,
 {
     let (head, body) = res.into_parts();
-    if let StoreDecision::Release(kind) = config.store_policy.decide(&AnswerHead::of(&head)) {
+    if let StoreDecision::Release(kind) = config
+        .protection
+        .store_policy
+        .decide(&AnswerHead::of(&head))
+    {
         return Settlement::release(
             Ok(Response::from_parts(head, ResponseBody::inner(body))),
             kind,
         );
     }
-    let cap = config.max_stored_response;
+    let cap = config.protection.max_stored_response;
     let event_stream = head
         .headers
         .get(header::CONTENT_TYPE)
@@ -411,7 +392,7 @@ fn answer<B, E, St: Store>(
         Err(e) => {
             tracing::warn!(key = %key, error = %e, "idempotent request failed");
             let outcome = e.outcome(shared.engine.policy().interrupted_release());
-            let res = error::engine_error(key, &e, shared.config.store_retry_after);
+            let res = error::engine_error(key, &e, shared.config.protection.store_retry_after);
             return Ok(with_outcome(res.into_response(), outcome));
         }
     };
@@ -424,14 +405,15 @@ fn answer<B, E, St: Store>(
         } => {
             let res = output?;
             let head = AnswerHead::new(res.status(), res.headers(), res.extensions());
-            if let StoreDecision::Release(_) = shared.config.store_policy.decide(&head) {
+            if let StoreDecision::Release(_) = shared.config.protection.store_policy.decide(&head) {
                 // Nothing was to be kept: the answer is the handler's.
                 res
             } else {
                 // Ran, but its answer is not recorded yet: handing it out would let a retry
                 // find the key in flight or unknown. The engine keeps trying to record it.
                 tracing::warn!(key = %key, error = %e, "answer not recorded; the client is told to retry");
-                error::answer_not_recorded(key, shared.config.store_retry_after).into_response()
+                error::answer_not_recorded(key, shared.config.protection.store_retry_after)
+                    .into_response()
             }
         }
         Answer::Executed { output, .. } => output?,

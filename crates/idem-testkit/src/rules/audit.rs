@@ -4,7 +4,7 @@
 
 use idem_core::audit::{self, AuditEvent, AuditKind, AuditLevel, AuditQuery, instance_of};
 use idem_core::{
-    ClaimOutcome, ReleaseKind, Resolution, ResolveOutcome, ScopedKey, SettleOutcome, Store,
+    ClaimOutcome, Lease, ReleaseKind, Resolution, ResolveOutcome, ScopedKey, SettleOutcome, Store,
     StoredResponse,
 };
 use std::time::Duration;
@@ -27,6 +27,37 @@ impl<H: Harness> Ctx<'_, H> {
 
 fn kinds(events: &[AuditEvent]) -> Vec<AuditKind> {
     events.iter().map(|e| e.kind).collect()
+}
+
+/// A first request's whole life on the key `done`: claim, renewal, busy duplicate,
+/// completion (202), replay and read. Returns its claim and the key's trail, which each
+/// level's rule checks against what that level records.
+async fn first_request_life<H: Harness>(c: &Ctx<'_, H>) -> (Lease, Vec<AuditEvent>) {
+    let done = c.key("done");
+    let d = c.claimed(&done).await;
+    c.renew(&done, d.owner, d.fence, c.lease).await;
+    c.busy(&done).await;
+    c.complete(&done, &d, &StoredResponse::new(202, "ok")).await;
+    assert!(matches!(
+        c.claim_fp(&done, fp(1)).await,
+        ClaimOutcome::Done { .. }
+    ));
+    c.get(&done).await;
+    (d, c.trail(&done).await)
+}
+
+/// The key `freed` claimed and released retryable, claimed and released unknown, then
+/// deleted by `rule:cleaner`. Returns both claims and the key's trail.
+async fn released_twice_then_deleted<H: Harness>(
+    c: &Ctx<'_, H>,
+) -> (Lease, Lease, Vec<AuditEvent>) {
+    let freed = c.key("freed");
+    let f = c.claimed(&freed).await;
+    c.release(&freed, &f, ReleaseKind::Retryable).await;
+    let g = c.claimed(&freed).await;
+    c.release(&freed, &g, ReleaseKind::Unknown).await;
+    assert!(audit::acting_as("rule:cleaner", || c.delete(&freed)).await);
+    (f, g, c.trail(&freed).await)
 }
 
 /// The trail of a key through claim → lease runs out under `hold` → unknown → resolve, at
@@ -85,17 +116,7 @@ pub async fn audit_trail_follows_claim_timeout_unknown_resolve<H: Harness>(h: &H
 pub async fn audit_records_every_change_and_nothing_else<H: Harness>(h: &H) {
     let c = Ctx::at(h, "audit-changes", AuditLevel::All).await;
 
-    let done = c.key("done");
-    let d = c.claimed(&done).await;
-    c.renew(&done, d.owner, d.fence, c.lease).await;
-    c.busy(&done).await;
-    c.complete(&done, &d, &StoredResponse::new(202, "ok")).await;
-    assert!(matches!(
-        c.claim_fp(&done, fp(1)).await,
-        ClaimOutcome::Done { .. }
-    ));
-    c.get(&done).await;
-    let trail = c.trail(&done).await;
+    let (d, trail) = first_request_life(&c).await;
     assert_eq!(
         kinds(&trail),
         [AuditKind::Completed, AuditKind::Claimed],
@@ -104,13 +125,7 @@ pub async fn audit_records_every_change_and_nothing_else<H: Harness>(h: &H) {
     assert_eq!(trail[0].status, Some(202));
     assert_eq!(trail[0].instance, Some(instance_of(d.owner)));
 
-    let freed = c.key("freed");
-    let f = c.claimed(&freed).await;
-    c.release(&freed, &f, ReleaseKind::Retryable).await;
-    let g = c.claimed(&freed).await;
-    c.release(&freed, &g, ReleaseKind::Unknown).await;
-    assert!(audit::acting_as("rule:cleaner", || c.delete(&freed)).await);
-    let trail = c.trail(&freed).await;
+    let (f, g, trail) = released_twice_then_deleted(&c).await;
     assert_eq!(
         kinds(&trail),
         [
@@ -249,17 +264,7 @@ pub async fn audit_default_level_records_what_an_operator_needs<H: Harness>(h: &
 /// A claim, renewal, busy claim, completion, replay and read leave no event at the default
 /// level.
 async fn default_first_request_leaves_no_trail<H: Harness>(c: &Ctx<'_, H>) {
-    let done = c.key("done");
-    let d = c.claimed(&done).await;
-    c.renew(&done, d.owner, d.fence, c.lease).await;
-    c.busy(&done).await;
-    c.complete(&done, &d, &StoredResponse::new(202, "ok")).await;
-    assert!(matches!(
-        c.claim_fp(&done, fp(1)).await,
-        ClaimOutcome::Done { .. }
-    ));
-    c.get(&done).await;
-    let trail = c.trail(&done).await;
+    let (_, trail) = first_request_life(c).await;
     assert_eq!(
         kinds(&trail),
         [],
@@ -270,13 +275,7 @@ async fn default_first_request_leaves_no_trail<H: Harness>(c: &Ctx<'_, H>) {
 /// A retryable release, an unknown release and a delete each leave an event with its
 /// outcome, fence, instance and actor.
 async fn default_releases_and_delete_are_recorded<H: Harness>(c: &Ctx<'_, H>) {
-    let freed = c.key("freed");
-    let f = c.claimed(&freed).await;
-    c.release(&freed, &f, ReleaseKind::Retryable).await;
-    let g = c.claimed(&freed).await;
-    c.release(&freed, &g, ReleaseKind::Unknown).await;
-    assert!(audit::acting_as("rule:cleaner", || c.delete(&freed)).await);
-    let trail = c.trail(&freed).await;
+    let (f, g, trail) = released_twice_then_deleted(c).await;
     assert_eq!(
         kinds(&trail),
         [AuditKind::Deleted, AuditKind::Unknown, AuditKind::Released],
