@@ -14,3 +14,5 @@ cargo test --workspace --doc --no-fail-fast
 # The OTLP export test needs the gateway built with its optional `otlp` feature.
 cargo test -p idem-gateway --features otlp --test otlp
 if [ -x scripts/shuttle.sh ]; then scripts/shuttle.sh; fi
+# The OpenAPI description is valid OpenAPI 3.1 (a real validator, in a virtualenv).
+scripts/check-openapi.sh
