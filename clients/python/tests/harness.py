@@ -132,6 +132,12 @@ class _Lines:
         return line
 
 
+def _child_env() -> Dict[str, str]:
+    # `idem` reads IDEM_* variables as configuration (and refuses unknown fields), so the
+    # test's own IDEM_BIN / IDEM_FAULT_PROXY_BIN must not reach it.
+    return {k: v for k, v in os.environ.items() if not k.startswith("IDEM_")}
+
+
 def _stop(proc: "subprocess.Popen[str]") -> None:
     if proc.poll() is None:
         proc.terminate()
@@ -171,8 +177,9 @@ path = "/charge/*"
         self.stderr = open(workdir / "idem.stderr", "w")
         self.proc = subprocess.Popen(
             [IDEM_BIN, "serve", "--config", str(config)],
-            stdout=subprocess.PIPE, stderr=self.stderr, text=True,
+            stdout=subprocess.PIPE, stderr=self.stderr, text=True, env=_child_env(),
         )
+        self.log = workdir / "idem.stderr"
         try:
             lines = _Lines(self.proc)
             while True:
@@ -180,6 +187,9 @@ path = "/charge/*"
                 if line.startswith("idem listening on http://"):
                     self.addr = line.rsplit("http://", 1)[1].strip()
                     break
+        except RuntimeError as exc:
+            self.stop()
+            raise RuntimeError(f"{exc}; its stderr:\n{self.log.read_text()[-2000:]}") from None
         except BaseException:
             self.stop()
             raise
@@ -197,6 +207,7 @@ class FaultProxy:
         self.proc = subprocess.Popen(
             [IDEM_FAULT_PROXY_BIN, "--target", target, "--posts"],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1,
+            env=_child_env(),
         )
         try:
             self.lines = _Lines(self.proc)
