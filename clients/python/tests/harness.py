@@ -91,8 +91,7 @@ class Upstream:
 
     @property
     def url(self) -> str:
-        host, port = self.server.server_address[:2]
-        return f"http://{host}:{port}"
+        return f"http://127.0.0.1:{self.server.server_port}"
 
     def count(self, path: str) -> int:
         with self.lock:

@@ -42,7 +42,8 @@ def problem(status: int, slug: str, key: str = "k-1", **headers: str) -> httpx.R
                                            **headers}, content=json.dumps(body).encode())
 
 
-def state(key: str, name: str, status: int = 200, **headers: str) -> httpx.Response:
+def state(key: str, name: str, status: int = 200, retry_after: str = "") -> httpx.Response:
+    headers = {"retry-after": retry_after} if retry_after else {}
     return httpx.Response(status, headers=headers, json={"key": key, "state": name})
 
 
@@ -146,7 +147,7 @@ def test_outcome_unknown_answer_stops() -> None:
 def test_ambiguous_failure_asks_then_returns_the_stored_answer() -> None:
     stored = httpx.Response(201, headers={"idempotent-replayed": "true"}, json={"n": 1})
     s = Scripted([httpx.ReadTimeout("slow")],
-                 [state("k-1", "processing", **{"retry-after": "0"}), stored])
+                 [state("k-1", "processing", retry_after="0"), stored])
     r = client(s).post(URL, key="k-1", headers={"x-api-key": "alice"})
     assert r.from_status and r.replayed and r.attempts == 1 and r.status_queries == 2
     q = [req for req in s.requests if req.method == "GET"][0]

@@ -23,6 +23,7 @@ from ._core import (
     Sleep,
     check_key,
     classify,
+    is_replayed,
     operation,
     problem_error,
     read_status,
@@ -62,7 +63,7 @@ class Response:
     @property
     def replayed(self) -> bool:
         """Whether the gateway replayed a stored answer (``Idempotent-Replayed: true``)."""
-        return self.headers.get("idempotent-replayed", "").strip().lower() == "true"
+        return is_replayed(self.headers)
 
     @property
     def text(self) -> str:
@@ -100,12 +101,12 @@ class _Prepared:
         for source in (base.headers, headers or {}):
             for name, value in source.items():
                 merged[name.lower()] = value
-        given = merged.pop(base.key_header.lower(), None)
+        given = merged.pop(base.key_header.lower()) if base.key_header.lower() in merged else None
         if key is None and given is not None:
             key = given.strip()
         self.key = key if key is not None else str(uuid.uuid4())
         self.key_value = check_key(self.key)
-        self.request_id = merged.pop("x-request-id", None) or str(uuid.uuid4())
+        self.request_id = merged.pop("x-request-id", "") or str(uuid.uuid4())
         body: bytes = b""
         if json is not None:
             body = jsonlib.dumps(json, separators=(",", ":")).encode()

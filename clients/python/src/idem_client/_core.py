@@ -40,6 +40,7 @@ from ._errors import (
     StatusQueryError,
     problem_class,
 )
+from ._policy import RetryPolicy
 
 REPLAYED = "idempotent-replayed"
 
@@ -263,7 +264,7 @@ def read_status(key: str, answer: httpx.Response) -> KeyState:
 
 
 def operation(
-    policy: Any, key: str, has_status: bool
+    policy: RetryPolicy, key: str, has_status: bool
 ) -> Generator[Action, Any, Done]:
     """The retry loop. Yields :class:`Send` (answered with an :data:`Attempt`), :class:`Ask`
     (answered with a :data:`KeyState`) and :class:`Sleep` (answered with ``None``); returns

@@ -328,7 +328,7 @@ class TokenStoreFull(ProblemError):
 
 #: Every problem class by slug.
 PROBLEMS: Dict[str, Type[ProblemError]] = {
-    cls.slug: cls  # type: ignore[misc]
+    cls.slug: cls
     for cls in ProblemError.__subclasses__()
     if cls.slug is not None
 }

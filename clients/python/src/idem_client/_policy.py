@@ -43,7 +43,7 @@ class RetryPolicy:
 
     def backoff_cap(self, n: int) -> float:
         """The cap the wait before retry ``n`` (from zero) is drawn under."""
-        return min(self.max_backoff, self.initial_backoff * (2 ** min(n, 62)))
+        return float(min(self.max_backoff, self.initial_backoff * (2.0 ** min(n, 62))))
 
     def wait(self, n: int, retry_after: Optional[float] = None) -> float:
         """The wait before retry ``n``, raised to ``retry_after`` (capped) when given."""
