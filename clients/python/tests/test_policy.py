@@ -254,3 +254,21 @@ async def test_async_client_follows_the_same_table() -> None:
         r = await c.put(URL, json={"a": 1}, key="k-1")
     assert r.from_status and r.attempts == 2 and r.status_queries == 2
     assert {req.method for req in s.requests} == {"PUT", "GET"}
+
+
+def test_giving_up_on_in_flight_names_the_last_problem() -> None:
+    s = Scripted([problem(409, "in-flight", **{"retry-after": "0"})] * 2)
+    with pytest.raises(AttemptsExhausted) as info:
+        client(s, max_attempts=2).post(URL, key="k-1")
+    err = info.value
+    assert isinstance(err, idem_client.GaveUp)
+    assert isinstance(err.last_problem, idem_client.InFlight)
+    assert err.type == "https://idem.dev/problems/in-flight" and err.status == 409
+    assert "in-flight" in err.last
+
+
+def test_outcome_unknown_keeps_the_gateway_detail() -> None:
+    s = Scripted([problem(409, "outcome-unknown")])
+    with pytest.raises(OutcomeUnknown) as info:
+        client(s).post(URL, key="k-1")
+    assert info.value.detail == "outcome-unknown detail" and info.value.problem["key"] == "k-1"

@@ -286,7 +286,11 @@ def operation(
             last=last,
             key=key,
             status=last_answer.status_code if last_answer is not None else None,
+            last_problem=last_problem(),
         )
+
+    def last_problem() -> Optional[IdemError]:
+        return problem_error(last_answer, key) if last_answer is not None else None
 
     while True:
         if have_wait:
@@ -334,12 +338,16 @@ def operation(
                 last=last,
                 key=key,
                 status=last_answer.status_code if last_answer is not None else None,
+                last_problem=last_problem(),
             )
         attempts += 1
         result = yield Send(attempts, timeout)
         if isinstance(result, Final):
             return Done(result.answer, attempts, False)
         if isinstance(result, Unknown):
+            told = problem_error(result.answer, key)
+            if isinstance(told, OutcomeUnknown):
+                raise told
             raise OutcomeUnknown(
                 "the gateway says an earlier attempt's outcome is unknown; "
                 "resolve the key before trying again",

@@ -65,25 +65,39 @@ class Ambiguous(IdemError):
     to tell whether it ran. Resending blind is the caller's decision, not the client's."""
 
 
-class AttemptsExhausted(IdemError):
-    """Every attempt the policy allows was used on retryable answers or failures."""
-
-    def __init__(self, detail: str, *, attempts: int, last: str, **kw: Any) -> None:
-        super().__init__(detail, **kw)
-        self.attempts = attempts
-        self.last = last
-
-
-class DeadlineExceeded(IdemError):
-    """The overall deadline passed (or the next wait would have passed it)."""
+class GaveUp(IdemError):
+    """Base of :class:`AttemptsExhausted` and :class:`DeadlineExceeded`: the operation ended
+    on retryable answers or failures. ``last`` describes the last one; ``last_problem`` is
+    the typed error of the last idem answer (an :class:`InFlight`, a
+    :class:`StoreUnavailable`, ...) when there was one."""
 
     def __init__(
-        self, detail: str, *, attempts: int, deadline: float, last: str, **kw: Any
+        self,
+        detail: str,
+        *,
+        attempts: int,
+        last: str,
+        last_problem: Optional[IdemError] = None,
+        **kw: Any,
     ) -> None:
         super().__init__(detail, **kw)
+        if last_problem is not None and kw.get("type") is None:
+            self.type = last_problem.type
         self.attempts = attempts
-        self.deadline = deadline
         self.last = last
+        self.last_problem = last_problem
+
+
+class AttemptsExhausted(GaveUp):
+    """Every attempt the policy allows was used on retryable answers or failures."""
+
+
+class DeadlineExceeded(GaveUp):
+    """The overall deadline passed (or the next wait would have passed it)."""
+
+    def __init__(self, detail: str, *, deadline: float, **kw: Any) -> None:
+        super().__init__(detail, **kw)
+        self.deadline = deadline
 
 
 class StatusQueryError(IdemError):
