@@ -272,3 +272,10 @@ def test_outcome_unknown_keeps_the_gateway_detail() -> None:
     with pytest.raises(OutcomeUnknown) as info:
         client(s).post(URL, key="k-1")
     assert info.value.detail == "outcome-unknown detail" and info.value.problem["key"] == "k-1"
+
+
+def test_a_url_that_cannot_be_sent_is_invalid_and_not_retried() -> None:
+    for url in ("ftp://gw.test/charge", "http://[::1"):
+        with Client(policy=fast()) as c, pytest.raises(InvalidRequest) as info:
+            c.post(url, key="k-1")
+        assert info.value.key == "k-1"

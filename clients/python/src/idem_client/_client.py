@@ -247,6 +247,8 @@ class Client(_Base):
                 headers=prep.attempt_headers(self.key_header),
                 timeout=httpx.Timeout(action.timeout),
             )
+        except (httpx.InvalidURL, httpx.UnsupportedProtocol) as exc:
+            raise InvalidRequest(f"{prep.method} {prep.url}: {exc}", key=prep.key) from exc
         except httpx.TransportError as exc:
             result = transport_failure(exc)
         else:
@@ -349,6 +351,8 @@ class AsyncClient(_Base):
                 headers=prep.attempt_headers(self.key_header),
                 timeout=httpx.Timeout(action.timeout),
             )
+        except (httpx.InvalidURL, httpx.UnsupportedProtocol) as exc:
+            raise InvalidRequest(f"{prep.method} {prep.url}: {exc}", key=prep.key) from exc
         except httpx.TransportError as exc:
             result = transport_failure(exc)
         else:
