@@ -121,6 +121,40 @@ def test_answer_lost_naive_runs_twice(gateway: Gateway, upstream: Upstream,
     assert upstream.count(path) == 2, "the naive client charged twice"
 
 
+def test_every_answer_lost_still_ends_with_the_answer(gateway: Gateway, upstream: Upstream,
+                                                      proxies: List[FaultProxy],
+                                                      path: str) -> None:
+    proxy = FaultProxy(gateway.addr, ("drop-after-answer",) * 5)
+    proxies.append(proxy)
+    client, seen = sync_client(proxy)
+    with client:
+        r = client.post(proxy.url + path, json={"amount": 100})
+    assert_first_answer(r, upstream, path)
+    assert r.from_status and seen.count("POST") == 1
+
+
+def test_every_answer_lost_blind_same_key_ends_without_it(gateway: Gateway,
+                                                          upstream: Upstream,
+                                                          proxies: List[FaultProxy],
+                                                          path: str) -> None:
+    # Keeping the key but resending blind (no status query) is safe from double execution,
+    # yet when the answers keep getting lost it never learns the charge ran.
+    proxy = FaultProxy(gateway.addr, ("drop-after-answer",) * 5)
+    proxies.append(proxy)
+    key = str(uuid.uuid4())
+    got = None
+    for _ in range(5):
+        try:
+            with httpx.Client(limits=no_keepalive(), timeout=5) as http:
+                got = http.post(proxy.url + path, json={"amount": 100},
+                                headers={"idempotency-key": key, "x-api-key": API_KEY})
+                break
+        except httpx.TransportError:
+            continue
+    assert got is None, "no answer reached the blind client"
+    assert upstream.count(path) == 1, "yet the charge ran"
+
+
 # --- (b) a reset before the request reached the gateway ---------------------------------
 
 
