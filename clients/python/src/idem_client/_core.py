@@ -275,8 +275,12 @@ def operation(
     last = "none"
     last_answer: Optional[httpx.Response] = None
     ask = False
-    pending_wait: Optional[Optional[float]] = None
+    # A wait before the next step, and the server's Retry-After for it (None: backoff only).
     have_wait = False
+    pending_wait: Optional[float] = None
+
+    def last_problem() -> Optional[IdemError]:
+        return problem_error(last_answer, key) if last_answer is not None else None
 
     def gave_up() -> DeadlineExceeded:
         return DeadlineExceeded(
@@ -288,9 +292,6 @@ def operation(
             status=last_answer.status_code if last_answer is not None else None,
             last_problem=last_problem(),
         )
-
-    def last_problem() -> Optional[IdemError]:
-        return problem_error(last_answer, key) if last_answer is not None else None
 
     while True:
         if have_wait:
