@@ -18,7 +18,10 @@ process.on("exit", () => {
 
 /** Spawns `bin`, resolving with the child once a stdout line matches `ready` (its match). */
 function spawnReady(bin, args, ready, what) {
-  const child = spawn(bin, args, { stdio: ["pipe", "pipe", "pipe"] });
+  // `idem` reads every IDEM_* variable as configuration (IDEM_BIN would be an unknown field):
+  // the children get the environment without them.
+  const env = Object.fromEntries(Object.entries(process.env).filter(([name]) => !name.startsWith("IDEM_")));
+  const child = spawn(bin, args, { stdio: ["pipe", "pipe", "pipe"], env });
   children.add(child);
   child.on("exit", () => children.delete(child));
   let stderr = "";
