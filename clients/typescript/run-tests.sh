@@ -19,6 +19,8 @@ npm ci --no-audit --no-fund
 echo "== npm run build"
 rm -rf dist
 npm run build
+echo "== types (test/types.ts against dist/*.d.ts)"
+npx tsc -p test/tsconfig.json
 echo "== node --test"
 node --test test/*.test.mjs
 echo "== npm pack"

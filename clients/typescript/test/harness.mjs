@@ -12,9 +12,16 @@ export const IDEM_BIN = process.env.IDEM_BIN ?? "/var/tmp/idem-bins/idem";
 export const IDEM_FAULT_PROXY_BIN = process.env.IDEM_FAULT_PROXY_BIN ?? "/var/tmp/idem-bins/idem-fault-proxy";
 
 const children = new Set();
-process.on("exit", () => {
+const killAll = () => {
   for (const child of children) child.kill("SIGKILL");
-});
+};
+process.on("exit", killAll);
+for (const signal of ["SIGINT", "SIGTERM"]) {
+  process.once(signal, () => {
+    killAll();
+    process.exit(130);
+  });
+}
 
 /** Spawns `bin`, resolving with the child once a stdout line matches `ready` (its match). */
 function spawnReady(bin, args, ready, what) {
