@@ -99,6 +99,14 @@ describe("(b) reset before sending (reset-before-sending)", () => {
     assert.equal(res.json().execution, 1);
   });
 
+  test("naive client: one execution here, but only because nothing ran", async () => {
+    const p = await proxy("reset-before-sending");
+    const op = newOp("b-naive-lucky");
+    const res = await naivePost(`${p.url}/charge`, { op, amount: 5 });
+    assert.equal(res.attempts, 2);
+    assert.equal(upstream.opExecutions(op), 1);
+  });
+
   // A reset before sending looks exactly like a lost answer to a client: the naive rule
   // ("resend with a new key") is right here only by luck, and runs twice when the next
   // reset is a lost answer. The same plan for both clients:
