@@ -193,7 +193,7 @@ export class IdemClient {
    * `StatusQueryError`, `InvalidRequestError`, `AbortedError`).
    */
   async request(method: string, url: string | URL, options: RequestOptions = {}): Promise<IdemResponse> {
-    const call = this.#prepare(method, url, options);
+    const call = this.#prepare(method, url, options, await randomSource());
     const policy = resolvePolicy({
       ...this.policy,
       ...(options.deadlineMs === undefined ? {} : { deadlineMs: options.deadlineMs }),
@@ -202,7 +202,7 @@ export class IdemClient {
     return this.#run(policy, call);
   }
 
-  #prepare(method: string, url: string | URL, options: RequestOptions): Call {
+  #prepare(method: string, url: string | URL, options: RequestOptions, rng: Random): Call {
     if (typeof method !== "string" || !/^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$/.test(method)) {
       throw new InvalidRequestError(`\`${String(method)}\` is not an HTTP method`);
     }
@@ -221,7 +221,7 @@ export class IdemClient {
     if (options.key !== undefined && headerKey !== undefined && unquote(headerKey) !== options.key) {
       throw new InvalidRequestError(`two keys for one call: \`${options.key}\` and the ${this.#keyHeader} header \`${headerKey}\``);
     }
-    const key = options.key ?? (headerKey === undefined ? randomUuid() : unquote(headerKey));
+    const key = options.key ?? (headerKey === undefined ? rng.randomUUID() : unquote(headerKey));
     const keyValue = keyHeaderValue(key);
     if (keyValue === undefined) {
       throw new InvalidRequestError(`the key must be 1–255 printable ASCII characters: ${JSON.stringify(key)}`, { key });
@@ -242,9 +242,9 @@ export class IdemClient {
     } else if (options.body !== undefined) {
       body = new Uint8Array(options.body);
     }
-    const requestId = headers.get("x-request-id") ?? randomUuid();
+    const requestId = headers.get("x-request-id") ?? rng.randomUUID();
     headers.set("x-request-id", requestId);
-    const traceId = headers.has("traceparent") ? undefined : randomHex(16);
+    const traceId = headers.has("traceparent") ? undefined : randomHex(rng, 16);
     return {
       method: m,
       url: target,
@@ -256,6 +256,7 @@ export class IdemClient {
       traceId,
       route: options.route ?? this.#route,
       signal: options.signal,
+      rng,
     };
   }
 
@@ -360,7 +361,7 @@ export class IdemClient {
     const headers = new Headers(call.headers);
     headers.set(this.#keyHeader, call.keyValue);
     if (call.traceId !== undefined) {
-      headers.set("traceparent", `00-${call.traceId}-${randomHex(8)}-01`);
+      headers.set("traceparent", `00-${call.traceId}-${randomHex(call.rng, 8)}-01`);
     }
     const init: RequestInit = { method: call.method, headers, redirect: "manual" };
     if (call.body !== undefined) init.body = call.body;
@@ -557,6 +558,7 @@ interface Call {
   traceId: string | undefined;
   route: string | undefined;
   signal: AbortSignal | undefined;
+  rng: Random;
 }
 
 interface Failure {
@@ -647,20 +649,45 @@ function unquote(value: string): string {
   return v;
 }
 
-function randomUuid(): string {
-  const c = globalThis.crypto;
-  if (c === undefined || typeof c.randomUUID !== "function") {
-    throw new IdemError("crypto.randomUUID is not available: pass a `key`");
-  }
-  return c.randomUUID();
+/** The random source: Web Crypto's `randomUUID` and `getRandomValues`. */
+interface Random {
+  randomUUID(): string;
+  getRandomValues<T extends Uint8Array>(array: T): T;
 }
 
-function randomHex(bytes: number): string {
-  const buf = new Uint8Array(bytes);
-  globalThis.crypto.getRandomValues(buf);
+let random: Random | undefined;
+
+/**
+ * Web Crypto: `globalThis.crypto` (browsers, Node 19+), else Node 18's `node:crypto`
+ * (its global `crypto` needs a flag there). The module name is a variable so bundlers for
+ * the browser leave it alone.
+ */
+async function randomSource(): Promise<Random> {
+  if (random !== undefined) return random;
+  const c = (globalThis as { crypto?: Partial<Random> }).crypto;
+  if (c !== undefined && typeof c.randomUUID === "function" && typeof c.getRandomValues === "function") {
+    random = c as Random;
+    return random;
+  }
+  const name = "node:crypto";
+  try {
+    const mod = (await import(name)) as { webcrypto?: Partial<Random> };
+    const w = mod.webcrypto;
+    if (w !== undefined && typeof w.randomUUID === "function" && typeof w.getRandomValues === "function") {
+      random = w as Random;
+      return random;
+    }
+  } catch {
+    // not Node: fall through
+  }
+  throw new IdemError("no Web Crypto (crypto.randomUUID, crypto.getRandomValues) on this platform");
+}
+
+function randomHex(rng: Random, bytes: number): string {
+  const buf = rng.getRandomValues(new Uint8Array(bytes));
   let s = "";
   for (const b of buf) s += b.toString(16).padStart(2, "0");
-  return /^0+$/.test(s) ? randomHex(bytes) : s;
+  return /^0+$/.test(s) ? randomHex(rng, bytes) : s;
 }
 
 function sleep(ms: number, signal: AbortSignal | undefined): Promise<void> {

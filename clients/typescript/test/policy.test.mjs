@@ -212,3 +212,20 @@ test("an aborted operation stops at once with AbortedError naming the key", asyn
   controller.abort();
   await assert.rejects(pending, (e) => e instanceof idem.AbortedError && e.key === "k-abort");
 });
+
+test("without a global crypto (Node 18), keys come from node:crypto", async () => {
+  const { execFileSync } = await import("node:child_process");
+  const script = `
+    Object.defineProperty(globalThis, "crypto", { value: undefined, configurable: true });
+    const { IdemClient } = await import(${JSON.stringify(new URL("../dist/index.js", import.meta.url).href)});
+    const seen = [];
+    const c = new IdemClient({ fetch: async (_u, init) => (seen.push(new Headers(init.headers)), new Response("", { status: 201 })) });
+    const res = await c.post("http://gw.test/charge", { json: {} });
+    console.log(JSON.stringify({ global: typeof globalThis.crypto, key: res.key, sent: seen[0].get("idempotency-key"), tp: seen[0].get("traceparent") }));
+  `;
+  const out = JSON.parse(execFileSync(process.execPath, ["--input-type=module", "-e", script], { encoding: "utf8" }));
+  assert.equal(out.global, "undefined");
+  assert.match(out.key, /^[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$/);
+  assert.equal(out.sent, out.key);
+  assert.match(out.tp, /^00-[0-9a-f]{32}-[0-9a-f]{16}-01$/);
+});
