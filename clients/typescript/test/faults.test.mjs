@@ -137,6 +137,11 @@ describe("(c) a request held longer than the per-attempt timeout (delay)", () =>
     const res = await c.post(`${p.url}/charge`, { json: { op, amount: 9 }, key: op });
     assert.match(events.find((e) => e.type === "attempt").result, /ambiguous: timed out/);
     assert.deepEqual(statuses(), ["absent"], "a status GET after the timeout (the request is still held)");
+    assert.deepEqual(
+      events.filter((e) => e.type !== "wait").map((e) => `${e.type}:${e.type === "status" ? e.state : e.result.split(":")[0]}`),
+      ["attempt:ambiguous", "status:absent", "attempt:final (HTTP 201)"],
+      "asked before it sent again, with the same key",
+    );
     assert.equal(res.status, 201);
     assert.equal(await p.settled(), true, "the held request reached the gateway");
     assert.equal(upstream.executions(op), 1, "the late request was answered from the record");
@@ -181,6 +186,8 @@ describe("(d) concurrent duplicates", () => {
       events.some((e) => e.type === "attempt" && e.result.startsWith("in-flight")),
       "the duplicate was told 409 in-flight and waited",
     );
+    const waits = events.filter((e) => e.type === "wait");
+    assert.ok(waits.length >= 1 && waits.every((w) => w.ms >= 1_000), "at least the gateway's Retry-After: 1");
   });
 
   test("naive client, the same operation twice at once: runs twice", async () => {
