@@ -16,3 +16,13 @@ cargo test -p idem-gateway --features otlp --test otlp
 if [ -x scripts/shuttle.sh ]; then scripts/shuttle.sh; fi
 # The OpenAPI description is valid OpenAPI 3.1 (a real validator, in a virtualenv).
 scripts/check-openapi.sh
+# The Python and TypeScript clients against the real gateway and fault proxy (each installs
+# its own dependencies: a virtualenv, npm ci). The paths go to those scripts only: `idem`
+# reads every IDEM_* variable of its environment as configuration.
+target=$(cargo metadata --format-version 1 --no-deps | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')
+cargo build -q -p idem-gateway --bin idem -p idem-testkit --bin idem-fault-proxy
+bins=(IDEM_BIN="$target/debug/idem" IDEM_FAULT_PROXY_BIN="$target/debug/idem-fault-proxy")
+env "${bins[@]}" clients/python/run-tests.sh -q
+env "${bins[@]}" clients/typescript/run-tests.sh
+# The Debian package: built, installed, its unit's command started and asked, purged.
+scripts/test-deb.sh

@@ -1,6 +1,7 @@
 // The policy and the decision table without a server: a scripted fetch.
 
 import assert from "node:assert/strict";
+import { readFileSync } from "node:fs";
 import { test } from "node:test";
 
 import * as idem from "../dist/index.js";
@@ -72,6 +73,23 @@ test("one error class per idem-wire problem slug, each exported", () => {
   assert.equal(idem.KeyReusedError.defaultStatus, 422);
   assert.equal(idem.OutcomeUnknownError.defaultStatus, 409);
   assert.equal(idem.InFlightError.slug, "in-flight");
+});
+
+test("the error classes are the problem types of the OpenAPI description", () => {
+  // docs/openapi.json is generated from idem-wire's table (a gateway test keeps it current).
+  const spec = JSON.parse(
+    readFileSync(new URL("../../../docs/openapi.json", import.meta.url), "utf8"),
+  );
+  const problems = spec.components.schemas.Problem["x-idem-problems"];
+  assert.equal(problems.length, PROBLEM_CLASSES.length);
+  const bySlug = new Map(PROBLEM_CLASSES.map((c) => [c.slug, c]));
+  for (const p of problems) {
+    const cls = bySlug.get(p.slug);
+    assert.ok(cls, `no class for ${p.slug}`);
+    assert.equal(PROBLEM_BASE + cls.slug, p.type);
+    assert.equal(cls.defaultStatus, p.status, p.slug);
+    assert.equal(cls.title, p.title, p.slug);
+  }
 });
 
 /** A fetch that answers from a script, recording every request. */

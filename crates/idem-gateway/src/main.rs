@@ -79,7 +79,7 @@ enum Command {
     /// the file); any number of instances may share one table.
     Outbox {
         /// TOML file with an `[outbox]` table.
-        #[arg(long, short, env = "IDEM_OUTBOX_CONFIG")]
+        #[arg(long, short)]
         config: PathBuf,
         /// Check the file, print what it sets up (credentials hidden) and exit.
         #[arg(long)]
