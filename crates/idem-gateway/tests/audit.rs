@@ -8,23 +8,18 @@ use common::{ADMIN_TOKEN, Gateway, Http, TempDir, Upstream, key};
 use http::{Method, StatusCode};
 use serde_json::Value;
 
-/// The gateway's configuration; `audit` is the `[audit]` table's body.
+/// The gateway's configuration: the charge route that holds an upstream failure, on SQLite
+/// at `db`; `audit` is the `[audit]` table's body.
 fn config(upstream: &str, db: &str, audit: &str) -> String {
-    format!(
-        r#"
-upstream = "{upstream}"
-store = "sqlite:{db}"
-
+    common::configs::with_admin(
+        upstream,
+        &format!("sqlite:{db}"),
+        "",
+        r#"namespace = "payments""#,
+        &format!(
+            r#"
 [audit]
 {audit}
-
-[admin]
-listen = "127.0.0.1:0"
-token = "{ADMIN_TOKEN}"
-
-[defaults]
-namespace = "payments"
-principal = {{ from = "none" }}
 
 [[routes]]
 name = "charge"
@@ -32,6 +27,7 @@ path = "/charges"
 timeout = "1s"
 upstream_failure = "hold"
 "#
+        ),
     )
 }
 

@@ -133,22 +133,20 @@ async fn upstream() -> (SocketAddr, Arc<Ledger>) {
 /// The documented defaults but for what each test says: no `takeover` (so `hold`), Redis
 /// under a prefix of its own.
 fn config(upstream: SocketAddr, prefix: &str, route: &str) -> String {
-    format!(
-        r#"
-upstream = "http://{upstream}"
-store = "redis://{REDIS}"
-store_prefix = "{prefix}:"
-
-[defaults]
-namespace = "crashes"
-principal = {{ from = "none" }}
-
+    common::configs::anonymous(
+        &format!("http://{upstream}"),
+        &format!("redis://{REDIS}"),
+        &format!(r#"store_prefix = "{prefix}:""#),
+        r#"namespace = "crashes""#,
+        &format!(
+            r#"
 [[routes]]
 name = "pay"
 method = "POST"
 path = "/pay"
 {route}
 "#
+        ),
     )
 }
 

@@ -16,20 +16,11 @@ use common::{
 use http::{Method, StatusCode};
 
 fn config(upstream: &str, store: &str, extra: &str) -> String {
-    format!(
-        r#"
-upstream = "{upstream}"
-store = "{store}"
-{extra}
+    common::configs::with_admin(upstream, store, extra, r#"namespace = "shared""#, ROUTES)
+}
 
-[admin]
-listen = "127.0.0.1:0"
-token = "{ADMIN_TOKEN}"
-
-[defaults]
-namespace = "shared"
-principal = {{ from = "none" }}
-
+/// The routes of [`config`]: one per takeover behaviour, and a catch-all.
+const ROUTES: &str = r#"
 [[routes]]
 name = "reexecute"
 path = "/re/*"
@@ -45,9 +36,7 @@ takeover = "hold"
 [[routes]]
 name = "default"
 path = "/*"
-"#
-    )
-}
+"#;
 
 /// 200 concurrent duplicates, spread over two gateways on one store: one execution.
 async fn two_gateways_one_execution(store: &str, extra: &str) {
