@@ -159,6 +159,19 @@ fn signal(gw: &Gateway, sig: &str) {
     assert!(ok, "kill {sig}");
 }
 
+/// Waits (at most 5 s, then fails) until a request has reached the upstream, so that the
+/// test can kill or pause the gateway while it is in flight.
+async fn until_reached(ledger: &Ledger) {
+    let reached = Instant::now();
+    while ledger.fences.lock().is_empty() {
+        assert!(
+            reached.elapsed() < Duration::from_secs(5),
+            "never reached the upstream"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
 /// Sends `key` to `url` until the answer is not `409 in-flight`, for at most `limit`.
 async fn until_settled(http: &Http, url: &str, key: &str, limit: Duration) -> common::Reply {
     let start = Instant::now();
@@ -201,14 +214,7 @@ async fn a_killed_gateways_request_is_settled_from_the_webhook_never_run_twice()
         })
     };
     // The request reached the upstream; the gateway dies before it can answer.
-    let reached = Instant::now();
-    while ledger.fences.lock().is_empty() {
-        assert!(
-            reached.elapsed() < Duration::from_secs(5),
-            "never reached the upstream"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    until_reached(&ledger).await;
     a.kill();
     assert!(
         sent.await.expect("join").is_err(),
@@ -259,14 +265,7 @@ async fn a_gateway_paused_past_its_lease_completes_its_own_request() {
                 .await
         })
     };
-    let reached = Instant::now();
-    while ledger.fences.lock().is_empty() {
-        assert!(
-            reached.elapsed() < Duration::from_secs(5),
-            "never reached the upstream"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    until_reached(&ledger).await;
     signal(&a, "-STOP");
     tokio::time::sleep(Duration::from_secs(4)).await;
     // Past the lease: the retry marks the record unknown; without a webhook it says so.
