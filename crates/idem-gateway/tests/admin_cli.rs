@@ -10,31 +10,28 @@ use common::{ADMIN_TOKEN, Gateway, Http, TempDir, Upstream, bin, key};
 use http::StatusCode;
 use serde_json::Value;
 
+/// The charge route that holds an upstream failure, on the memory store, audited at `all`.
 fn config(upstream: &str) -> String {
-    format!(
-        r#"
-upstream = "{upstream}"
-store = "memory:"
+    common::configs::with_admin(
+        upstream,
+        "memory:",
+        "",
+        r#"namespace = "payments""#,
+        CHARGE_ROUTE_AUDITED,
+    )
+}
 
+/// What follows the head in [`config`]; the first test takes `[audit]` out again.
+const CHARGE_ROUTE_AUDITED: &str = r#"
 [audit]
 level = "all"
-
-[admin]
-listen = "127.0.0.1:0"
-token = "{ADMIN_TOKEN}"
-
-[defaults]
-namespace = "payments"
-principal = {{ from = "none" }}
 
 [[routes]]
 name = "charge"
 path = "/charges"
 timeout = "1s"
 upstream_failure = "hold"
-"#
-    )
-}
+"#;
 
 /// Runs `idem admin --url … ARGS` with `IDEM_ADMIN_TOKEN` set to `token` (unset for `None`);
 /// answers the exit code and stdout.

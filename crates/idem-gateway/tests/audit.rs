@@ -8,23 +8,18 @@ use common::{ADMIN_TOKEN, Gateway, Http, TempDir, Upstream, key};
 use http::{Method, StatusCode};
 use serde_json::Value;
 
-/// The gateway's configuration; `audit` is the `[audit]` table's body.
+/// The gateway's configuration: the charge route that holds an upstream failure, on SQLite
+/// at `db`; `audit` is the `[audit]` table's body.
 fn config(upstream: &str, db: &str, audit: &str) -> String {
-    format!(
-        r#"
-upstream = "{upstream}"
-store = "sqlite:{db}"
-
+    common::configs::with_admin(
+        upstream,
+        &format!("sqlite:{db}"),
+        "",
+        r#"namespace = "payments""#,
+        &format!(
+            r#"
 [audit]
 {audit}
-
-[admin]
-listen = "127.0.0.1:0"
-token = "{ADMIN_TOKEN}"
-
-[defaults]
-namespace = "payments"
-principal = {{ from = "none" }}
 
 [[routes]]
 name = "charge"
@@ -32,6 +27,7 @@ path = "/charges"
 timeout = "1s"
 upstream_failure = "hold"
 "#
+        ),
     )
 }
 
@@ -44,6 +40,18 @@ async fn admin(http: &Http, gw: &Gateway, method: Method, path: &str, body: &str
         body,
     )
     .await
+}
+
+/// Settles the record of `key` in `payments` through the admin API with `body`.
+async fn resolve(http: &Http, gw: &Gateway, key: &str, body: &str) -> common::Reply {
+    let path = format!("/admin/record/resolve?namespace=payments&key={key}");
+    admin(http, gw, Method::POST, &path, body).await
+}
+
+/// The audit trail of `key` in `payments`, from the admin API.
+async fn trail_of(http: &Http, gw: &Gateway, key: &str) -> common::Reply {
+    let path = format!("/admin/audit?namespace=payments&key={key}");
+    admin(http, gw, Method::GET, &path, "").await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -77,24 +85,16 @@ async fn the_trail_of_a_key_through_claim_timeout_unknown_resolve() {
     assert_eq!(retry.problem_type(), "outcome-unknown");
 
     // The operator settles it: the charge went through.
-    let resolved = admin(
+    let resolved = resolve(
         &http,
         &gw,
-        Method::POST,
-        &format!("/admin/record/resolve?namespace=payments&key={k}"),
+        &k,
         r#"{"outcome":"complete","status":201,"body":"{\"charged\":true}"}"#,
     )
     .await;
     assert_eq!(resolved.status, StatusCode::OK, "{:?}", resolved.body);
 
-    let trail = admin(
-        &http,
-        &gw,
-        Method::GET,
-        &format!("/admin/audit?namespace=payments&key={k}"),
-        "",
-    )
-    .await;
+    let trail = trail_of(&http, &gw, &k).await;
     assert_eq!(trail.status, StatusCode::OK, "{:?}", trail.body);
     let events = trail.json()["events"].as_array().cloned().expect("events");
     let names: Vec<&str> = events.iter().filter_map(|e| e["event"].as_str()).collect();
@@ -195,23 +195,9 @@ async fn the_default_level_leaves_a_first_request_to_its_record() {
         .post(&gw.url("/charges?delay_ms=3000"), Some(&k), "{}")
         .await;
     assert_eq!(r.status, StatusCode::GATEWAY_TIMEOUT);
-    let resolved = admin(
-        &http,
-        &gw,
-        Method::POST,
-        &format!("/admin/record/resolve?namespace=payments&key={k}"),
-        r#"{"outcome":"release"}"#,
-    )
-    .await;
+    let resolved = resolve(&http, &gw, &k, r#"{"outcome":"release"}"#).await;
     assert_eq!(resolved.status, StatusCode::OK, "{:?}", resolved.body);
-    let trail = admin(
-        &http,
-        &gw,
-        Method::GET,
-        &format!("/admin/audit?namespace=payments&key={k}"),
-        "",
-    )
-    .await;
+    let trail = trail_of(&http, &gw, &k).await;
     let answer = trail.json();
     let names: Vec<&str> = answer["events"]
         .as_array()

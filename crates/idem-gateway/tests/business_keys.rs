@@ -7,33 +7,29 @@ use common::{Gateway, Http, Upstream};
 use http::StatusCode;
 
 fn config(upstream: &str) -> String {
-    format!(
-        r#"
-upstream = "{upstream}"
-store = "memory:"
-[defaults]
-principal = {{ from = "none" }}
+    common::configs::anonymous(upstream, "memory:", "", "", ROUTES)
+}
 
+/// The routes of [`config`]: each takes its key from the request a different way.
+const ROUTES: &str = r#"
 [[routes]]
 name = "pay"
 method = "POST"
-path = "/orders/{{id}}/pay"
-key = {{ template = "{{path.id}}:pay" }}
+path = "/orders/{id}/pay"
+key = { template = "{path.id}:pay" }
 
 [[routes]]
 name = "refund"
 method = "POST"
 path = "/refunds"
-key = [{{ from = "header" }}, {{ from = "json", path = "refund.order" }}]
+key = [{ from = "header" }, { from = "json", path = "refund.order" }]
 
 [[routes]]
 name = "order"
 method = "POST"
 path = "/orders"
-key = {{ from = "json", path = "order" }}
-"#
-    )
-}
+key = { from = "json", path = "order" }
+"#;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_order_is_paid_once_however_the_request_arrives() {

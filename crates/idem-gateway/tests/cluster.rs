@@ -31,29 +31,15 @@ fn prefix() -> String {
     format!("idem-gw-cluster:{}:", uuid::Uuid::now_v7().simple())
 }
 
+/// The pay route on `store` under `prefix`, holding (for a minute) what another gateway
+/// started, with an admin listener.
 fn config(upstream: &str, store: &str, prefix: &str, extra: &str) -> String {
-    format!(
-        r#"
-upstream = "{upstream}"
-store = "{store}"
-store_prefix = "{prefix}"
-store_timeout = "1s"
-{extra}
-
-[admin]
-listen = "127.0.0.1:0"
-token = "{ADMIN_TOKEN}"
-
-[defaults]
-namespace = "cluster"
-principal = {{ from = "none" }}
-lease = "60s"
-takeover = "hold"
-
-[[routes]]
-name = "pay"
-path = "/pay/*"
-"#
+    common::configs::with_admin(
+        upstream,
+        store,
+        &format!("store_prefix = \"{prefix}\"\nstore_timeout = \"1s\"\n{extra}"),
+        "namespace = \"cluster\"\nlease = \"60s\"\ntakeover = \"hold\"",
+        "[[routes]]\nname = \"pay\"\npath = \"/pay/*\"\n",
     )
 }
 

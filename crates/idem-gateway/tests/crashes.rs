@@ -133,22 +133,20 @@ async fn upstream() -> (SocketAddr, Arc<Ledger>) {
 /// The documented defaults but for what each test says: no `takeover` (so `hold`), Redis
 /// under a prefix of its own.
 fn config(upstream: SocketAddr, prefix: &str, route: &str) -> String {
-    format!(
-        r#"
-upstream = "http://{upstream}"
-store = "redis://{REDIS}"
-store_prefix = "{prefix}:"
-
-[defaults]
-namespace = "crashes"
-principal = {{ from = "none" }}
-
+    common::configs::anonymous(
+        &format!("http://{upstream}"),
+        &format!("redis://{REDIS}"),
+        &format!(r#"store_prefix = "{prefix}:""#),
+        r#"namespace = "crashes""#,
+        &format!(
+            r#"
 [[routes]]
 name = "pay"
 method = "POST"
 path = "/pay"
 {route}
 "#
+        ),
     )
 }
 
@@ -159,6 +157,19 @@ fn signal(gw: &Gateway, sig: &str) {
         .expect("kill")
         .success();
     assert!(ok, "kill {sig}");
+}
+
+/// Waits (at most 5 s, then fails) until a request has reached the upstream, so that the
+/// test can kill or pause the gateway while it is in flight.
+async fn until_reached(ledger: &Ledger) {
+    let reached = Instant::now();
+    while ledger.fences.lock().is_empty() {
+        assert!(
+            reached.elapsed() < Duration::from_secs(5),
+            "never reached the upstream"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
 }
 
 /// Sends `key` to `url` until the answer is not `409 in-flight`, for at most `limit`.
@@ -203,14 +214,7 @@ async fn a_killed_gateways_request_is_settled_from_the_webhook_never_run_twice()
         })
     };
     // The request reached the upstream; the gateway dies before it can answer.
-    let reached = Instant::now();
-    while ledger.fences.lock().is_empty() {
-        assert!(
-            reached.elapsed() < Duration::from_secs(5),
-            "never reached the upstream"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    until_reached(&ledger).await;
     a.kill();
     assert!(
         sent.await.expect("join").is_err(),
@@ -261,14 +265,7 @@ async fn a_gateway_paused_past_its_lease_completes_its_own_request() {
                 .await
         })
     };
-    let reached = Instant::now();
-    while ledger.fences.lock().is_empty() {
-        assert!(
-            reached.elapsed() < Duration::from_secs(5),
-            "never reached the upstream"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    until_reached(&ledger).await;
     signal(&a, "-STOP");
     tokio::time::sleep(Duration::from_secs(4)).await;
     // Past the lease: the retry marks the record unknown; without a webhook it says so.

@@ -171,6 +171,14 @@ async fn grpc_passes_through_an_unprotected_route_with_its_trailers() {
     task.abort();
 }
 
+/// The `idempotent-replayed` header of a gRPC answer (or refusal), as text: the gateway says
+/// `true` there when it replayed a stored answer.
+fn replayed_header(metadata: &tonic::metadata::MetadataMap) -> Option<&str> {
+    metadata
+        .get("idempotent-replayed")
+        .and_then(|v| v.to_str().ok())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn grpc_unary_through_a_protected_route_runs_once_and_replays() {
     let (addr, executions, task) = upstream().await;
@@ -186,13 +194,7 @@ async fn grpc_unary_through_a_protected_route_runs_once_and_replays() {
     assert_eq!(first.get_ref().execution, 1);
     let again = ledger.charge(with_key(req, &k)).await.expect("retry");
     assert_eq!(again.get_ref(), first.get_ref(), "the same message");
-    assert_eq!(
-        again
-            .metadata()
-            .get("idempotent-replayed")
-            .and_then(|v| v.to_str().ok()),
-        Some("true")
-    );
+    assert_eq!(replayed_header(again.metadata()), Some("true"));
     assert_eq!(executions.load(Ordering::SeqCst), 1, "ran once");
 
     task.abort();
@@ -222,13 +224,7 @@ async fn grpc_status_decides_the_record_and_refusals_are_grpc_statuses() {
         .expect_err("its replay");
     assert_eq!(again.code(), Code::FailedPrecondition);
     assert_eq!(again.message(), first.message());
-    assert_eq!(
-        again
-            .metadata()
-            .get("idempotent-replayed")
-            .and_then(|v| v.to_str().ok()),
-        Some("true")
-    );
+    assert_eq!(replayed_header(again.metadata()), Some("true"));
     assert_eq!(executions.load(Ordering::SeqCst), 1, "the failure ran once");
 
     // UNAVAILABLE means "not done, retry": the key is released and the retry runs.

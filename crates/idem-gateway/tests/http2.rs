@@ -15,60 +15,33 @@ use common::{Gateway, Http, TempDir, Upstream, key};
 use http::{HeaderMap, Method, Request, Response, StatusCode, Version};
 use http_body_util::{BodyExt, Full, StreamBody};
 use hyper_util::rt::{TokioExecutor, TokioIo};
+use idem_testkit::counting_server::CountingServer;
 use rustls::pki_types::ServerName;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpStream;
 
 type Body = http_body_util::combinators::BoxBody<Bytes, std::convert::Infallible>;
 
 /// An upstream serving HTTP/2 with prior knowledge (h2c) or HTTP/1.1, per `h2`. `…/grpc`
 /// answers like a gRPC server (data, then `grpc-status` trailers), anything else a 201
 /// naming the execution and the HTTP version it arrived in.
-struct Upstream2 {
-    addr: SocketAddr,
-    executions: Arc<AtomicU64>,
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl Drop for Upstream2 {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
-}
-
-async fn upstream(h2: bool) -> Upstream2 {
-    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-    let addr = listener.local_addr().expect("addr");
-    let executions = Arc::new(AtomicU64::new(0));
-    let count = Arc::clone(&executions);
-    let task = tokio::spawn(async move {
-        loop {
-            let Ok((tcp, _)) = listener.accept().await else {
-                continue;
-            };
+async fn upstream(h2: bool) -> CountingServer {
+    CountingServer::start(move |tcp, count| async move {
+        let svc = hyper::service::service_fn(move |req| {
             let count = Arc::clone(&count);
-            tokio::spawn(async move {
-                let svc = hyper::service::service_fn(move |req| {
-                    let count = Arc::clone(&count);
-                    async move { Ok::<_, hyper::Error>(handle(req, &count).await) }
-                });
-                if h2 {
-                    let _ = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
-                        .serve_connection(TokioIo::new(tcp), svc)
-                        .await;
-                } else {
-                    let _ = hyper::server::conn::http1::Builder::new()
-                        .serve_connection(TokioIo::new(tcp), svc)
-                        .await;
-                }
-            });
+            async move { Ok::<_, hyper::Error>(handle(req, &count).await) }
+        });
+        if h2 {
+            let _ = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
+                .serve_connection(TokioIo::new(tcp), svc)
+                .await;
+        } else {
+            let _ = hyper::server::conn::http1::Builder::new()
+                .serve_connection(TokioIo::new(tcp), svc)
+                .await;
         }
-    });
-    Upstream2 {
-        addr,
-        executions,
-        task,
-    }
+    })
+    .await
 }
 
 async fn handle(req: Request<hyper::body::Incoming>, count: &AtomicU64) -> Response<Body> {

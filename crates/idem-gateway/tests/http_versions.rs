@@ -5,7 +5,6 @@
 mod common;
 
 use std::net::SocketAddr;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
@@ -14,51 +13,18 @@ use common::{Gateway, key};
 use http::{HeaderMap, Method, Request, StatusCode, Version};
 use http_body_util::{BodyExt, Full};
 use hyper_util::rt::TokioIo;
+use idem_testkit::counting_server::CountingServer;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpStream;
 
 /// An upstream that answers by path with hand-written bytes and counts executions:
 /// `…/http10` (an HTTP/1.0 answer delimited by close), `…/chunked` (three chunks),
 /// `…/trailers` (chunks, then a `x-checksum` trailer), anything else a plain 201.
-struct RawUpstream {
-    addr: SocketAddr,
-    executions: Arc<AtomicU64>,
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl Drop for RawUpstream {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
-}
-
-impl RawUpstream {
-    async fn start() -> Self {
-        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-        let addr = listener.local_addr().expect("addr");
-        let executions = Arc::new(AtomicU64::new(0));
-        let count = Arc::clone(&executions);
-        let task = tokio::spawn(async move {
-            loop {
-                let Ok((stream, _)) = listener.accept().await else {
-                    continue;
-                };
-                let count = Arc::clone(&count);
-                tokio::spawn(async move {
-                    let _ = answer(stream, &count).await;
-                });
-            }
-        });
-        Self {
-            addr,
-            executions,
-            task,
-        }
-    }
-
-    fn count(&self) -> u64 {
-        self.executions.load(Ordering::SeqCst)
-    }
+async fn raw_upstream() -> CountingServer {
+    CountingServer::start(|stream, count| async move {
+        let _ = answer(stream, &count).await;
+    })
+    .await
 }
 
 /// Reads one request (head and `Content-Length` body) and writes the answer for its path,
@@ -208,7 +174,7 @@ async fn raw(addr: SocketAddr, head: &str) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_http10_upstream_is_answered_in_the_clients_version() {
-    let up = RawUpstream::start().await;
+    let up = raw_upstream().await;
     let gw = Gateway::start(&config(up.addr), &[]);
     let k = key();
     let request = format!(
@@ -236,7 +202,7 @@ async fn an_http10_upstream_is_answered_in_the_clients_version() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn chunked_answers_replay_byte_identical() {
-    let up = RawUpstream::start().await;
+    let up = raw_upstream().await;
     let gw = Gateway::start(&config(up.addr), &[]);
     let k = key();
     let first = exchange(gw.addr, "/p/chunked", Some(&k)).await;
@@ -273,7 +239,7 @@ async fn chunked_answers_replay_byte_identical() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn upstream_trailers_reach_the_client() {
-    let up = RawUpstream::start().await;
+    let up = raw_upstream().await;
     let gw = Gateway::start(&config(up.addr), &[]);
     let streamed = exchange(gw.addr, "/plain/trailers", None).await;
     assert_eq!(streamed.status, StatusCode::CREATED);
@@ -295,7 +261,7 @@ async fn upstream_trailers_reach_the_client() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn expect_100_continue() {
-    let up = RawUpstream::start().await;
+    let up = raw_upstream().await;
     let gw = Gateway::start(&config(up.addr), &[]);
 
     // Accepted: the client waits for 100 Continue, then sends the body, and the request runs.
@@ -344,7 +310,7 @@ async fn expect_100_continue() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn protected_trailers_reach_the_client_and_the_replay() {
-    let up = RawUpstream::start().await;
+    let up = raw_upstream().await;
     let gw = Gateway::start(&config(up.addr), &[]);
     let k = key();
     let first = exchange(gw.addr, "/p/trailers", Some(&k)).await;

@@ -206,21 +206,12 @@ principal = {{ from = "none" }}
 }
 
 fn reload_config(upstream: &str, extra_route: bool) -> String {
-    let mut config = format!(
-        r#"
-upstream = "{upstream}"
-store = "memory:"
-unmatched = "reject"
-[admin]
-listen = "127.0.0.1:0"
-token = "{ADMIN_TOKEN}"
-[defaults]
-principal = {{ from = "none" }}
-[[routes]]
-name = "charge"
-method = "POST"
-path = "/charge"
-"#
+    let mut config = common::configs::with_admin(
+        upstream,
+        "memory:",
+        r#"unmatched = "reject""#,
+        "",
+        "[[routes]]\nname = \"charge\"\nmethod = \"POST\"\npath = \"/charge\"\n",
     );
     if extra_route {
         config.push_str("[[routes]]\nname = \"refund\"\nmethod = \"POST\"\npath = \"/refund\"\n");

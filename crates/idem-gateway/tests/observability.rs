@@ -12,22 +12,21 @@ use idem_core::{Key, Scope, ScopedKey};
 
 const SCRAPE_TOKEN: &str = "scrape-token-0123456789";
 
+/// The charge, refund and reads routes on the memory store, with an admin listener whose
+/// metrics also take [`SCRAPE_TOKEN`].
 fn config(upstream: &str, extra: &str) -> String {
-    format!(
-        r#"
-upstream = "{upstream}"
-store = "memory:"
-{extra}
+    let admin = common::configs::admin_table(&format!("metrics_token = \"{SCRAPE_TOKEN}\""));
+    common::configs::anonymous(
+        upstream,
+        "memory:",
+        extra,
+        r#"namespace = "obs""#,
+        &format!("{admin}\n{ROUTES}"),
+    )
+}
 
-[admin]
-listen = "127.0.0.1:0"
-token = "{ADMIN_TOKEN}"
-metrics_token = "{SCRAPE_TOKEN}"
-
-[defaults]
-namespace = "obs"
-principal = {{ from = "none" }}
-
+/// The routes of [`config`].
+const ROUTES: &str = r#"
 [[routes]]
 name = "charge"
 method = "POST"
@@ -43,9 +42,7 @@ name = "reads"
 method = "GET"
 path = "/reads/*"
 idempotency = false
-"#
-    )
-}
+"#;
 
 /// The value of the sample `name{…}` whose labels include every one of `labels`.
 fn sample(text: &str, name: &str, labels: &[(&str, &str)]) -> Option<f64> {

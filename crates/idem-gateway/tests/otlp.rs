@@ -241,22 +241,22 @@ async fn export(req: Request<Incoming>, into: &Mutex<Received>) -> Response<Grpc
 async fn request_spans_reach_an_otlp_collector() {
     let (endpoint, received) = receiver().await;
     let up = Upstream::start().await;
-    let config = format!(
-        r#"
-upstream = "{}"
-store = "memory:"
+    let config = common::configs::anonymous(
+        &up.url(),
+        "memory:",
+        "",
+        r#"namespace = "otlp""#,
+        &format!(
+            r#"
 [otel]
 endpoint = "{endpoint}"
 service_name = "idem-otlp-test"
-[defaults]
-namespace = "otlp"
-principal = {{ from = "none" }}
 [[routes]]
 name = "charge"
 method = "POST"
 path = "/charge"
-"#,
-        up.url()
+"#
+        ),
     );
     let mut gw = Gateway::start(&config, &[]);
     let http = Http::new();

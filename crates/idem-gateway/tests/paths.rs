@@ -12,15 +12,17 @@ use common::{Gateway, Http, Upstream, key};
 use http::{Method, StatusCode};
 
 fn config(upstream: &str, unmatched: &str) -> String {
-    format!(
-        r#"
-upstream = "{upstream}"
-store = "memory:"
-unmatched = "{unmatched}"
+    common::configs::anonymous(
+        upstream,
+        "memory:",
+        &format!(r#"unmatched = "{unmatched}""#),
+        "",
+        ROUTES,
+    )
+}
 
-[defaults]
-principal = {{ from = "none" }}
-
+/// The routes of [`config`], whose paths the tests spell in other ways.
+const ROUTES: &str = r#"
 [[routes]]
 name = "charge"
 method = "POST"
@@ -29,10 +31,8 @@ path = "/charge"
 [[routes]]
 name = "orders"
 method = "POST"
-path = "/v1/orders/{{id}}/pay"
-"#
-    )
-}
+path = "/v1/orders/{id}/pay"
+"#;
 
 /// Spellings of `/charge` (and of `/v1/orders/7/pay`) that servers route to the same handler.
 const VARIANTS: &[&str] = &[

@@ -7,20 +7,13 @@ use std::time::Duration;
 use common::{ADMIN_TOKEN, Gateway, Http, Upstream, key, spare_port};
 use http::{Method, StatusCode};
 
+/// The acceptance routes on the memory store, with an admin listener.
 fn config(upstream: &str) -> String {
-    format!(
-        r#"
-upstream = "{upstream}"
-store = "memory:"
+    common::configs::with_admin(upstream, "memory:", "", r#"namespace = "test""#, ROUTES)
+}
 
-[admin]
-listen = "127.0.0.1:0"
-token = "{ADMIN_TOKEN}"
-
-[defaults]
-namespace = "test"
-principal = {{ from = "none" }}
-
+/// The routes of [`config`]: one per behaviour the acceptance list checks.
+const ROUTES: &str = r#"
 [[routes]]
 name = "held"
 path = "/held/*"
@@ -36,7 +29,7 @@ upstream_failure = "retry"
 [[routes]]
 name = "tenant"
 path = "/tenant/*"
-principal = {{ from = "header", header = "x-api-key" }}
+principal = { from = "header", header = "x-api-key" }
 
 [[routes]]
 name = "plain"
@@ -46,9 +39,7 @@ idempotency = false
 [[routes]]
 name = "default"
 path = "/*"
-"#
-    )
-}
+"#;
 
 async fn setup() -> (Upstream, Gateway, Http) {
     let up = Upstream::start().await;

@@ -100,20 +100,14 @@ fn config(upstream: SocketAddr, db: &std::path::Path, every: Option<&str>) -> St
         Some(e) => format!("[reconcile]\nevery = \"{e}\"\nafter = \"1h\"\n"),
         None => String::new(),
     };
-    format!(
-        r#"
-upstream = "http://{upstream}"
-store = "sqlite:{db}"
-
-[admin]
-listen = "127.0.0.1:0"
-token = "{ADMIN_TOKEN}"
-
+    common::configs::with_admin(
+        &format!("http://{upstream}"),
+        &format!("sqlite:{}", db.display()),
+        "",
+        r#"namespace = "payments""#,
+        &format!(
+            r#"
 {reconcile}
-[defaults]
-namespace = "payments"
-principal = {{ from = "none" }}
-
 [[routes]]
 name = "charge"
 method = "POST"
@@ -121,8 +115,8 @@ path = "/charges"
 timeout = "1s"
 upstream_failure = "hold"
 status_url = "/charges?idempotency_key={{key}}"
-"#,
-        db = db.display()
+"#
+        ),
     )
 }
 

@@ -31,6 +31,15 @@ async fn publish(conn: &Connection, q: &str, key: &str, times: usize) {
     publish_with_id(conn, q, key, &format!(r#"{{"order":"{key}"}}"#), times).await;
 }
 
+/// Whether, within [`WAIT`], the relay has logged exactly one replay and `q` holds no ready
+/// message: a redelivery settled from the store and acknowledged.
+async fn one_replay_and_drained(relay: &Relay, conn: &Connection, q: &str) -> bool {
+    eventually(WAIT, || async {
+        relay.logged("replayed") == 1 && queue_ready(conn, q).await == 0
+    })
+    .await
+}
+
 /// Five copies of one message and one other: the service executes each order once; the
 /// duplicates are acknowledged from the stored result, one access-log line per message.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -82,10 +91,7 @@ async fn relay_upstream_times_out_after_acting() {
     let dead = format!("{q}.dead");
     publish(&conn, &q, "slow-b", 1).await;
     assert!(
-        eventually(WAIT, || async {
-            relay.logged("replayed") == 1 && queue_ready(&conn, &q).await == 0
-        })
-        .await,
+        one_replay_and_drained(&relay, &conn, &q).await,
         "{}",
         relay.log()
     );
@@ -118,10 +124,7 @@ async fn relay_upstream_times_out_after_acting() {
     assert_eq!(code, 0, "{out}");
     publish(&conn, &q, "slow-c", 1).await;
     assert!(
-        eventually(WAIT, || async {
-            relay.logged("replayed") == 1 && queue_ready(&conn, &q).await == 0
-        })
-        .await,
+        one_replay_and_drained(&relay, &conn, &q).await,
         "{}",
         relay.log()
     );

@@ -16,20 +16,11 @@ use common::{
 use http::{Method, StatusCode};
 
 fn config(upstream: &str, store: &str, extra: &str) -> String {
-    format!(
-        r#"
-upstream = "{upstream}"
-store = "{store}"
-{extra}
+    common::configs::with_admin(upstream, store, extra, r#"namespace = "shared""#, ROUTES)
+}
 
-[admin]
-listen = "127.0.0.1:0"
-token = "{ADMIN_TOKEN}"
-
-[defaults]
-namespace = "shared"
-principal = {{ from = "none" }}
-
+/// The routes of [`config`]: one per takeover behaviour, and a catch-all.
+const ROUTES: &str = r#"
 [[routes]]
 name = "reexecute"
 path = "/re/*"
@@ -45,9 +36,7 @@ takeover = "hold"
 [[routes]]
 name = "default"
 path = "/*"
-"#
-    )
-}
+"#;
 
 /// 200 concurrent duplicates, spread over two gateways on one store: one execution.
 async fn two_gateways_one_execution(store: &str, extra: &str) {
@@ -185,11 +174,18 @@ async fn after_a_sigkill_the_other_gateway_follows_the_takeover_policy() {
     );
     assert_eq!(re.status, StatusCode::CREATED, "reexecute: the retry ran");
     assert_eq!(up.seen.count("/re/pay"), 2);
+    retried_on_hold_is_unknown(&http, &b, 800, &khold).await;
+    assert_eq!(up.seen.count("/hold/pay"), 1, "hold: nothing ran again");
+}
+
+/// Retries `key` on `gw`'s `hold` route (the upstream asked to wait `delay_ms`) and checks
+/// that the record it left behind is answered as `409 outcome-unknown`.
+async fn retried_on_hold_is_unknown(http: &Http, gw: &Gateway, delay_ms: u64, key: &str) {
     let hold = http
         .send(
             Method::POST,
-            &b.url("/hold/pay?delay_ms=800"),
-            &[("idempotency-key", &khold)],
+            &gw.url(&format!("/hold/pay?delay_ms={delay_ms}")),
+            &[("idempotency-key", key)],
             "{}",
         )
         .await;
@@ -197,7 +193,6 @@ async fn after_a_sigkill_the_other_gateway_follows_the_takeover_policy() {
         (hold.status, hold.problem_type().as_str()),
         (StatusCode::CONFLICT, "outcome-unknown")
     );
-    assert_eq!(up.seen.count("/hold/pay"), 1, "hold: nothing ran again");
 }
 
 /// A private Redis server on a spare port, killed on drop.
@@ -363,18 +358,7 @@ async fn shutdown_deadline_settles_leases() {
     );
     assert_eq!(up.seen.count("/re/pay"), 2);
     // hold: unknown at once, not in flight.
-    let hold = http
-        .send(
-            Method::POST,
-            &b.url("/hold/pay?delay_ms=5000"),
-            &[("idempotency-key", &khold)],
-            "{}",
-        )
-        .await;
-    assert_eq!(
-        (hold.status, hold.problem_type().as_str()),
-        (StatusCode::CONFLICT, "outcome-unknown")
-    );
+    retried_on_hold_is_unknown(&http, &b, 5000, &khold).await;
     assert_eq!(up.seen.count("/hold/pay"), 1);
     assert!(
         a.logs().contains("released claims still in flight"),

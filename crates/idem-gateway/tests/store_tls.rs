@@ -93,6 +93,26 @@ async fn runs_once(store: &str, extra: &str) {
     assert_eq!(up.seen.count("/pay/1"), 1);
 }
 
+/// A database store reached as its URL says: on `verified` (checked against the private CA)
+/// and on `required` (TLS, unchecked) a request runs once and replays; on `wrong_ca` the
+/// gateway refuses to start and names the untrusted issuer. Returns what `idem serve`
+/// printed when refused on `plain` (no TLS), for the test to check the server's reason.
+async fn tls_as_the_url_says(
+    verified: &str,
+    required: &str,
+    wrong_ca: &str,
+    plain: &str,
+) -> String {
+    runs_once(verified, "").await;
+    runs_once(required, "").await;
+    let wrong = serve_fails(&config("http://127.0.0.1:9", wrong_ca, ""));
+    assert!(
+        wrong.contains("UnknownIssuer") && wrong.contains("certificate is not trusted"),
+        "the wrong CA is named as the cause: {wrong}"
+    );
+    serve_fails(&config("http://127.0.0.1:9", plain, ""))
+}
+
 /// `idem serve` on `config` exits without listening; returns what it printed.
 fn serve_fails(config: &str) -> String {
     let dir = TempDir::new("store-tls-fail");
@@ -212,31 +232,14 @@ async fn postgres_over_tls_as_the_url_says() {
     let Some(pg) = Postgres::start(&pki) else {
         return;
     };
-    let ca = pki.file("ca.pem");
-    runs_once(
-        &pg.url(&format!("sslmode=verify-full&sslrootcert={ca}")),
-        "",
+    let verified = |ca: &str| pg.url(&format!("sslmode=verify-full&sslrootcert={ca}"));
+    let plain = tls_as_the_url_says(
+        &verified(&pki.file("ca.pem")),
+        &pg.url("sslmode=require"),
+        &verified(&pki.file("wrong-ca.pem")),
+        &pg.url("sslmode=disable"),
     )
     .await;
-    runs_once(&pg.url("sslmode=require"), "").await;
-
-    let wrong = serve_fails(&config(
-        "http://127.0.0.1:9",
-        &pg.url(&format!(
-            "sslmode=verify-full&sslrootcert={}",
-            pki.file("wrong-ca.pem")
-        )),
-        "",
-    ));
-    assert!(
-        wrong.contains("UnknownIssuer") && wrong.contains("certificate is not trusted"),
-        "the wrong CA is named as the cause: {wrong}"
-    );
-    let plain = serve_fails(&config(
-        "http://127.0.0.1:9",
-        &pg.url("sslmode=disable"),
-        "",
-    ));
     assert!(
         plain.contains("pg_hba.conf") || plain.contains("no encryption"),
         "the server refuses plain connections: {plain}"
@@ -493,31 +496,14 @@ async fn mariadb_over_tls_as_the_url_says() {
     let Some(db) = Mariadb::start(&pki) else {
         return;
     };
-    let ca = pki.file("ca.pem");
-    runs_once(
-        &db.url(&format!("ssl-mode=VERIFY_IDENTITY&ssl-ca={ca}")),
-        "",
+    let verified = |ca: &str| db.url(&format!("ssl-mode=VERIFY_IDENTITY&ssl-ca={ca}"));
+    let plain = tls_as_the_url_says(
+        &verified(&pki.file("ca.pem")),
+        &db.url("ssl-mode=REQUIRED"),
+        &verified(&pki.file("wrong-ca.pem")),
+        &db.url("ssl-mode=DISABLED"),
     )
     .await;
-    runs_once(&db.url("ssl-mode=REQUIRED"), "").await;
-
-    let wrong = serve_fails(&config(
-        "http://127.0.0.1:9",
-        &db.url(&format!(
-            "ssl-mode=VERIFY_IDENTITY&ssl-ca={}",
-            pki.file("wrong-ca.pem")
-        )),
-        "",
-    ));
-    assert!(
-        wrong.contains("UnknownIssuer") && wrong.contains("certificate is not trusted"),
-        "the wrong CA is named as the cause: {wrong}"
-    );
-    let plain = serve_fails(&config(
-        "http://127.0.0.1:9",
-        &db.url("ssl-mode=DISABLED"),
-        "",
-    ));
     // The same user, refused without TLS: MariaDB 10.11 reports `require_secure_transport`
     // as "Access denied", other versions as "insecure transport".
     assert!(

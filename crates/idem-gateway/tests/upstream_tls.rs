@@ -7,7 +7,7 @@ mod common;
 use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -16,25 +16,13 @@ use common::{Gateway, Http, TempDir, bin, key};
 use http::{Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
 use hyper_util::rt::TokioIo;
+use idem_testkit::counting_server::CountingServer;
 use rustls::pki_types::pem::PemObject as _;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
-use tokio::net::TcpListener;
 
 /// A TLS upstream: counts executions, answers 201 with a body naming the execution. With
 /// `client_ca`, it refuses clients without a certificate from that CA.
-struct TlsUpstream {
-    addr: SocketAddr,
-    executions: Arc<AtomicU64>,
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl Drop for TlsUpstream {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
-}
-
-async fn tls_upstream(pki: &Pki, client_ca: Option<&Path>) -> TlsUpstream {
+async fn tls_upstream(pki: &Pki, client_ca: Option<&Path>) -> CountingServer {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(&pki.server_cert)
         .expect("read cert")
@@ -60,17 +48,9 @@ async fn tls_upstream(pki: &Pki, client_ca: Option<&Path>) -> TlsUpstream {
     };
     let config = builder.with_single_cert(certs, key).expect("server config");
     let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
-    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-    let addr = listener.local_addr().expect("addr");
-    let executions = Arc::new(AtomicU64::new(0));
-    let count = Arc::clone(&executions);
-    let task = tokio::spawn(async move {
-        loop {
-            let Ok((tcp, _)) = listener.accept().await else {
-                continue;
-            };
-            let (acceptor, count) = (acceptor.clone(), Arc::clone(&count));
-            tokio::spawn(async move {
+    CountingServer::start(move |tcp, count| {
+        let acceptor = acceptor.clone();
+        async move {
                 let Ok(tls) = acceptor.accept(tcp).await else {
                     return;
                 };
@@ -103,14 +83,9 @@ async fn tls_upstream(pki: &Pki, client_ca: Option<&Path>) -> TlsUpstream {
                 let _ = hyper::server::conn::http1::Builder::new()
                     .serve_connection(TokioIo::new(tls), svc)
                     .await;
-            });
         }
-    });
-    TlsUpstream {
-        addr,
-        executions,
-        task,
-    }
+    })
+    .await
 }
 
 fn config(upstream: SocketAddr, ca_file: &Path, client: Option<&Pki>) -> String {

@@ -54,6 +54,7 @@
 pub mod broken;
 #[cfg(feature = "brokers")]
 pub mod brokers;
+pub mod counting_server;
 mod ctx;
 pub mod doubles;
 mod fault_plan;

@@ -19,3 +19,48 @@ principal = {{ from = "header", header = "x-api-key" }}
 {routes}"#
     )
 }
+
+/// A gateway on `upstream` and `store` (with `extra` top-level settings) whose callers are
+/// anonymous (`principal = none`), with `defaults` added to the `[defaults]` table; `rest`
+/// follows, and must open with a table (`[[routes]]`, `[admin]`, …) since anything before
+/// one would land in `[defaults]`. The head nearly every gateway test writes.
+pub fn anonymous(upstream: &str, store: &str, extra: &str, defaults: &str, rest: &str) -> String {
+    format!(
+        r#"
+upstream = "{upstream}"
+store = "{store}"
+{extra}
+
+[defaults]
+principal = {{ from = "none" }}
+{defaults}
+
+{rest}"#
+    )
+}
+
+/// The `[admin]` table: a listener on a spare loopback port that takes
+/// [`ADMIN_TOKEN`](super::ADMIN_TOKEN), with `more` settings of the table after the token.
+pub fn admin_table(more: &str) -> String {
+    format!(
+        r#"
+[admin]
+listen = "127.0.0.1:0"
+token = "{}"
+{more}
+"#,
+        super::ADMIN_TOKEN
+    )
+}
+
+/// [`anonymous`] with an admin listener ([`admin_table`]) as well: for the tests that look at
+/// the gateway through its admin API too.
+pub fn with_admin(upstream: &str, store: &str, extra: &str, defaults: &str, rest: &str) -> String {
+    anonymous(
+        upstream,
+        store,
+        extra,
+        defaults,
+        &format!("{}\n{rest}", admin_table("")),
+    )
+}

@@ -16,18 +16,11 @@ use serde_json::{Value, json};
 use webdriver::{Driver, Session};
 
 fn config(upstream: &str) -> String {
-    format!(
-        r#"
-upstream = "{upstream}"
-store = "memory:"
+    common::configs::with_admin(upstream, "memory:", "", "", ROUTES)
+}
 
-[admin]
-listen = "127.0.0.1:0"
-token = "{ADMIN_TOKEN}"
-
-[defaults]
-principal = {{ from = "none" }}
-
+/// The routes of [`config`]: the ones the dashboard shows.
+const ROUTES: &str = r#"
 [[routes]]
 name = "charge"
 method = "POST"
@@ -41,9 +34,7 @@ name = "refund"
 method = "POST"
 path = "/refund"
 namespace = "payments.refund"
-"#
-    )
-}
+"#;
 
 struct Admin<'a> {
     gw: &'a Gateway,
