@@ -52,13 +52,17 @@ async fn killed_under_load_fails_fast_and_never_runs_unclaimed() {
     let runs = Arc::new(AtomicU32::new(0));
     let down = Arc::new(AtomicBool::new(false));
     let stop = Arc::new(AtomicBool::new(false));
+    // Errors seen during the outage, by all workers: the outage lasts until there are a few
+    // (a request in flight at the kill may take its whole timeout on a loaded machine).
+    let met = Arc::new(AtomicU32::new(0));
     let mut workers = Vec::new();
     for w in 0..4 {
-        let (engine, runs, down, stop) = (
+        let (engine, runs, down, stop, met) = (
             engine.clone(),
             Arc::clone(&runs),
             Arc::clone(&down),
             Arc::clone(&stop),
+            Arc::clone(&met),
         );
         workers.push(tokio::spawn(async move {
             let (mut ok, mut outage_errors) = (0u32, 0u32);
@@ -83,6 +87,7 @@ async fn killed_under_load_fails_fast_and_never_runs_unclaimed() {
                     );
                     assert!(took < OP_TIMEOUT + SLACK, "error took {took:?}");
                     outage_errors += 1;
+                    met.fetch_add(1, Ordering::SeqCst);
                 } else if result.is_ok() {
                     ok += 1;
                 }
@@ -95,7 +100,11 @@ async fn killed_under_load_fails_fast_and_never_runs_unclaimed() {
         .await
         .expect("kill");
     down.store(true, Ordering::SeqCst);
+    let outage = Instant::now();
     tokio::time::sleep(Duration::from_millis(1000)).await;
+    while met.load(Ordering::SeqCst) < 8 && outage.elapsed() < Duration::from_secs(10) {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     stop.store(true, Ordering::SeqCst);
     let (mut ok, mut outage_errors) = (0, 0);
     for w in workers {
