@@ -107,11 +107,30 @@ impl RedisStore {
             ),
             None => format!("{}audit:*", glob_escape(self.prefix())),
         };
-        let mut streams: Vec<String> = Vec::new();
         let conn = self.connection();
-        let mut scan = conn.scan(&pattern, Some("stream")).await?;
-        while let Some(keys) = scan.next_page::<String>().await? {
-            streams.extend(keys);
+        let mut streams = Vec::new();
+        for node in conn.masters().await.map_err(redis_err)? {
+            let node = node.as_ref().map(|(h, p)| (h.as_str(), *p));
+            let mut cursor = 0u64;
+            loop {
+                let mut cmd = redis::cmd("SCAN");
+                cmd.arg(cursor)
+                    .arg("MATCH")
+                    .arg(&pattern)
+                    .arg("COUNT")
+                    .arg(1000)
+                    .arg("TYPE")
+                    .arg("stream");
+                let (next, keys): (u64, Vec<String>) = redis::from_redis_value(
+                    conn.query_at_node(cmd, node).await.map_err(redis_err)?,
+                )
+                .map_err(|e| redis_err(e.into()))?;
+                streams.extend(keys);
+                if next == 0 {
+                    break;
+                }
+                cursor = next;
+            }
         }
         streams.sort();
         streams.dedup();

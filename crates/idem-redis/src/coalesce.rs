@@ -24,7 +24,6 @@ use idem_core::store::coalesce::{self as queue, Batching, Queue};
 use redis::Value;
 
 use crate::batch::{malformed, redis_err};
-use crate::config::RedisConfig;
 use crate::script::{Connection, NamedScript, bounded, own_reply};
 
 /// Most operations in one batch.
@@ -179,56 +178,6 @@ pub(crate) struct Coalescer {
     conn: Connection,
 }
 
-/// What [`RedisLock`](crate::RedisLock) and [`RedisTokens`](crate::RedisTokens) each run on:
-/// a connection, the coalescer for their acquires and releases or issues and consumes, and
-/// the key prefix and operation timeout of their configuration.
-#[derive(Clone)]
-pub(crate) struct Client {
-    pub(crate) conn: Connection,
-    /// `None` with batching off or on a cluster (one batch script runs on one node).
-    pub(crate) coalescer: Option<Arc<Coalescer>>,
-    pub(crate) prefix: String,
-    pub(crate) op_timeout: Duration,
-}
-
-impl Client {
-    /// A client on `conn` with `config`'s batching, prefix and operation timeout.
-    pub(crate) fn new(conn: Connection, config: &RedisConfig) -> Self {
-        let coalescer = (config.batching && !conn.is_cluster())
-            .then(|| Arc::new(Coalescer::new(conn.clone(), config.op_timeout)));
-        Self {
-            conn,
-            coalescer,
-            prefix: config.prefix.clone(),
-            op_timeout: config.op_timeout,
-        }
-    }
-
-    /// Runs `code` with `keys` and `args` for at most the op timeout: through the coalescer
-    /// when there is one, else alone on the connection.
-    ///
-    /// # Errors
-    /// The script's or the connection's error, or [`StoreError::Timeout`].
-    pub(crate) async fn run(
-        &self,
-        code: Code,
-        keys: &[&[u8]],
-        args: &[&[u8]],
-    ) -> Result<Value, StoreError> {
-        let limit = self.op_timeout;
-        match &self.coalescer {
-            Some(c) => bounded(limit, c.submit(Op::new(code, keys, args))).await,
-            None => {
-                let script = scripts().single(code);
-                bounded(limit, async {
-                    script.run(&self.conn, keys, args).await.map_err(redis_err)
-                })
-                .await
-            }
-        }
-    }
-}
-
 impl fmt::Debug for Coalescer {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Coalescer").finish_non_exhaustive()
@@ -313,6 +262,31 @@ impl Batching for Coalescer {
         match e {
             StoreError::Timeout(d) => StoreError::Timeout(*d),
             _ => StoreError::unavailable(e.to_string()),
+        }
+    }
+}
+
+/// Runs `code` with `keys` and `args` for at most `limit`: through `coalescer` when there is
+/// one, else alone on `conn`.
+///
+/// # Errors
+/// The script's or the connection's error, or [`StoreError::Timeout`].
+pub(crate) async fn run(
+    conn: &Connection,
+    coalescer: Option<&Arc<Coalescer>>,
+    code: Code,
+    keys: &[&[u8]],
+    args: &[&[u8]],
+    limit: Duration,
+) -> Result<Value, StoreError> {
+    match coalescer {
+        Some(c) => bounded(limit, c.submit(Op::new(code, keys, args))).await,
+        None => {
+            let script = scripts().single(code);
+            bounded(limit, async {
+                script.run(conn, keys, args).await.map_err(redis_err)
+            })
+            .await
         }
     }
 }

@@ -48,7 +48,6 @@ use std::future::Future;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use idem_core::lock::check_lock_name;
 pub use idem_core::lock::{LockError, LockLease};
 use idem_core::record::duration_ms;
 use idem_core::{OwnerId, StoreError};
@@ -56,12 +55,12 @@ use redis::Value;
 use tokio::time::Instant;
 
 use crate::batch::{malformed, redis_err};
-use crate::coalesce::{Client, Code};
-use crate::config::RedisConfig;
-use crate::script::{Connection, NamedScript, bounded};
+use crate::coalesce::{self, Coalescer, Code};
+use crate::config::{RedisConfig, Target};
+use crate::script::{Connection, NamedScript, Timeouts, bounded};
 
-/// Longest lock name accepted, in bytes (every backend's).
-pub use idem_core::lock::MAX_LOCK_NAME;
+/// Longest lock name accepted, in bytes.
+pub const MAX_LOCK_NAME: usize = 200;
 
 /// What the fence counter's key adds to the lock's key.
 const FENCE_SUFFIX: &str = ":fence";
@@ -109,7 +108,11 @@ pub struct RedisLock {
 }
 
 struct Shared {
-    client: Client,
+    conn: Connection,
+    /// Coalesces concurrent acquires and releases; `None` on a cluster or with batching off.
+    coalescer: Option<Arc<Coalescer>>,
+    prefix: String,
+    op_timeout: Duration,
     lease: Duration,
     /// The lease in milliseconds, as the scripts take it.
     lease_ms: String,
@@ -118,9 +121,9 @@ struct Shared {
 impl fmt::Debug for RedisLock {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RedisLock")
-            .field("prefix", &self.shared.client.prefix)
+            .field("prefix", &self.shared.prefix)
             .field("lease", &self.shared.lease)
-            .field("op_timeout", &self.shared.client.op_timeout)
+            .field("op_timeout", &self.shared.op_timeout)
             .finish()
     }
 }
@@ -133,16 +136,30 @@ impl RedisLock {
     /// [`StoreError::Unavailable`] for an unreachable server, [`StoreError::Timeout`] if
     /// connecting takes too long.
     pub async fn connect(config: RedisConfig, lease: Duration) -> Result<Self, StoreError> {
-        let conn = Connection::to_target(&config, config.op_timeout).await?;
+        let timeouts = Timeouts {
+            connect: config.connect_timeout,
+            response: config.op_timeout,
+        };
+        let conn = match &config.target {
+            Target::Single(url) => Connection::single(url, timeouts, config.tls.as_ref()).await?,
+            Target::Cluster(nodes) => {
+                Connection::cluster(nodes, timeouts, config.tls.as_ref()).await?
+            }
+        };
         Ok(Self::with_connection(conn, &config, lease))
     }
 
     /// A lock over an existing connection, with `config`'s prefix and operation timeout.
     pub fn with_connection(conn: Connection, config: &RedisConfig, lease: Duration) -> Self {
         let lease = lease.max(config.op_timeout * 3);
+        let coalescer = (config.batching && !conn.is_cluster())
+            .then(|| Arc::new(Coalescer::new(conn.clone(), config.op_timeout)));
         Self {
             shared: Arc::new(Shared {
-                client: Client::new(conn, config),
+                conn,
+                coalescer,
+                prefix: config.prefix.clone(),
+                op_timeout: config.op_timeout,
                 lease,
                 lease_ms: duration_ms(lease).to_string(),
             }),
@@ -157,8 +174,15 @@ impl RedisLock {
     /// `<prefix>lock:{<name>}:fence`: the fence counter's key, which starts with the lock's
     /// key (all of it but [`FENCE_SUFFIX`]), so one allocation serves both.
     fn keys(&self, name: &str) -> Result<String, LockError> {
-        let name = check_lock_name(name)?;
-        let prefix = &self.shared.client.prefix;
+        let ok = !name.is_empty()
+            && name.len() <= MAX_LOCK_NAME
+            && name
+                .bytes()
+                .all(|b| (0x20..=0x7e).contains(&b) && b != b'{' && b != b'}');
+        if !ok {
+            return Err(LockError::BadName);
+        }
+        let prefix = &self.shared.prefix;
         let mut keys = String::with_capacity(prefix.len() + name.len() + 7 + FENCE_SUFFIX.len());
         keys.push_str(prefix);
         keys.push_str("lock:{");
@@ -182,7 +206,7 @@ impl RedisLock {
     ) -> Result<Value, StoreError> {
         bounded(limit, async {
             script
-                .run(&self.shared.client.conn, keys, args)
+                .run(&self.shared.conn, keys, args)
                 .await
                 .map_err(redis_err)
         })
@@ -191,7 +215,16 @@ impl RedisLock {
 
     /// Acquire or release: coalesced with concurrent ones on a single node, else alone.
     async fn call(&self, code: Code, keys: &[&[u8]], args: &[&[u8]]) -> Result<Value, StoreError> {
-        self.shared.client.run(code, keys, args).await
+        let s = &self.shared;
+        coalesce::run(
+            &s.conn,
+            s.coalescer.as_ref(),
+            code,
+            keys,
+            args,
+            s.op_timeout,
+        )
+        .await
     }
 
     /// Acquires `name` if it is free.
@@ -271,7 +304,7 @@ impl RedisLock {
     /// [`StoreError`] when Redis failed or timed out: whether the lease was extended is
     /// unknown, so treat the lock as lost.
     pub async fn renew(&self, held: &mut Held) -> Result<bool, StoreError> {
-        let limit = self.shared.client.op_timeout;
+        let limit = self.shared.op_timeout;
         self.renew_within(held, limit).await
     }
 
@@ -319,7 +352,7 @@ impl RedisLock {
             loop {
                 tokio::time::sleep(every).await;
                 let left = mine.deadline.saturating_duration_since(Instant::now());
-                let limit = left.min(self.shared.client.op_timeout);
+                let limit = left.min(self.shared.op_timeout);
                 let renewed = !limit.is_zero()
                     && matches!(self.renew_within(&mut mine, limit).await, Ok(true));
                 if !renewed {

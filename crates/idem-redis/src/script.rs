@@ -15,7 +15,7 @@ use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
 use redis::{Cmd, ErrorKind, RedisError, RedisFuture, ServerErrorKind, Value};
 
-use crate::config::{RedisConfig, Target, TlsPem};
+use crate::config::TlsPem;
 
 /// A connection to a single Redis node or a Redis Cluster. Cheap to clone: clones share one
 /// multiplexed connection (per node), which reconnects in the background after a failure.
@@ -115,25 +115,6 @@ impl Connection {
         })
     }
 
-    /// Connects to `config`'s target (one node or a cluster), with its connect timeout and
-    /// TLS certificates, waiting at most `response` for any one reply.
-    ///
-    /// # Errors
-    /// As [`Connection::single`].
-    pub(crate) async fn to_target(
-        config: &RedisConfig,
-        response: Duration,
-    ) -> Result<Self, StoreError> {
-        let timeouts = Timeouts {
-            connect: config.connect_timeout,
-            response,
-        };
-        match &config.target {
-            Target::Single(url) => Self::single(url, timeouts, config.tls.as_ref()).await,
-            Target::Cluster(nodes) => Self::cluster(nodes, timeouts, config.tls.as_ref()).await,
-        }
-    }
-
     /// True when connected to a Redis Cluster.
     pub fn is_cluster(&self) -> bool {
         matches!(self.inner, Inner::Cluster(_))
@@ -218,74 +199,6 @@ impl Connection {
             }
         }
         Ok(out)
-    }
-
-    /// A `SCAN` of every master node for the keys matching `pattern` (of type `kind` when
-    /// given), read a page (one call, up to 1000 keys) at a time: a large keyspace is never
-    /// held at once.
-    ///
-    /// # Errors
-    /// The client's error, or a `CLUSTER SLOTS` reply that does not parse.
-    pub(crate) async fn scan<'a>(
-        &'a self,
-        pattern: &'a str,
-        kind: Option<&'a str>,
-    ) -> Result<Scan<'a>, StoreError> {
-        Ok(Scan {
-            conn: self,
-            pattern,
-            kind,
-            nodes: self.masters().await.map_err(StoreError::unavailable)?,
-            node: 0,
-            cursor: 0,
-        })
-    }
-}
-
-/// A `SCAN` in progress over every master node (see [`Connection::scan`]).
-pub(crate) struct Scan<'a> {
-    conn: &'a Connection,
-    pattern: &'a str,
-    kind: Option<&'a str>,
-    nodes: Vec<Option<(String, u16)>>,
-    /// The node being scanned, and where its scan stands.
-    node: usize,
-    cursor: u64,
-}
-
-impl Scan<'_> {
-    /// The next page of keys; `None` once every node has been scanned to its end.
-    ///
-    /// # Errors
-    /// The client's error, or a reply that does not parse.
-    pub(crate) async fn next_page<K: redis::FromRedisValue>(
-        &mut self,
-    ) -> Result<Option<Vec<K>>, StoreError> {
-        let Some(node) = self.nodes.get(self.node) else {
-            return Ok(None);
-        };
-        let node = node.as_ref().map(|(h, p)| (h.as_str(), *p));
-        let mut cmd = redis::cmd("SCAN");
-        cmd.arg(self.cursor)
-            .arg("MATCH")
-            .arg(self.pattern)
-            .arg("COUNT")
-            .arg(1000);
-        if let Some(kind) = self.kind {
-            cmd.arg("TYPE").arg(kind);
-        }
-        let reply = self
-            .conn
-            .query_at_node(cmd, node)
-            .await
-            .map_err(StoreError::unavailable)?;
-        let (next, keys): (u64, Vec<K>) = redis::from_redis_value(reply)
-            .map_err(|e| StoreError::unavailable(RedisError::from(e)))?;
-        if next == 0 {
-            self.node += 1;
-        }
-        self.cursor = next;
-        Ok(Some(keys))
     }
 }
 

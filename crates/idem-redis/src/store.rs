@@ -20,8 +20,8 @@ use crate::codec::{
     HOLDER_TOKEN_LEN, Header, decode_record, holder_token, meta_tail_len, parse_fence,
     push_decimal, push_hex, push_hex_str, push_holder_token, push_meta_tail,
 };
-use crate::config::{Durability, RedisConfig};
-use crate::script::{Connection, NamedScript, bounded};
+use crate::config::{Durability, RedisConfig, Target};
+use crate::script::{Connection, NamedScript, Timeouts, bounded};
 
 macro_rules! record_script {
     ($name:literal) => {
@@ -184,8 +184,16 @@ impl RedisStore {
     /// As [`RedisStore::open`].
     pub async fn connect(config: RedisConfig) -> Result<Self, StoreError> {
         let wait = config.durability.map_or(Duration::ZERO, |d| d.timeout);
-        let response = config.op_timeout.max(config.admin_timeout) + wait;
-        let conn = Connection::to_target(&config, response).await?;
+        let timeouts = Timeouts {
+            connect: config.connect_timeout,
+            response: config.op_timeout.max(config.admin_timeout) + wait,
+        };
+        let conn = match &config.target {
+            Target::Single(url) => Connection::single(url, timeouts, config.tls.as_ref()).await?,
+            Target::Cluster(nodes) => {
+                Connection::cluster(nodes, timeouts, config.tls.as_ref()).await?
+            }
+        };
         Ok(Self::with_connection(conn, config))
     }
 
@@ -353,19 +361,36 @@ impl RedisStore {
         let now = server_now(conn).await?;
         let pattern = format!("{}{{*}}", glob_escape(&self.shared.prefix));
         let mut records = Vec::new();
-        let mut scan = conn.scan(&pattern, None).await?;
-        while let Some(keys) = scan.next_page::<Vec<u8>>().await? {
-            let gets: Vec<redis::Cmd> = keys
-                .iter()
-                .map(|k| redis::cmd("GET").arg(k).clone())
-                .collect();
-            let reads = gets.iter().map(|cmd| conn.query(cmd));
-            for value in futures::future::join_all(reads).await {
-                if let Value::BulkString(raw) = value.map_err(redis_err)?
-                    && let Some(record) = decode_record(&raw)?
-                {
-                    records.push(record);
+        for node in conn.masters().await.map_err(redis_err)? {
+            let node = node.as_ref().map(|(h, p)| (h.as_str(), *p));
+            let mut cursor = 0u64;
+            loop {
+                let mut cmd = redis::cmd("SCAN");
+                cmd.arg(cursor)
+                    .arg("MATCH")
+                    .arg(&pattern)
+                    .arg("COUNT")
+                    .arg(1000);
+                let (next, keys): (u64, Vec<Vec<u8>>) = redis::from_redis_value(
+                    conn.query_at_node(cmd, node).await.map_err(redis_err)?,
+                )
+                .map_err(|e| redis_err(e.into()))?;
+                let gets: Vec<redis::Cmd> = keys
+                    .iter()
+                    .map(|k| redis::cmd("GET").arg(k).clone())
+                    .collect();
+                let reads = gets.iter().map(|cmd| conn.query(cmd));
+                for value in futures::future::join_all(reads).await {
+                    if let Value::BulkString(raw) = value.map_err(redis_err)?
+                        && let Some(record) = decode_record(&raw)?
+                    {
+                        records.push(record);
+                    }
                 }
+                if next == 0 {
+                    break;
+                }
+                cursor = next;
             }
         }
         Ok((now, records))

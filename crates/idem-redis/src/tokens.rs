@@ -38,9 +38,9 @@ use idem_core::{Scope, StoreError, Timestamp};
 use redis::Value;
 
 use crate::batch::{malformed, redis_err};
-use crate::coalesce::{Client, Code};
-use crate::config::RedisConfig;
-use crate::script::{Connection, NamedScript, bounded};
+use crate::coalesce::{self, Coalescer, Code};
+use crate::config::{RedisConfig, Target};
+use crate::script::{Connection, NamedScript, Timeouts, bounded};
 
 /// Longest retention accepted (a year).
 const MAX_RETENTION: Duration = Duration::from_secs(366 * 24 * 3600);
@@ -65,15 +65,19 @@ pub struct RedisTokens {
 }
 
 struct Shared {
-    client: Client,
+    conn: Connection,
+    /// Coalesces concurrent issues and consumes; `None` on a cluster or with batching off.
+    coalescer: Option<Arc<Coalescer>>,
+    prefix: String,
+    op_timeout: Duration,
     retention: Duration,
 }
 
 impl fmt::Debug for RedisTokens {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RedisTokens")
-            .field("prefix", &self.shared.client.prefix)
-            .field("op_timeout", &self.shared.client.op_timeout)
+            .field("prefix", &self.shared.prefix)
+            .field("op_timeout", &self.shared.op_timeout)
             .field("retention", &self.shared.retention)
             .finish()
     }
@@ -87,16 +91,30 @@ impl RedisTokens {
     /// [`StoreError::Unavailable`] for an unreachable server, [`StoreError::Timeout`] if
     /// connecting takes too long.
     pub async fn connect(config: RedisConfig) -> Result<Self, StoreError> {
-        let conn = Connection::to_target(&config, config.op_timeout).await?;
+        let timeouts = Timeouts {
+            connect: config.connect_timeout,
+            response: config.op_timeout,
+        };
+        let conn = match &config.target {
+            Target::Single(url) => Connection::single(url, timeouts, config.tls.as_ref()).await?,
+            Target::Cluster(nodes) => {
+                Connection::cluster(nodes, timeouts, config.tls.as_ref()).await?
+            }
+        };
         Ok(Self::with_connection(conn, &config))
     }
 
     /// Tokens over an existing connection (a record store's, see
     /// [`crate::RedisStore::connection`]), with `config`'s prefix and operation timeout.
     pub fn with_connection(conn: Connection, config: &RedisConfig) -> Self {
+        let coalescer = (config.batching && !conn.is_cluster())
+            .then(|| Arc::new(Coalescer::new(conn.clone(), config.op_timeout)));
         Self {
             shared: Arc::new(Shared {
-                client: Client::new(conn, config),
+                conn,
+                coalescer,
+                prefix: config.prefix.clone(),
+                op_timeout: config.op_timeout,
                 retention: DEFAULT_RETENTION,
             }),
         }
@@ -107,9 +125,13 @@ impl RedisTokens {
     /// "unknown". Capped at a year.
     #[must_use]
     pub fn retention(self, retention: Duration) -> Self {
+        let s = &self.shared;
         Self {
             shared: Arc::new(Shared {
-                client: self.shared.client.clone(),
+                conn: s.conn.clone(),
+                coalescer: s.coalescer.clone(),
+                prefix: s.prefix.clone(),
+                op_timeout: s.op_timeout,
                 retention: retention.min(MAX_RETENTION),
             }),
         }
@@ -117,7 +139,7 @@ impl RedisTokens {
 
     /// The Redis key holding `token` in `scope`.
     pub fn token_key(&self, scope: &Scope, token: &Token) -> String {
-        let prefix = &self.shared.client.prefix;
+        let prefix = &self.shared.prefix;
         let mut digest = [0u8; 64];
         // 32 bytes always fit 64 hex digits.
         let _ = hex::encode_to_slice(token.digest(scope), &mut digest);
@@ -135,9 +157,9 @@ impl RedisTokens {
         key: &str,
         args: &[&[u8]],
     ) -> Result<Value, StoreError> {
-        bounded(self.shared.client.op_timeout, async {
+        bounded(self.shared.op_timeout, async {
             script
-                .run(&self.shared.client.conn, &[key.as_bytes()], args)
+                .run(&self.shared.conn, &[key.as_bytes()], args)
                 .await
                 .map_err(redis_err)
         })
@@ -213,11 +235,15 @@ impl TokenStore for RedisTokens {
         let retention = duration_ms(self.shared.retention).max(1);
         let value = live_value(retention, req.payload.as_deref());
         let px = duration_ms(req.ttl).saturating_add(retention).to_string();
-        let reply = self
-            .shared
-            .client
-            .run(Code::Issue, &[key.as_bytes()], &[&value, px.as_bytes()])
-            .await?;
+        let reply = coalesce::run(
+            &self.shared.conn,
+            self.shared.coalescer.as_ref(),
+            Code::Issue,
+            &[key.as_bytes()],
+            &[&value, px.as_bytes()],
+            self.shared.op_timeout,
+        )
+        .await?;
         match reply {
             Value::Int(-1) => Err(StoreError::unavailable("token collision")),
             at => Ok(Issued {
@@ -239,11 +265,15 @@ impl TokenStore for RedisTokens {
             None => (b"0", b""),
         };
         Ok(
-            match self
-                .shared
-                .client
-                .run(Code::Consume, &[key.as_bytes()], &[flag, body])
-                .await?
+            match coalesce::run(
+                &self.shared.conn,
+                self.shared.coalescer.as_ref(),
+                Code::Consume,
+                &[key.as_bytes()],
+                &[flag, body],
+                self.shared.op_timeout,
+            )
+            .await?
             {
                 Value::BulkString(value) => match Stored::parse(value)? {
                     Stored::Live { payload, .. } => ConsumeOutcome::Consumed { payload },
