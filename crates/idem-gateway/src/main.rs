@@ -219,6 +219,17 @@ pub(crate) fn main() -> ExitCode {
     }
 }
 
+/// `idem outbox` in a build without every SQL backend: says which features it needs.
+#[cfg(not(all(feature = "postgres", feature = "mysql", feature = "sqlite")))]
+fn outbox(_config: &std::path::Path, _check: bool) -> ExitCode {
+    eprintln!(
+        "error: `idem outbox` is not available in this build: it needs the gateway's \
+         `postgres`, `mysql` and `sqlite` features (the default build has them)"
+    );
+    ExitCode::from(2)
+}
+
+#[cfg(all(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 fn outbox(config: &std::path::Path, check: bool) -> ExitCode {
     let settings = match idem_gateway::outbox::OutboxSettings::load(config) {
         Ok(s) => s,
