@@ -26,7 +26,7 @@ pub use audit::{AuditEvent, AuditKind, AuditLevel, AuditQuery, AuditRetention};
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use engine::{
     Action, Answer, Engine, EngineError, Policy, PolicyBuilder, PolicyError, Probe, ProbeAnswer,
-    ProbeFn, ProbeFuture, Reply, SPAN_FENCE, SPAN_KEY, Settled, Settlement, TxStore,
+    ProbeFn, ProbeFuture, Reply, SPAN_FENCE, SPAN_KEY, Settled, Settlement, SharedTx, TxStore,
 };
 pub use fingerprint::{Fingerprint, FingerprintError, JsonFields, canonical_json};
 pub use key::{Key, KeyError, Scope, ScopedKey};

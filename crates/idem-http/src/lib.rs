@@ -36,7 +36,9 @@ pub use config::{
     IdempotencyConfig, NEVER_REPLAYED, Protection, RouteConfigError, StreamingResponses,
 };
 pub use guard::RunGuard;
-pub use idempotency::{Idempotency, IdempotencyLayer, ResponseFuture};
+pub use idempotency::{
+    Idempotency, IdempotencyLayer, ResponseFuture, TxIdempotency, TxIdempotencyLayer,
+};
 pub use key::{KeyRejection, parse_key};
 pub use policy::{
     AmbiguousBody, AnswerHead, CanonicalJson, ExtensionPrincipal, ExtractKey, ExtractPrincipal,

@@ -31,23 +31,7 @@ pub fn unique(prefix: &str, what: &str) -> String {
     format!("{prefix}_{what}_{}", &id[..16])
 }
 
-/// Waits until `check` holds, for at most `limit`; returns whether it did.
-pub async fn eventually<F, Fut>(limit: Duration, mut check: F) -> bool
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = bool>,
-{
-    let until = Instant::now() + limit;
-    loop {
-        if check().await {
-            return true;
-        }
-        if Instant::now() >= until {
-            return false;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
+pub use crate::services::eventually;
 
 /// A connection to the local RabbitMQ.
 pub async fn amqp() -> Connection {

@@ -64,6 +64,7 @@ mod harness;
 pub mod model;
 pub mod redis_server;
 pub mod rules;
+pub mod services;
 pub mod tokens;
 
 pub use ctx::{fp, rich_response, unique_namespace};

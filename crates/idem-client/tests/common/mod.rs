@@ -101,14 +101,7 @@ fn policy() -> Policy {
         .expect("policy")
 }
 
-/// Reports a missing server: fails under CI, skips loudly otherwise.
-fn missing(what: &str, e: &dyn std::fmt::Display) {
-    assert!(
-        std::env::var_os("CI").is_none(),
-        "{what} is required under CI but unreachable: {e}"
-    );
-    eprintln!("!!! SKIPPING: {what} unreachable ({e})");
-}
+use idem_testkit::services::missing;
 
 fn redis_config(prefix: &str) -> idem_redis::RedisConfig {
     idem_redis::RedisConfig::from_url(REDIS_URL)

@@ -104,6 +104,27 @@ impl<T> Answer<T> {
         }
     }
 
+    /// The same answer with the handler's output mapped by `f`.
+    pub fn map<U>(self, f: impl FnOnce(T) -> U) -> Answer<U> {
+        match self {
+            Self::Executed {
+                output,
+                lease,
+                takeover,
+                settled,
+            } => Answer::Executed {
+                output: f(output),
+                lease,
+                takeover,
+                settled,
+            },
+            Self::Replayed(stored) => Answer::Replayed(stored),
+            Self::InFlight { retry_after } => Answer::InFlight { retry_after },
+            Self::Mismatch => Answer::Mismatch,
+            Self::Unknown => Answer::Unknown,
+        }
+    }
+
     /// What became of the request, for metrics, logs and audit.
     pub fn outcome(&self) -> Outcome {
         match self {
@@ -143,6 +164,11 @@ pub enum EngineError {
     /// The closure's value could not be encoded for storage; the claim was released.
     #[error("value does not encode: {0}")]
     Encode(String),
+    /// Same-transaction work ([`Engine::run_in_tx_owned`](super::Engine::run_in_tx_owned))
+    /// did not give its transaction back, so nothing committed: the writes and the claim
+    /// roll back, and a retry runs again.
+    #[error("the work kept its transaction; nothing committed")]
+    TxNotReturned,
 }
 
 impl EngineError {
@@ -156,7 +182,9 @@ impl EngineError {
             Self::HandlerPanicked => Outcome::Executed(Kept::Interrupted(ReleaseKind::Retryable)),
             // A stored value was found; only its decoding for this caller failed.
             Self::Decode(_) => Outcome::Replayed,
-            Self::Encode(_) => Outcome::Executed(Kept::Released(ReleaseKind::Retryable)),
+            Self::Encode(_) | Self::TxNotReturned => {
+                Outcome::Executed(Kept::Released(ReleaseKind::Retryable))
+            }
         }
     }
 }

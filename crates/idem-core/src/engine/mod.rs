@@ -43,7 +43,7 @@ use serde::de::DeserializeOwned;
 use tokio::time::Instant;
 
 pub use answer::{Action, Answer, EngineError, Reply, Settled, Settlement};
-pub use in_tx::TxStore;
+pub use in_tx::{SharedTx, TxStore};
 pub use policy::{HELD_LEASE, LEASE_MARGIN, Policy, PolicyBuilder, PolicyError};
 pub use probe::{Probe, ProbeAnswer, ProbeFn, ProbeFuture};
 

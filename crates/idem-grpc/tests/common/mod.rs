@@ -317,13 +317,7 @@ pub async fn postgres() -> Option<Pg> {
     Some(Pg { store })
 }
 
-/// Reports a missing server: fails under CI, skips loudly otherwise.
-pub fn missing(what: &str, e: &dyn std::fmt::Display) {
-    if std::env::var_os("CI").is_some() {
-        panic!("{what} is required under CI but unreachable: {e}");
-    }
-    eprintln!("!!! SKIPPING: {what} unreachable ({e})");
-}
+pub use idem_testkit::services::missing;
 
 /// An HTTP/2 call made by hand, to see exactly what comes back.
 pub struct Raw {

@@ -70,6 +70,17 @@ impl<S, St> Layer<S> for IdempotencyLayer<St> {
     }
 }
 
+impl<St: idem_core::TxStore> IdempotencyLayer<St> {
+    /// The same route in same-transaction mode: the claim, the handler's writes and the
+    /// completion commit in one database transaction, which the handler takes from the
+    /// request as a [`SharedTx`](idem_core::SharedTx) (see [`TxIdempotency`](super::TxIdempotency)).
+    pub fn in_transaction(self) -> super::TxIdempotencyLayer<St> {
+        super::TxIdempotencyLayer {
+            shared: self.shared,
+        }
+    }
+}
+
 impl<St: Store> IdempotencyLayer<St> {
     /// The status endpoint for this route's namespace and principal, under `prefix`.
     pub fn status_service(&self, prefix: &str) -> crate::IdempotencyStatus<St> {

@@ -35,9 +35,11 @@
 
 mod error;
 mod future;
+mod in_tx;
 mod layer;
 
 use std::fmt;
+use std::future::Future;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
@@ -45,12 +47,14 @@ use bytes::Bytes;
 use http::{HeaderValue, Request, Response, StatusCode, header};
 use http_body::Body;
 use idem_core::{
-    Answer, Engine, Outcome, ReleaseKind, ScopedKey, Settled, Settlement, Store, StoredResponse,
+    Answer, Engine, Fingerprint, Outcome, ReleaseKind, ScopedKey, Settled, Settlement, Store,
+    StoredResponse,
 };
 use tower::Service;
 
 pub(crate) use error::{Refused, key_rejection as key_problem, principal_refused};
 pub use future::ResponseFuture;
+pub use in_tx::{TxIdempotency, TxIdempotencyLayer};
 pub use layer::IdempotencyLayer;
 
 use crate::body::{BoxError, ResponseBody};
@@ -114,30 +118,47 @@ where
     fn call(&mut self, req: Request<ReqB>) -> Self::Future {
         // Take the service that was driven to readiness; leave a clone for the next call.
         let clone = self.inner.clone();
-        let mut inner = std::mem::replace(&mut self.inner, clone);
-        let shared = Arc::clone(&self.shared);
-        let config = &shared.config;
-
-        if config.passthrough.contains(req.method()) {
-            return ResponseFuture::passthrough(inner.call(req));
-        }
-        let (parts, body) = req.into_parts();
-        if config.key.needs_body() {
-            // The key may be in the body: it is looked for once the body is read.
-            return ResponseFuture::detached_on_drop(protect(shared, inner, parts, body, None));
-        }
-        let found = match config.key.extract(&parts) {
-            Ok(found) => found,
-            Err(r) => return ready(error::key_rejection(&r)),
-        };
-        let Some(found) = found else {
-            if config.protection.key_required {
-                return ready(error::key_rejection(&config.key.missing()));
-            }
-            return ResponseFuture::passthrough(inner.call(Request::from_parts(parts, body)));
-        };
-        ResponseFuture::detached_on_drop(protect(shared, inner, parts, body, Some(found)))
+        let inner = std::mem::replace(&mut self.inner, clone);
+        route(Arc::clone(&self.shared), inner, req, protect)
     }
+}
+
+/// Sends a request where it goes: past the layer (an unprotected method, no key on a route
+/// that does not require one), refused (a malformed or missing key), or to `protect` (the
+/// body may name the key: `protect` looks once it has read it).
+pub(crate) fn route<S, St, ReqB, ResB, P, Fut>(
+    shared: Arc<Shared<St>>,
+    mut inner: S,
+    req: Request<ReqB>,
+    protect: P,
+) -> ResponseFuture<ResB, S::Error>
+where
+    S: Service<Request<ReqB>, Response = Response<ResB>>,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+    ResB: Send + 'static,
+    P: FnOnce(Arc<Shared<St>>, S, http::request::Parts, ReqB, Option<FoundKey>) -> Fut,
+    Fut: Future<Output = Result<Response<ResponseBody<ResB>>, S::Error>> + Send + 'static,
+{
+    let config = &shared.config;
+    if config.passthrough.contains(req.method()) {
+        return ResponseFuture::passthrough(inner.call(req));
+    }
+    let (parts, body) = req.into_parts();
+    if config.key.needs_body() {
+        return ResponseFuture::detached_on_drop(protect(shared, inner, parts, body, None));
+    }
+    let found = match config.key.extract(&parts) {
+        Ok(found) => found,
+        Err(r) => return ready(error::key_rejection(&r)),
+    };
+    let Some(found) = found else {
+        if config.protection.key_required {
+            return ready(error::key_rejection(&config.key.missing()));
+        }
+        return ResponseFuture::passthrough(inner.call(Request::from_parts(parts, body)));
+    };
+    ResponseFuture::detached_on_drop(protect(shared, inner, parts, body, Some(found)))
 }
 
 /// Attaches what became of the request to its response, for whoever sits outside the layer.
@@ -178,54 +199,23 @@ where
     let config = &shared.config;
     // Held to the end of the run, which may go on in a spawned task after the client left.
     let _guard = parts.extensions.remove::<RunGuard>();
-    let principal = match config.protection.principal.principal(&parts) {
-        Ok(p) => p,
-        Err(r) => return Ok(error::principal_refused(&r).into_response()),
-    };
-    let limit = config.max_request_body;
-    let declared = parts
-        .headers
-        .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
-    let key = found.as_ref().map(|f| &f.key);
-    if declared.is_some_and(|n| n > limit as u64) {
-        return Ok(error::body_too_large(key, limit).into_response());
-    }
-    let bytes = match read_body(body, limit, config.body_pace).await {
-        Ok(bytes) => bytes,
-        Err(BodyFailure::TooLarge) => {
-            return Ok(error::body_too_large(key, limit).into_response());
-        }
-        Err(BodyFailure::TimedOut) => {
-            return Ok(error::body_timeout(key).into_response());
-        }
-        Err(_) => {
-            return Ok(error::body_unreadable(key).into_response());
+    let Prepared {
+        found,
+        fingerprint,
+        scoped,
+        request_id,
+        mut req,
+    } = match prepare(config, parts, body, found).await {
+        Step::Run(prepared) => prepared,
+        Step::Refuse(refused) => return Ok(refused.into_response()),
+        Step::Pass(req) => {
+            let res = inner.call(req).await?;
+            return Ok(with_outcome(
+                res.map(ResponseBody::inner),
+                Outcome::Passthrough,
+            ));
         }
     };
-    let found = match found {
-        Some(found) => found,
-        None => match body_key(config, &parts, &bytes) {
-            Ok(Some(found)) => found,
-            Err(refused) => return Ok(refused.into_response()),
-            Ok(None) => {
-                let res = inner
-                    .call(Request::from_parts(parts, ReqB::from(bytes)))
-                    .await?;
-                return Ok(with_outcome(
-                    res.map(ResponseBody::inner),
-                    Outcome::Passthrough,
-                ));
-            }
-        },
-    };
-    let fingerprint = match config.fingerprint.fingerprint(&parts, &bytes) {
-        Ok(fingerprint) => fingerprint,
-        Err(why) => return Ok(error::body_ambiguous(&found.key, &why).into_response()),
-    };
-    let scoped = ScopedKey::new(config.protection.scope_for(principal), found.key.clone());
-    let request_id = request_id(&parts.headers);
-    let mut req = Request::from_parts(parts, ReqB::from(bytes));
 
     // Dropping this future mid-run hands the rest to a spawned task (see `ResponseFuture`),
     // so a client that goes away neither cancels the handler nor loses its result.
@@ -251,6 +241,81 @@ where
         )
         .await;
     answer(&shared, &found, outcome)
+}
+
+/// A protected request, read and checked, ready to run.
+pub(crate) struct Prepared<ReqB> {
+    pub(crate) found: FoundKey,
+    pub(crate) fingerprint: Fingerprint,
+    /// The key in the route's scope for the request's principal.
+    pub(crate) scoped: ScopedKey,
+    pub(crate) request_id: Option<String>,
+    /// The request, its body buffered.
+    pub(crate) req: Request<ReqB>,
+}
+
+/// What to do with a request once its body is read.
+pub(crate) enum Step<ReqB> {
+    /// Protect it.
+    Run(Prepared<ReqB>),
+    /// Answer this refusal; nothing runs.
+    Refuse(Refused),
+    /// Pass it to the inner service unprotected (no key, none required).
+    Pass(Request<ReqB>),
+}
+
+/// Finds the principal, reads the body up to the cap, finds a key the body names, and
+/// fingerprints the request.
+pub(crate) async fn prepare<ReqB>(
+    config: &IdempotencyConfig,
+    parts: http::request::Parts,
+    body: ReqB,
+    found: Option<FoundKey>,
+) -> Step<ReqB>
+where
+    ReqB: Body + From<Bytes>,
+    ReqB::Error: Into<BoxError>,
+{
+    let principal = match config.protection.principal.principal(&parts) {
+        Ok(p) => p,
+        Err(r) => return Step::Refuse(error::principal_refused(&r)),
+    };
+    let limit = config.max_request_body;
+    let declared = parts
+        .headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+    let key = found.as_ref().map(|f| &f.key);
+    if declared.is_some_and(|n| n > limit as u64) {
+        return Step::Refuse(error::body_too_large(key, limit));
+    }
+    let bytes = match read_body(body, limit, config.body_pace).await {
+        Ok(bytes) => bytes,
+        Err(BodyFailure::TooLarge) => return Step::Refuse(error::body_too_large(key, limit)),
+        Err(BodyFailure::TimedOut) => return Step::Refuse(error::body_timeout(key)),
+        Err(_) => return Step::Refuse(error::body_unreadable(key)),
+    };
+    let found = match found {
+        Some(found) => found,
+        None => match body_key(config, &parts, &bytes) {
+            Ok(Some(found)) => found,
+            Err(refused) => return Step::Refuse(refused),
+            Ok(None) => return Step::Pass(Request::from_parts(parts, ReqB::from(bytes))),
+        },
+    };
+    let fingerprint = match config.fingerprint.fingerprint(&parts, &bytes) {
+        Ok(fingerprint) => fingerprint,
+        Err(why) => return Step::Refuse(error::body_ambiguous(&found.key, &why)),
+    };
+    let scoped = ScopedKey::new(config.protection.scope_for(principal), found.key.clone());
+    let request_id = request_id(&parts.headers);
+    Step::Run(Prepared {
+        found,
+        fingerprint,
+        scoped,
+        request_id,
+        req: Request::from_parts(parts, ReqB::from(bytes)),
+    })
 }
 
 /// The key of a request whose key source needs its body: `Ok(None)` when there is none and

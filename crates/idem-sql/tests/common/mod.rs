@@ -36,13 +36,7 @@ pub fn unique_table(prefix: &str) -> String {
     format!("{prefix}_{:032x}", idem_core::OwnerId::random().0)
 }
 
-/// Reports a missing server: fails under CI, skips loudly otherwise.
-pub fn missing(what: &str, e: &dyn std::fmt::Display) {
-    if std::env::var_os("CI").is_some() {
-        panic!("{what} is required under CI but unreachable: {e}");
-    }
-    eprintln!("!!! SKIPPING: {what} unreachable ({e}); set it up to run this test");
-}
+pub use idem_testkit::services::missing;
 
 /// Runs `f` to completion on a private runtime in another thread (for teardown in `Drop`).
 fn blocking<F, Fut>(f: F)

@@ -1,0 +1,235 @@
+//! Same-transaction mode: the claim, the handler's own writes and the completion commit in
+//! one database transaction ([`idem_core::Engine::run_in_tx_owned`]).
+//!
+//! The layer begins the transaction and claims the key in it, hands it to the handler as a
+//! [`SharedTx`] request extension, and once the handler has answered completes the key in it
+//! and commits. The transaction commits exactly when the answer is kept: a response the
+//! route's [`StorePolicy`](crate::StorePolicy) releases (by default a 5xx), a service error,
+//! a panic or a timeout roll the handler's writes back with the claim, so a retry runs again
+//! on a clean slate. A crash anywhere before the commit leaves neither; after it, the retry is
+//! a replay.
+//!
+//! ```
+//! use axum::{Extension, Router, routing::post};
+//! use idem_core::{Engine, Policy, SharedTx};
+//! use idem_http::{IdempotencyConfig, IdempotencyLayer};
+//! use idem_sql::SqliteStore;
+//!
+//! type Tx = sqlx::Transaction<'static, sqlx::Sqlite>;
+//!
+//! async fn pay(Extension(tx): Extension<SharedTx<Tx>>) -> &'static str {
+//!     let Some(mut tx) = tx.lock().await else { return "late" };
+//!     // Writes on `&mut **tx` commit with the key, or not at all.
+//!     let _ = sqlx::query("SELECT 1").execute(&mut **tx).await;
+//!     "paid"
+//! }
+//!
+//! # async fn app(store: SqliteStore) -> Result<(), Box<dyn std::error::Error>> {
+//! let engine = Engine::new(store, Policy::default());
+//! let layer = IdempotencyLayer::new(&engine, IdempotencyConfig::new("orders.pay")?).in_transaction();
+//! let app: Router = Router::new().route("/pay", post(pay).layer(layer));
+//! # let _ = app; Ok(()) }
+//! ```
+
+use std::fmt;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use http::{Request, Response};
+use http_body::Body;
+use idem_core::{Action, Answer, EngineError, Outcome, Settled, Settlement, SharedTx, TxStore};
+use tower::{Layer, Service};
+
+use super::{
+    Handled, Prepared, ResponseFuture, RunGuard, Shared, Step, answer, prepare, route, settle,
+    with_outcome,
+};
+use crate::body::{BoxError, ResponseBody};
+use crate::config::IdempotencyConfig;
+use crate::policy::FoundKey;
+
+/// Applies [`TxIdempotency`]: built by
+/// [`IdempotencyLayer::in_transaction`](super::IdempotencyLayer::in_transaction). Cheap to
+/// clone.
+pub struct TxIdempotencyLayer<St> {
+    pub(super) shared: Arc<Shared<St>>,
+}
+
+impl<St> TxIdempotencyLayer<St> {
+    /// The route configuration.
+    pub fn config(&self) -> &IdempotencyConfig {
+        &self.shared.config
+    }
+}
+
+impl<St> Clone for TxIdempotencyLayer<St> {
+    fn clone(&self) -> Self {
+        Self {
+            shared: Arc::clone(&self.shared),
+        }
+    }
+}
+
+impl<St> fmt::Debug for TxIdempotencyLayer<St> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("TxIdempotencyLayer")
+            .field("config", &self.shared.config)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<S, St> Layer<S> for TxIdempotencyLayer<St> {
+    type Service = TxIdempotency<S, St>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        TxIdempotency {
+            inner,
+            shared: Arc::clone(&self.shared),
+        }
+    }
+}
+
+/// [`Idempotency`](super::Idempotency) in same-transaction mode (see the module docs): the
+/// request carries, besides the [`Lease`](idem_core::Lease) and the
+/// [`Key`](idem_core::Key), the [`ScopedKey`](idem_core::ScopedKey) (to derive outbox
+/// message ids from) and the transaction as a [`SharedTx`].
+pub struct TxIdempotency<S, St> {
+    inner: S,
+    shared: Arc<Shared<St>>,
+}
+
+impl<S: Clone, St> Clone for TxIdempotency<S, St> {
+    fn clone(&self) -> Self {
+        Self {
+            inner: self.inner.clone(),
+            shared: Arc::clone(&self.shared),
+        }
+    }
+}
+
+impl<S: fmt::Debug, St> fmt::Debug for TxIdempotency<S, St> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("TxIdempotency")
+            .field("inner", &self.inner)
+            .field("config", &self.shared.config)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<S, St, ReqB, ResB> Service<Request<ReqB>> for TxIdempotency<S, St>
+where
+    S: Service<Request<ReqB>, Response = Response<ResB>> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+    St: TxStore,
+    St::Tx: 'static,
+    ReqB: Body + From<Bytes> + Send + 'static,
+    ReqB::Data: Send,
+    ReqB::Error: Into<BoxError>,
+    ResB: Body<Data = Bytes> + Send + Unpin + 'static,
+    ResB::Error: Into<BoxError>,
+{
+    type Response = Response<ResponseBody<ResB>>;
+    type Error = S::Error;
+    type Future = ResponseFuture<ResB, S::Error>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: Request<ReqB>) -> Self::Future {
+        let clone = self.inner.clone();
+        let inner = std::mem::replace(&mut self.inner, clone);
+        route(Arc::clone(&self.shared), inner, req, protect_in_tx)
+    }
+}
+
+/// What the work hands back: the answer to keep (committed) or the answer of a run that
+/// rolled back.
+type Ran<B, E> = Result<(Handled<B, E>, idem_core::StoredResponse), Handled<B, E>>;
+
+async fn protect_in_tx<S, St, ReqB, ResB>(
+    shared: Arc<Shared<St>>,
+    mut inner: S,
+    mut parts: http::request::Parts,
+    body: ReqB,
+    found: Option<FoundKey>,
+) -> Result<Response<ResponseBody<ResB>>, S::Error>
+where
+    S: Service<Request<ReqB>, Response = Response<ResB>> + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+    St: TxStore,
+    St::Tx: 'static,
+    ReqB: Body + From<Bytes> + Send + 'static,
+    ReqB::Data: Send,
+    ReqB::Error: Into<BoxError>,
+    ResB: Body<Data = Bytes> + Send + Unpin + 'static,
+    ResB::Error: Into<BoxError>,
+{
+    let config = &shared.config;
+    // Held to the end of the run, which may go on in a spawned task after the client left.
+    let _guard = parts.extensions.remove::<RunGuard>();
+    let Prepared {
+        found,
+        fingerprint,
+        scoped,
+        request_id,
+        mut req,
+    } = match prepare(config, parts, body, found).await {
+        Step::Run(prepared) => prepared,
+        Step::Refuse(refused) => return Ok(refused.into_response()),
+        Step::Pass(req) => {
+            let res = inner.call(req).await?;
+            return Ok(with_outcome(
+                res.map(ResponseBody::inner),
+                Outcome::Passthrough,
+            ));
+        }
+    };
+    let scoped_key = &scoped;
+    let ran = shared
+        .engine
+        .run_in_tx_owned(
+            &scoped,
+            &fingerprint,
+            request_id.as_deref(),
+            move |tx, lease| async move {
+                let tx = SharedTx::new(tx);
+                let extensions = req.extensions_mut();
+                extensions.insert(lease);
+                extensions.insert(scoped_key.key.clone());
+                extensions.insert(scoped_key.clone());
+                extensions.insert(tx.clone());
+                let result: Ran<ResB, S::Error> = match inner.call(req).await {
+                    Err(e) => Err(Err(e)),
+                    Ok(res) => {
+                        // The body is read before the transaction is taken back, so nothing
+                        // the response still produces can write after the commit.
+                        let Settlement { output, action } =
+                            settle(config, &scoped_key.key, res).await;
+                        match action {
+                            Action::Complete(stored) => Ok((output, stored)),
+                            _ => Err(output),
+                        }
+                    }
+                };
+                (tx.take(), result)
+            },
+        )
+        .await;
+    let ran = match ran {
+        // The completion was fenced, so the transaction rolled back: the handler's answer
+        // describes writes that did not happen.
+        Ok(Answer::Executed {
+            settled: Settled::Fenced,
+            ..
+        }) => Err(EngineError::LeaseLost),
+        other => other,
+    };
+    // Kept or rolled back, the caller gets the handler's answer; `answer` reads what was kept
+    // from `settled`.
+    let ran = ran.map(|a| a.map(|output| output.unwrap_or_else(|rolled_back| rolled_back)));
+    answer(&shared, &found, ran)
+}
