@@ -7,10 +7,12 @@
 //! orders-outbox report     # what each table holds
 //! ```
 //!
-//! - **service**: `Engine::run_in_tx` claims the key, inserts the charge and enqueues an
-//!   `order-paid` message whose id is derived from the key, and completes the key, all in
-//!   one PostgreSQL transaction. A crash before the commit leaves nothing; after it, the
-//!   retry is a replay and the message is already in the outbox.
+//! - **service**: axum with idem-http's layer in same-transaction mode
+//!   (`IdempotencyLayer::in_transaction`): the layer claims the key in a PostgreSQL
+//!   transaction, the handler inserts the charge and enqueues an `order-paid` message whose
+//!   id is derived from the key on that transaction, and the layer completes the key in it
+//!   and commits. A crash before the commit leaves nothing; after it, the retry is a replay
+//!   and the message is already in the outbox.
 //! - **dispatch**: idem-mq's dispatcher claims pending rows under a lease, publishes them
 //!   with publisher confirms and `message-id`, and marks them sent. Killed between the
 //!   publish and the mark, its rows go out again after the lease, under the same ids.
@@ -21,20 +23,24 @@
 //! tables and the queue, default `orders`), `LISTEN` (default `127.0.0.1:3400`), `LEASE_MS`
 //! (the dispatcher's lease, default 30000). For the crash tests, `KILL_AT` names a point
 //! (`service:after-commit`, `dispatcher:after-publish`, `consumer:after-commit`) where the
-//! process prints `KILL-POINT` and stops making progress until it is killed, and `PLAIN=1`
-//! runs the consumer without its inbox, to show what the inbox prevents.
+//! process prints `KILL-POINT` and stops making progress until it is killed, `PLAIN=1`
+//! runs the consumer without its inbox, to show what the inbox prevents, and `DIRECT=1` runs
+//! the service without the outbox (it publishes after its commit), to show what the outbox
+//! prevents.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context as _, bail};
-use axum::extract::{Path, State};
-use axum::http::{HeaderMap, StatusCode};
+use axum::extract::{Extension, Path, Request, State};
+use axum::http::StatusCode;
+use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use futures::future::BoxFuture;
 use idem_core::outbox::OutboxMessage;
-use idem_core::{Answer, Engine, Fingerprint, Key, Policy, Scope, ScopedKey, StoredResponse};
+use idem_core::{Engine, Fingerprint, Kept, Key, Outcome, Policy, Scope, ScopedKey, SharedTx};
+use idem_http::{IdempotencyConfig, IdempotencyLayer};
 use idem_mq::outbox::{Dispatcher, DispatcherConfig, Publish, RabbitOutbox};
 use idem_mq::rabbitmq::{RabbitConsumer, RabbitPublisher};
 use idem_mq::{ConsumerConfig, HandlerError, InTx, Message, Processor, RunResult, Work};
@@ -134,22 +140,52 @@ async fn amqp() -> anyhow::Result<Connection> {
 // ---- The HTTP service.
 
 struct App {
-    engine: Engine<PgStore>,
     outbox: SqlOutbox<Postgres>,
     names: Names,
+    /// `DIRECT=1`: no outbox; the service publishes the event itself after the commit.
+    direct: Option<RabbitPublisher>,
 }
 
+/// The event of a payment that committed, for the service that publishes it itself.
+#[derive(Clone)]
+struct Paid {
+    order: String,
+    event: String,
+}
+
+type Tx = Transaction<'static, Postgres>;
+
 async fn service(pool: PgPool, names: Names) -> anyhow::Result<()> {
+    let engine = Engine::new(
+        PgStore::with_table(pool.clone(), &names.table("records"))?,
+        Policy::default(),
+    );
+    // Same-transaction mode: the layer claims the key in a transaction, the handler charges
+    // and enqueues on it, and the layer completes the key in it and commits.
+    let idempotency =
+        IdempotencyLayer::new(&engine, IdempotencyConfig::new("orders.pay")?).in_transaction();
+    let direct = match std::env::var_os("DIRECT") {
+        Some(_) => {
+            let publisher = RabbitPublisher::new(&amqp().await?).await?;
+            declare(&publisher, &names).await?;
+            Some(publisher)
+        }
+        None => None,
+    };
     let app = Arc::new(App {
-        engine: Engine::new(
-            PgStore::with_table(pool.clone(), &names.table("records"))?,
-            Policy::default(),
-        ),
         outbox: SqlOutbox::with_table(pool, &names.table("outbox"))?,
         names,
+        direct,
     });
     let router = axum::Router::new()
-        .route("/orders/{id}/pay", axum::routing::post(pay))
+        .route(
+            "/orders/{id}/pay",
+            axum::routing::post(pay).layer(idempotency),
+        )
+        .layer(axum::middleware::from_fn_with_state(
+            Arc::clone(&app),
+            after_commit,
+        ))
         .with_state(app);
     let listen = env("LISTEN", "127.0.0.1:3400");
     let listener = tokio::net::TcpListener::bind(&listen).await?;
@@ -158,35 +194,50 @@ async fn service(pool: PgPool, names: Names) -> anyhow::Result<()> {
     Ok(())
 }
 
-type Tx = Transaction<'static, Postgres>;
-type Charged<'c> = BoxFuture<'c, Result<((), StoredResponse), String>>;
-
-/// Pins a closure to the higher-ranked signature `run_in_tx` wants.
-fn in_tx<F>(f: F) -> F
-where
-    F: for<'c> FnOnce(&'c mut Tx, idem_core::Lease) -> Charged<'c>,
-{
-    f
+/// Runs once a payment has committed (the layer commits before it answers): at the kill
+/// point `service:after-commit` the process stops there, so the client never hears back;
+/// under `DIRECT=1` the service publishes the event itself now, which such a stop loses.
+async fn after_commit(State(app): State<Arc<App>>, req: Request, next: Next) -> Response {
+    let res = next.run(req).await;
+    let committed = res.extensions().get::<Outcome>() == Some(&Outcome::Executed(Kept::Stored));
+    if !committed {
+        return res;
+    }
+    if kill_at("service:after-commit") {
+        return hang_here().await;
+    }
+    if let (Some(publisher), Some(paid)) = (&app.direct, res.extensions().get::<Paid>()) {
+        let id = Key::new(format!("{}:paid", paid.order));
+        let sent = match id {
+            Ok(id) => publisher
+                .publish(
+                    "",
+                    &app.names.queue(),
+                    &id,
+                    paid.event.as_bytes(),
+                    FieldTable::default(),
+                )
+                .await
+                .map_err(|e| e.to_string()),
+            Err(e) => Err(e.to_string()),
+        };
+        if let Err(e) = sent {
+            // Committed but not published: without an outbox, nothing sends it later.
+            eprintln!("order {}: event not published: {e}", paid.order);
+        }
+    }
+    res
 }
 
-/// Charges `order` and enqueues its `order-paid` message in the transaction that claims and
-/// completes the key.
+/// Charges `order` and enqueues its `order-paid` message on the transaction the layer
+/// claimed the key in: both commit with the key's completion, or neither does.
 async fn pay(
     State(app): State<Arc<App>>,
     Path(order): Path<String>,
-    headers: HeaderMap,
+    Extension(tx): Extension<SharedTx<Tx>>,
+    Extension(key): Extension<ScopedKey>,
     body: Bytes,
 ) -> Response {
-    let Some(key) = headers
-        .get("idempotency-key")
-        .and_then(|v| Key::from_bytes(v.as_bytes()).ok())
-    else {
-        return (
-            StatusCode::BAD_REQUEST,
-            "a valid Idempotency-Key is required\n",
-        )
-            .into_response();
-    };
     let amount = serde_json::from_slice::<serde_json::Value>(&body)
         .ok()
         .and_then(|v| v["amount"].as_i64());
@@ -197,55 +248,21 @@ async fn pay(
         )
             .into_response();
     };
-    let scope = match Scope::new("orders.pay") {
-        Ok(s) => s,
-        Err(e) => return (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response(),
+    let Some(mut tx) = tx.lock().await else {
+        return (StatusCode::INTERNAL_SERVER_ERROR, "transaction ended\n").into_response();
     };
-    let key = ScopedKey::new(scope, key);
-    let mut request = format!("{order}\n").into_bytes();
-    request.extend_from_slice(&body);
-    let fingerprint = Fingerprint::of_bytes(1, &request);
-    let work = {
-        let (app, key, order) = (Arc::clone(&app), key.clone(), order.clone());
-        in_tx(move |tx, _lease| {
-            Box::pin(async move { charge(&app, tx, &key, &order, amount).await })
-        })
-    };
-    let answer = app.engine.run_in_tx(&key, &fingerprint, None, work).await;
-    match answer {
-        Ok(Answer::Executed { output: Ok(()), .. }) => {
-            if kill_at("service:after-commit") {
-                // Committed: the charge, the message and the completed key are durable; the
-                // client never hears back.
-                return hang_here().await;
-            }
-            (
+    match charge(&app, &mut tx, &key, &order, amount).await {
+        Ok(event) => {
+            let mut res = (
                 StatusCode::CREATED,
                 format!("{{\"order\":\"{order}\",\"paid\":{amount}}}\n"),
             )
-                .into_response()
+                .into_response();
+            res.extensions_mut().insert(Paid { order, event });
+            res
         }
-        Ok(Answer::Executed { output: Err(e), .. }) => {
-            (StatusCode::SERVICE_UNAVAILABLE, e).into_response()
-        }
-        Ok(Answer::Replayed(stored)) => {
-            let status = StatusCode::from_u16(stored.status).unwrap_or(StatusCode::OK);
-            (status, [("idempotent-replayed", "true")], stored.body).into_response()
-        }
-        Ok(Answer::InFlight { retry_after }) => (
-            StatusCode::CONFLICT,
-            [("retry-after", retry_after.as_secs().max(1).to_string())],
-            "in flight\n",
-        )
-            .into_response(),
-        Ok(Answer::Mismatch) => (
-            StatusCode::UNPROCESSABLE_ENTITY,
-            "key reused with another body\n",
-        )
-            .into_response(),
-        Ok(Answer::Unknown) => (StatusCode::CONFLICT, "outcome unknown\n").into_response(),
-        Ok(_) => (StatusCode::INTERNAL_SERVER_ERROR, "unexpected answer\n").into_response(),
-        Err(e) => (StatusCode::SERVICE_UNAVAILABLE, e.to_string()).into_response(),
+        // A 5xx is not kept: the layer rolls the charge back with the claim.
+        Err(e) => (StatusCode::SERVICE_UNAVAILABLE, format!("{e}\n")).into_response(),
     }
 }
 
@@ -255,7 +272,7 @@ async fn charge(
     key: &ScopedKey,
     order: &str,
     amount: i64,
-) -> Result<((), StoredResponse), String> {
+) -> anyhow::Result<String> {
     sqlx::query(&format!(
         "INSERT INTO {} (order_id, amount) VALUES ($1, $2)",
         app.names.table("charges")
@@ -263,19 +280,16 @@ async fn charge(
     .bind(order)
     .bind(amount)
     .execute(&mut **tx)
-    .await
-    .map_err(|e| e.to_string())?;
-    let event = serde_json::json!({"type": "order-paid", "order_id": order, "amount": amount});
-    let message = OutboxMessage::for_key(key, "paid", app.names.queue(), event.to_string())
-        .map_err(|e| e.to_string())?
-        .aggregate(order)
-        .header("content-type", "application/json");
-    app.outbox
-        .enqueue(tx, &message)
-        .await
-        .map_err(|e| e.to_string())?;
-    let body = format!("{{\"order\":\"{order}\",\"paid\":{amount}}}\n");
-    Ok(((), StoredResponse::new(201, body)))
+    .await?;
+    let event =
+        serde_json::json!({"type": "order-paid", "order_id": order, "amount": amount}).to_string();
+    if app.direct.is_none() {
+        let message = OutboxMessage::for_key(key, "paid", app.names.queue(), event.clone())?
+            .aggregate(order)
+            .header("content-type", "application/json");
+        app.outbox.enqueue(tx, &message).await?;
+    }
+    Ok(event)
 }
 
 // ---- The dispatcher.

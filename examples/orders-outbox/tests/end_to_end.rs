@@ -2,7 +2,8 @@
 //! between its commit and its answer, a dispatcher between its publish and its mark, and a
 //! consumer between its commit and its ack. Every order is charged once and shipped once,
 //! and no event is lost. The same path with a consumer that has no inbox ships some orders
-//! twice (the dispatcher's republished copies).
+//! twice (the dispatcher's republished copies), and a service that publishes after its commit
+//! instead of using the outbox loses the event of the order it died on.
 
 #![allow(clippy::unwrap_used)] // Tests may unwrap: a failure is a test failure.
 
@@ -252,4 +253,64 @@ async fn without_the_inbox_a_republished_order_ships_twice() {
         tally.shipments > ORDERS as i64,
         "the dispatcher's republished copies ship again without the inbox: {tally:?}"
     );
+}
+
+/// Without the outbox (the service publishes after its commit) the same crash of the service
+/// between its commit and the publish loses that order's event: charged, never shipped. The
+/// retry is a replay, which publishes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_the_outbox_a_crash_after_the_commit_loses_the_event() {
+    let prefix = prefix("direct");
+    let pool = sqlx::PgPool::connect(PG).await.unwrap();
+    let http = reqwest::Client::builder()
+        .timeout(Duration::from_secs(3))
+        .build()
+        .unwrap();
+    let direct = [("DIRECT", "1")];
+    let mut dying = Proc::start(
+        "service",
+        &prefix,
+        &[("DIRECT", "1"), ("KILL_AT", "service:after-commit")],
+    );
+    let base = dying.address().await;
+    let pending = {
+        let (http, base) = (http.clone(), base.clone());
+        tokio::spawn(async move { pay(&http, &base, "o-0", "k-0").await })
+    };
+    dying.line("KILL-POINT").await;
+    dying.kill().await;
+    let _ = pending.await;
+
+    let consumer = Proc::start("consume", &prefix, &[]);
+    let mut service = Proc::start("service", &prefix, &direct);
+    let base = service.address().await;
+    let retry = pay(&http, &base, "o-0", "k-0").await;
+    assert_eq!(retry.headers()["idempotent-replayed"], "true");
+    for i in 1..ORDERS {
+        let res = pay(&http, &base, &format!("o-{i}"), &format!("k-{i}")).await;
+        assert_eq!(res.status(), 201);
+    }
+    let shipped = format!("SELECT count(DISTINCT order_id) FROM {prefix}_shipments");
+    let started = Instant::now();
+    while count(&pool, &shipped).await < ORDERS as i64 - 1 {
+        assert!(
+            started.elapsed() < WAIT,
+            "the published orders were not shipped"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // Time for a late copy of the lost event, were there one.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let charges = count(&pool, &format!("SELECT count(*) FROM {prefix}_charges")).await;
+    let lost = count(
+        &pool,
+        &format!("SELECT count(*) FROM {prefix}_shipments WHERE order_id = 'o-0'"),
+    )
+    .await;
+    let orders_shipped = count(&pool, &shipped).await;
+    drop((service, consumer));
+    cleanup(&pool, &prefix).await;
+    assert_eq!(charges, ORDERS as i64, "each order charged once");
+    assert_eq!(lost, 0, "o-0 was charged and its event lost");
+    assert_eq!(orders_shipped, ORDERS as i64 - 1);
 }
