@@ -59,12 +59,8 @@ pub use message::Message;
 pub use process::{DeadReason, Delivered, Disposition, Observer, Processor, Stats};
 pub use work::{Handled, HandlerError, InTx, RunResult, TxHandler, Work};
 
-/// Headers the consumer adds to a message it sends back or dead-letters.
+/// Headers the consumer adds to a message it sends back or dead-letters (idem's wire
+/// contract, [`idem_wire::message`]).
 pub mod headers {
-    /// Failed handler attempts so far (RabbitMQ copies sent back for another attempt).
-    pub const ATTEMPTS: &str = "x-idem-attempts";
-    /// Why a message was dead-lettered ([`crate::DeadReason::as_str`]).
-    pub const REASON: &str = "x-idem-reason";
-    /// The engine's outcome for the dead-lettered delivery.
-    pub const OUTCOME: &str = "x-idem-outcome";
+    pub use idem_wire::message::{ATTEMPTS, ORIGINAL_ID, OUTCOME, REASON};
 }

@@ -10,6 +10,7 @@ use idem_core::{
     Answer, Engine, EngineError, Fingerprint, Kept, Key, Outcome, Refusal, ReleaseKind, Scope,
     ScopedKey, Settled, Settlement, Store,
 };
+use idem_wire::message::DeadLetter;
 
 use crate::config::ConsumerConfig;
 use crate::message::Message;
@@ -54,16 +55,21 @@ pub enum DeadReason {
 }
 
 impl DeadReason {
+    /// The wire contract's name for it.
+    pub fn wire(&self) -> DeadLetter {
+        match self {
+            Self::NoKey => DeadLetter::NoKey,
+            Self::BadKey(_) => DeadLetter::BadKey,
+            Self::Mismatch => DeadLetter::Mismatch,
+            Self::Exhausted(_) => DeadLetter::Exhausted,
+            Self::Permanent(_) => DeadLetter::Permanent,
+            Self::Unknown => DeadLetter::Unknown,
+        }
+    }
+
     /// A short, stable name (the `x-idem-reason` header of a dead letter).
     pub fn as_str(&self) -> &'static str {
-        match self {
-            Self::NoKey => "no_key",
-            Self::BadKey(_) => "bad_key",
-            Self::Mismatch => "mismatch",
-            Self::Exhausted(_) => "exhausted",
-            Self::Permanent(_) => "permanent",
-            Self::Unknown => "unknown",
-        }
+        self.wire().slug()
     }
 }
 

@@ -7,8 +7,7 @@
 //! broker error: they are for tests.
 #![allow(clippy::unwrap_used)]
 
-use std::future::Future;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use async_nats::HeaderMap;
 use async_nats::jetstream::consumer::{AckPolicy, PullConsumer, pull};

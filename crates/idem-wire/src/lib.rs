@@ -6,6 +6,7 @@
 //!   nothing reads an answer's body to learn what idem meant.
 //! - [`GrpcCode`]: gRPC's codes by number, for the HTTP-only side.
 //! - [`header`]: the header and metadata names, `Retry-After` and `grpc-timeout`.
+//! - [`message`]: the headers and dead-letter reasons of the message carriers.
 //! - [`grpc`] (feature `grpc`): a reason as a `tonic::Status` with `ErrorInfo`/`RetryInfo`,
 //!   the reading side of that, and the status service's proto.
 //!
@@ -21,6 +22,7 @@ mod code;
 #[cfg(feature = "grpc")]
 pub mod grpc;
 pub mod header;
+pub mod message;
 mod reason;
 
 pub use code::GrpcCode;

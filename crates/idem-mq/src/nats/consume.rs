@@ -148,7 +148,7 @@ fn rename_id(map: HeaderMap) -> HeaderMap {
     for (name, values) in map.iter() {
         let name: &str = name.as_ref();
         let target = if name.eq_ignore_ascii_case(super::MESSAGE_ID) {
-            "x-idem-original-id"
+            headers::ORIGINAL_ID
         } else {
             name
         };
