@@ -42,8 +42,8 @@ use idem_core::{Action, Answer, EngineError, Outcome, Settled, Settlement, Share
 use tower::{Layer, Service};
 
 use super::{
-    Handled, Prepared, ResponseFuture, RunGuard, Shared, Step, answer, prepare, route, settle,
-    with_outcome,
+    Handled, Prepared, ResponseFuture, RunGuard, Shared, Step, admit, answer, body_refused,
+    examine, prepare_or_answer, read_body, route, settle, with_outcome,
 };
 use crate::body::{BoxError, ResponseBody};
 use crate::config::IdempotencyConfig;
@@ -177,17 +177,7 @@ where
         scoped,
         request_id,
         mut req,
-    } = match prepare(config, parts, body, found).await {
-        Step::Run(prepared) => prepared,
-        Step::Refuse(refused) => return Ok(refused.into_response()),
-        Step::Pass(req) => {
-            let res = inner.call(req).await?;
-            return Ok(with_outcome(
-                res.map(ResponseBody::inner),
-                Outcome::Passthrough,
-            ));
-        }
-    };
+    } = prepare_or_answer!(config, inner, parts, body, found);
     let scoped_key = &scoped;
     let ran = shared
         .engine

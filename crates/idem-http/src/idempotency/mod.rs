@@ -178,6 +178,38 @@ where
 /// What the handler closure hands back through the engine.
 type Handled<B, E> = Result<Response<ResponseBody<B>>, E>;
 
+/// Reads and checks a protected request ([`admit`], the body, [`examine`]) and evaluates to
+/// its [`Prepared`] run, or returns from the enclosing `async fn` with the refusal or, for a
+/// request that turned out to have no key, the inner service's answer. A macro rather than
+/// an async fn because every nested async fn is one more multi-kilobyte state built on the
+/// stack and moved into its parent, on every protected request.
+macro_rules! prepare_or_answer {
+    ($config:expr, $inner:expr, $parts:expr, $body:expr, $found:expr) => {{
+        let principal = match admit($config, &$parts, $found.as_ref()) {
+            Ok(principal) => principal,
+            Err(refused) => return Ok(refused.into_response()),
+        };
+        let bytes = match read_body($body, $config.max_request_body, $config.body_pace).await {
+            Ok(bytes) => bytes,
+            Err(failure) => {
+                return Ok(body_refused($config, failure, $found.as_ref()).into_response());
+            }
+        };
+        match examine($config, $parts, bytes, $found, principal) {
+            Step::Run(prepared) => prepared,
+            Step::Refuse(refused) => return Ok(refused.into_response()),
+            Step::Pass(req) => {
+                let res = $inner.call(req).await?;
+                return Ok(with_outcome(
+                    res.map(ResponseBody::inner),
+                    Outcome::Passthrough,
+                ));
+            }
+        }
+    }};
+}
+pub(crate) use prepare_or_answer;
+
 async fn protect<S, St, ReqB, ResB>(
     shared: Arc<Shared<St>>,
     mut inner: S,
@@ -205,17 +237,7 @@ where
         scoped,
         request_id,
         mut req,
-    } = match prepare(config, parts, body, found).await {
-        Step::Run(prepared) => prepared,
-        Step::Refuse(refused) => return Ok(refused.into_response()),
-        Step::Pass(req) => {
-            let res = inner.call(req).await?;
-            return Ok(with_outcome(
-                res.map(ResponseBody::inner),
-                Outcome::Passthrough,
-            ));
-        }
-    };
+    } = prepare_or_answer!(config, inner, parts, body, found);
 
     // Dropping this future mid-run hands the rest to a spawned task (see `ResponseFuture`),
     // so a client that goes away neither cancels the handler nor loses its result.
@@ -264,37 +286,51 @@ pub(crate) enum Step<ReqB> {
     Pass(Request<ReqB>),
 }
 
-/// Finds the principal, reads the body up to the cap, finds a key the body names, and
-/// fingerprints the request.
-pub(crate) async fn prepare<ReqB>(
+/// Before the body is read: the principal, and a declared length within the cap.
+pub(crate) fn admit(
     config: &IdempotencyConfig,
-    parts: http::request::Parts,
-    body: ReqB,
-    found: Option<FoundKey>,
-) -> Step<ReqB>
-where
-    ReqB: Body + From<Bytes>,
-    ReqB::Error: Into<BoxError>,
-{
-    let principal = match config.protection.principal.principal(&parts) {
-        Ok(p) => p,
-        Err(r) => return Step::Refuse(error::principal_refused(&r)),
-    };
+    parts: &http::request::Parts,
+    found: Option<&FoundKey>,
+) -> Result<Option<String>, Refused> {
+    let principal = config
+        .protection
+        .principal
+        .principal(parts)
+        .map_err(|r| error::principal_refused(&r))?;
     let limit = config.max_request_body;
     let declared = parts
         .headers
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
-    let key = found.as_ref().map(|f| &f.key);
     if declared.is_some_and(|n| n > limit as u64) {
-        return Step::Refuse(error::body_too_large(key, limit));
+        return Err(error::body_too_large(found.map(|f| &f.key), limit));
     }
-    let bytes = match read_body(body, limit, config.body_pace).await {
-        Ok(bytes) => bytes,
-        Err(BodyFailure::TooLarge) => return Step::Refuse(error::body_too_large(key, limit)),
-        Err(BodyFailure::TimedOut) => return Step::Refuse(error::body_timeout(key)),
-        Err(_) => return Step::Refuse(error::body_unreadable(key)),
-    };
+    Ok(principal)
+}
+
+/// Why a body could not be read, as the answer to the client.
+pub(crate) fn body_refused(
+    config: &IdempotencyConfig,
+    failure: BodyFailure,
+    found: Option<&FoundKey>,
+) -> Refused {
+    let key = found.map(|f| &f.key);
+    match failure {
+        BodyFailure::TooLarge => error::body_too_large(key, config.max_request_body),
+        BodyFailure::TimedOut => error::body_timeout(key),
+        _ => error::body_unreadable(key),
+    }
+}
+
+/// Once the body is read: the key the body names (if the key source needs it), the
+/// fingerprint, and the key in the route's scope for the principal.
+pub(crate) fn examine<ReqB: From<Bytes>>(
+    config: &IdempotencyConfig,
+    parts: http::request::Parts,
+    bytes: Bytes,
+    found: Option<FoundKey>,
+    principal: Option<String>,
+) -> Step<ReqB> {
     let found = match found {
         Some(found) => found,
         None => match body_key(config, &parts, &bytes) {
