@@ -47,7 +47,7 @@ pub use in_tx::TxStore;
 pub use policy::{HELD_LEASE, LEASE_MARGIN, Policy, PolicyBuilder, PolicyError};
 pub use probe::{Probe, ProbeAnswer, ProbeFn, ProbeFuture};
 
-use lease::{ClaimGuard, timed_op, watchdog};
+use lease::{ClaimGuard, timed_call, timed_op, watchdog};
 
 use crate::fingerprint::Fingerprint;
 use crate::key::ScopedKey;
@@ -393,7 +393,9 @@ impl<S: Store> Engine<S> {
         let mut settles = 0;
         loop {
             let sent_at = Instant::now();
-            let outcome = match timed_op(policy.store_timeout, self.store.claim(req)).await {
+            // The claim's answer is large (it may hold a response to replay): `timed_call`
+            // keeps one copy of its future where `timed_op` would keep two.
+            let outcome = match timed_call(policy.store_timeout, || self.store.claim(req)).await {
                 Ok(outcome) => outcome,
                 // A full store refused the claim outright: nothing to look for (and a flood
                 // of refused claims must not start a watcher each).
