@@ -443,6 +443,41 @@ pub fn event_for(
     Some(event)
 }
 
+/// The event `step` records at `level`: [`event_for`]'s, if [`AuditLevel::records`] keeps it.
+///
+/// A claim that claimed and a completion that settled are the steps of every first request;
+/// their kind follows from the outcome alone, so the level is asked before the event is built,
+/// and a level that leaves them out spends no allocation on them.
+pub(crate) fn event_at(
+    level: AuditLevel,
+    step: Step<'_>,
+    key: &ScopedKey,
+    now: Timestamp,
+    previous: Option<&Record>,
+) -> Option<AuditEvent> {
+    if kind_of(&step).is_some_and(|kind| !level.records(kind, previous)) {
+        return None;
+    }
+    event_for(step, key, now, previous).filter(|e| level.records(e.kind, previous))
+}
+
+/// The kind of the event [`event_for`] makes of `step`, where the step's outcome alone says
+/// it: a claim that claimed (fresh or taken over) and a completion that settled.
+fn kind_of(step: &Step<'_>) -> Option<AuditKind> {
+    match step {
+        Step::Claim(_, ClaimOutcome::Claimed { takeover, .. }) => Some(if *takeover {
+            AuditKind::TakenOver
+        } else {
+            AuditKind::Claimed
+        }),
+        Step::Complete {
+            outcome: SettleOutcome::Settled,
+            ..
+        } => Some(AuditKind::Completed),
+        _ => None,
+    }
+}
+
 /// The event a claim records: claimed or taken over, or the unknown mark a claim leaves on
 /// an expired lease under `hold`.
 fn claim_event(
@@ -619,6 +654,126 @@ mod tests {
             fences,
             [9, 4],
             "events older than a second before the newest go"
+        );
+    }
+
+    // `event_at` decides some steps before building their event; what it returns must be
+    // exactly what filtering the built event gives, for every step, level and previous state.
+    #[test]
+    fn deciding_before_building_keeps_exactly_the_events_the_level_records() {
+        use crate::fingerprint::Fingerprint;
+        use crate::record::{Lease, StoredResponse, TakeoverPolicy};
+        let owner = OwnerId(3 << 64 | 1);
+        let req = ClaimRequest {
+            key: key(),
+            fingerprint: Fingerprint::of_bytes(1, b"x"),
+            owner,
+            lease: Duration::from_secs(1),
+            ttl: Duration::from_secs(60),
+            takeover: TakeoverPolicy::Hold,
+            request_id: Some("req-1".into()),
+        };
+        let lease = Lease {
+            owner,
+            fence: 2,
+            deadline: Timestamp(2_000),
+        };
+        let record = |state| Record {
+            key: key(),
+            fingerprint: req.fingerprint,
+            fence: 2,
+            request_id: Some("req-0".into()),
+            created_at: Timestamp(500),
+            expires_at: Timestamp(100_000),
+            state,
+        };
+        let processing = record(RecordState::Processing {
+            owner,
+            lease_until: Timestamp(900),
+        });
+        let unknown = record(RecordState::Unknown {
+            since: Timestamp(950),
+            owner: Some(owner),
+        });
+        let claimed = ClaimOutcome::Claimed {
+            lease,
+            takeover: false,
+        };
+        let taken_over = ClaimOutcome::Claimed {
+            lease,
+            takeover: true,
+        };
+        let marked = ClaimOutcome::Unknown {
+            fence: 2,
+            age: Duration::from_millis(500),
+        };
+        let busy = ClaimOutcome::Busy {
+            retry_after: Duration::from_secs(1),
+        };
+        let complete = Resolution::Complete {
+            response: StoredResponse::new(200, "ok"),
+            ttl: Duration::from_secs(60),
+        };
+        let mut steps = vec![
+            Step::Claim(&req, &claimed),
+            Step::Claim(&req, &taken_over),
+            Step::Claim(&req, &marked),
+            Step::Claim(&req, &busy),
+            Step::Resolve(&complete, ResolveOutcome::Resolved),
+            Step::Resolve(&Resolution::Release, ResolveOutcome::Resolved),
+            Step::Delete { existed: true },
+            Step::Delete { existed: false },
+        ];
+        for outcome in [SettleOutcome::Settled, SettleOutcome::Fenced] {
+            steps.push(Step::Complete {
+                owner,
+                fence: 2,
+                status: 200,
+                outcome,
+            });
+            for kind in [ReleaseKind::Retryable, ReleaseKind::Unknown] {
+                steps.push(Step::Release {
+                    owner,
+                    fence: 2,
+                    kind,
+                    outcome,
+                });
+            }
+        }
+        let now = Timestamp(1_000);
+        let mut kept = [0usize; 2];
+        for (i, level) in AuditLevel::ALL.into_iter().enumerate() {
+            for previous in [None, Some(&processing), Some(&unknown)] {
+                for step in &steps {
+                    let built = event_for(*step, &key(), now, previous)
+                        .filter(|e| level.records(e.kind, previous));
+                    let decided = event_at(level, *step, &key(), now, previous);
+                    assert_eq!(decided, built, "{level} {step:?} after {previous:?}");
+                    kept[i] += usize::from(decided.is_some());
+                }
+            }
+        }
+        // The operator level leaves out the routine claim and completion, and only those.
+        assert!(kept[0] < kept[1], "{kept:?}");
+        let routine = |previous| {
+            event_at(
+                AuditLevel::Operator,
+                Step::Complete {
+                    owner,
+                    fence: 2,
+                    status: 200,
+                    outcome: SettleOutcome::Settled,
+                },
+                &key(),
+                now,
+                previous,
+            )
+        };
+        assert_eq!(routine(Some(&processing)), None);
+        assert_eq!(
+            routine(Some(&unknown)).map(|e| e.kind),
+            Some(AuditKind::Completed),
+            "completing an unknown record is written"
         );
     }
 

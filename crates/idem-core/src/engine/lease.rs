@@ -13,11 +13,24 @@ use crate::record::{Lease, ReleaseKind, TakeoverPolicy};
 use crate::store::{RenewOutcome, Store, StoreError};
 
 /// Bounds a store call by the policy's store timeout.
-pub(super) async fn timed_op<T>(
+pub(super) fn timed_op<T>(
     limit: Duration,
     op: impl Future<Output = Result<T, StoreError>>,
-) -> Result<T, StoreError> {
-    let mut op = std::pin::pin!(op);
+) -> impl Future<Output = Result<T, StoreError>> {
+    timed_call(limit, move || op)
+}
+
+/// As [`timed_op`], making the store call (`call`) when first polled. The call's future is
+/// then held once, where an argument to an `async fn` is held both as the argument and as
+/// the pinned future the function polls.
+pub(super) async fn timed_call<T, Op>(
+    limit: Duration,
+    call: impl FnOnce() -> Op,
+) -> Result<T, StoreError>
+where
+    Op: Future<Output = Result<T, StoreError>>,
+{
+    let mut op = std::pin::pin!(call());
     // A store that answers at once (memory, a cache hit) needs no timer.
     if let std::task::Poll::Ready(result) = futures::poll!(op.as_mut()) {
         return result;

@@ -47,7 +47,7 @@ pub use in_tx::{SharedTx, TxStore};
 pub use policy::{HELD_LEASE, LEASE_MARGIN, Policy, PolicyBuilder, PolicyError};
 pub use probe::{Probe, ProbeAnswer, ProbeFn, ProbeFuture};
 
-use lease::{ClaimGuard, timed_op, watchdog};
+use lease::{ClaimGuard, timed_call, timed_op, watchdog};
 
 use crate::fingerprint::Fingerprint;
 use crate::key::ScopedKey;
@@ -142,17 +142,19 @@ impl<S: Store> Engine<S> {
     ///
     /// # Errors
     /// See [`EngineError`].
-    pub async fn run<T, F, Fut>(
+    // Not an `async fn`: one that only awaited `run_traced` would wrap its future in another
+    // of the same size, copied on every call.
+    pub fn run<T, F, Fut>(
         &self,
         key: &ScopedKey,
         fingerprint: &Fingerprint,
         handler: F,
-    ) -> Result<Answer<T>, EngineError>
+    ) -> impl Future<Output = Result<Answer<T>, EngineError>>
     where
         F: FnOnce(Lease) -> Fut,
         Fut: Future<Output = Settlement<T>>,
     {
-        self.run_traced(key, fingerprint, None, handler).await
+        self.run_traced(key, fingerprint, None, handler)
     }
 
     /// Runs `handler` at most once for `key`, keeping `request_id` on the record.
@@ -195,8 +197,13 @@ impl<S: Store> Engine<S> {
             span.record(SPAN_KEY, key.digest_hex());
         }
         let policy = &*self.policy;
-        let req = self.claim_request(key, fingerprint, request_id, policy.takeover);
-        let (lease, takeover, sent_at) = match self.claim_or_wait(&req).await? {
+        // The request is dropped once the claim is answered: the rest of the run does not
+        // carry it.
+        let claimed = {
+            let req = self.claim_request(key, fingerprint, request_id, policy.takeover);
+            self.claim_or_wait(&req).await?
+        };
+        let (lease, takeover, sent_at) = match claimed {
             Claimed::Now {
                 lease,
                 takeover,
@@ -230,15 +237,23 @@ impl<S: Store> Engine<S> {
             std::pin::pin!(AssertUnwindSafe(async move { handler(lease).await }).catch_unwind());
         // A handler that finishes on its first poll needs neither the timeout's timer nor the
         // watchdog; one that does not gets both, with the deadline counted from `started`.
+        // Their timers and renewal state are boxed, so this future stays small for the
+        // handlers that never wait.
         let result = match futures::poll!(work.as_mut()) {
             std::task::Poll::Ready(done) => Ok(done),
             std::task::Poll::Pending => {
                 let timed = tokio::time::timeout_at(started + policy.handler_timeout, work);
                 let lost = watchdog(&*self.store, key, lease, policy, sent_at, policy.takeover);
-                tokio::select! {
-                    biased;
-                    r = timed => r,
-                    loss = lost => {
+                let raced = Box::pin(async move {
+                    tokio::select! {
+                        biased;
+                        r = timed => Ok(r),
+                        loss = lost => Err(loss),
+                    }
+                });
+                match raced.await {
+                    Ok(r) => r,
+                    Err(loss) => {
                         guard.armed = false;
                         tracing::warn!(key = %key, fence = lease.fence, ?loss, "lease lost; handler cancelled");
                         return Err(EngineError::LeaseLost);
@@ -378,7 +393,9 @@ impl<S: Store> Engine<S> {
         let mut settles = 0;
         loop {
             let sent_at = Instant::now();
-            let outcome = match timed_op(policy.store_timeout, self.store.claim(req)).await {
+            // The claim's answer is large (it may hold a response to replay): `timed_call`
+            // keeps one copy of its future where `timed_op` would keep two.
+            let outcome = match timed_call(policy.store_timeout, || self.store.claim(req)).await {
                 Ok(outcome) => outcome,
                 // A full store refused the claim outright: nothing to look for (and a flood
                 // of refused claims must not start a watcher each).
@@ -404,11 +421,10 @@ impl<S: Store> Engine<S> {
                     takeover,
                     sent_at,
                 },
+                // Boxed: a probe's round trip is rare, and its state would otherwise be part
+                // of every run's future.
                 ClaimOutcome::Unknown { fence, age } => {
-                    match self
-                        .settle_unknown(&req.key, fence, age, settles < 2)
-                        .await?
-                    {
+                    match Box::pin(self.settle_unknown(&req.key, fence, age, settles < 2)).await? {
                         Some(answer) => Claimed::Not(answer),
                         None => {
                             settles += 1;
@@ -518,7 +534,8 @@ impl<S: Store> Engine<S> {
             match result {
                 Ok(SettleOutcome::Settled) => return Settled::Stored,
                 // After a failed try, "fenced" may be that try's write having landed.
-                Ok(_) if failed_before && self.holds_answer(key, response).await => {
+                // Boxed for the same reason as the probe: only a failed try gets here.
+                Ok(_) if failed_before && Box::pin(self.holds_answer(key, response)).await => {
                     return Settled::Stored;
                 }
                 Ok(_) => return Settled::Fenced,

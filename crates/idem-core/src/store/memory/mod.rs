@@ -155,7 +155,7 @@ impl MemoryStore {
         now: Timestamp,
         previous: Option<&Record>,
     ) -> Option<AuditEvent> {
-        audit::event_for(step, key, now, previous).filter(|e| self.level.records(e.kind, previous))
+        audit::event_at(self.level, step, key, now, previous)
     }
 
     /// Number of records held, expired ones included until swept.
@@ -236,6 +236,9 @@ fn lock(shard: &Mutex<Inner>) -> crate::sync::MutexGuard<'_, Inner> {
 impl Shared {
     /// Adds `event` to the locked shard's trail.
     fn record(&self, inner: &mut Inner, event: Option<AuditEvent>) {
+        if event.is_none() && inner.expired.is_empty() {
+            return;
+        }
         for event in std::mem::take(&mut inner.expired).into_iter().chain(event) {
             let seq = self.audit_seq.fetch_add(1, Ordering::Relaxed);
             inner.audit.push(seq, event, self.audit);
