@@ -37,7 +37,8 @@ pub use config::{
 };
 pub use guard::RunGuard;
 pub use idempotency::{
-    Idempotency, IdempotencyLayer, ResponseFuture, TxIdempotency, TxIdempotencyLayer,
+    Idempotency, IdempotencyLayer, InTransaction, ResponseFuture, Separate, TxIdempotency,
+    TxIdempotencyLayer,
 };
 pub use key::{KeyRejection, parse_key};
 pub use policy::{

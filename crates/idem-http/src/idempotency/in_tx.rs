@@ -31,7 +31,6 @@
 //! # let _ = app; Ok(()) }
 //! ```
 
-use std::fmt;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
@@ -39,83 +38,28 @@ use bytes::Bytes;
 use http::{Request, Response};
 use http_body::Body;
 use idem_core::{Action, Answer, EngineError, Outcome, Settled, Settlement, SharedTx, TxStore};
-use tower::{Layer, Service};
+use tower::Service;
 
 use super::{
     Handled, Prepared, ResponseFuture, RunGuard, Shared, Step, admit, answer, body_refused,
     examine, prepare_or_answer, read_body, route, settle, with_outcome,
 };
 use crate::body::{BoxError, ResponseBody};
-use crate::config::IdempotencyConfig;
 use crate::policy::FoundKey;
 
-/// Applies [`TxIdempotency`]: built by
-/// [`IdempotencyLayer::in_transaction`](super::IdempotencyLayer::in_transaction). Cheap to
-/// clone.
-pub struct TxIdempotencyLayer<St> {
-    pub(super) shared: Arc<Shared<St>>,
-}
+/// Same-transaction mode (see the module docs): the request carries, besides the
+/// [`Lease`](idem_core::Lease) and the [`Key`](idem_core::Key), the
+/// [`ScopedKey`](idem_core::ScopedKey) (to derive outbox message ids from) and the
+/// transaction as a [`SharedTx`]. Chosen with
+/// [`IdempotencyLayer::in_transaction`](super::IdempotencyLayer::in_transaction).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct InTransaction;
 
-impl<St> TxIdempotencyLayer<St> {
-    /// The route configuration.
-    pub fn config(&self) -> &IdempotencyConfig {
-        &self.shared.config
-    }
-}
+/// [`Idempotency`](super::Idempotency) in same-transaction mode.
+pub type TxIdempotency<S, St> = super::Idempotency<S, St, InTransaction>;
 
-impl<St> Clone for TxIdempotencyLayer<St> {
-    fn clone(&self) -> Self {
-        Self {
-            shared: Arc::clone(&self.shared),
-        }
-    }
-}
-
-impl<St> fmt::Debug for TxIdempotencyLayer<St> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("TxIdempotencyLayer")
-            .field("config", &self.shared.config)
-            .finish_non_exhaustive()
-    }
-}
-
-impl<S, St> Layer<S> for TxIdempotencyLayer<St> {
-    type Service = TxIdempotency<S, St>;
-
-    fn layer(&self, inner: S) -> Self::Service {
-        TxIdempotency {
-            inner,
-            shared: Arc::clone(&self.shared),
-        }
-    }
-}
-
-/// [`Idempotency`](super::Idempotency) in same-transaction mode (see the module docs): the
-/// request carries, besides the [`Lease`](idem_core::Lease) and the
-/// [`Key`](idem_core::Key), the [`ScopedKey`](idem_core::ScopedKey) (to derive outbox
-/// message ids from) and the transaction as a [`SharedTx`].
-pub struct TxIdempotency<S, St> {
-    inner: S,
-    shared: Arc<Shared<St>>,
-}
-
-impl<S: Clone, St> Clone for TxIdempotency<S, St> {
-    fn clone(&self) -> Self {
-        Self {
-            inner: self.inner.clone(),
-            shared: Arc::clone(&self.shared),
-        }
-    }
-}
-
-impl<S: fmt::Debug, St> fmt::Debug for TxIdempotency<S, St> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("TxIdempotency")
-            .field("inner", &self.inner)
-            .field("config", &self.shared.config)
-            .finish_non_exhaustive()
-    }
-}
+/// [`IdempotencyLayer`](super::IdempotencyLayer) in same-transaction mode.
+pub type TxIdempotencyLayer<St> = super::IdempotencyLayer<St, InTransaction>;
 
 impl<S, St, ReqB, ResB> Service<Request<ReqB>> for TxIdempotency<S, St>
 where

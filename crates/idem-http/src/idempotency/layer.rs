@@ -1,17 +1,20 @@
 //! [`IdempotencyLayer`]: wraps a service in [`Idempotency`].
 
 use std::fmt;
+use std::marker::PhantomData;
 use std::sync::Arc;
 
-use idem_core::{Engine, Store};
+use idem_core::{Engine, Store, TxStore};
 use tower::Layer;
 
-use super::{Idempotency, Shared};
+use super::{Idempotency, InTransaction, Separate, Shared};
 use crate::config::IdempotencyConfig;
 
-/// Applies [`Idempotency`] with one route configuration. Cheap to clone.
-pub struct IdempotencyLayer<St> {
+/// Applies [`Idempotency`] with one route configuration, in the mode `M`: [`Separate`] (the
+/// default) or [`InTransaction`]. Cheap to clone.
+pub struct IdempotencyLayer<St, M = Separate> {
     shared: Arc<Shared<St>>,
+    mode: PhantomData<fn() -> M>,
 }
 
 impl<St: Store> IdempotencyLayer<St> {
@@ -19,16 +22,33 @@ impl<St: Store> IdempotencyLayer<St> {
     /// policy if [`IdempotencyConfig::policy`] set one, else under `engine`'s.
     pub fn new(engine: &Engine<St>, config: IdempotencyConfig) -> Self {
         let engine = config.protection.engine(engine);
-        Self {
-            shared: Arc::new(Shared { engine, config }),
-        }
+        Self::with(Shared { engine, config })
     }
 
     /// A layer over its own engine on `store`, under the route's policy or the default one.
     pub fn from_store(store: St, config: IdempotencyConfig) -> Self {
         let engine = Engine::new(store, config.protection.policy.clone().unwrap_or_default());
+        Self::with(Shared { engine, config })
+    }
+}
+
+impl<St: TxStore> IdempotencyLayer<St> {
+    /// The same route in same-transaction mode: the claim, the handler's writes and the
+    /// completion commit in one database transaction, which the handler takes from the
+    /// request as a [`SharedTx`](idem_core::SharedTx) (see [`InTransaction`]).
+    pub fn in_transaction(self) -> IdempotencyLayer<St, InTransaction> {
+        IdempotencyLayer {
+            shared: self.shared,
+            mode: PhantomData,
+        }
+    }
+}
+
+impl<St, M> IdempotencyLayer<St, M> {
+    fn with(shared: Shared<St>) -> Self {
         Self {
-            shared: Arc::new(Shared { engine, config }),
+            shared: Arc::new(shared),
+            mode: PhantomData,
         }
     }
 
@@ -43,15 +63,16 @@ impl<St: Store> IdempotencyLayer<St> {
     }
 }
 
-impl<St> Clone for IdempotencyLayer<St> {
+impl<St, M> Clone for IdempotencyLayer<St, M> {
     fn clone(&self) -> Self {
         Self {
             shared: Arc::clone(&self.shared),
+            mode: PhantomData,
         }
     }
 }
 
-impl<St> fmt::Debug for IdempotencyLayer<St> {
+impl<St, M> fmt::Debug for IdempotencyLayer<St, M> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("IdempotencyLayer")
             .field("config", &self.shared.config)
@@ -59,29 +80,19 @@ impl<St> fmt::Debug for IdempotencyLayer<St> {
     }
 }
 
-impl<S, St> Layer<S> for IdempotencyLayer<St> {
-    type Service = Idempotency<S, St>;
+impl<S, St, M> Layer<S> for IdempotencyLayer<St, M> {
+    type Service = Idempotency<S, St, M>;
 
     fn layer(&self, inner: S) -> Self::Service {
         Idempotency {
             inner,
             shared: Arc::clone(&self.shared),
+            mode: PhantomData,
         }
     }
 }
 
-impl<St: idem_core::TxStore> IdempotencyLayer<St> {
-    /// The same route in same-transaction mode: the claim, the handler's writes and the
-    /// completion commit in one database transaction, which the handler takes from the
-    /// request as a [`SharedTx`](idem_core::SharedTx) (see [`TxIdempotency`](super::TxIdempotency)).
-    pub fn in_transaction(self) -> super::TxIdempotencyLayer<St> {
-        super::TxIdempotencyLayer {
-            shared: self.shared,
-        }
-    }
-}
-
-impl<St: Store> IdempotencyLayer<St> {
+impl<St: Store, M> IdempotencyLayer<St, M> {
     /// The status endpoint for this route's namespace and principal, under `prefix`.
     pub fn status_service(&self, prefix: &str) -> crate::IdempotencyStatus<St> {
         crate::IdempotencyStatus::new(&self.shared.engine, self.shared.config.clone(), prefix)

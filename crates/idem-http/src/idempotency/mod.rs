@@ -40,6 +40,7 @@ mod layer;
 
 use std::fmt;
 use std::future::Future;
+use std::marker::PhantomData;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
@@ -54,7 +55,7 @@ use tower::Service;
 
 pub(crate) use error::{Refused, key_rejection as key_problem, principal_refused};
 pub use future::ResponseFuture;
-pub use in_tx::{TxIdempotency, TxIdempotencyLayer};
+pub use in_tx::{InTransaction, TxIdempotency, TxIdempotencyLayer};
 pub use layer::IdempotencyLayer;
 
 use crate::body::{BoxError, ResponseBody};
@@ -70,23 +71,31 @@ pub(crate) struct Shared<St> {
     pub(crate) config: IdempotencyConfig,
 }
 
-/// Middleware giving an HTTP service idempotency-key semantics. Built by
-/// [`IdempotencyLayer`].
-pub struct Idempotency<S, St> {
+/// Middleware giving an HTTP service idempotency-key semantics, in the mode `M`:
+/// [`Separate`] (the default) or [`InTransaction`]. Built by [`IdempotencyLayer`].
+pub struct Idempotency<S, St, M = Separate> {
     inner: S,
     shared: Arc<Shared<St>>,
+    mode: PhantomData<fn() -> M>,
 }
 
-impl<S: Clone, St> Clone for Idempotency<S, St> {
+/// The ordinary mode: the claim and the completion are the store's own operations, and the
+/// handler's effects are its own business (the fence, in the request's
+/// [`Lease`](idem_core::Lease), is the write token to hand them).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Separate;
+
+impl<S: Clone, St, M> Clone for Idempotency<S, St, M> {
     fn clone(&self) -> Self {
         Self {
             inner: self.inner.clone(),
             shared: Arc::clone(&self.shared),
+            mode: PhantomData,
         }
     }
 }
 
-impl<S: fmt::Debug, St> fmt::Debug for Idempotency<S, St> {
+impl<S: fmt::Debug, St, M> fmt::Debug for Idempotency<S, St, M> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Idempotency")
             .field("inner", &self.inner)
