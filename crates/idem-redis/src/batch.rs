@@ -225,6 +225,7 @@ impl Batching for Batcher {
     const MAX_OPS: usize = MAX_OPS;
     const MAX_BYTES: usize = MAX_BYTES;
     const FAILED: &'static str = "redis batch failed";
+    const GATHER: bool = true;
 
     fn queue(&self) -> &Queue<Self> {
         &self.queue
