@@ -109,13 +109,25 @@ async fn prepare(store: &RedisStore, server: &Server, i: usize) -> Option<Lease>
 
 /// The fingerprint each scenario's claim is made with (3 asks with another one).
 /// Loads the claim and batch scripts (three concurrent claims on fresh keys), so the
-/// NOSCRIPT retries of a first call do not count in what a test measures next.
+/// NOSCRIPT retries of a first call do not count in what a test measures next; then leaves
+/// the store idle (see [`idle`]).
 async fn load_claim_scripts(store: &RedisStore) {
     let warm: Vec<ClaimRequest> = (0..3)
         .map(|i| request(&key(&format!("warm{i}")), 1))
         .collect();
     for out in join_all(warm.iter().map(|r| store.claim(r))).await {
         claimed(&out);
+    }
+    idle().await;
+}
+
+/// Lets the task that sent the last batch run once more: it yields after each batch so that
+/// the operations its callers submit next join it, and only then, finding nothing queued,
+/// gives its slot back. Until it has, a new operation queues behind it instead of running
+/// alone.
+async fn idle() {
+    for _ in 0..3 {
+        tokio::task::yield_now().await;
     }
 }
 
@@ -255,6 +267,7 @@ async fn operations_on_one_key_inside_one_batch_are_sequential() {
     // A completion and a claim of the same key in one batch: the claim replays it.
     let response = StoredResponse::new(200, "first");
     let ttl = Duration::from_secs(60);
+    idle().await;
     server.cli(&["CONFIG", "RESETSTAT"]);
     let blocker2 = key("blocker-2");
     let third = request(&k, 1);
@@ -341,6 +354,44 @@ async fn hold_and_a_late_holder_inside_one_batch() {
         Ok(ClaimOutcome::Done { response: r }) => assert_eq!(r, response),
         other => panic!("expected a replay, got {other:?}"),
     }
+}
+
+// Guards the batch driver's yield after each batch: the callers it answered submit their next
+// operations at once, and those must leave together as the next batch. Without the yield the
+// driver finds its queue empty and gives its slot back before they run; the first of them
+// then runs alone and the other waits a whole call behind it (four script calls here, not
+// three).
+#[tokio::test]
+async fn operations_submitted_by_the_callers_of_a_batch_join_the_next_batch() {
+    if !redis_server_available() {
+        return;
+    }
+    let server = Server::start(&[]);
+    let store = store(&server, true).await;
+    load_claim_scripts(&store).await;
+    let then_claim = |first: &'static str, next: &'static str| {
+        let store = &store;
+        async move {
+            claimed(&store.claim(&request(&key(first), 1)).await);
+            store.claim(&request(&key(next), 1)).await
+        }
+    };
+    let lone = request(&key("chain-alone"), 1);
+    server.cli(&["CONFIG", "RESETSTAT"]);
+    let (alone, a, b) = futures::join!(
+        store.claim(&lone),
+        then_claim("chain-a1", "chain-a2"),
+        then_claim("chain-b1", "chain-b2"),
+    );
+    claimed(&alone);
+    claimed(&a);
+    claimed(&b);
+    assert_eq!(
+        server.calls("evalsha"),
+        3,
+        "one alone, the two first claims in one batch, the two next in the next batch"
+    );
+    assert_eq!(server.calls("get"), 5, "every claim read its record once");
 }
 
 /// The round-trip rule still holds with batching on: an operation alone runs its own script.
