@@ -284,7 +284,10 @@ impl Batching for Batcher {
         let bytes = codes.len()
             + max.len()
             + all.len()
-            + batch.iter().map(|op| op.key.len() + op.buf.len()).sum::<usize>()
+            + batch
+                .iter()
+                .map(|op| op.key.len() + op.buf.len())
+                .sum::<usize>()
             + streams.iter().map(|s| s.len()).sum::<usize>();
         let script = self.scripts.batch;
         let mut cmd: Cmd = script.command(batch.len() + streams.len(), args, bytes);

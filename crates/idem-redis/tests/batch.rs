@@ -13,6 +13,7 @@ use std::time::Duration;
 
 use common::{Server, redis_server_available, unique_prefix};
 use futures::future::join_all;
+use idem_core::audit::{AuditKind, AuditLevel, AuditQuery};
 use idem_core::store::{ClaimOutcome, ClaimRequest, SettleOutcome};
 use idem_core::{
     Fingerprint, Key, Lease, OwnerId, ReleaseKind, Scope, ScopedKey, Store, StoreError,
@@ -392,6 +393,72 @@ async fn operations_submitted_by_the_callers_of_a_batch_join_the_next_batch() {
         "one alone, the two first claims in one batch, the two next in the next batch"
     );
     assert_eq!(server.calls("get"), 5, "every claim read its record once");
+}
+
+// Guards the batch layout that sends each audit stream once: operations of two namespaces in
+// one batch must each record their events in their own namespace's stream (a wrong stream
+// position would put them in the other one, or fail the batch).
+#[tokio::test]
+async fn a_batch_records_each_event_in_its_own_namespace_stream() {
+    if !redis_server_available() {
+        return;
+    }
+    let server = Server::start(&[]);
+    let config = RedisConfig::from_url(&server.url())
+        .and_then(|c| c.prefix(unique_prefix()))
+        .and_then(|c| c.op_timeout(Duration::from_secs(2)))
+        .and_then(|c| c.batches_in_flight(1))
+        .map(|c| c.audit_level(AuditLevel::All))
+        .expect("config");
+    let store = RedisStore::connect(config).await.expect("connect");
+    load_claim_scripts(&store).await;
+    let in_ns = |ns: &str, k: &str| {
+        ScopedKey::new(
+            Scope::new(ns).expect("ns").with_principal("p1"),
+            Key::new(k).expect("key"),
+        )
+    };
+    let (a, b) = ("redis.batch.a", "redis.batch.b");
+    let requests = [
+        request(&in_ns(a, "alone"), 1),
+        request(&in_ns(a, "a1"), 1),
+        request(&in_ns(b, "b1"), 1),
+        request(&in_ns(a, "a2"), 1),
+        request(&in_ns(b, "b2"), 1),
+    ];
+    server.cli(&["CONFIG", "RESETSTAT"]);
+    let out = join_all(requests.iter().map(|r| store.claim(r))).await;
+    assert_eq!(
+        server.calls("evalsha"),
+        2,
+        "one alone, then the rest in one batch"
+    );
+    let mut fences = std::collections::HashMap::new();
+    for (r, o) in requests.iter().zip(&out) {
+        fences.insert(r.key.key.as_str().to_owned(), claimed(o).fence);
+    }
+    for (ns, keys) in [(a, vec!["a1", "a2", "alone"]), (b, vec!["b1", "b2"])] {
+        let events = store
+            .audit(&AuditQuery {
+                namespace: Some(ns.to_owned()),
+                kind: Some(AuditKind::Claimed),
+                ..AuditQuery::default()
+            })
+            .await
+            .expect("audit");
+        let mut seen: Vec<(String, u64)> = events
+            .iter()
+            .filter(|e| !e.key.starts_with("warm"))
+            .map(|e| {
+                assert_eq!(e.namespace, ns);
+                (e.key.clone(), e.fence)
+            })
+            .collect();
+        seen.sort();
+        let expected: Vec<(String, u64)> =
+            keys.iter().map(|k| ((*k).to_owned(), fences[*k])).collect();
+        assert_eq!(seen, expected, "the claim events of {ns}");
+    }
 }
 
 /// The round-trip rule still holds with batching on: an operation alone runs its own script.
