@@ -5,7 +5,10 @@
 //! while every slot is busy wait in a queue; when a slot frees up, a spawned task sends the
 //! whole queue (up to a cap) as one `EVALSHA` of the batch script (`lua/batch.lua`), which
 //! applies each operation in order with the same Lua function as its single script, and
-//! hands each caller its own reply. The task keeps the slot while more operations queue up.
+//! hands each caller its own reply. The task keeps the slot while more operations queue up;
+//! after each batch it yields once before it looks, so the callers it just answered (most
+//! of them back with their next operation at once under load) make the next batch whole
+//! instead of the first of them running alone ([`Batching::GATHER`]).
 //! The queue, its slots and that task are [`idem_core::store::coalesce`]'s; this file says what a record
 //! operation is and how a batch of them is sent.
 //!
