@@ -12,6 +12,11 @@
 //! - `PEERS_ROUNDS` (default 5): rounds; every line is measured once per round;
 //! - `PEERS_TASKS` (default `"1 64"`): concurrent tasks, one measurement set per level;
 //! - `PEERS_STORES` (default `"memory redis"`): which backends;
+//! - `PEERS_IMPLS` (default: all): which implementations to measure, by name (`floor`,
+//!   `idempotent03`, `idempotent2`, `idem`), for profiling one of them; the ratios need idem
+//!   and a peer;
+//! - `PEERS_COMMANDSTATS=1`: after each Redis measurement, print the server's `INFO
+//!   commandstats` for it (calls and µs per call of each command) to stderr;
 //! - `PEERS_REDIS_URL` (default: none): a Redis to use, e.g. `redis://127.0.0.1:6379/13`;
 //!   without it the bench starts its own `redis-server` on a spare loopback port (no
 //!   persistence) and stops it at the end. On a given server, every key the run writes starts
@@ -90,6 +95,21 @@ async fn main() {
         })
         .collect();
 
+    let impls: Vec<Impl> = match env_text("PEERS_IMPLS") {
+        None => Impl::ALL.to_vec(),
+        Some(list) => list
+            .split_whitespace()
+            .map(|s| match s {
+                "floor" => Impl::Floor,
+                "idempotent03" => Impl::V03,
+                "idempotent2" => Impl::V2,
+                "idem" => Impl::Idem,
+                other => panic!("PEERS_IMPLS: unknown implementation {other:?}"),
+            })
+            .collect(),
+    };
+    let commandstats = env_text("PEERS_COMMANDSTATS").as_deref() == Some("1");
+
     let wants_redis = backends.contains(&Backend::Redis);
     let given_url = env_text("PEERS_REDIS_URL");
     let private = (wants_redis && given_url.is_none()).then(server::Server::start);
@@ -121,16 +141,31 @@ async fn main() {
         for &tasks in &levels {
             for &backend in &backends {
                 for row in Row::ALL {
-                    for k in 0..Impl::ALL.len() {
-                        let which = Impl::ALL[(k + round - 1) % Impl::ALL.len()];
+                    for k in 0..impls.len() {
+                        let which = impls[(k + round - 1) % impls.len()];
                         let tag = format!("r{round}c{tasks}");
                         let tasks_before = tokio::runtime::Handle::current()
                             .metrics()
                             .num_alive_tasks();
                         let op = subjects::prepare(which, backend, row, redis.as_ref(), tag).await;
                         let server = (backend == Backend::Redis).then_some(server_pid).flatten();
+                        let stats = match &redis {
+                            Some(r) if commandstats && backend == Backend::Redis => Some(r),
+                            _ => None,
+                        };
+                        if let Some(r) = stats {
+                            r.reset_stats().await;
+                        }
                         let (rate, client_cpu_us, server_cpu_us) =
                             harness::measure(tasks, secs, op, server).await;
+                        if let Some(r) = stats {
+                            eprintln!(
+                                "commandstats of {} {} c={tasks}:\n{}",
+                                which.label(),
+                                row.label(),
+                                r.stats().await
+                            );
+                        }
                         let settled = harness::settle(tasks_before).await;
                         eprintln!(
                             "round {round}/{rounds} {} {} c={tasks} {}: {rate:.0}/s, CPU {client_cpu_us:.1} µs/op{}; settled in {} ms",

@@ -178,6 +178,47 @@ impl RedisSubjects {
         }
     }
 
+    /// Resets the server's command statistics (`CONFIG RESETSTAT`), for `PEERS_COMMANDSTATS`.
+    pub(crate) async fn reset_stats(&self) {
+        redis::cmd("CONFIG")
+            .arg("RESETSTAT")
+            .exec_async(&mut self.raw.clone())
+            .await
+            .expect("CONFIG RESETSTAT");
+    }
+
+    /// The server's command statistics since the last reset, one `command calls usec/call`
+    /// line per command, for `PEERS_COMMANDSTATS`.
+    pub(crate) async fn stats(&self) -> String {
+        let info: String = redis::cmd("INFO")
+            .arg("commandstats")
+            .query_async(&mut self.raw.clone())
+            .await
+            .expect("INFO commandstats");
+        let mut out = String::new();
+        for line in info.lines() {
+            let Some((name, rest)) = line.strip_prefix("cmdstat_").and_then(|l| l.split_once(':'))
+            else {
+                continue;
+            };
+            let field = |f: &str| {
+                rest.split(',')
+                    .find_map(|kv| kv.strip_prefix(f))
+                    .unwrap_or("?")
+                    .to_owned()
+            };
+            if name == "config" || name == "info" {
+                continue;
+            }
+            out.push_str(&format!(
+                "    {name} calls={} usec_per_call={}\n",
+                field("calls="),
+                field("usec_per_call=")
+            ));
+        }
+        out
+    }
+
     /// Deletes every key this run wrote (all start with the prefix then `-` or `:`); returns
     /// how many.
     pub(crate) async fn clean_up(&self) -> usize {

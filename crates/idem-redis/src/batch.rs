@@ -5,7 +5,10 @@
 //! while every slot is busy wait in a queue; when a slot frees up, a spawned task sends the
 //! whole queue (up to a cap) as one `EVALSHA` of the batch script (`lua/batch.lua`), which
 //! applies each operation in order with the same Lua function as its single script, and
-//! hands each caller its own reply. The task keeps the slot while more operations queue up.
+//! hands each caller its own reply. The task keeps the slot while more operations queue up;
+//! after each batch it yields once before it looks, so the callers it just answered (most
+//! of them back with their next operation at once under load) make the next batch whole
+//! instead of the first of them running alone ([`Batching::GATHER`]).
 //! The queue, its slots and that task are [`idem_core::store::coalesce`]'s; this file says what a record
 //! operation is and how a batch of them is sent.
 //!
@@ -50,6 +53,10 @@ impl Kind {
 
 /// Most arguments of one operation (claim has 8).
 const MAX_ARGS: usize = 8;
+
+/// Every operation's last two arguments are its store's audit stream bound and audit level
+/// (see `lua/claim.lua`, `lua/complete.lua`); a batch sends them once for all its operations.
+const AUDIT_ARGS: usize = 2;
 
 /// One operation: its record key and its single script's arguments, kept in one buffer.
 #[derive(Debug)]
@@ -108,6 +115,12 @@ impl Op {
 
     fn size(&self) -> usize {
         self.key.len() + self.stream.len() + self.buf.len()
+    }
+
+    /// The operation's audit arguments (its last two), which a batch sends once.
+    fn audit_args(&self) -> Option<(&[u8], &[u8])> {
+        let mut last = self.arg_slices().skip(self.args.checked_sub(AUDIT_ARGS)?);
+        Some((last.next()?, last.next()?))
     }
 
     /// Whether `reply` (this operation's own reply) says it wrote a claim or a completion,
@@ -225,6 +238,7 @@ impl Batching for Batcher {
     const MAX_OPS: usize = MAX_OPS;
     const MAX_BYTES: usize = MAX_BYTES;
     const FAILED: &'static str = "redis batch failed";
+    const GATHER: bool = true;
 
     fn queue(&self) -> &Queue<Self> {
         &self.queue
@@ -245,20 +259,50 @@ impl Batching for Batcher {
     /// Each operation's reply, with, in durability mode, the replica wait after the batch's
     /// writes (if it wrote anything).
     async fn run_batch(&self, batch: &[Op]) -> Result<Vec<Result<Reply, StoreError>>, StoreError> {
-        let args = 1 + batch.iter().map(|op| op.args).sum::<usize>();
-        let bytes = batch.iter().map(|op| 1 + op.size()).sum();
+        // The layout of `lua/batch.lua`: the records, then each distinct stream once; the
+        // operations' codes with their streams' positions; the audit arguments every
+        // operation shares, once; then each operation's own arguments.
+        let mut streams: Vec<&str> = Vec::new();
+        let mut codes = Vec::with_capacity(2 * batch.len());
+        for op in batch {
+            let at = match streams.iter().position(|s| *s == op.stream) {
+                Some(at) => at,
+                None => {
+                    streams.push(&op.stream);
+                    streams.len() - 1
+                }
+            };
+            codes.push(op.kind.code());
+            // At most MAX_OPS (128) operations, so at most 128 streams: one byte holds it.
+            codes.push(u8::try_from(at + 1).map_err(|_| malformed("too many streams in a batch"))?);
+        }
+        let (max, all) = match batch.first().map(Op::audit_args) {
+            Some(Some(shared)) => shared,
+            _ => return Err(malformed("batch operation without audit arguments")),
+        };
+        if batch.iter().any(|op| op.audit_args() != Some((max, all))) {
+            return Err(malformed("batch operations with different audit arguments"));
+        }
+        let args = 3 + batch.iter().map(|op| op.args - AUDIT_ARGS).sum::<usize>();
+        let bytes = codes.len()
+            + max.len()
+            + all.len()
+            + batch
+                .iter()
+                .map(|op| op.key.len() + op.buf.len())
+                .sum::<usize>()
+            + streams.iter().map(|s| s.len()).sum::<usize>();
         let script = self.scripts.batch;
-        let mut cmd: Cmd = script.command(2 * batch.len(), args, bytes);
+        let mut cmd: Cmd = script.command(batch.len() + streams.len(), args, bytes);
         for op in batch {
             cmd.arg(op.key.as_bytes());
         }
-        for op in batch {
-            cmd.arg(op.stream.as_bytes());
+        for stream in &streams {
+            cmd.arg(stream.as_bytes());
         }
-        let codes: Vec<u8> = batch.iter().map(|op| op.kind.code()).collect();
-        cmd.arg(codes);
+        cmd.arg(codes).arg(max).arg(all);
         for op in batch {
-            for a in op.arg_slices() {
+            for a in op.arg_slices().take(op.args - AUDIT_ARGS) {
                 cmd.arg(a);
             }
         }

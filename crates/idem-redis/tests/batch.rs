@@ -13,6 +13,7 @@ use std::time::Duration;
 
 use common::{Server, redis_server_available, unique_prefix};
 use futures::future::join_all;
+use idem_core::audit::{AuditKind, AuditLevel, AuditQuery};
 use idem_core::store::{ClaimOutcome, ClaimRequest, SettleOutcome};
 use idem_core::{
     Fingerprint, Key, Lease, OwnerId, ReleaseKind, Scope, ScopedKey, Store, StoreError,
@@ -109,13 +110,25 @@ async fn prepare(store: &RedisStore, server: &Server, i: usize) -> Option<Lease>
 
 /// The fingerprint each scenario's claim is made with (3 asks with another one).
 /// Loads the claim and batch scripts (three concurrent claims on fresh keys), so the
-/// NOSCRIPT retries of a first call do not count in what a test measures next.
+/// NOSCRIPT retries of a first call do not count in what a test measures next; then leaves
+/// the store idle (see [`idle`]).
 async fn load_claim_scripts(store: &RedisStore) {
     let warm: Vec<ClaimRequest> = (0..3)
         .map(|i| request(&key(&format!("warm{i}")), 1))
         .collect();
     for out in join_all(warm.iter().map(|r| store.claim(r))).await {
         claimed(&out);
+    }
+    idle().await;
+}
+
+/// Lets the task that sent the last batch run once more: it yields after each batch so that
+/// the operations its callers submit next join it, and only then, finding nothing queued,
+/// gives its slot back. Until it has, a new operation queues behind it instead of running
+/// alone.
+async fn idle() {
+    for _ in 0..3 {
+        tokio::task::yield_now().await;
     }
 }
 
@@ -255,6 +268,7 @@ async fn operations_on_one_key_inside_one_batch_are_sequential() {
     // A completion and a claim of the same key in one batch: the claim replays it.
     let response = StoredResponse::new(200, "first");
     let ttl = Duration::from_secs(60);
+    idle().await;
     server.cli(&["CONFIG", "RESETSTAT"]);
     let blocker2 = key("blocker-2");
     let third = request(&k, 1);
@@ -340,6 +354,110 @@ async fn hold_and_a_late_holder_inside_one_batch() {
     match replay {
         Ok(ClaimOutcome::Done { response: r }) => assert_eq!(r, response),
         other => panic!("expected a replay, got {other:?}"),
+    }
+}
+
+// Guards the batch driver's yield after each batch: the callers it answered submit their next
+// operations at once, and those must leave together as the next batch. Without the yield the
+// driver finds its queue empty and gives its slot back before they run; the first of them
+// then runs alone and the other waits a whole call behind it (four script calls here, not
+// three).
+#[tokio::test]
+async fn operations_submitted_by_the_callers_of_a_batch_join_the_next_batch() {
+    if !redis_server_available() {
+        return;
+    }
+    let server = Server::start(&[]);
+    let store = store(&server, true).await;
+    load_claim_scripts(&store).await;
+    let then_claim = |first: &'static str, next: &'static str| {
+        let store = &store;
+        async move {
+            claimed(&store.claim(&request(&key(first), 1)).await);
+            store.claim(&request(&key(next), 1)).await
+        }
+    };
+    let lone = request(&key("chain-alone"), 1);
+    server.cli(&["CONFIG", "RESETSTAT"]);
+    let (alone, a, b) = futures::join!(
+        store.claim(&lone),
+        then_claim("chain-a1", "chain-a2"),
+        then_claim("chain-b1", "chain-b2"),
+    );
+    claimed(&alone);
+    claimed(&a);
+    claimed(&b);
+    assert_eq!(
+        server.calls("evalsha"),
+        3,
+        "one alone, the two first claims in one batch, the two next in the next batch"
+    );
+    assert_eq!(server.calls("get"), 5, "every claim read its record once");
+}
+
+// Guards the batch layout that sends each audit stream once: operations of two namespaces in
+// one batch must each record their events in their own namespace's stream (a wrong stream
+// position would put them in the other one, or fail the batch).
+#[tokio::test]
+async fn a_batch_records_each_event_in_its_own_namespace_stream() {
+    if !redis_server_available() {
+        return;
+    }
+    let server = Server::start(&[]);
+    let config = RedisConfig::from_url(&server.url())
+        .and_then(|c| c.prefix(unique_prefix()))
+        .and_then(|c| c.op_timeout(Duration::from_secs(2)))
+        .and_then(|c| c.batches_in_flight(1))
+        .map(|c| c.audit_level(AuditLevel::All))
+        .expect("config");
+    let store = RedisStore::connect(config).await.expect("connect");
+    load_claim_scripts(&store).await;
+    let in_ns = |ns: &str, k: &str| {
+        ScopedKey::new(
+            Scope::new(ns).expect("ns").with_principal("p1"),
+            Key::new(k).expect("key"),
+        )
+    };
+    let (a, b) = ("redis.batch.a", "redis.batch.b");
+    let requests = [
+        request(&in_ns(a, "alone"), 1),
+        request(&in_ns(a, "a1"), 1),
+        request(&in_ns(b, "b1"), 1),
+        request(&in_ns(a, "a2"), 1),
+        request(&in_ns(b, "b2"), 1),
+    ];
+    server.cli(&["CONFIG", "RESETSTAT"]);
+    let out = join_all(requests.iter().map(|r| store.claim(r))).await;
+    assert_eq!(
+        server.calls("evalsha"),
+        2,
+        "one alone, then the rest in one batch"
+    );
+    let mut fences = std::collections::HashMap::new();
+    for (r, o) in requests.iter().zip(&out) {
+        fences.insert(r.key.key.as_str().to_owned(), claimed(o).fence);
+    }
+    for (ns, keys) in [(a, vec!["a1", "a2", "alone"]), (b, vec!["b1", "b2"])] {
+        let events = store
+            .audit(&AuditQuery {
+                namespace: Some(ns.to_owned()),
+                kind: Some(AuditKind::Claimed),
+                ..AuditQuery::default()
+            })
+            .await
+            .expect("audit");
+        let mut seen: Vec<(String, u64)> = events
+            .iter()
+            .filter(|e| !e.key.starts_with("warm"))
+            .map(|e| {
+                assert_eq!(e.namespace, ns);
+                (e.key.clone(), e.fence)
+            })
+            .collect();
+        seen.sort();
+        let expected: Vec<(String, u64)> =
+            keys.iter().map(|k| ((*k).to_owned(), fences[*k])).collect();
+        assert_eq!(seen, expected, "the claim events of {ns}");
     }
 }
 

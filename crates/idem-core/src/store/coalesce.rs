@@ -33,6 +33,12 @@ pub trait Batching: Sized + Send + Sync + 'static {
     const MAX_BYTES: usize;
     /// The debug log line of a failed batch.
     const FAILED: &'static str;
+    /// Whether a driver yields to the runtime once after each batch, before it takes the
+    /// next: the callers that batch answered then run first, and the operations they submit
+    /// next join the queue instead of finding it empty (the driver would give its slot back,
+    /// the first of them would run alone on it, and the rest would wait a whole call behind
+    /// that one). Worth it where a call's fixed cost is a round trip; off by default.
+    const GATHER: bool = false;
 
     /// The batcher's queue.
     fn queue(&self) -> &Queue<Self>;
@@ -257,8 +263,16 @@ async fn drive<B: Batching>(mut slot: Slot<B>) {
     let Some(owner) = slot.owner.clone() else {
         return;
     };
-    while let Some(batch) = take(owner.queue()) {
+    let mut sent = false;
+    loop {
+        if B::GATHER && sent {
+            tokio::task::yield_now().await;
+        }
+        let Some(batch) = take(owner.queue()) else {
+            break;
+        };
         send(&*owner, batch).await;
+        sent = true;
     }
     // `take` gave the slot back already.
     slot.owner = None;

@@ -1,22 +1,30 @@
 -- Several claims and completions from one client in one script call, each applied on its own
 -- and in order, exactly as its single script would (same functions), so two operations on
 -- one key see each other as sequential calls.
--- KEYS: the record of each operation, in order, then the audit stream of each, in the same
--- order. ARGV[1]: one code per operation, 'c' claim or 'd' complete; then each operation's
--- single script arguments in order (8 for a claim, 5 for a completion; the last two are the
--- stream's maxlen and the audit level).
+-- KEYS: the record of each operation, in order, then each audit stream the operations write
+-- to, once each (concurrent operations mostly share their namespace's stream).
+-- ARGV[1]: two bytes per operation: its code, 'c' claim or 'd' complete, then which stream it
+-- writes to (a byte: 1 for the first stream after the records). ARGV[2] and ARGV[3]: the
+-- streams' maxlen and the audit level, the same for every operation of one store. Then each
+-- operation's single script arguments in order, without those two (6 for a claim, 3 for a
+-- completion).
 -- Replies one entry per operation: that operation's single-script reply, or {-1, message} if
 -- it raised an error (a corrupt record), which fails that operation alone.
-local out, codes, a, n = {}, ARGV[1], 2, #KEYS / 2
+local out, codes, maxlen, all, a = {}, ARGV[1], ARGV[2], ARGV[3], 4
+local n = #codes / 2
 for k = 1, n do
-  local op, ok, r = string.byte(codes, k), nil, nil
+  local op, s = string.byte(codes, 2 * k - 1, 2 * k)
+  local stream, ok, r = KEYS[n + s], nil, nil
+  if stream == nil then
+    return redis.error_reply('idem: bad batch stream')
+  end
   if op == 99 then -- 'c'
     ok, r = pcall(claim, KEYS[k], ARGV[a], ARGV[a + 1], ARGV[a + 2], ARGV[a + 3], ARGV[a + 4], ARGV[a + 5],
-      KEYS[n + k], ARGV[a + 6], ARGV[a + 7])
-    a = a + 8
+      stream, maxlen, all)
+    a = a + 6
   elseif op == 100 then -- 'd'
-    ok, r = pcall(complete, KEYS[k], ARGV[a], ARGV[a + 1], ARGV[a + 2], KEYS[n + k], ARGV[a + 3], ARGV[a + 4])
-    a = a + 5
+    ok, r = pcall(complete, KEYS[k], ARGV[a], ARGV[a + 1], ARGV[a + 2], stream, maxlen, all)
+    a = a + 3
   else
     return redis.error_reply('idem: bad batch operation')
   end
