@@ -84,10 +84,8 @@ pub struct RedisConfig {
 }
 
 /// Default number of script calls one store keeps in flight before it queues claims and
-/// completions into batches (see [`RedisConfig::batching`]): two, so that under load one
-/// batch runs on the server while the client handles the replies of the other, instead of
-/// the two taking turns.
-pub const DEFAULT_BATCHES_IN_FLIGHT: usize = 2;
+/// completions into batches (see [`RedisConfig::batching`]).
+pub const DEFAULT_BATCHES_IN_FLIGHT: usize = 1;
 
 /// Default bound of each audit stream (see [`RedisConfig::audit_max_events`]).
 pub const DEFAULT_AUDIT_MAX_EVENTS: usize = 100_000;
@@ -236,9 +234,7 @@ impl RedisConfig {
     }
 
     /// Script calls (lone operations or batches) a store keeps in flight before it queues
-    /// claims and completions; [`DEFAULT_BATCHES_IN_FLIGHT`] (2) by default. With 1, the
-    /// server waits while the client handles a batch's replies and the client waits while
-    /// the server runs the next batch.
+    /// claims and completions; 1 by default.
     ///
     /// # Errors
     /// [`RedisConfigError::Zero`] for zero.
