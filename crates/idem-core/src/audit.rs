@@ -15,7 +15,7 @@
 //! ```
 //! use idem_core::audit::{self, AuditKind, AuditQuery};
 //! use idem_core::{
-//!     ClaimOutcome, ClaimRequest, Fingerprint, Key, MemoryStore, OwnerId, ReleaseKind,
+//!     ClaimOutcome, ClaimRequest, Fingerprint, Hold, Key, MemoryStore, OwnerId, ReleaseKind,
 //!     Resolution, Scope, ScopedKey, Store, TakeoverPolicy,
 //! };
 //! use std::time::Duration;
@@ -37,7 +37,7 @@
 //!     let ClaimOutcome::Claimed { lease, .. } = store.claim(&req).await.unwrap() else {
 //!         unreachable!()
 //!     };
-//!     store.release(&key, lease.owner, lease.fence, ReleaseKind::Unknown).await.unwrap();
+//!     store.release(&Hold::of(&key, &lease), ReleaseKind::Unknown).await.unwrap();
 //!     audit::acting_as("operator:ann", || store.resolve(&key, &Resolution::Release, None))
 //!         .await
 //!         .unwrap();

@@ -37,7 +37,7 @@ pub use record::{
 };
 // `idem_core::memory` and `idem_core::cache` are short paths to the in-process stores.
 pub use store::{
-    BoxStore, CachedStore, ClaimOutcome, ClaimRequest, ListFilter, MemoryStore, RenewOutcome,
-    Resolution, ResolveOutcome, SettleOutcome, Store, StoreError, StoreOp,
+    BoxStore, CachedStore, ClaimOutcome, ClaimRequest, Completion, Hold, ListFilter, MemoryStore,
+    RenewOutcome, Resolution, ResolveOutcome, SettleOutcome, Store, StoreError, StoreOp,
 };
 pub use store::{cache, memory};

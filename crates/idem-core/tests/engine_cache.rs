@@ -7,6 +7,7 @@
 mod common;
 
 use common::*;
+use idem_core::store::{Completion, Hold};
 use idem_core::{
     Answer, CachedStore, ClaimOutcome, Engine, Policy, Settled, Store, StoreOp, StoredResponse,
     TakeoverPolicy,
@@ -84,13 +85,11 @@ async fn processing_records_are_never_cached() {
     // Completing through the cached store fills the cache; the next replay is local.
     engine
         .store()
-        .complete(
-            &k,
-            lease.owner,
-            lease.fence,
+        .complete(&Completion::new(
+            Hold::of(&k, &lease),
             &StoredResponse::new(200, "done"),
             secs(60),
-        )
+        ))
         .await
         .expect("complete");
     assert_eq!(engine.store().cached(), 1);

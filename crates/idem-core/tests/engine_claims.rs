@@ -9,6 +9,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use common::*;
+use idem_core::store::{Completion, Hold};
 use idem_core::{
     Answer, ClaimOutcome, EngineError, Key, Policy, ReleaseKind, Reply, Scope, ScopedKey,
     SettleOutcome, Settled, Settlement, StateKind, Store, StoredResponse, TakeoverPolicy,
@@ -66,13 +67,11 @@ async fn crashed_holder_is_taken_over_with_a_higher_fence() {
     }
     let late = rig
         .memory
-        .complete(
-            &k,
-            old.owner,
-            old.fence,
+        .complete(&Completion::new(
+            Hold::of(&k, &old),
             &StoredResponse::new(200, "stale"),
             secs(60),
-        )
+        ))
         .await
         .expect("complete");
     assert_eq!(
@@ -234,13 +233,11 @@ async fn in_flight_wait_replays_the_first_result() {
         async move {
             tokio::time::sleep(Duration::from_millis(700)).await;
             let done = memory
-                .complete(
-                    &k2,
-                    lease.owner,
-                    lease.fence,
+                .complete(&Completion::new(
+                    Hold::of(&k2, &lease),
                     &StoredResponse::new(201, "first"),
                     secs(60),
-                )
+                ))
                 .await;
             assert_eq!(done.expect("complete"), SettleOutcome::Settled);
         }
@@ -285,7 +282,7 @@ async fn in_flight_wait_runs_when_the_first_releases() {
     let (waiter, ()) = tokio::join!(engine.run(&k, &x, |_| async { ok("second") }), async move {
         tokio::time::sleep(Duration::from_millis(300)).await;
         memory
-            .release(&k2, lease.owner, lease.fence, ReleaseKind::Retryable)
+            .release(&Hold::of(&k2, &lease), ReleaseKind::Retryable)
             .await
             .expect("release");
     });

@@ -11,6 +11,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use common::*;
+use idem_core::store::Hold;
 use idem_core::{
     Answer, ClaimOutcome, Engine, Policy, Probe, ProbeAnswer, ProbeFn, RecordState, ReleaseKind,
     Resolution, ScopedKey, Settled, Settlement, Store, StoredResponse, TakeoverPolicy,
@@ -304,7 +305,7 @@ async fn a_probe_answer_about_one_attempt_never_settles_the_next() {
             panic!("{first:?}");
         };
         store
-            .release(&k, a.owner, a.fence, ReleaseKind::Unknown)
+            .release(&Hold::of(&k, &a), ReleaseKind::Unknown)
             .await
             .expect("release");
         jump(policy.handler_timeout() + secs(1));
@@ -330,7 +331,7 @@ async fn a_probe_answer_about_one_attempt_never_settles_the_next() {
                     };
                     down.act(&k);
                     racer
-                        .release(&k, b.owner, b.fence, ReleaseKind::Unknown)
+                        .release(&Hold::of(&k, &b), ReleaseKind::Unknown)
                         .await
                         .expect("release");
                     return ProbeAnswer::NotDone;

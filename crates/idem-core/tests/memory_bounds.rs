@@ -3,6 +3,7 @@
 
 use std::time::Duration;
 
+use idem_core::store::{Completion, Hold};
 use idem_core::{
     AuditRetention, ClaimOutcome, ClaimRequest, Fingerprint, Key, ManualClock, MemoryStore,
     OwnerId, Scope, ScopedKey, SettleOutcome, Store, StoreError, StoredResponse, TakeoverPolicy,
@@ -31,13 +32,11 @@ async fn run(store: &MemoryStore, name: &str, body: &'static [u8]) -> Result<(),
         panic!("{name} not claimed");
     };
     let done = store
-        .complete(
-            &req.key,
-            lease.owner,
-            lease.fence,
+        .complete(&Completion::new(
+            Hold::of(&req.key, &lease),
             &StoredResponse::new(200, body),
             req.ttl,
-        )
+        ))
         .await
         .expect("complete");
     assert_eq!(done, SettleOutcome::Settled);

@@ -10,6 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use idem_core::decide::{self, Change};
+use idem_core::store::{Completion, Hold};
 use idem_core::{
     ClaimOutcome, ClaimRequest, Fingerprint, Key, ManualClock, MemoryStore, OwnerId, RecordState,
     ReleaseKind, Scope, ScopedKey, SettleOutcome, Store, StoredResponse, TakeoverPolicy, Timestamp,
@@ -189,25 +190,18 @@ fn settle_race() {
     let complete_a = {
         let (store, seen) = (store.clone(), Arc::clone(&seen));
         thread::spawn(move || {
-            let r = block_on(store.complete(
-                &key(),
-                a_lease.owner,
-                a_lease.fence,
+            let r = block_on(store.complete(&Completion::new(
+                Hold::of(&key(), &a_lease),
                 &StoredResponse::new(200, "a"),
                 ttl,
-            ));
+            )));
             seen.lock().expect("lock").a_complete = Some(r.expect("complete"));
         })
     };
     let release_a = {
         let (store, seen) = (store.clone(), Arc::clone(&seen));
         thread::spawn(move || {
-            let r = block_on(store.release(
-                &key(),
-                a_lease.owner,
-                a_lease.fence,
-                ReleaseKind::Retryable,
-            ));
+            let r = block_on(store.release(&Hold::of(&key(), &a_lease), ReleaseKind::Retryable));
             seen.lock().expect("lock").a_release = Some(r.expect("release"));
         })
     };
@@ -218,13 +212,11 @@ fn settle_race() {
             let outcome = block_on(store.claim(&b)).expect("claim");
             let completed = match &outcome {
                 ClaimOutcome::Claimed { lease, .. } => Some(
-                    block_on(store.complete(
-                        &key(),
-                        b.owner,
-                        lease.fence,
+                    block_on(store.complete(&Completion::new(
+                        Hold::new(&key(), b.owner, lease.fence),
                         &StoredResponse::new(200, "b"),
                         ttl,
-                    ))
+                    )))
                     .expect("complete"),
                 ),
                 _ => None,

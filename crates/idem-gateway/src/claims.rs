@@ -6,9 +6,10 @@ use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::Arc;
 use std::time::Duration;
 
+use idem_core::store::{Completion, Hold};
 use idem_core::{
     ClaimOutcome, ClaimRequest, OwnerId, ReleaseKind, ScopedKey, SettleOutcome, Store, StoreError,
-    StoredResponse, TakeoverPolicy,
+    TakeoverPolicy,
 };
 use parking_lot::Mutex;
 use tokio::sync::Notify;
@@ -126,8 +127,11 @@ impl<S: Store> TrackedStore<S> {
                 TakeoverPolicy::Hold => ReleaseKind::Unknown,
                 _ => ReleaseKind::Retryable,
             };
-            match tokio::time::timeout(timeout, self.inner.release(&h.key, owner, fence, kind))
-                .await
+            match tokio::time::timeout(
+                timeout,
+                self.inner.release(&Hold::new(&h.key, owner, fence), kind),
+            )
+            .await
             {
                 Ok(Ok(_)) => {
                     settled += 1;
@@ -145,13 +149,13 @@ impl<S: Store> TrackedStore<S> {
         settled
     }
 
-    fn settled(&self, owner: OwnerId, fence: u64, outcome: &Result<SettleOutcome, StoreError>) {
+    fn settled(&self, hold: &Hold<'_>, outcome: &Result<SettleOutcome, StoreError>) {
         // A failed settle is still held: the engine may retry, or the lease runs out.
         if outcome.is_err() {
             return;
         }
         let mut held = self.claims.held.lock();
-        held.remove(&(owner, fence));
+        held.remove(&(hold.owner, hold.fence));
         if held.is_empty() {
             self.claims.empty.notify_waiters();
         }
@@ -173,28 +177,19 @@ impl<S: Store> Store for TrackedStore<S> {
         Ok(outcome)
     }
 
-    async fn complete(
-        &self,
-        key: &ScopedKey,
-        owner: OwnerId,
-        fence: u64,
-        response: &StoredResponse,
-        ttl: Duration,
-    ) -> Result<SettleOutcome, StoreError> {
-        let outcome = self.inner.complete(key, owner, fence, response, ttl).await;
-        self.settled(owner, fence, &outcome);
+    async fn complete(&self, completion: &Completion<'_>) -> Result<SettleOutcome, StoreError> {
+        let outcome = self.inner.complete(completion).await;
+        self.settled(&completion.hold, &outcome);
         outcome
     }
 
     async fn release(
         &self,
-        key: &ScopedKey,
-        owner: OwnerId,
-        fence: u64,
+        hold: &Hold<'_>,
         kind: ReleaseKind,
     ) -> Result<SettleOutcome, StoreError> {
-        let outcome = self.inner.release(key, owner, fence, kind).await;
-        self.settled(owner, fence, &outcome);
+        let outcome = self.inner.release(hold, kind).await;
+        self.settled(hold, &outcome);
         outcome
     }
 
@@ -203,7 +198,7 @@ impl<S: Store> Store for TrackedStore<S> {
 
 #[cfg(test)]
 mod tests {
-    use idem_core::{Fingerprint, Key, MemoryStore, Scope};
+    use idem_core::{Fingerprint, Key, MemoryStore, Scope, StoredResponse};
 
     use super::*;
 
@@ -230,13 +225,11 @@ mod tests {
         store.claim(&b).await.expect("claim");
         assert_eq!(store.held(), 2);
         store
-            .complete(
-                &a.key,
-                lease.owner,
-                lease.fence,
+            .complete(&Completion::new(
+                Hold::of(&a.key, &lease),
                 &StoredResponse::new(200, "ok"),
                 a.ttl,
-            )
+            ))
             .await
             .expect("complete");
         assert_eq!(store.held(), 1);
@@ -277,13 +270,11 @@ mod tests {
             })
         };
         store
-            .complete(
-                &d.key,
-                lease.owner,
-                lease.fence,
+            .complete(&Completion::new(
+                Hold::of(&d.key, &lease),
                 &StoredResponse::new(200, "ok"),
                 d.ttl,
-            )
+            ))
             .await
             .expect("complete");
         assert_eq!(waiter.await.expect("join"), 0);

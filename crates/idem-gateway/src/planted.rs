@@ -15,6 +15,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use idem_core::store::StoreError;
+use idem_core::store::{Completion, Hold};
 use idem_core::{
     BoxStore, ClaimOutcome, ClaimRequest, Lease, OwnerId, ScopedKey, SettleOutcome, Store,
     StoredResponse, Timestamp,
@@ -102,22 +103,27 @@ impl Store for Planted {
         }
     }
 
-    async fn complete(
-        &self,
-        key: &ScopedKey,
-        owner: OwnerId,
-        fence: u64,
-        response: &StoredResponse,
-        ttl: Duration,
-    ) -> Result<SettleOutcome, StoreError> {
+    async fn complete(&self, completion: &Completion<'_>) -> Result<SettleOutcome, StoreError> {
         if self.bug != Bug::AnswerBeforeDurable {
-            return self.inner.complete(key, owner, fence, response, ttl).await;
+            return self.inner.complete(completion).await;
         }
-        let (inner, key, response) = (Arc::clone(&self.inner), key.clone(), response.clone());
+        let Completion {
+            hold,
+            response,
+            ttl,
+        } = *completion;
+        let (owner, fence) = (hold.owner, hold.fence);
+        let (inner, key, response) = (Arc::clone(&self.inner), hold.key.clone(), response.clone());
         tokio::spawn(async move {
             // Long enough for a kill to land between the answer and the write.
             tokio::time::sleep(Duration::from_millis(500)).await;
-            let _ = inner.complete(&key, owner, fence, &response, ttl).await;
+            let _ = inner
+                .complete(&Completion::new(
+                    Hold::new(&key, owner, fence),
+                    &response,
+                    ttl,
+                ))
+                .await;
         });
         Ok(SettleOutcome::Settled)
     }

@@ -21,6 +21,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use idem_core::store::{ClaimOutcome, ClaimRequest};
+use idem_core::store::{Completion, Hold};
 use idem_core::{
     Engine, Fingerprint, Key, OwnerId, Policy, Scope, ScopedKey, Settlement, Store, StoredResponse,
     TakeoverPolicy,
@@ -315,7 +316,7 @@ impl Bench {
                     };
                     let ttl = Duration::from_secs(300);
                     store
-                        .complete(&req.key, lease.owner, lease.fence, &body, ttl)
+                        .complete(&Completion::new(Hold::of(&req.key, &lease), &body, ttl))
                         .await
                         .expect("complete");
                 }

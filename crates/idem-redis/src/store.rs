@@ -9,8 +9,9 @@ use idem_core::record::duration_ms;
 use idem_core::store::{
     ClaimOutcome, ClaimRequest, ListFilter, RenewOutcome, Resolution, ResolveOutcome, SettleOutcome,
 };
+use idem_core::store::{Completion, Hold};
 use idem_core::{
-    Fingerprint, Lease, OwnerId, Record, ReleaseKind, ScopedKey, StateKind, Store, StoreError,
+    Fingerprint, Lease, Record, ReleaseKind, ScopedKey, StateKind, Store, StoreError,
     StoredResponse, TakeoverPolicy, Timestamp, decide,
 };
 use redis::Value;
@@ -476,15 +477,9 @@ impl Store for RedisStore {
         bounded(self.write_limit(), self.claim_once(req)).await
     }
 
-    async fn renew(
-        &self,
-        key: &ScopedKey,
-        owner: OwnerId,
-        fence: u64,
-        lease: Duration,
-    ) -> Result<RenewOutcome, StoreError> {
-        let rk = self.record_key(key);
-        let token = holder_token(owner, fence);
+    async fn renew(&self, hold: &Hold<'_>, lease: Duration) -> Result<RenewOutcome, StoreError> {
+        let (key, rk) = (hold.key, self.record_key(hold.key));
+        let token = holder_token(hold.owner, hold.fence);
         bounded(self.shared.op_timeout, async {
             let reply = self
                 .run(
@@ -507,14 +502,12 @@ impl Store for RedisStore {
         .await
     }
 
-    async fn complete(
-        &self,
-        key: &ScopedKey,
-        owner: OwnerId,
-        fence: u64,
-        response: &StoredResponse,
-        ttl: Duration,
-    ) -> Result<SettleOutcome, StoreError> {
+    async fn complete(&self, completion: &Completion<'_>) -> Result<SettleOutcome, StoreError> {
+        let Completion {
+            hold: Hold { key, owner, fence },
+            response,
+            ttl,
+        } = *completion;
         let body = response.encode();
         let mut op = Op::new(
             Kind::Complete,
@@ -543,12 +536,10 @@ impl Store for RedisStore {
 
     async fn release(
         &self,
-        key: &ScopedKey,
-        owner: OwnerId,
-        fence: u64,
+        hold: &Hold<'_>,
         kind: ReleaseKind,
     ) -> Result<SettleOutcome, StoreError> {
-        let token = holder_token(owner, fence);
+        let (key, token) = (hold.key, holder_token(hold.owner, hold.fence));
         let kind: &[u8] = if kind == ReleaseKind::Unknown {
             b"u"
         } else {

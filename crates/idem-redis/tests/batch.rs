@@ -15,6 +15,7 @@ use common::{Server, redis_server_available, unique_prefix};
 use futures::future::join_all;
 use idem_core::audit::{AuditKind, AuditLevel, AuditQuery};
 use idem_core::store::{ClaimOutcome, ClaimRequest, SettleOutcome};
+use idem_core::store::{Completion, Hold};
 use idem_core::{
     Fingerprint, Key, Lease, OwnerId, ReleaseKind, Scope, ScopedKey, Store, StoreError,
     StoredResponse, TakeoverPolicy,
@@ -85,7 +86,7 @@ async fn prepare(store: &RedisStore, server: &Server, i: usize) -> Option<Lease>
             let response = StoredResponse::new(200, format!("response {i}"));
             let ttl = Duration::from_secs(60);
             store
-                .complete(&k, lease.owner, lease.fence, &response, ttl)
+                .complete(&Completion::new(Hold::of(&k, &lease), &response, ttl))
                 .await
                 .expect("complete");
             None
@@ -94,7 +95,7 @@ async fn prepare(store: &RedisStore, server: &Server, i: usize) -> Option<Lease>
         4 => {
             let lease = claimed(&store.claim(&request(&k, 1)).await);
             store
-                .release(&k, lease.owner, lease.fence, ReleaseKind::Unknown)
+                .release(&Hold::of(&k, &lease), ReleaseKind::Unknown)
                 .await
                 .expect("release");
             None
@@ -208,11 +209,11 @@ async fn concurrent_claims_share_calls_and_each_gets_its_own_answer() {
         .collect();
     assert!(settles.len() >= 8);
     server.cli(&["CONFIG", "RESETSTAT"]);
-    let settled = join_all(
-        settles
-            .iter()
-            .map(|(k, owner, fence)| batched.complete(k, *owner, *fence, &response, ttl)),
-    )
+    let settled = join_all(settles.iter().map(|(k, owner, fence)| {
+        let completion = Completion::new(Hold::new(k, *owner, *fence), &response, ttl);
+        let batched = &batched;
+        async move { batched.complete(&completion).await }
+    }))
     .await;
     assert_eq!(server.calls("evalsha"), 2);
     for (j, result) in settled.iter().enumerate() {
@@ -272,17 +273,13 @@ async fn operations_on_one_key_inside_one_batch_are_sequential() {
     server.cli(&["CONFIG", "RESETSTAT"]);
     let blocker2 = key("blocker-2");
     let third = request(&k, 1);
+    let completion = Completion::new(Hold::of(&k, &lease), &response, ttl);
     let (done, replies) = futures::join!(
         async {
             let b = store.claim(&request(&blocker2, 1)).await;
             claimed(&b);
         },
-        async {
-            futures::join!(
-                store.complete(&k, lease.owner, lease.fence, &response, ttl),
-                store.claim(&third)
-            )
-        }
+        async { futures::join!(store.complete(&completion), store.claim(&third)) }
     );
     let () = done;
     assert_eq!(
@@ -317,7 +314,11 @@ async fn hold_and_a_late_holder_inside_one_batch() {
     let ttl = Duration::from_secs(60);
     let response = StoredResponse::new(201, "late");
     store
-        .complete(&key("warm-done"), warm.owner, warm.fence, &response, ttl)
+        .complete(&Completion::new(
+            Hold::of(&key("warm-done"), &warm),
+            &response,
+            ttl,
+        ))
         .await
         .expect("complete");
     tokio::time::sleep(Duration::from_millis(80)).await;
@@ -326,13 +327,19 @@ async fn hold_and_a_late_holder_inside_one_batch() {
     hold.takeover = TakeoverPolicy::Hold;
     let after = request(&k, 1);
     let blocker = request(&key("blocker"), 1);
+    let by_stranger = Completion::new(
+        Hold::new(&k, OwnerId::random(), lease.fence),
+        &response,
+        ttl,
+    );
+    let by_holder = Completion::new(Hold::of(&k, &lease), &response, ttl);
     server.cli(&["CONFIG", "RESETSTAT"]);
     let (blocked, (marked, stranger, holder, replay)) =
         futures::join!(store.claim(&blocker), async {
             futures::join!(
                 store.claim(&hold),
-                store.complete(&k, OwnerId::random(), lease.fence, &response, ttl),
-                store.complete(&k, lease.owner, lease.fence, &response, ttl),
+                store.complete(&by_stranger),
+                store.complete(&by_holder),
                 store.claim(&after)
             )
         });
@@ -474,14 +481,22 @@ async fn a_lone_operation_runs_its_own_script() {
     // Load the claim and complete scripts first so NOSCRIPT retries do not count.
     let warm = claimed(&store.claim(&request(&key("warm"), 1)).await);
     store
-        .complete(&key("warm"), warm.owner, warm.fence, &response, ttl)
+        .complete(&Completion::new(
+            Hold::of(&key("warm"), &warm),
+            &response,
+            ttl,
+        ))
         .await
         .expect("complete");
     server.cli(&["CONFIG", "RESETSTAT"]);
     let lease = claimed(&store.claim(&request(&key("lone"), 1)).await);
     assert_eq!(
         store
-            .complete(&key("lone"), lease.owner, lease.fence, &response, ttl)
+            .complete(&Completion::new(
+                Hold::of(&key("lone"), &lease),
+                &response,
+                ttl
+            ))
             .await
             .expect("complete"),
         SettleOutcome::Settled

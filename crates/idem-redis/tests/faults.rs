@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use common::{Server, redis_server_available, store_at};
 use idem_core::store::{ClaimOutcome, ClaimRequest, RenewOutcome, SettleOutcome};
+use idem_core::store::{Completion, Hold};
 use idem_core::{
     Engine, EngineError, Fingerprint, Key, OwnerId, Policy, ReleaseKind, Scope, ScopedKey,
     Settlement, Store, StoreError, StoredResponse, TakeoverPolicy,
@@ -338,21 +339,21 @@ async fn paused_holder_loses_to_a_new_claimer() {
     let late = StoredResponse::new(200, "stale");
     assert_eq!(
         store
-            .complete(&k, stale.owner, stale.fence, &late, ttl)
+            .complete(&Completion::new(Hold::of(&k, &stale), &late, ttl))
             .await
             .expect("complete"),
         SettleOutcome::Fenced
     );
     assert_eq!(
         store
-            .renew(&k, stale.owner, stale.fence, lease)
+            .renew(&Hold::of(&k, &stale), lease)
             .await
             .expect("renew"),
         RenewOutcome::Lost
     );
     assert_eq!(
         store
-            .release(&k, stale.owner, stale.fence, ReleaseKind::Retryable)
+            .release(&Hold::of(&k, &stale), ReleaseKind::Retryable)
             .await
             .expect("release"),
         SettleOutcome::Fenced
@@ -360,7 +361,7 @@ async fn paused_holder_loses_to_a_new_claimer() {
     let winner = StoredResponse::new(200, "fresh");
     assert_eq!(
         store
-            .complete(&k, fresh.owner, fresh.fence, &winner, ttl)
+            .complete(&Completion::new(Hold::of(&k, &fresh), &winner, ttl))
             .await
             .expect("complete"),
         SettleOutcome::Settled

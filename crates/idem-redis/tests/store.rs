@@ -10,6 +10,7 @@ use idem_core::audit::{AuditKind, AuditLevel, AuditQuery};
 use idem_core::store::{
     ClaimOutcome, ClaimRequest, ListFilter, RenewOutcome, Resolution, ResolveOutcome, SettleOutcome,
 };
+use idem_core::store::{Completion, Hold};
 use idem_core::{
     Answer, CachedStore, Engine, Fingerprint, Key, OwnerId, Policy, RecordState, ReleaseKind,
     Scope, ScopedKey, Settlement, StateKind, Store, StoreError, StoredResponse, TakeoverPolicy,
@@ -64,7 +65,7 @@ async fn lifecycle_on_one_record() {
         Ok(ClaimOutcome::Mismatch { .. })
     ));
     let renewed = store
-        .renew(&k, lease.owner, lease.fence, Duration::from_secs(20))
+        .renew(&Hold::of(&k, &lease), Duration::from_secs(20))
         .await
         .expect("renew");
     assert!(matches!(renewed, RenewOutcome::Renewed { deadline } if deadline > lease.deadline));
@@ -77,21 +78,25 @@ async fn lifecycle_on_one_record() {
     let ttl = Duration::from_secs(30);
     assert_eq!(
         store
-            .complete(&k, OwnerId::random(), lease.fence, &response, ttl)
+            .complete(&Completion::new(
+                Hold::new(&k, OwnerId::random(), lease.fence),
+                &response,
+                ttl
+            ))
             .await
             .expect("complete"),
         SettleOutcome::Fenced
     );
     assert_eq!(
         store
-            .complete(&k, lease.owner, lease.fence, &response, ttl)
+            .complete(&Completion::new(Hold::of(&k, &lease), &response, ttl))
             .await
             .expect("complete"),
         SettleOutcome::Settled
     );
     assert_eq!(
         store
-            .complete(&k, lease.owner, lease.fence, &response, ttl)
+            .complete(&Completion::new(Hold::of(&k, &lease), &response, ttl))
             .await
             .expect("complete"),
         SettleOutcome::Fenced
@@ -144,7 +149,7 @@ async fn fences_climb_through_release_delete_and_resolve() {
         match round % 3 {
             0 => assert_eq!(
                 store
-                    .release(&k, lease.owner, lease.fence, ReleaseKind::Retryable)
+                    .release(&Hold::of(&k, &lease), ReleaseKind::Retryable)
                     .await
                     .expect("release"),
                 SettleOutcome::Settled
@@ -152,7 +157,7 @@ async fn fences_climb_through_release_delete_and_resolve() {
             1 => assert!(store.delete(&k).await.expect("delete")),
             _ => {
                 store
-                    .release(&k, lease.owner, lease.fence, ReleaseKind::Unknown)
+                    .release(&Hold::of(&k, &lease), ReleaseKind::Unknown)
                     .await
                     .expect("release unknown");
                 assert_eq!(
@@ -238,7 +243,7 @@ async fn hold_policy_turns_an_expired_lease_unknown() {
     }
     assert_eq!(
         store
-            .renew(&k, lease.owner, lease.fence, Duration::from_secs(5))
+            .renew(&Hold::of(&k, &lease), Duration::from_secs(5))
             .await
             .expect("renew"),
         RenewOutcome::Lost,
@@ -252,7 +257,11 @@ async fn hold_policy_turns_an_expired_lease_unknown() {
     ] {
         assert_eq!(
             store
-                .complete(&k, owner, fence, &late, Duration::from_secs(5))
+                .complete(&Completion::new(
+                    Hold::new(&k, owner, fence),
+                    &late,
+                    Duration::from_secs(5)
+                ))
                 .await
                 .expect("complete"),
             SettleOutcome::Fenced,
@@ -273,7 +282,7 @@ async fn hold_policy_turns_an_expired_lease_unknown() {
     assert_eq!(store.get(&k).await.expect("get"), Some(record.clone()));
     assert_eq!(
         store
-            .release(&k, lease.owner, lease.fence, ReleaseKind::Unknown)
+            .release(&Hold::of(&k, &lease), ReleaseKind::Unknown)
             .await
             .expect("release"),
         SettleOutcome::Settled,
@@ -282,7 +291,11 @@ async fn hold_policy_turns_an_expired_lease_unknown() {
     assert_eq!(store.get(&k).await.expect("get"), Some(record));
     assert_eq!(
         store
-            .complete(&k, lease.owner, lease.fence, &late, Duration::from_secs(5))
+            .complete(&Completion::new(
+                Hold::of(&k, &lease),
+                &late,
+                Duration::from_secs(5)
+            ))
             .await
             .expect("complete"),
         SettleOutcome::Settled,
@@ -323,7 +336,7 @@ async fn release_as_unknown_names_nobody_and_takeover_restarts_created() {
     );
     assert_eq!(
         store
-            .release(&k, lease.owner, lease.fence, ReleaseKind::Unknown)
+            .release(&Hold::of(&k, &lease), ReleaseKind::Unknown)
             .await
             .expect("release"),
         SettleOutcome::Settled
@@ -349,7 +362,7 @@ async fn release_as_unknown_names_nobody_and_takeover_restarts_created() {
     for kind in [ReleaseKind::Unknown, ReleaseKind::Retryable] {
         assert_eq!(
             store
-                .release(&k, lease.owner, lease.fence, kind)
+                .release(&Hold::of(&k, &lease), kind)
                 .await
                 .expect("release"),
             SettleOutcome::Fenced,
@@ -358,13 +371,11 @@ async fn release_as_unknown_names_nobody_and_takeover_restarts_created() {
     }
     assert_eq!(
         store
-            .complete(
-                &k,
-                OwnerId(0),
-                lease.fence,
+            .complete(&Completion::new(
+                Hold::new(&k, OwnerId(0), lease.fence),
                 &StoredResponse::new(200, "x"),
                 Duration::from_secs(5)
-            )
+            ))
             .await
             .expect("complete"),
         SettleOutcome::Fenced,
@@ -504,7 +515,7 @@ async fn round_trips_per_request() {
             .expect("claim"),
     );
     store
-        .release(&k, lease.owner, lease.fence, ReleaseKind::Unknown)
+        .release(&Hold::of(&k, &lease), ReleaseKind::Unknown)
         .await
         .expect("release");
     server.cli(&["CONFIG", "RESETSTAT"]);
@@ -672,13 +683,11 @@ async fn durability_wait_refuses_unreplicated_claims() {
             .expect("claim with a replica"),
     );
     let done = store
-        .complete(
-            &k,
-            lease.owner,
-            lease.fence,
+        .complete(&Completion::new(
+            Hold::of(&k, &lease),
             &StoredResponse::new(200, "ok"),
             Duration::from_secs(5),
-        )
+        ))
         .await;
     assert_eq!(done.expect("complete"), SettleOutcome::Settled);
     drop(replica);

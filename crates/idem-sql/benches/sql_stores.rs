@@ -15,6 +15,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use idem_core::store::{Completion, Hold};
 use idem_core::{
     ClaimOutcome, ClaimRequest, Fingerprint, Key, OwnerId, Scope, ScopedKey, Store, StoredResponse,
     TakeoverPolicy,
@@ -72,7 +73,7 @@ async fn first_request<S: Store + Clone>(store: &S, ns: Arc<str>, c: usize, secs
                 panic!("fresh key")
             };
             store
-                .complete(&r.key, lease.owner, lease.fence, &response, r.ttl)
+                .complete(&Completion::new(Hold::of(&r.key, &lease), &response, r.ttl))
                 .await
                 .expect("complete");
         }
@@ -92,7 +93,7 @@ async fn replay<S: Store + Clone>(
         let r = req(&ns, i);
         if let ClaimOutcome::Claimed { lease, .. } = store.claim(&r).await.expect("claim") {
             store
-                .complete(&r.key, lease.owner, lease.fence, &response, r.ttl)
+                .complete(&Completion::new(Hold::of(&r.key, &lease), &response, r.ttl))
                 .await
                 .expect("complete");
         }

@@ -23,10 +23,9 @@
 use std::fmt;
 use std::time::Duration;
 
+use idem_core::store::Completion;
 use idem_core::store::coalesce::{Batching, Queue};
-use idem_core::{
-    ClaimOutcome, ClaimRequest, OwnerId, ScopedKey, SettleOutcome, StoreError, StoredResponse,
-};
+use idem_core::{ClaimOutcome, ClaimRequest, OwnerId, ScopedKey, SettleOutcome, StoreError};
 
 use crate::dialect::{ClaimColumns, CompleteColumns, Dialect, Grouping};
 use crate::driver::On;
@@ -48,12 +47,12 @@ type Placed = (usize, [u8; 32]);
 #[derive(Debug)]
 pub(crate) enum Op {
     Claim(ClaimRequest),
-    Complete(Completion),
+    Complete(Encoded),
 }
 
-/// A completion: the claim it settles and the encoded response it stores.
+/// A completion as a group holds it: the claim it settles and the encoded response it stores.
 #[derive(Debug)]
-pub(crate) struct Completion {
+pub(crate) struct Encoded {
     pub(crate) key: ScopedKey,
     pub(crate) owner: OwnerId,
     pub(crate) fence: u64,
@@ -61,19 +60,18 @@ pub(crate) struct Completion {
     pub(crate) ttl: Duration,
 }
 
-impl Completion {
-    /// The completion of the claim (`owner`, `fence`) of `key` with `response`, encoded.
-    pub(crate) fn new(
-        key: &ScopedKey,
-        owner: OwnerId,
-        fence: u64,
-        response: &StoredResponse,
-        ttl: Duration,
-    ) -> Self {
+impl Encoded {
+    /// `completion`, with its response encoded.
+    pub(crate) fn new(completion: &Completion<'_>) -> Self {
+        let Completion {
+            hold,
+            response,
+            ttl,
+        } = *completion;
         Self {
-            key: key.clone(),
-            owner,
-            fence,
+            key: hold.key.clone(),
+            owner: hold.owner,
+            fence: hold.fence,
             response: response.encode(),
             ttl,
         }

@@ -6,9 +6,10 @@ use std::sync::atomic::{AtomicU8, Ordering};
 use std::time::Duration;
 
 use idem_core::audit::{AuditEvent, AuditKind, AuditLevel, AuditQuery, AuditRetention};
+use idem_core::store::{Completion, Hold};
 use idem_core::{
     ClaimOutcome, ClaimRequest, ListFilter, OwnerId, Record, ReleaseKind, RenewOutcome, Resolution,
-    ResolveOutcome, ScopedKey, SettleOutcome, Store, StoreError, StoredResponse,
+    ResolveOutcome, ScopedKey, SettleOutcome, Store, StoreError,
 };
 use sqlx::Pool;
 use sqlx::pool::PoolOptions;
@@ -18,7 +19,7 @@ use idem_core::store::coalesce;
 use crate::audit;
 use crate::dialect::{Dialect, Grouping, OnePool, Renewal, Sql, Written};
 use crate::driver::{On, Value};
-use crate::group::{self, Answer, Completion, Group};
+use crate::group::{self, Answer, Encoded, Group};
 use crate::record::{
     ClaimRow, MAX_RACES, RawRecord, fence_param, ms, settled, state_code, too_many_races, ts,
     unresolved,
@@ -219,7 +220,7 @@ impl<D: Dialect> SqlStore<D> {
     }
 
     /// A completion on the writer, its fencing audited.
-    async fn complete_alone(&self, c: &Completion) -> Result<SettleOutcome, StoreError> {
+    async fn complete_alone(&self, c: &Encoded) -> Result<SettleOutcome, StoreError> {
         let outcome = self.complete_encoded(On::Pool(&self.writer), c).await?;
         if outcome == SettleOutcome::Fenced {
             self.audit_fenced(&c.key, c.owner, c.fence, "complete")
@@ -428,25 +429,20 @@ impl<D: Dialect> SqlStore<D> {
         Err(too_many_races())
     }
 
-    /// Completes the claim (`owner`, `fence`) of `key` on `on`.
+    /// Runs `completion` on `on`.
     pub(crate) async fn complete_on(
         &self,
         on: On<'_, D>,
-        key: &ScopedKey,
-        owner: OwnerId,
-        fence: u64,
-        response: &StoredResponse,
-        ttl: Duration,
+        completion: &Completion<'_>,
     ) -> Result<SettleOutcome, StoreError> {
-        let c = Completion::new(key, owner, fence, response, ttl);
-        self.complete_encoded(on, &c).await
+        self.complete_encoded(on, &Encoded::new(completion)).await
     }
 
     /// Runs the completion `c` on `on`.
     pub(crate) async fn complete_encoded(
         &self,
         on: On<'_, D>,
-        c: &Completion,
+        c: &Encoded,
     ) -> Result<SettleOutcome, StoreError> {
         let (id, owner) = (c.key.digest(), c.owner.to_bytes());
         let args = [
@@ -566,18 +562,12 @@ impl<D: Dialect> Store for SqlStore<D> {
             .claim()
     }
 
-    async fn renew(
-        &self,
-        key: &ScopedKey,
-        owner: OwnerId,
-        fence: u64,
-        lease: Duration,
-    ) -> Result<RenewOutcome, StoreError> {
-        let (id, owner) = (key.digest(), owner.to_bytes());
+    async fn renew(&self, hold: &Hold<'_>, lease: Duration) -> Result<RenewOutcome, StoreError> {
+        let (id, owner) = (hold.key.digest(), hold.owner.to_bytes());
         let args = [
             (Param::Id, Value::Bytes(&id)),
             (Param::Owner, Value::Bytes(&owner)),
-            (Param::Fence, Value::Int(fence_param(fence))),
+            (Param::Fence, Value::Int(fence_param(hold.fence))),
             (Param::Lease, Value::Int(ms(lease))),
         ];
         let deadline = match &self.sql.renew {
@@ -630,15 +620,8 @@ impl<D: Dialect> Store for SqlStore<D> {
         })
     }
 
-    async fn complete(
-        &self,
-        key: &ScopedKey,
-        owner: OwnerId,
-        fence: u64,
-        response: &StoredResponse,
-        ttl: Duration,
-    ) -> Result<SettleOutcome, StoreError> {
-        let c = Completion::new(key, owner, fence, response, ttl);
+    async fn complete(&self, completion: &Completion<'_>) -> Result<SettleOutcome, StoreError> {
+        let c = Encoded::new(completion);
         match &self.group {
             Some(group) => coalesce::submit(group, group::Op::Complete(c))
                 .await?
@@ -649,11 +632,10 @@ impl<D: Dialect> Store for SqlStore<D> {
 
     async fn release(
         &self,
-        key: &ScopedKey,
-        owner: OwnerId,
-        fence: u64,
+        hold: &Hold<'_>,
         kind: ReleaseKind,
     ) -> Result<SettleOutcome, StoreError> {
+        let &Hold { key, owner, fence } = hold;
         let stmt = match kind {
             ReleaseKind::Retryable => &self.sql.release_retryable,
             _ => &self.sql.release_unknown,

@@ -3,10 +3,8 @@
 use std::time::Duration;
 
 use futures::future::BoxFuture;
-use idem_core::{
-    ClaimOutcome, ClaimRequest, OwnerId, ScopedKey, SettleOutcome, StoreError, StoredResponse,
-    TxStore,
-};
+use idem_core::store::{Completion, Hold};
+use idem_core::{ClaimOutcome, ClaimRequest, SettleOutcome, StoreError, StoredResponse, TxStore};
 
 use crate::SqlStore;
 use crate::dialect::Dialect;
@@ -87,14 +85,9 @@ impl<D: Dialect> SqlStore<D> {
     pub async fn complete_in(
         &self,
         conn: &mut D::Connection,
-        key: &ScopedKey,
-        owner: OwnerId,
-        fence: u64,
-        response: &StoredResponse,
-        ttl: Duration,
+        completion: &Completion<'_>,
     ) -> Result<SettleOutcome, StoreError> {
-        self.complete_on(On::Conn(conn), key, owner, fence, response, ttl)
-            .await
+        self.complete_on(On::Conn(conn), completion).await
     }
 
     /// Same-database mode in one call: begins a transaction on the writer (SQLite: `BEGIN
@@ -120,10 +113,8 @@ impl<D: Dialect> SqlStore<D> {
         };
         let (output, response) = work(&mut tx).await.map_err(InTxError::Work)?;
         let on = On::Conn(&mut *tx);
-        match self
-            .complete_on(on, &req.key, lease.owner, lease.fence, &response, req.ttl)
-            .await?
-        {
+        let completion = Completion::new(Hold::of(&req.key, &lease), &response, req.ttl);
+        match self.complete_on(on, &completion).await? {
             SettleOutcome::Settled => {}
             _ => {
                 return Err(InTxError::Store(StoreError::unavailable(
@@ -156,14 +147,9 @@ impl<D: Dialect> TxStore for SqlStore<D> {
     async fn complete_in(
         &self,
         tx: &mut Self::Tx,
-        key: &ScopedKey,
-        owner: OwnerId,
-        fence: u64,
-        response: &StoredResponse,
-        ttl: Duration,
+        completion: &Completion<'_>,
     ) -> Result<SettleOutcome, StoreError> {
-        self.complete_on(On::Conn(&mut **tx), key, owner, fence, response, ttl)
-            .await
+        self.complete_on(On::Conn(&mut **tx), completion).await
     }
 
     async fn commit(&self, tx: Self::Tx) -> Result<(), StoreError> {

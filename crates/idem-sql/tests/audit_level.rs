@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use common::{MySqlHarness, PgHarness, SqliteHarness};
 use idem_core::audit::{AuditKind, AuditLevel};
+use idem_core::store::{Completion, Hold};
 use idem_core::{
     ClaimOutcome, ClaimRequest, OwnerId, SettleOutcome, Store, StoredResponse, TakeoverPolicy,
 };
@@ -38,13 +39,11 @@ async fn claim_then_complete<S: Store>(
     };
     between(&r).await;
     let done = store
-        .complete(
-            &r.key,
-            lease.owner,
-            lease.fence,
+        .complete(&Completion::new(
+            Hold::of(&r.key, &lease),
             &StoredResponse::new(200, "ok"),
             r.ttl,
-        )
+        ))
         .await
         .expect("complete");
     assert_eq!(done, SettleOutcome::Settled);

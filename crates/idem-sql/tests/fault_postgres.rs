@@ -5,6 +5,8 @@ mod common;
 
 use std::time::Duration;
 
+use idem_core::store::Completion;
+use idem_core::store::Hold;
 use idem_core::{
     ClaimOutcome, ClaimRequest, OwnerId, ReleaseKind, SettleOutcome, Store, StoreError,
     StoredResponse, TakeoverPolicy,
@@ -81,7 +83,10 @@ async fn connection_killed_during_claim_is_a_store_error_and_writes_nothing() {
     };
     assert_eq!(
         h.store
-            .release(&r.key, r.owner, first.fence, ReleaseKind::Retryable)
+            .release(
+                &Hold::new(&r.key, r.owner, first.fence),
+                ReleaseKind::Retryable
+            )
             .await
             .expect("release"),
         SettleOutcome::Settled
@@ -152,11 +157,11 @@ async fn connection_killed_inside_same_db_transaction_leaves_no_record_and_no_ro
         .store
         .complete_in(
             &mut tx,
-            &r.key,
-            lease.owner,
-            lease.fence,
-            &StoredResponse::new(200, "ok"),
-            r.ttl,
+            &Completion::new(
+                Hold::of(&r.key, &lease),
+                &StoredResponse::new(200, "ok"),
+                r.ttl,
+            ),
         )
         .await;
     assert!(

@@ -12,6 +12,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
+use idem_core::store::{Completion, Hold};
 use idem_core::{
     ClaimOutcome, ClaimRequest, Fingerprint, Key, OwnerId, Scope, ScopedKey, SettleOutcome, Store,
     StoredResponse, TakeoverPolicy,
@@ -110,13 +111,11 @@ async fn complete_all<S: Store + Clone + 'static>(
         set.spawn(async move {
             let body = format!("made {}", req.key.key.as_str());
             store
-                .complete(
-                    &req.key,
-                    req.owner,
-                    fence + offset,
+                .complete(&Completion::new(
+                    Hold::new(&req.key, req.owner, fence + offset),
                     &StoredResponse::new(201, body),
                     req.ttl,
-                )
+                ))
                 .await
                 .expect("complete")
         });

@@ -17,6 +17,7 @@ use std::pin::Pin;
 use std::time::Duration;
 
 use idem_core::audit::{AuditEvent, AuditKind, AuditLevel, AuditQuery};
+use idem_core::store::{Completion, Hold};
 use idem_core::{
     ClaimOutcome, ClaimRequest, Fingerprint, Key, Lease, MemoryStore, OwnerId, RecordState,
     ReleaseKind, RenewOutcome, Resolution, ResolveOutcome, Scope, ScopedKey, SettleOutcome,
@@ -89,7 +90,7 @@ async fn complete<S: Store>(
     response: &StoredResponse,
 ) -> SettleOutcome {
     store
-        .complete(k, owner, fence, response, TTL)
+        .complete(&Completion::new(Hold::new(k, owner, fence), response, TTL))
         .await
         .expect("complete")
 }
@@ -102,7 +103,10 @@ async fn release<S: Store>(
     fence: u64,
     kind: ReleaseKind,
 ) -> SettleOutcome {
-    store.release(k, owner, fence, kind).await.expect("release")
+    store
+        .release(&Hold::new(k, owner, fence), kind)
+        .await
+        .expect("release")
 }
 
 /// `store.resolve`, which must answer.
@@ -146,10 +150,7 @@ async fn holder_completes<S: Store>(store: &S, ns: &str) {
     assert_eq!(fence, a.fence);
     assert!(again >= age, "age {again:?} after {age:?}");
     assert_eq!(
-        store
-            .renew(&k, a.owner, a.fence, LEASE)
-            .await
-            .expect("renew"),
+        store.renew(&Hold::of(&k, &a), LEASE).await.expect("renew"),
         RenewOutcome::Lost,
         "an unknown record is not renewed"
     );

@@ -6,6 +6,7 @@ mod common;
 use std::time::Duration;
 
 use idem_core::audit::{AuditKind, AuditQuery};
+use idem_core::store::Hold;
 use idem_core::{
     ClaimOutcome, ClaimRequest, OwnerId, ReleaseKind, SettleOutcome, Store, TakeoverPolicy,
 };
@@ -40,7 +41,7 @@ async fn check<S: Store>(store: &S, reap: impl AsyncFn(u32) -> u64) {
         let f = fence(store, &r).await;
         if i == 0 {
             released = store
-                .release(&r.key, r.owner, f, ReleaseKind::Retryable)
+                .release(&Hold::new(&r.key, r.owner, f), ReleaseKind::Retryable)
                 .await
                 .expect("release")
                 == SettleOutcome::Settled;

@@ -11,10 +11,11 @@ use std::time::Duration;
 
 use idem_core::audit::{self, AuditEvent, AuditLevel, AuditQuery, AuditRetention, Ring, Step};
 use idem_core::decide::{self, Change};
+use idem_core::store::{Completion, Hold};
 use idem_core::{
-    ClaimOutcome, ClaimRequest, Clock, ListFilter, ManualClock, OwnerId, Record, RecordState,
-    ReleaseKind, RenewOutcome, Resolution, ResolveOutcome, ScopedKey, SettleOutcome, Store,
-    StoreError, StoredResponse, TakeoverPolicy, Timestamp,
+    ClaimOutcome, ClaimRequest, Clock, ListFilter, ManualClock, Record, RecordState, ReleaseKind,
+    RenewOutcome, Resolution, ResolveOutcome, ScopedKey, SettleOutcome, Store, StoreError,
+    TakeoverPolicy, Timestamp,
 };
 
 use crate::harness::Harness;
@@ -260,12 +261,10 @@ impl Store for BrokenStore {
 
     fn renew(
         &self,
-        key: &ScopedKey,
-        owner: OwnerId,
-        fence: u64,
+        hold: &Hold<'_>,
         lease: Duration,
     ) -> impl Future<Output = Result<RenewOutcome, StoreError>> + Send {
-        let bug = self.bug;
+        let (&Hold { key, owner, fence }, bug) = (hold, self.bug);
         std::future::ready(Ok(self.apply(
             key,
             |now, prev| {
@@ -284,13 +283,17 @@ impl Store for BrokenStore {
 
     fn complete(
         &self,
-        key: &ScopedKey,
-        owner: OwnerId,
-        fence: u64,
-        response: &StoredResponse,
-        ttl: Duration,
+        completion: &Completion<'_>,
     ) -> impl Future<Output = Result<SettleOutcome, StoreError>> + Send {
-        let bug = self.bug;
+        let (
+            &Completion {
+                hold,
+                response,
+                ttl,
+            },
+            bug,
+        ) = (completion, self.bug);
+        let Hold { key, owner, fence } = hold;
         std::future::ready(Ok(self.apply(
             key,
             |now, prev| match (bug, decide::live(now, prev)) {
@@ -323,11 +326,10 @@ impl Store for BrokenStore {
 
     fn release(
         &self,
-        key: &ScopedKey,
-        owner: OwnerId,
-        fence: u64,
+        hold: &Hold<'_>,
         kind: ReleaseKind,
     ) -> impl Future<Output = Result<SettleOutcome, StoreError>> + Send {
+        let &Hold { key, owner, fence } = hold;
         let kind = match (self.bug, kind) {
             (Bug::UnknownReleaseRemoves, ReleaseKind::Unknown) => ReleaseKind::Retryable,
             _ => kind,

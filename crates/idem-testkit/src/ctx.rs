@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use idem_core::audit::AuditLevel;
+use idem_core::store::{Completion, Hold};
 use idem_core::{
     ClaimOutcome, ClaimRequest, Fingerprint, Key, Lease, ListFilter, OwnerId, Record, ReleaseKind,
     RenewOutcome, Resolution, ResolveOutcome, Scope, ScopedKey, SettleOutcome, Store,
@@ -207,48 +208,35 @@ impl<'h, H: Harness> Ctx<'h, H> {
         age
     }
 
-    pub(crate) async fn renew(
-        &self,
-        key: &ScopedKey,
-        owner: OwnerId,
-        fence: u64,
-        lease: Duration,
-    ) -> RenewOutcome {
+    pub(crate) async fn renew(&self, hold: Hold<'_>, lease: Duration) -> RenewOutcome {
         self.store
-            .renew(key, owner, fence, lease)
+            .renew(&hold, lease)
             .await
-            .unwrap_or_else(|e| panic!("renew of {key}: store error: {e}"))
+            .unwrap_or_else(|e| panic!("renew of {}: store error: {e}", hold.key))
     }
 
     pub(crate) async fn complete_as(
         &self,
-        key: &ScopedKey,
-        owner: OwnerId,
-        fence: u64,
+        hold: Hold<'_>,
         response: &StoredResponse,
     ) -> SettleOutcome {
-        self.complete_ttl(key, owner, fence, response, self.ttl)
-            .await
+        self.complete_ttl(hold, response, self.ttl).await
     }
 
     pub(crate) async fn complete_ttl(
         &self,
-        key: &ScopedKey,
-        owner: OwnerId,
-        fence: u64,
+        hold: Hold<'_>,
         response: &StoredResponse,
         ttl: Duration,
     ) -> SettleOutcome {
         self.store
-            .complete(key, owner, fence, response, ttl)
+            .complete(&Completion::new(hold, response, ttl))
             .await
-            .unwrap_or_else(|e| panic!("complete of {key}: store error: {e}"))
+            .unwrap_or_else(|e| panic!("complete of {}: store error: {e}", hold.key))
     }
 
     pub(crate) async fn complete(&self, key: &ScopedKey, lease: &Lease, response: &StoredResponse) {
-        let got = self
-            .complete_as(key, lease.owner, lease.fence, response)
-            .await;
+        let got = self.complete_as(Hold::of(key, lease), response).await;
         assert_eq!(
             got,
             SettleOutcome::Settled,
@@ -257,21 +245,15 @@ impl<'h, H: Harness> Ctx<'h, H> {
         );
     }
 
-    pub(crate) async fn release_as(
-        &self,
-        key: &ScopedKey,
-        owner: OwnerId,
-        fence: u64,
-        kind: ReleaseKind,
-    ) -> SettleOutcome {
+    pub(crate) async fn release_as(&self, hold: Hold<'_>, kind: ReleaseKind) -> SettleOutcome {
         self.store
-            .release(key, owner, fence, kind)
+            .release(&hold, kind)
             .await
-            .unwrap_or_else(|e| panic!("release of {key}: store error: {e}"))
+            .unwrap_or_else(|e| panic!("release of {}: store error: {e}", hold.key))
     }
 
     pub(crate) async fn release(&self, key: &ScopedKey, lease: &Lease, kind: ReleaseKind) {
-        let got = self.release_as(key, lease.owner, lease.fence, kind).await;
+        let got = self.release_as(Hold::of(key, lease), kind).await;
         assert_eq!(
             got,
             SettleOutcome::Settled,

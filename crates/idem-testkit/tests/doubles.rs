@@ -3,6 +3,7 @@
 
 use std::time::Duration;
 
+use idem_core::store::Hold;
 use idem_core::{
     ClaimOutcome, ClaimRequest, Key, MemoryStore, OwnerId, RenewOutcome, Scope, ScopedKey, Store,
     StoreError, StoreOp, TakeoverPolicy,
@@ -71,12 +72,13 @@ async fn slow_answers_and_renew_answers() {
     assert_eq!(start.elapsed(), Duration::from_secs(3));
 
     let k = key();
+    let hold = Hold::of(&k, &lease);
     faulty.set(StoreOp::Renew, Fault::RenewLost);
-    let renew = faulty.renew(&k, lease.owner, lease.fence, Duration::from_secs(10));
+    let renew = faulty.renew(&hold, Duration::from_secs(10));
     assert_eq!(renew.await.expect("renew"), RenewOutcome::Lost);
     faulty.set(StoreOp::Renew, Fault::RenewPretend);
     let before = memory.get(&k).await.expect("get");
-    let renew = faulty.renew(&k, lease.owner, lease.fence, Duration::from_secs(99));
+    let renew = faulty.renew(&hold, Duration::from_secs(99));
     assert!(matches!(
         renew.await.expect("renew"),
         RenewOutcome::Renewed { .. }

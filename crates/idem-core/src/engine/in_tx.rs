@@ -21,8 +21,10 @@ use super::answer::{Answer, EngineError, Settled};
 use super::lease::timed_op;
 use crate::fingerprint::Fingerprint;
 use crate::key::ScopedKey;
-use crate::record::{Lease, OwnerId, ReleaseKind, StoredResponse};
-use crate::store::{ClaimOutcome, ClaimRequest, SettleOutcome, Store, StoreError};
+use crate::record::{Lease, ReleaseKind, StoredResponse};
+use crate::store::{
+    ClaimOutcome, ClaimRequest, Completion, Hold, SettleOutcome, Store, StoreError,
+};
 
 /// A store whose records can be written inside a caller's database transaction.
 ///
@@ -56,11 +58,7 @@ pub trait TxStore: Store {
     fn complete_in(
         &self,
         tx: &mut Self::Tx,
-        key: &ScopedKey,
-        owner: OwnerId,
-        fence: u64,
-        response: &StoredResponse,
-        ttl: std::time::Duration,
+        completion: &Completion<'_>,
     ) -> impl Future<Output = Result<SettleOutcome, StoreError>> + Send;
 
     /// Commits `tx`.
@@ -269,16 +267,10 @@ impl<S: TxStore> Engine<S> {
     ) -> Result<Settled, EngineError> {
         let policy = self.policy();
         let store = &**self.store();
+        let completion = Completion::new(Hold::of(key, &lease), response, policy.record_ttl);
         let completed = timed_op(
             policy.store_timeout,
-            store.complete_in(
-                &mut tx,
-                key,
-                lease.owner,
-                lease.fence,
-                response,
-                policy.record_ttl,
-            ),
+            store.complete_in(&mut tx, &completion),
         )
         .await;
         Ok(match completed {

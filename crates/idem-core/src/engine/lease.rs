@@ -10,7 +10,7 @@ use tokio::time::Instant;
 use super::Policy;
 use crate::key::ScopedKey;
 use crate::record::{Lease, ReleaseKind, TakeoverPolicy};
-use crate::store::{RenewOutcome, Store, StoreError};
+use crate::store::{Hold, RenewOutcome, Store, StoreError};
 
 /// Bounds a store call by the policy's store timeout.
 pub(super) fn timed_op<T>(
@@ -89,12 +89,7 @@ pub(super) async fn watchdog<S: Store>(
         } else {
             policy.store_timeout
         };
-        match timed_op(
-            limit,
-            store.renew(key, lease.owner, lease.fence, policy.lease),
-        )
-        .await
-        {
+        match timed_op(limit, store.renew(&Hold::of(key, &lease), policy.lease)).await {
             Ok(RenewOutcome::Renewed { .. }) => deadline = sent + policy.lease,
             Ok(_) if stops => return LeaseLoss::Taken,
             Ok(_) => {
@@ -122,9 +117,8 @@ pub(super) struct ClaimGuard<'a, S: Store> {
 impl<S: Store> ClaimGuard<'_, S> {
     pub(super) async fn settle_now(&mut self, kind: ReleaseKind) {
         self.armed = false;
-        let op = self
-            .store
-            .release(self.key, self.lease.owner, self.lease.fence, kind);
+        let hold = Hold::of(self.key, &self.lease);
+        let op = self.store.release(&hold, kind);
         if let Err(e) = timed_op(self.store_timeout, op).await {
             tracing::error!(key = %self.key, fence = self.lease.fence, error = %e, "release failed; lease will expire");
         }
@@ -149,7 +143,7 @@ impl<S: Store> Drop for ClaimGuard<'_, S> {
         );
         tracing::warn!(key = %key, fence = lease.fence, ?kind, "run dropped mid-handler; releasing");
         runtime.spawn(async move {
-            if let Err(e) = timed_op(limit, store.release(&key, lease.owner, lease.fence, kind)).await {
+            if let Err(e) = timed_op(limit, store.release(&Hold::of(&key, &lease), kind)).await {
                 tracing::error!(key = %key, error = %e, "release after drop failed; lease will expire");
             }
         });

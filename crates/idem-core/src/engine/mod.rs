@@ -53,7 +53,8 @@ use crate::fingerprint::Fingerprint;
 use crate::key::ScopedKey;
 use crate::record::{Lease, OwnerId, ReleaseKind, StoredResponse, TakeoverPolicy};
 use crate::store::{
-    ClaimOutcome, ClaimRequest, Resolution, ResolveOutcome, SettleOutcome, Store, StoreError,
+    ClaimOutcome, ClaimRequest, Completion, Hold, Resolution, ResolveOutcome, SettleOutcome, Store,
+    StoreError,
 };
 
 /// The span field [`Engine::run_traced`] records the hashed scoped key in.
@@ -363,7 +364,7 @@ impl<S: Store> Engine<S> {
             Action::Complete(response) => self.complete(key, lease, response).await,
             Action::Release(kind) => match timed_op(
                 self.policy.store_timeout,
-                self.store.release(key, lease.owner, lease.fence, *kind),
+                self.store.release(&Hold::of(key, &lease), *kind),
             )
             .await
             {
@@ -527,8 +528,11 @@ impl<S: Store> Engine<S> {
         loop {
             let result = timed_op(
                 policy.store_timeout,
-                self.store
-                    .complete(key, lease.owner, lease.fence, response, policy.record_ttl),
+                self.store.complete(&Completion::new(
+                    Hold::of(key, &lease),
+                    response,
+                    policy.record_ttl,
+                )),
             )
             .await;
             match result {
@@ -602,7 +606,8 @@ fn complete_later<S: Store>(
         let mut nap = Duration::from_millis(200);
         while Instant::now() < until {
             tokio::time::sleep(nap).await;
-            let op = store.complete(&key, lease.owner, lease.fence, &response, ttl);
+            let completion = Completion::new(Hold::of(&key, &lease), &response, ttl);
+            let op = store.complete(&completion);
             match timed_op(store_timeout, op).await {
                 Ok(SettleOutcome::Settled) => {
                     tracing::info!(key = %key, fence = lease.fence, "completion recorded after the store came back");

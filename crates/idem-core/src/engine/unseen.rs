@@ -15,7 +15,7 @@ use tokio::time::Instant;
 use super::lease::timed_op;
 use crate::key::ScopedKey;
 use crate::record::{OwnerId, RecordState, ReleaseKind};
-use crate::store::Store;
+use crate::store::{Hold, Store};
 
 /// Watches `key` from `sent_at` until the claim by `owner` could no longer matter (its lease
 /// and two store timeouts later): if the store shows a record held by `owner`, processing or
@@ -55,7 +55,8 @@ pub(super) fn release_unseen_claim<S: Store>(
             if !ours {
                 return;
             }
-            let release = store.release(&key, owner, record.fence, ReleaseKind::Retryable);
+            let hold = Hold::new(&key, owner, record.fence);
+            let release = store.release(&hold, ReleaseKind::Retryable);
             match timed_op(store_timeout, release).await {
                 Ok(_) => {
                     tracing::info!(key = %key, fence = record.fence, "released a claim whose answer was lost; nothing ran under it");

@@ -20,7 +20,8 @@ use crate::fingerprint::Fingerprint;
 use crate::key::ScopedKey;
 use crate::record::{OwnerId, RecordState, ReleaseKind, StoredResponse, Timestamp};
 use crate::store::{
-    ClaimOutcome, ClaimRequest, Resolution, ResolveOutcome, SettleOutcome, Store, StoreError,
+    ClaimOutcome, ClaimRequest, Completion, Hold, Resolution, ResolveOutcome, SettleOutcome, Store,
+    StoreError,
 };
 
 #[derive(Clone)]
@@ -168,34 +169,30 @@ impl<S: Store> Store for CachedStore<S> {
         Ok(outcome)
     }
 
-    async fn complete(
-        &self,
-        key: &ScopedKey,
-        owner: OwnerId,
-        fence: u64,
-        response: &StoredResponse,
-        ttl: Duration,
-    ) -> Result<SettleOutcome, StoreError> {
-        let outcome = self
-            .inner
-            .complete(key, owner, fence, response, ttl)
-            .await?;
-        let fingerprint = self.held.remove(&(owner, fence)).map(|(_, fp)| fp);
+    async fn complete(&self, completion: &Completion<'_>) -> Result<SettleOutcome, StoreError> {
+        let outcome = self.inner.complete(completion).await?;
+        let Completion {
+            hold,
+            response,
+            ttl,
+        } = *completion;
+        let fingerprint = self
+            .held
+            .remove(&(hold.owner, hold.fence))
+            .map(|(_, fp)| fp);
         if let (SettleOutcome::Settled, Some(fp)) = (outcome, fingerprint) {
-            self.remember(key, fp, response.compacted(), ttl);
+            self.remember(hold.key, fp, response.compacted(), ttl);
         }
         Ok(outcome)
     }
 
     fn release(
         &self,
-        key: &ScopedKey,
-        owner: OwnerId,
-        fence: u64,
+        hold: &Hold<'_>,
         kind: ReleaseKind,
     ) -> impl Future<Output = Result<SettleOutcome, StoreError>> + Send {
-        self.held.remove(&(owner, fence));
-        self.inner.release(key, owner, fence, kind)
+        self.held.remove(&(hold.owner, hold.fence));
+        self.inner.release(hold, kind)
     }
 
     fn resolve(
@@ -257,13 +254,11 @@ mod tests {
         };
         let response = StoredResponse::new(200, "once");
         inner
-            .complete(
-                &key,
-                lease.owner,
-                lease.fence,
+            .complete(&Completion::new(
+                Hold::of(&key, &lease),
                 &response,
                 Duration::from_secs(60),
-            )
+            ))
             .await
             .expect("complete");
         // This process replays it, claiming with a day-long ttl.

@@ -231,31 +231,17 @@ macro_rules! __store_op {
     };
     ($emit:ident { $($ctx:tt)* } renew) => {
         $crate::$emit! { { $($ctx)* } renew renew_dyn Renew
-            (
-                key: [&] $crate::key::ScopedKey,
-                owner: [] $crate::record::OwnerId,
-                fence: [] u64,
-                lease: [] ::core::time::Duration
-            ) -> $crate::store::RenewOutcome }
+            (hold: [&] $crate::store::Hold<'_>, lease: [] ::core::time::Duration)
+            -> $crate::store::RenewOutcome }
     };
     ($emit:ident { $($ctx:tt)* } complete) => {
         $crate::$emit! { { $($ctx)* } complete complete_dyn Complete
-            (
-                key: [&] $crate::key::ScopedKey,
-                owner: [] $crate::record::OwnerId,
-                fence: [] u64,
-                response: [&] $crate::record::StoredResponse,
-                ttl: [] ::core::time::Duration
-            ) -> $crate::store::SettleOutcome }
+            (completion: [&] $crate::store::Completion<'_>) -> $crate::store::SettleOutcome }
     };
     ($emit:ident { $($ctx:tt)* } release) => {
         $crate::$emit! { { $($ctx)* } release release_dyn Release
-            (
-                key: [&] $crate::key::ScopedKey,
-                owner: [] $crate::record::OwnerId,
-                fence: [] u64,
-                kind: [] $crate::record::ReleaseKind
-            ) -> $crate::store::SettleOutcome }
+            (hold: [&] $crate::store::Hold<'_>, kind: [] $crate::record::ReleaseKind)
+            -> $crate::store::SettleOutcome }
     };
     ($emit:ident { $($ctx:tt)* } get) => {
         $crate::$emit! { { $($ctx)* } get get_dyn Get

@@ -55,6 +55,57 @@ pub struct ClaimRequest {
     pub request_id: Option<String>,
 }
 
+/// A claim as its holder names it to renew, complete or release it: the key, and the owner
+/// and fence of the lease it was granted. The store acts only while the record is still held
+/// by exactly this owner and fence.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Hold<'a> {
+    /// The key.
+    pub key: &'a ScopedKey,
+    /// The holder.
+    pub owner: OwnerId,
+    /// The fence the claim was granted.
+    pub fence: u64,
+}
+
+impl<'a> Hold<'a> {
+    /// The hold of `owner` on `key` under `fence`.
+    #[must_use]
+    pub fn new(key: &'a ScopedKey, owner: OwnerId, fence: u64) -> Self {
+        Self { key, owner, fence }
+    }
+
+    /// The hold a claim granted as `lease` on `key`.
+    #[must_use]
+    pub fn of(key: &'a ScopedKey, lease: &Lease) -> Self {
+        Self::new(key, lease.owner, lease.fence)
+    }
+}
+
+/// A completion: the hold it settles, the response it stores, and how long the completed
+/// record then lives (results are replayed for this long).
+#[derive(Clone, Copy, Debug)]
+pub struct Completion<'a> {
+    /// The claim it settles.
+    pub hold: Hold<'a>,
+    /// The final response.
+    pub response: &'a StoredResponse,
+    /// How long the completed record lives.
+    pub ttl: Duration,
+}
+
+impl<'a> Completion<'a> {
+    /// The completion of `hold` with `response`, kept for `ttl`.
+    #[must_use]
+    pub fn new(hold: Hold<'a>, response: &'a StoredResponse, ttl: Duration) -> Self {
+        Self {
+            hold,
+            response,
+            ttl,
+        }
+    }
+}
+
 /// What a claim found.
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
@@ -244,23 +295,17 @@ pub trait Store: Send + Sync + 'static {
     /// [`StoreError`] when the store failed.
     fn renew(
         &self,
-        key: &ScopedKey,
-        owner: OwnerId,
-        fence: u64,
+        hold: &Hold<'_>,
         lease: Duration,
     ) -> impl Future<Output = Result<RenewOutcome, StoreError>> + Send;
 
-    /// Stores the final response; the record becomes completed for `ttl`.
+    /// Stores the final response; the record becomes completed for the completion's `ttl`.
     ///
     /// # Errors
     /// [`StoreError`] when the store failed.
     fn complete(
         &self,
-        key: &ScopedKey,
-        owner: OwnerId,
-        fence: u64,
-        response: &StoredResponse,
-        ttl: Duration,
+        completion: &Completion<'_>,
     ) -> impl Future<Output = Result<SettleOutcome, StoreError>> + Send;
 
     /// Gives the claim up: the record goes away ([`ReleaseKind::Retryable`]) or becomes
@@ -270,9 +315,7 @@ pub trait Store: Send + Sync + 'static {
     /// [`StoreError`] when the store failed.
     fn release(
         &self,
-        key: &ScopedKey,
-        owner: OwnerId,
-        fence: u64,
+        hold: &Hold<'_>,
         kind: ReleaseKind,
     ) -> impl Future<Output = Result<SettleOutcome, StoreError>> + Send;
 

@@ -4,8 +4,9 @@ use std::future::{Future, pending};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
+use idem_core::store::Hold;
 use idem_core::store::{Around, StoreFuture};
-use idem_core::{OwnerId, RenewOutcome, ScopedKey, Store, StoreError, StoreOp, Timestamp};
+use idem_core::{RenewOutcome, Store, StoreError, StoreOp, Timestamp};
 
 /// What a [`FaultyStore`] does to one operation instead of forwarding it plainly.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -152,19 +153,13 @@ impl<S: Store> Around for FaultyStore<S> {
 }
 
 impl<S: Store> Store for FaultyStore<S> {
-    async fn renew(
-        &self,
-        key: &ScopedKey,
-        owner: OwnerId,
-        fence: u64,
-        lease: Duration,
-    ) -> Result<RenewOutcome, StoreError> {
+    async fn renew(&self, hold: &Hold<'_>, lease: Duration) -> Result<RenewOutcome, StoreError> {
         match self.fault(StoreOp::Renew) {
             Some(Fault::RenewLost) => Ok(RenewOutcome::Lost),
             Some(Fault::RenewPretend) => Ok(RenewOutcome::Renewed {
                 deadline: Timestamp(u64::MAX),
             }),
-            fault => apply(fault, || self.inner.renew(key, owner, fence, lease)).await,
+            fault => apply(fault, || self.inner.renew(hold, lease)).await,
         }
     }
 

@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::time::Duration;
 
+use idem_core::store::{Completion, Hold};
 use idem_core::{
     ClaimOutcome, ClaimRequest, Lease, OwnerId, ReleaseKind, RenewOutcome, Resolution,
     ResolveOutcome, ScopedKey, SettleOutcome, Store, TakeoverPolicy,
@@ -329,7 +330,10 @@ impl<'h, H: Harness> Case<'h, H> {
         let key = &self.keys[usize::from(held.key)];
         let got = match self
             .store
-            .renew(key, held.owner, held.fence, self.steps(lease.into()))
+            .renew(
+                &Hold::new(key, held.owner, held.fence),
+                self.steps(lease.into()),
+            )
             .await
         {
             Ok(o) => o,
@@ -374,13 +378,11 @@ impl<'h, H: Harness> Case<'h, H> {
         let key = &self.keys[usize::from(held.key)];
         let got = match self
             .store
-            .complete(
-                key,
-                held.owner,
-                held.fence,
+            .complete(&Completion::new(
+                Hold::new(key, held.owner, held.fence),
                 &response(r),
                 self.steps(ttl.into()),
-            )
+            ))
             .await
         {
             Ok(o) => o,
@@ -417,7 +419,11 @@ impl<'h, H: Harness> Case<'h, H> {
         } else {
             ReleaseKind::Retryable
         };
-        let got = match self.store.release(key, held.owner, held.fence, kind).await {
+        let got = match self
+            .store
+            .release(&Hold::new(key, held.owner, held.fence), kind)
+            .await
+        {
             Ok(o) => o,
             Err(e) => return self.fail(e),
         };

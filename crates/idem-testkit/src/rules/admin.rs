@@ -3,6 +3,7 @@
 use std::collections::BTreeSet;
 use std::time::Duration;
 
+use idem_core::store::Hold;
 use idem_core::{
     Key, ListFilter, RecordState, ReleaseKind, Scope, ScopedKey, SettleOutcome, StateKind,
     StoredResponse,
@@ -75,7 +76,7 @@ pub async fn delete_removes_record<H: Harness>(h: &H) {
     assert!(!c.delete(&k).await, "second delete");
     let b = c.claimed(&k).await;
     assert_eq!(
-        c.complete_as(&k, a.owner, a.fence, &StoredResponse::new(200, "old"))
+        c.complete_as(Hold::of(&k, &a), &StoredResponse::new(200, "old"))
             .await,
         SettleOutcome::Fenced
     );
@@ -260,14 +261,8 @@ pub async fn list_orders_reclaimed_key_by_new_age<H: Harness>(h: &H) {
     req.ttl = short;
     let a = c.claimed_with(&req).await;
     assert_eq!(
-        c.complete_ttl(
-            &first,
-            a.owner,
-            a.fence,
-            &StoredResponse::new(200, "a"),
-            short
-        )
-        .await,
+        c.complete_ttl(Hold::of(&first, &a), &StoredResponse::new(200, "a"), short)
+            .await,
         SettleOutcome::Settled
     );
     c.advance(c.lease).await;

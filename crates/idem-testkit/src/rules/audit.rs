@@ -3,6 +3,7 @@
 //! processing record.
 
 use idem_core::audit::{self, AuditEvent, AuditKind, AuditLevel, AuditQuery, instance_of};
+use idem_core::store::Hold;
 use idem_core::{
     ClaimOutcome, Lease, ReleaseKind, Resolution, ResolveOutcome, ScopedKey, SettleOutcome, Store,
     StoredResponse,
@@ -35,7 +36,7 @@ fn kinds(events: &[AuditEvent]) -> Vec<AuditKind> {
 async fn first_request_life<H: Harness>(c: &Ctx<'_, H>) -> (Lease, Vec<AuditEvent>) {
     let done = c.key("done");
     let d = c.claimed(&done).await;
-    c.renew(&done, d.owner, d.fence, c.lease).await;
+    c.renew(Hold::of(&done, &d), c.lease).await;
     c.busy(&done).await;
     c.complete(&done, &d, &StoredResponse::new(202, "ok")).await;
     assert!(matches!(
@@ -147,13 +148,8 @@ pub async fn audit_records_every_change_and_nothing_else<H: Harness>(h: &H) {
     c.wait_out_lease().await;
     let new = c.taken_over(&c.req(&stale, fp(1))).await;
     assert_eq!(
-        c.complete_as(
-            &stale,
-            old.owner,
-            old.fence,
-            &StoredResponse::new(200, "late")
-        )
-        .await,
+        c.complete_as(Hold::of(&stale, &old), &StoredResponse::new(200, "late"))
+            .await,
         SettleOutcome::Fenced
     );
     let trail = c.trail(&stale).await;
@@ -297,7 +293,7 @@ async fn default_takeover_and_fenced_settle_are_recorded<H: Harness>(c: &Ctx<'_,
     let new = c.taken_over(&c.req(&stale, fp(1))).await;
     let late = StoredResponse::new(200, "late");
     assert_eq!(
-        c.complete_as(&stale, old.owner, old.fence, &late).await,
+        c.complete_as(Hold::of(&stale, &old), &late).await,
         SettleOutcome::Fenced
     );
     c.complete(&stale, &new, &StoredResponse::new(200, "new"))

@@ -1,6 +1,7 @@
 //! Claiming: a fresh claim, busy while the lease lives, replay of a completed key, and
 //! mismatches in every state.
 
+use idem_core::store::Hold;
 use idem_core::{
     ClaimOutcome, RecordState, ReleaseKind, Scope, ScopedKey, SettleOutcome, StoredResponse,
     TakeoverPolicy,
@@ -217,9 +218,7 @@ pub async fn mismatch_changes_nothing_in_any_state<H: Harness>(h: &H) {
     }
     let still = c
         .complete_as(
-            &expired,
-            expired_lease.owner,
-            expired_lease.fence,
+            Hold::of(&expired, &expired_lease),
             &StoredResponse::new(200, "late"),
         )
         .await;

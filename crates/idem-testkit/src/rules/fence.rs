@@ -1,5 +1,6 @@
 //! Fencing: fences only ever grow, and only the current holder may settle.
 
+use idem_core::store::Hold;
 use idem_core::{
     ClaimOutcome, OwnerId, RecordState, ReleaseKind, RenewOutcome, Resolution, ResolveOutcome,
     SettleOutcome, StoredResponse,
@@ -34,14 +35,8 @@ pub async fn fence_increases_across_expiry<H: Harness>(h: &H) {
     let k = c.key("k");
     let first = c.claimed(&k).await;
     assert_eq!(
-        c.complete_ttl(
-            &k,
-            first.owner,
-            first.fence,
-            &StoredResponse::new(200, "a"),
-            short
-        )
-        .await,
+        c.complete_ttl(Hold::of(&k, &first), &StoredResponse::new(200, "a"), short)
+            .await,
         SettleOutcome::Settled
     );
     c.advance(short + c.lease / 2).await;
@@ -128,18 +123,18 @@ pub async fn stale_owner_is_fenced<H: Harness>(h: &H) {
         async move {
             let before = c.get(k).await;
             assert_eq!(
-                c.complete_as(k, owner, fence, resp).await,
+                c.complete_as(Hold::new(k, owner, fence), resp).await,
                 SettleOutcome::Fenced,
                 "complete by {what}"
             );
             assert_eq!(
-                c.renew(k, owner, fence, c.lease).await,
+                c.renew(Hold::new(k, owner, fence), c.lease).await,
                 RenewOutcome::Lost,
                 "renew by {what}"
             );
             for kind in [ReleaseKind::Retryable, ReleaseKind::Unknown] {
                 assert_eq!(
-                    c.release_as(k, owner, fence, kind).await,
+                    c.release_as(Hold::new(k, owner, fence), kind).await,
                     SettleOutcome::Fenced,
                     "release {kind:?} by {what}"
                 );
@@ -190,7 +185,7 @@ pub async fn late_holder_settles_until_taken_over<H: Harness>(h: &H) {
     let k = c.key("k");
     let a = c.claimed(&k).await;
     c.wait_out_lease().await;
-    let RenewOutcome::Renewed { deadline } = c.renew(&k, a.owner, a.fence, c.lease).await else {
+    let RenewOutcome::Renewed { deadline } = c.renew(Hold::of(&k, &a), c.lease).await else {
         panic!("renew by a holder whose lease ran out (no takeover yet) must succeed");
     };
     assert!(deadline > a.deadline);

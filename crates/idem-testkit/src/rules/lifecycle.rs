@@ -3,6 +3,7 @@
 
 use std::time::Duration;
 
+use idem_core::store::Hold;
 use idem_core::{
     ClaimOutcome, OwnerId, RecordState, ReleaseKind, RenewOutcome, Resolution, ResolveOutcome,
     SettleOutcome, StateKind, StoredResponse,
@@ -21,7 +22,7 @@ pub async fn record_expires_after_ttl<H: Harness>(h: &H) {
     let a = c.claimed(&k).await;
     let response = StoredResponse::new(200, "short lived");
     assert_eq!(
-        c.complete_ttl(&k, a.owner, a.fence, &response, ttl).await,
+        c.complete_ttl(Hold::of(&k, &a), &response, ttl).await,
         SettleOutcome::Settled
     );
     // A resolved record expires by the resolution's ttl, whatever ttl later claims carry
@@ -90,8 +91,7 @@ pub async fn renew_extends_lease<H: Harness>(h: &H) {
     let k = c.key("k");
     let a = c.claimed(&k).await;
     c.advance(c.lease / 2).await;
-    let RenewOutcome::Renewed { deadline } = c.renew(&k, a.owner, a.fence, c.lease * 2).await
-    else {
+    let RenewOutcome::Renewed { deadline } = c.renew(Hold::of(&k, &a), c.lease * 2).await else {
         panic!("renew by the holder must succeed");
     };
     assert!(deadline > a.deadline, "renewed deadline must move later");
@@ -142,8 +142,7 @@ pub async fn release_retryable_frees_key<H: Harness>(h: &H) {
     );
     assert!(c.list_keys(&c.in_ns()).await.is_empty());
     assert_eq!(
-        c.release_as(&k, a.owner, a.fence, ReleaseKind::Retryable)
-            .await,
+        c.release_as(Hold::of(&k, &a), ReleaseKind::Retryable).await,
         SettleOutcome::Fenced,
         "second release"
     );
@@ -180,17 +179,13 @@ pub async fn release_unknown_holds_key<H: Harness>(h: &H) {
         "the age counts from the claim: {age:?}"
     );
     assert_eq!(
-        c.complete_as(&k, a.owner, a.fence, &StoredResponse::new(200, "x"))
+        c.complete_as(Hold::of(&k, &a), &StoredResponse::new(200, "x"))
             .await,
         SettleOutcome::Fenced
     );
+    assert_eq!(c.renew(Hold::of(&k, &a), c.lease).await, RenewOutcome::Lost);
     assert_eq!(
-        c.renew(&k, a.owner, a.fence, c.lease).await,
-        RenewOutcome::Lost
-    );
-    assert_eq!(
-        c.release_as(&k, a.owner, a.fence, ReleaseKind::Retryable)
-            .await,
+        c.release_as(Hold::of(&k, &a), ReleaseKind::Retryable).await,
         SettleOutcome::Fenced
     );
     assert_eq!(
@@ -261,7 +256,7 @@ pub async fn takeover_hold_marks_unknown<H: Harness>(h: &H) {
     assert_eq!(owner, Some(a.owner), "the unknown record names its holder");
     c.unknown(&k, a.fence).await;
     assert_eq!(
-        c.renew(&k, a.owner, a.fence, c.lease).await,
+        c.renew(Hold::of(&k, &a), c.lease).await,
         RenewOutcome::Lost,
         "an unknown record is not renewed"
     );
@@ -270,7 +265,7 @@ pub async fn takeover_hold_marks_unknown<H: Harness>(h: &H) {
         (a.owner, a.fence + 1, "a higher fence"),
     ] {
         assert_eq!(
-            c.complete_as(&k, owner, fence, &StoredResponse::new(200, "x"))
+            c.complete_as(Hold::new(&k, owner, fence), &StoredResponse::new(200, "x"))
                 .await,
             SettleOutcome::Fenced,
             "{who} cannot complete it"

@@ -3,6 +3,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use idem_core::store::Hold;
 use idem_core::{ClaimOutcome, OwnerId, RecordState, ScopedKey, SettleOutcome, StoredResponse};
 use tokio::sync::Barrier;
 
@@ -94,7 +95,7 @@ pub async fn race_one_claim_wins<H: Harness>(h: &H) {
     // Once the winner completes, every racer replays the same response.
     let response = StoredResponse::new(201, "the one execution");
     assert_eq!(
-        c.complete_as(&k, owner, fence, &response).await,
+        c.complete_as(Hold::new(&k, owner, fence), &response).await,
         SettleOutcome::Settled
     );
     for (_, outcome) in race(&c, &k, c.lease * 10).await {

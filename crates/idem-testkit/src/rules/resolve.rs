@@ -1,5 +1,6 @@
 //! Operator resolves of unknown and stuck records.
 
+use idem_core::store::Hold;
 use idem_core::{
     ClaimOutcome, RecordState, ReleaseKind, Resolution, ResolveOutcome, SettleOutcome, StateKind,
     StoredResponse,
@@ -38,7 +39,7 @@ pub async fn resolve_unknown_with_response_replays<H: Harness>(h: &H) {
         }
     );
     assert_eq!(
-        c.complete_as(&k, a.owner, a.fence, &StoredResponse::new(500, "x"))
+        c.complete_as(Hold::of(&k, &a), &StoredResponse::new(500, "x"))
             .await,
         SettleOutcome::Fenced
     );
@@ -149,7 +150,7 @@ pub async fn resolve_expired_lease_processing<H: Harness>(h: &H) {
         ClaimOutcome::Done { response }
     );
     assert_eq!(
-        c.complete_as(&k1, a1.owner, a1.fence, &StoredResponse::new(500, "x"))
+        c.complete_as(Hold::of(&k1, &a1), &StoredResponse::new(500, "x"))
             .await,
         SettleOutcome::Fenced
     );
@@ -160,8 +161,7 @@ pub async fn resolve_expired_lease_processing<H: Harness>(h: &H) {
     );
     assert_eq!(c.get(&k2).await, None);
     assert_eq!(
-        c.release_as(&k2, a2.owner, a2.fence, ReleaseKind::Unknown)
-            .await,
+        c.release_as(Hold::of(&k2, &a2), ReleaseKind::Unknown).await,
         SettleOutcome::Fenced
     );
     let b = c.claimed(&k2).await;

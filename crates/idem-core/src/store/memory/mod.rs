@@ -33,10 +33,10 @@ use crate::audit::{self, AuditEvent, AuditLevel, AuditQuery, AuditRetention, Ste
 use crate::clock::{Clock, SystemClock};
 use crate::decide::{self, Change, Transition};
 use crate::key::ScopedKey;
-use crate::record::{OwnerId, Record, ReleaseKind, StoredResponse, Timestamp};
+use crate::record::{Record, ReleaseKind, Timestamp};
 use crate::store::{
-    ClaimOutcome, ClaimRequest, ListFilter, RenewOutcome, Resolution, ResolveOutcome,
-    SettleOutcome, Store, StoreError,
+    ClaimOutcome, ClaimRequest, Completion, Hold, ListFilter, RenewOutcome, Resolution,
+    ResolveOutcome, SettleOutcome, Store, StoreError,
 };
 use crate::sync::Mutex;
 use shard::{Inner, footprint};
@@ -316,11 +316,10 @@ impl Store for MemoryStore {
 
     fn renew(
         &self,
-        key: &ScopedKey,
-        owner: OwnerId,
-        fence: u64,
+        hold: &Hold<'_>,
         lease: Duration,
     ) -> impl Future<Output = Result<RenewOutcome, StoreError>> + Send {
+        let &Hold { key, owner, fence } = hold;
         ready(Ok(self.apply(
             key,
             |now, prev| decide::renew(now, prev, owner, fence, lease),
@@ -330,12 +329,13 @@ impl Store for MemoryStore {
 
     fn complete(
         &self,
-        key: &ScopedKey,
-        owner: OwnerId,
-        fence: u64,
-        response: &StoredResponse,
-        ttl: Duration,
+        completion: &Completion<'_>,
     ) -> impl Future<Output = Result<SettleOutcome, StoreError>> + Send {
+        let &Completion {
+            hold: Hold { key, owner, fence },
+            response,
+            ttl,
+        } = completion;
         // Kept in exact-size buffers: a slice of a larger buffer would pin all of it.
         let response = response.compacted();
         let status = response.status;
@@ -356,11 +356,10 @@ impl Store for MemoryStore {
 
     fn release(
         &self,
-        key: &ScopedKey,
-        owner: OwnerId,
-        fence: u64,
+        hold: &Hold<'_>,
         kind: ReleaseKind,
     ) -> impl Future<Output = Result<SettleOutcome, StoreError>> + Send {
+        let &Hold { key, owner, fence } = hold;
         ready(Ok(self.apply(
             key,
             |now, prev| decide::release(now, prev, owner, fence, kind),
@@ -454,7 +453,7 @@ mod tests {
     use crate::clock::ManualClock;
     use crate::fingerprint::Fingerprint;
     use crate::key::{Key, Scope};
-    use crate::record::TakeoverPolicy;
+    use crate::record::{OwnerId, StoredResponse, TakeoverPolicy};
 
     fn key(name: &str) -> ScopedKey {
         ScopedKey::new(Scope::new("mem").expect("ns"), Key::new(name).expect("key"))
@@ -484,13 +483,11 @@ mod tests {
             panic!("{name} not claimed");
         };
         let done = store
-            .complete(
-                &req.key,
-                lease.owner,
-                lease.fence,
+            .complete(&Completion::new(
+                Hold::of(&req.key, &lease),
                 &StoredResponse::new(200, ""),
                 ttl,
-            )
+            ))
             .await
             .expect("complete");
         assert_eq!(done, SettleOutcome::Settled);
@@ -617,7 +614,8 @@ mod tests {
         clock.advance(Duration::from_secs(5));
         let response = StoredResponse::new(200, "");
         let ttl = Duration::from_secs(3600);
-        let done = store.complete(&req.key, lease.owner, lease.fence, &response, ttl);
+        let completion = Completion::new(Hold::of(&req.key, &lease), &response, ttl);
+        let done = store.complete(&completion);
         assert_eq!(done.await.expect("complete"), SettleOutcome::Settled);
         clock.advance(Duration::from_secs(6)); // past the claim's expiry, not the new one
         assert_eq!(store.sweep(), 0, "swept on the claim's stale expiry");
@@ -736,7 +734,11 @@ mod tests {
         let response = StoredResponse::new(200, buffer.slice(0..10))
             .with_header("x-part", buffer.slice(10..20));
         let done = store
-            .complete(&req.key, lease.owner, lease.fence, &response, req.ttl)
+            .complete(&Completion::new(
+                Hold::of(&req.key, &lease),
+                &response,
+                req.ttl,
+            ))
             .await
             .expect("complete");
         assert_eq!(done, SettleOutcome::Settled);
