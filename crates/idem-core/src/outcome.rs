@@ -115,6 +115,21 @@ pub enum Refusal {
 }
 
 impl Outcome {
+    /// One outcome of each kind (each name [`Outcome::as_str`] gives), for code that must
+    /// handle every kind: a metrics table, a dashboard, their tests.
+    pub const EACH_KIND: [Outcome; 10] = [
+        Outcome::Executed(Kept::Stored),
+        Outcome::Replayed,
+        Outcome::InFlight,
+        Outcome::Unknown,
+        Outcome::Mismatch,
+        Outcome::Refused(Refusal::KeyMissing),
+        Outcome::StoreUnavailable,
+        Outcome::Fenced,
+        Outcome::Passthrough,
+        Outcome::Queried,
+    ];
+
     /// A short, stable, lower-case name for metrics labels and logs: `executed`, `replayed`,
     /// `in_flight`, `unknown`, `mismatch`, `refused`, `store_unavailable`, `fenced`,
     /// `passthrough`, `queried`.
@@ -193,18 +208,7 @@ mod tests {
 
     #[test]
     fn names_are_stable_and_distinct() {
-        let all = [
-            Outcome::Executed(Kept::Stored),
-            Outcome::Replayed,
-            Outcome::InFlight,
-            Outcome::Unknown,
-            Outcome::Mismatch,
-            Outcome::Refused(Refusal::KeyMissing),
-            Outcome::StoreUnavailable,
-            Outcome::Fenced,
-            Outcome::Passthrough,
-            Outcome::Queried,
-        ];
+        let all = Outcome::EACH_KIND;
         let mut names: Vec<&str> = all.iter().map(|o| o.as_str()).collect();
         names.sort_unstable();
         names.dedup();

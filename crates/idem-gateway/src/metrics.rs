@@ -293,19 +293,8 @@ mod tests {
 
     #[test]
     fn every_outcome_and_refusal_has_its_counter() {
-        for o in [
-            Outcome::Executed(Kept::Stored),
-            Outcome::Executed(Kept::Released(ReleaseKind::Unknown)),
-            Outcome::Replayed,
-            Outcome::InFlight,
-            Outcome::Unknown,
-            Outcome::Mismatch,
-            Outcome::Refused(Refusal::KeyMissing),
-            Outcome::StoreUnavailable,
-            Outcome::Fenced,
-            Outcome::Passthrough,
-            Outcome::Queried,
-        ] {
+        let released = Outcome::Executed(Kept::Released(ReleaseKind::Unknown));
+        for o in Outcome::EACH_KIND.into_iter().chain([released]) {
             assert!(outcome_index(o).is_some(), "{o}");
         }
         for r in [

@@ -9,7 +9,6 @@
 //! | timeout after sending | 504 `upstream-timeout` | per `upstream_failure` (`hold` / `retry`) |
 //! | reset or broken response after sending | 502 `upstream-failed` | per `upstream_failure` |
 
-use std::convert::Infallible;
 use std::error::Error as StdError;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -382,20 +381,33 @@ impl ProxyInner {
     }
 }
 
-impl tower::Service<Request<RequestBody>> for Proxy {
-    type Response = Upstream;
-    type Error = Infallible;
-    type Future = Pin<Box<dyn std::future::Future<Output = Result<Upstream, Infallible>> + Send>>;
+/// A `tower::Service` for a cloneable type whose `forward(req)` answers every request (a
+/// failure is an answer too, so the service never fails and is always ready).
+macro_rules! forwarding_service {
+    ($t:ty) => {
+        impl tower::Service<http::Request<idem_http::RequestBody>> for $t {
+            type Response = $crate::body::Upstream;
+            type Error = std::convert::Infallible;
+            type Future =
+                std::pin::Pin<Box<dyn Future<Output = Result<Self::Response, Self::Error>> + Send>>;
 
-    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
-        Poll::Ready(Ok(()))
-    }
+            fn poll_ready(
+                &mut self,
+                _cx: &mut std::task::Context<'_>,
+            ) -> std::task::Poll<Result<(), Self::Error>> {
+                std::task::Poll::Ready(Ok(()))
+            }
 
-    fn call(&mut self, req: Request<RequestBody>) -> Self::Future {
-        let this = self.clone();
-        Box::pin(async move { Ok(this.forward(req).await) })
-    }
+            fn call(&mut self, req: http::Request<idem_http::RequestBody>) -> Self::Future {
+                let this = self.clone();
+                Box::pin(async move { Ok(this.forward(req).await) })
+            }
+        }
+    };
 }
+pub(crate) use forwarding_service;
+
+forwarding_service!(Proxy);
 
 /// The headers a message's `Connection` header names.
 fn connection_named(headers: &http::HeaderMap) -> Vec<HeaderName> {

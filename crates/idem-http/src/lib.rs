@@ -37,8 +37,8 @@ pub use config::{
 };
 pub use guard::RunGuard;
 pub use idempotency::{
-    Idempotency, IdempotencyLayer, InTransaction, ResponseFuture, Separate, TxIdempotency,
-    TxIdempotencyLayer,
+    Idempotency, IdempotencyLayer, InTransaction, IncomingBody, ResponseFuture, Separate,
+    ServiceBody, TxIdempotency, TxIdempotencyLayer, Wrapped,
 };
 pub use key::{KeyRejection, parse_key};
 pub use policy::{

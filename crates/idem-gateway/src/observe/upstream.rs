@@ -1,8 +1,5 @@
 //! The upstream's share of a request's time: a proxy that records how long each forward took.
 
-use std::convert::Infallible;
-use std::pin::Pin;
-use std::task::{Context, Poll};
 use std::time::Instant;
 
 use http::Request;
@@ -47,17 +44,4 @@ impl TimedProxy {
     }
 }
 
-impl tower::Service<Request<RequestBody>> for TimedProxy {
-    type Response = Upstream;
-    type Error = Infallible;
-    type Future = Pin<Box<dyn std::future::Future<Output = Result<Upstream, Infallible>> + Send>>;
-
-    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
-        Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, req: Request<RequestBody>) -> Self::Future {
-        let this = self.clone();
-        Box::pin(async move { Ok(this.forward(req).await) })
-    }
-}
+crate::proxy::forwarding_service!(TimedProxy);

@@ -33,12 +33,11 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http::{HeaderMap, Request, Response};
-use http_body::Body;
 use idem_core::engine::LEASE_MARGIN;
 use idem_core::key_source::{FieldNumbers, KeyInputs, KeySourceError};
 use idem_core::{Engine, Fingerprint, Outcome, Policy, Refusal, ScopedKey, Store};
 use idem_http::buffer::{BodyFailure, BodyPace, read_body};
-use idem_http::{BoxError, ResponseBody, ResponseFuture};
+use idem_http::{ResponseBody, ResponseFuture, ServiceBody, Wrapped};
 use tower::Service;
 
 pub use layer::GrpcIdempotencyLayer;
@@ -117,12 +116,9 @@ type GrpcBody = tonic::body::Body;
 
 impl<S, St, ResB> Service<Request<GrpcBody>> for GrpcIdempotency<S, St>
 where
-    S: Service<Request<GrpcBody>, Response = Response<ResB>> + Clone + Send + 'static,
-    S::Future: Send + 'static,
-    S::Error: Send + 'static,
+    S: Wrapped<GrpcBody, Response = Response<ResB>> + Clone + Send + 'static,
     St: Store,
-    ResB: Body<Data = Bytes> + Send + Unpin + 'static,
-    ResB::Error: Into<BoxError>,
+    ResB: ServiceBody,
 {
     type Response = Response<ResponseBody<ResB>>;
     type Error = S::Error;
@@ -189,12 +185,9 @@ async fn protect<S, St, ResB>(
     req: Request<GrpcBody>,
 ) -> Result<Response<ResponseBody<ResB>>, S::Error>
 where
-    S: Service<Request<GrpcBody>, Response = Response<ResB>> + Send + 'static,
-    S::Future: Send + 'static,
-    S::Error: Send + 'static,
+    S: Wrapped<GrpcBody, Response = Response<ResB>> + Send + 'static,
     St: Store,
-    ResB: Body<Data = Bytes> + Send + Unpin + 'static,
-    ResB::Error: Into<BoxError>,
+    ResB: ServiceBody,
 {
     let config = &method.config;
     let (parts, body) = req.into_parts();

@@ -34,17 +34,17 @@
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use bytes::Bytes;
 use http::{Request, Response};
-use http_body::Body;
+
 use idem_core::{Action, Answer, EngineError, Outcome, Settled, Settlement, SharedTx, TxStore};
 use tower::Service;
 
 use super::{
-    Handled, Prepared, ResponseFuture, RunGuard, Shared, Step, admit, answer, body_refused,
-    examine, prepare_or_answer, read_body, route, settle, with_outcome,
+    Handled, IncomingBody, Prepared, ResponseFuture, RunGuard, ServiceBody, Shared, Step, Wrapped,
+    admit, answer, body_refused, examine, prepare_or_answer, read_body, route, settle,
+    with_outcome,
 };
-use crate::body::{BoxError, ResponseBody};
+use crate::body::ResponseBody;
 use crate::policy::FoundKey;
 
 /// Same-transaction mode (see the module docs): the request carries, besides the
@@ -63,16 +63,11 @@ pub type TxIdempotencyLayer<St> = super::IdempotencyLayer<St, InTransaction>;
 
 impl<S, St, ReqB, ResB> Service<Request<ReqB>> for TxIdempotency<S, St>
 where
-    S: Service<Request<ReqB>, Response = Response<ResB>> + Clone + Send + 'static,
-    S::Future: Send + 'static,
-    S::Error: Send + 'static,
+    S: Wrapped<ReqB, Response = Response<ResB>> + Clone + Send + 'static,
     St: TxStore,
     St::Tx: 'static,
-    ReqB: Body + From<Bytes> + Send + 'static,
-    ReqB::Data: Send,
-    ReqB::Error: Into<BoxError>,
-    ResB: Body<Data = Bytes> + Send + Unpin + 'static,
-    ResB::Error: Into<BoxError>,
+    ReqB: IncomingBody,
+    ResB: ServiceBody,
 {
     type Response = Response<ResponseBody<ResB>>;
     type Error = S::Error;
@@ -101,16 +96,11 @@ async fn protect_in_tx<S, St, ReqB, ResB>(
     found: Option<FoundKey>,
 ) -> Result<Response<ResponseBody<ResB>>, S::Error>
 where
-    S: Service<Request<ReqB>, Response = Response<ResB>> + Send + 'static,
-    S::Future: Send + 'static,
-    S::Error: Send + 'static,
+    S: Wrapped<ReqB, Response = Response<ResB>> + Send + 'static,
     St: TxStore,
     St::Tx: 'static,
-    ReqB: Body + From<Bytes> + Send + 'static,
-    ReqB::Data: Send,
-    ReqB::Error: Into<BoxError>,
-    ResB: Body<Data = Bytes> + Send + Unpin + 'static,
-    ResB::Error: Into<BoxError>,
+    ReqB: IncomingBody,
+    ResB: ServiceBody,
 {
     let config = &shared.config;
     // Held to the end of the run, which may go on in a spawned task after the client left.

@@ -33,6 +33,7 @@
 //! # let _ = app; Ok(()) }
 //! ```
 
+mod bounds;
 mod error;
 mod future;
 mod in_tx;
@@ -53,6 +54,7 @@ use idem_core::{
 };
 use tower::Service;
 
+pub use bounds::{IncomingBody, ServiceBody, Wrapped};
 pub(crate) use error::{Refused, key_rejection as key_problem, principal_refused};
 pub use future::ResponseFuture;
 pub use in_tx::{InTransaction, TxIdempotency, TxIdempotencyLayer};
@@ -106,15 +108,10 @@ impl<S: fmt::Debug, St, M> fmt::Debug for Idempotency<S, St, M> {
 
 impl<S, St, ReqB, ResB> Service<Request<ReqB>> for Idempotency<S, St>
 where
-    S: Service<Request<ReqB>, Response = Response<ResB>> + Clone + Send + 'static,
-    S::Future: Send + 'static,
-    S::Error: Send + 'static,
+    S: Wrapped<ReqB, Response = Response<ResB>> + Clone + Send + 'static,
     St: Store,
-    ReqB: Body + From<Bytes> + Send + 'static,
-    ReqB::Data: Send,
-    ReqB::Error: Into<BoxError>,
-    ResB: Body<Data = Bytes> + Send + Unpin + 'static,
-    ResB::Error: Into<BoxError>,
+    ReqB: IncomingBody,
+    ResB: ServiceBody,
 {
     type Response = Response<ResponseBody<ResB>>;
     type Error = S::Error;
@@ -142,9 +139,7 @@ pub(crate) fn route<S, St, ReqB, ResB, P, Fut>(
     protect: P,
 ) -> ResponseFuture<ResB, S::Error>
 where
-    S: Service<Request<ReqB>, Response = Response<ResB>>,
-    S::Future: Send + 'static,
-    S::Error: Send + 'static,
+    S: Wrapped<ReqB, Response = Response<ResB>>,
     ResB: Send + 'static,
     P: FnOnce(Arc<Shared<St>>, S, http::request::Parts, ReqB, Option<FoundKey>) -> Fut,
     Fut: Future<Output = Result<Response<ResponseBody<ResB>>, S::Error>> + Send + 'static,
@@ -227,15 +222,10 @@ async fn protect<S, St, ReqB, ResB>(
     found: Option<FoundKey>,
 ) -> Result<Response<ResponseBody<ResB>>, S::Error>
 where
-    S: Service<Request<ReqB>, Response = Response<ResB>> + Send + 'static,
-    S::Future: Send + 'static,
-    S::Error: Send + 'static,
+    S: Wrapped<ReqB, Response = Response<ResB>> + Send + 'static,
     St: Store,
-    ReqB: Body + From<Bytes> + Send + 'static,
-    ReqB::Data: Send,
-    ReqB::Error: Into<BoxError>,
-    ResB: Body<Data = Bytes> + Send + Unpin + 'static,
-    ResB::Error: Into<BoxError>,
+    ReqB: IncomingBody,
+    ResB: ServiceBody,
 {
     let config = &shared.config;
     // Held to the end of the run, which may go on in a spawned task after the client left.
