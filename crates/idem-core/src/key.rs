@@ -249,28 +249,30 @@ impl ScopedKey {
     pub fn digest(&self) -> [u8; 32] {
         let mut h = blake3::Hasher::new();
         h.update(b"idem.scoped-key.v1");
-        for part in [
-            Some(self.scope.namespace()),
-            self.scope.principal(),
-            Some(self.key.as_str()),
-        ] {
-            match part {
-                Some(p) => {
-                    h.update(&[1]);
-                    h.update(&(p.len() as u64).to_le_bytes());
-                    h.update(p.as_bytes());
-                }
-                None => {
-                    h.update(&[0]);
-                }
-            }
-        }
+        hash_scoped(&mut h, &self.scope, self.key.as_str());
         *h.finalize().as_bytes()
     }
 
     /// The digest as 64 lowercase hex characters.
     pub fn digest_hex(&self) -> String {
         hex::encode(self.digest())
+    }
+}
+
+/// Feeds a scope and a key (or token) to `h`, each part length-prefixed and an absent
+/// principal marked, so no two distinct (scope, key) pairs feed the same bytes.
+pub(crate) fn hash_scoped(h: &mut blake3::Hasher, scope: &Scope, key: &str) {
+    for part in [Some(scope.namespace()), scope.principal(), Some(key)] {
+        match part {
+            Some(p) => {
+                h.update(&[1]);
+                h.update(&(p.len() as u64).to_le_bytes());
+                h.update(p.as_bytes());
+            }
+            None => {
+                h.update(&[0]);
+            }
+        }
     }
 }
 

@@ -107,31 +107,11 @@ impl RedisStore {
             ),
             None => format!("{}audit:*", glob_escape(self.prefix())),
         };
-        let conn = self.connection();
-        let mut streams = Vec::new();
-        for node in conn.masters().await.map_err(redis_err)? {
-            let node = node.as_ref().map(|(h, p)| (h.as_str(), *p));
-            let mut cursor = 0u64;
-            loop {
-                let mut cmd = redis::cmd("SCAN");
-                cmd.arg(cursor)
-                    .arg("MATCH")
-                    .arg(&pattern)
-                    .arg("COUNT")
-                    .arg(1000)
-                    .arg("TYPE")
-                    .arg("stream");
-                let (next, keys): (u64, Vec<String>) = redis::from_redis_value(
-                    conn.query_at_node(cmd, node).await.map_err(redis_err)?,
-                )
-                .map_err(|e| redis_err(e.into()))?;
-                streams.extend(keys);
-                if next == 0 {
-                    break;
-                }
-                cursor = next;
-            }
-        }
+        let mut streams: Vec<String> = self
+            .connection()
+            .scan_keys(&pattern, Some("stream"))
+            .await
+            .map_err(redis_err)?;
         streams.sort();
         streams.dedup();
         Ok(streams)

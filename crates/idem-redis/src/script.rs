@@ -6,7 +6,6 @@
 //! [`NamedScript`]s run through a [`Connection`].
 
 use std::fmt;
-use std::future::Future;
 use std::time::Duration;
 
 use idem_core::StoreError;
@@ -200,6 +199,42 @@ impl Connection {
         }
         Ok(out)
     }
+
+    /// Every key matching `pattern` (and of type `kind`, when given) on every master, by
+    /// `SCAN` in pages of 1000.
+    ///
+    /// # Errors
+    /// The client's error, or a reply that does not parse.
+    pub async fn scan_keys<K: redis::FromRedisValue>(
+        &self,
+        pattern: &str,
+        kind: Option<&str>,
+    ) -> Result<Vec<K>, RedisError> {
+        let mut found = Vec::new();
+        for node in self.masters().await? {
+            let node = node.as_ref().map(|(h, p)| (h.as_str(), *p));
+            let mut cursor = 0u64;
+            loop {
+                let mut cmd = redis::cmd("SCAN");
+                cmd.arg(cursor)
+                    .arg("MATCH")
+                    .arg(pattern)
+                    .arg("COUNT")
+                    .arg(1000);
+                if let Some(kind) = kind {
+                    cmd.arg("TYPE").arg(kind);
+                }
+                let (next, keys): (u64, Vec<K>) =
+                    redis::from_redis_value(self.query_at_node(cmd, node).await?)?;
+                found.extend(keys);
+                if next == 0 {
+                    break;
+                }
+                cursor = next;
+            }
+        }
+        Ok(found)
+    }
 }
 
 impl ConnectionLike for Connection {
@@ -336,19 +371,9 @@ impl NamedScript {
     }
 }
 
-/// Runs `op` for at most `limit`; running out is [`StoreError::Timeout`].
-///
-/// # Errors
-/// `op`'s error, or [`StoreError::Timeout`].
-pub async fn bounded<T>(
-    limit: Duration,
-    op: impl Future<Output = Result<T, StoreError>>,
-) -> Result<T, StoreError> {
-    match tokio::time::timeout(limit, op).await {
-        Ok(result) => result,
-        Err(_) => Err(StoreError::Timeout(limit)),
-    }
-}
+/// Runs `op` for at most `limit`; running out is `StoreError::Timeout` (idem-core's, here for
+/// the scripts' callers).
+pub use idem_core::store::bounded;
 
 /// An operation's entry of a batch script's reply: `{-1, message}` is an error it raised
 /// alone.

@@ -361,37 +361,20 @@ impl RedisStore {
         let conn = &self.shared.conn;
         let now = server_now(conn).await?;
         let pattern = format!("{}{{*}}", glob_escape(&self.shared.prefix));
+        let keys: Vec<Vec<u8>> = conn.scan_keys(&pattern, None).await.map_err(redis_err)?;
         let mut records = Vec::new();
-        for node in conn.masters().await.map_err(redis_err)? {
-            let node = node.as_ref().map(|(h, p)| (h.as_str(), *p));
-            let mut cursor = 0u64;
-            loop {
-                let mut cmd = redis::cmd("SCAN");
-                cmd.arg(cursor)
-                    .arg("MATCH")
-                    .arg(&pattern)
-                    .arg("COUNT")
-                    .arg(1000);
-                let (next, keys): (u64, Vec<Vec<u8>>) = redis::from_redis_value(
-                    conn.query_at_node(cmd, node).await.map_err(redis_err)?,
-                )
-                .map_err(|e| redis_err(e.into()))?;
-                let gets: Vec<redis::Cmd> = keys
-                    .iter()
-                    .map(|k| redis::cmd("GET").arg(k).clone())
-                    .collect();
-                let reads = gets.iter().map(|cmd| conn.query(cmd));
-                for value in futures::future::join_all(reads).await {
-                    if let Value::BulkString(raw) = value.map_err(redis_err)?
-                        && let Some(record) = decode_record(&raw)?
-                    {
-                        records.push(record);
-                    }
+        for page in keys.chunks(1000) {
+            let gets: Vec<redis::Cmd> = page
+                .iter()
+                .map(|k| redis::cmd("GET").arg(k).clone())
+                .collect();
+            let reads = gets.iter().map(|cmd| conn.query(cmd));
+            for value in futures::future::join_all(reads).await {
+                if let Value::BulkString(raw) = value.map_err(redis_err)?
+                    && let Some(record) = decode_record(&raw)?
+                {
+                    records.push(record);
                 }
-                if next == 0 {
-                    break;
-                }
-                cursor = next;
             }
         }
         Ok((now, records))

@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use tokio::sync::oneshot;
 
-use super::StoreError;
+use super::{StoreError, bounded};
 
 /// A batcher: the owner of a [`Queue`], and how it sends one operation or a batch.
 pub trait Batching: Sized + Send + Sync + 'static {
@@ -276,15 +276,4 @@ async fn drive<B: Batching>(mut slot: Slot<B>) {
     }
     // `take` gave the slot back already.
     slot.owner = None;
-}
-
-/// `op`, failed with [`StoreError::Timeout`] after `limit`.
-async fn bounded<T>(
-    limit: Duration,
-    op: impl Future<Output = Result<T, StoreError>>,
-) -> Result<T, StoreError> {
-    match tokio::time::timeout(limit, op).await {
-        Ok(result) => result,
-        Err(_) => Err(StoreError::Timeout(limit)),
-    }
 }

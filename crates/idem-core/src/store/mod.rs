@@ -273,6 +273,21 @@ impl StoreError {
     }
 }
 
+/// Runs `op` for at most `limit`; running out is [`StoreError::Timeout`]. What a store applies
+/// to each call it makes to its server.
+///
+/// # Errors
+/// `op`'s error, or [`StoreError::Timeout`].
+pub async fn bounded<T>(
+    limit: Duration,
+    op: impl Future<Output = Result<T, StoreError>>,
+) -> Result<T, StoreError> {
+    match tokio::time::timeout(limit, op).await {
+        Ok(result) => result,
+        Err(_) => Err(StoreError::Timeout(limit)),
+    }
+}
+
 /// The store contract. See the module docs and `docs/design.md` ("The store contract").
 ///
 /// Every method is one atomic step judged on the store's clock.

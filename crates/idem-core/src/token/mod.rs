@@ -125,22 +125,7 @@ impl Token {
     /// part length-prefixed, so the same token in two scopes has two unrelated ids.
     pub fn digest(&self, scope: &Scope) -> [u8; 32] {
         let mut h = blake3::Hasher::new_derive_key("idem one-time token v1");
-        for part in [
-            Some(scope.namespace()),
-            scope.principal(),
-            Some(self.as_str()),
-        ] {
-            match part {
-                Some(p) => {
-                    h.update(&[1]);
-                    h.update(&(p.len() as u64).to_le_bytes());
-                    h.update(p.as_bytes());
-                }
-                None => {
-                    h.update(&[0]);
-                }
-            }
-        }
+        crate::key::hash_scoped(&mut h, scope, self.as_str());
         *h.finalize().as_bytes()
     }
 }

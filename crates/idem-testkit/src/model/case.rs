@@ -52,13 +52,14 @@ pub(super) struct Case<'h, H: Harness> {
 /// A check's verdict: the disagreement, if any.
 pub(super) type Checked = Result<(), String>;
 
+/// A store failure, as a case's failure.
+pub(super) fn store_error(e: impl std::fmt::Display) -> String {
+    format!("store error: {e}")
+}
+
 impl<'h, H: Harness> Case<'h, H> {
     pub(super) fn steps(&self, n: u64) -> Duration {
         Duration::from_millis(self.step_ms * n)
-    }
-
-    pub(super) fn fail<T>(&self, e: impl std::fmt::Display) -> Result<T, String> {
-        Err(format!("store error: {e}"))
     }
 
     /// Checks a store timestamp against model time `at` (in steps), learning the origin from
@@ -222,10 +223,7 @@ impl<'h, H: Harness> Case<'h, H> {
             },
             request_id: request_id.clone(),
         };
-        let got = match self.store.claim(&req).await {
-            Ok(o) => o,
-            Err(e) => return self.fail(e),
-        };
+        let got = self.store.claim(&req).await.map_err(store_error)?;
         let pre = self.snapshot(key);
         let want = self
             .model
@@ -328,17 +326,14 @@ impl<'h, H: Harness> Case<'h, H> {
     async fn apply_renew(&mut self, holder: u8, forge: Forge, lease: u8) -> Checked {
         let held = self.holder(holder, forge);
         let key = &self.keys[usize::from(held.key)];
-        let got = match self
+        let got = self
             .store
             .renew(
                 &Hold::new(key, held.owner, held.fence),
                 self.steps(lease.into()),
             )
             .await
-        {
-            Ok(o) => o,
-            Err(e) => return self.fail(e),
-        };
+            .map_err(store_error)?;
         let _ = write!(self.log, " [{held:?}] => {got:?}");
         let pre = self.snapshot(held.key);
         let want = self
@@ -376,7 +371,7 @@ impl<'h, H: Harness> Case<'h, H> {
     async fn apply_complete(&mut self, holder: u8, forge: Forge, r: u8, ttl: u8) -> Checked {
         let held = self.holder(holder, forge);
         let key = &self.keys[usize::from(held.key)];
-        let got = match self
+        let got = self
             .store
             .complete(&Completion::new(
                 Hold::new(key, held.owner, held.fence),
@@ -384,10 +379,7 @@ impl<'h, H: Harness> Case<'h, H> {
                 self.steps(ttl.into()),
             ))
             .await
-        {
-            Ok(o) => o,
-            Err(e) => return self.fail(e),
-        };
+            .map_err(store_error)?;
         let _ = write!(self.log, " [{held:?}] => {got:?}");
         let pre = self.snapshot(held.key);
         let want = self
@@ -419,14 +411,11 @@ impl<'h, H: Harness> Case<'h, H> {
         } else {
             ReleaseKind::Retryable
         };
-        let got = match self
+        let got = self
             .store
             .release(&Hold::new(key, held.owner, held.fence), kind)
             .await
-        {
-            Ok(o) => o,
-            Err(e) => return self.fail(e),
-        };
+            .map_err(store_error)?;
         let _ = write!(self.log, " [{held:?}] => {got:?}");
         let pre = self.snapshot(held.key);
         let want = self
@@ -464,14 +453,11 @@ impl<'h, H: Harness> Case<'h, H> {
             ResolveFence::Current => latest,
             ResolveFence::Stale => latest.saturating_sub(1),
         });
-        let got = match self
+        let got = self
             .store
             .resolve(&self.keys[usize::from(key)], &resolution, fence)
             .await
-        {
-            Ok(o) => o,
-            Err(e) => return self.fail(e),
-        };
+            .map_err(store_error)?;
         let _ = write!(self.log, " => {got:?}");
         let pre = self.snapshot(key);
         let want = self
@@ -487,10 +473,11 @@ impl<'h, H: Harness> Case<'h, H> {
 
     /// Deletes `key` in the store and the model and checks the store's answer.
     async fn apply_delete(&mut self, key: u8) -> Checked {
-        let got = match self.store.delete(&self.keys[usize::from(key)]).await {
-            Ok(o) => o,
-            Err(e) => return self.fail(e),
-        };
+        let got = self
+            .store
+            .delete(&self.keys[usize::from(key)])
+            .await
+            .map_err(store_error)?;
         let _ = write!(self.log, " => {got:?}");
         let want = self.model.delete(key);
         self.hit(if want {

@@ -4,7 +4,7 @@ use std::collections::BTreeSet;
 
 use idem_core::{ListFilter, Record, RecordState, StateKind, Store};
 
-use super::case::{Case, Checked};
+use super::case::{Case, Checked, store_error};
 use super::ensure;
 use super::ops::response;
 use super::reference::{Model, ModelRecord, ModelState};
@@ -13,10 +13,11 @@ use crate::harness::Harness;
 
 impl<H: Harness> Case<'_, H> {
     pub(super) async fn compare(&mut self, key: u8) -> Checked {
-        let got = match self.store.get(&self.keys[usize::from(key)]).await {
-            Ok(o) => o,
-            Err(e) => return self.fail(e),
-        };
+        let got = self
+            .store
+            .get(&self.keys[usize::from(key)])
+            .await
+            .map_err(store_error)?;
         let want = self.model.live(key).cloned();
         match (got, want) {
             (None, None) => Ok(()),
@@ -93,10 +94,7 @@ impl<H: Harness> Case<'_, H> {
             limit: usize::from(limit),
             ..ListFilter::default()
         };
-        let got = match self.store.list(&filter).await {
-            Ok(o) => o,
-            Err(e) => return self.fail(e),
-        };
+        let got = self.store.list(&filter).await.map_err(store_error)?;
         ensure!(
             got.windows(2).all(|w| w[0].created_at <= w[1].created_at),
             "list: not ordered oldest first"
