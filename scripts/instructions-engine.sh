@@ -6,7 +6,7 @@
 #   scripts/instructions-engine.sh REV         (N=4000 M=1000 by default)
 #
 # REV is built in a worktree (with this tree's driver copied in when REV has none: it uses only
-# `Engine::run`, whose signature both sides share). Each side runs N and M operations of each
+# `Engine::run`, whose signature both sides share; before `Answer` it was called `Outcome`). Each side runs N and M operations of each
 # kind; the per-operation figure is (total(N) - total(M)) / (N - M), so start-up cancels.
 # Prints a markdown table; B/A above 1 means the current tree runs more instructions.
 set -euo pipefail
@@ -29,6 +29,10 @@ DRIVER=crates/idem-core/benches/instructions.rs
 if [ ! -f "$TREE_A/$DRIVER" ]; then
   cp "$DRIVER" "$TREE_A/$DRIVER"
   printf '\n[[bench]]\nname = "instructions"\nharness = false\n' >>"$TREE_A/crates/idem-core/Cargo.toml"
+fi
+# Before the carriers' typed outcome, `Engine::run` answered with `Outcome` (same variants).
+if ! grep -qw Answer "$TREE_A/crates/idem-core/src/lib.rs"; then
+  sed -i 's/\bAnswer\b/Outcome/g' "$TREE_A/$DRIVER"
 fi
 
 # Builds the driver in tree $1 with target dir $2 and prints the binary's path.

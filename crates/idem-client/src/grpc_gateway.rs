@@ -69,27 +69,13 @@ impl<T> GatewayStatus<T> {
 
     /// The query's path and query for `key`.
     fn target(&self, key: &str) -> String {
-        let mut target = format!("{}/{}?answer=1", self.path, encode(key));
+        let mut target = format!("{}/{}?answer=1", self.path, idem_wire::path::segment(key));
         if let Some(r) = &self.route {
             target.push_str("&route=");
-            target.push_str(&encode(r));
+            target.push_str(&idem_wire::path::segment(r));
         }
         target
     }
-}
-
-/// Percent-encodes everything but RFC 3986's unreserved characters, so `key` is one path
-/// segment (or one query value) whatever it holds.
-fn encode(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    for b in text.bytes() {
-        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~') {
-            out.push(char::from(b));
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    }
-    out
 }
 
 impl<T> StatusLookup for GatewayStatus<T>

@@ -152,9 +152,15 @@ impl Webhook {
     fn url(&self, key: &ScopedKey) -> Result<Uri, String> {
         let filled = self
             .template
-            .replace("{key}", &encode(key.key.as_str()))
-            .replace("{namespace}", &encode(key.scope.namespace()))
-            .replace("{principal}", &encode(key.scope.principal().unwrap_or("")));
+            .replace("{key}", &idem_wire::path::segment(key.key.as_str()))
+            .replace(
+                "{namespace}",
+                &idem_wire::path::segment(key.scope.namespace()),
+            )
+            .replace(
+                "{principal}",
+                &idem_wire::path::segment(key.scope.principal().unwrap_or("")),
+            );
         let full = if filled.starts_with('/') {
             let base = self.base.as_ref().ok_or_else(|| {
                 format!(
@@ -219,19 +225,6 @@ fn origin_spec(template: &str) -> anyhow::Result<UpstreamSpec> {
         bail!("placeholders belong in the path or query, not the host");
     }
     UpstreamSpec::compile(&RawUpstream::Url(format!("{scheme}://{authority}")))
-}
-
-/// Percent-encodes everything but RFC 3986's unreserved characters.
-fn encode(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    for b in text.bytes() {
-        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~') {
-            out.push(char::from(b));
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    }
-    out
 }
 
 /// Reads a resolve body, the admin API's and a webhook's answer alike: `release`, or

@@ -23,6 +23,7 @@ mod code;
 pub mod grpc;
 pub mod header;
 pub mod message;
+pub mod path;
 mod reason;
 
 pub use code::GrpcCode;
