@@ -222,13 +222,7 @@ async fn the_default_level_leaves_a_first_request_to_its_record() {
     assert!(all.json().get("record").is_none());
     assert_eq!(all.json()["events"].as_array().map(Vec::len), Some(2));
     // Checked configuration says what the trail records.
-    let cfg = dir.0.join("idem.toml");
-    std::fs::write(&cfg, config(&up.url(), &db.display().to_string(), "")).expect("write");
-    let out = std::process::Command::new(common::bin())
-        .args(["check-config", "--config"])
-        .arg(&cfg)
-        .output()
-        .expect("run check-config");
+    let out = common::check_config(&config(&up.url(), &db.display().to_string(), ""));
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.contains("(level operator)"), "{text}");
 }

@@ -10,7 +10,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use common::{ADMIN_TOKEN, Gateway, Http, Reply, TempDir, Upstream, bin};
+use common::{Gateway, Http, Reply, Upstream};
 use http::{Method, StatusCode};
 use idem_testkit::redis_server::{Cluster, redis_server_available};
 use parking_lot::Mutex;
@@ -72,12 +72,10 @@ fn keys_per_master(cluster: &Cluster, prefix: &str) -> Vec<(u16, usize)> {
 }
 
 async fn admin_list(http: &Http, gw: &Gateway) -> Vec<String> {
-    let auth = format!("Bearer {ADMIN_TOKEN}");
     let list = http
-        .send(
+        .admin(
             Method::GET,
             &gw.admin_url("/admin/records?namespace=cluster&limit=10000"),
-            &[("authorization", &auth)],
             "",
         )
         .await;
@@ -92,27 +90,15 @@ async fn admin_list(http: &Http, gw: &Gateway) -> Vec<String> {
 
 #[test]
 fn check_config_accepts_every_cluster_form() {
-    let dir = TempDir::new("cluster-check");
     for store in [
         "redis+cluster://127.0.0.1:7101,127.0.0.1:7102,127.0.0.1:7103",
         "redis+cluster://127.0.0.1:7101",
         "redis+cluster://user:hunter2@127.0.0.1:7101,127.0.0.1:7102",
     ] {
-        let path = dir.0.join("idem.toml");
-        std::fs::write(
-            &path,
-            format!(
-                "upstream = \"http://127.0.0.1:3000\"\nstore = \"{store}\"\n\
-                 [defaults]\nprincipal = {{ from = \"none\" }}\n"
-            ),
-        )
-        .expect("write");
-        let out = std::process::Command::new(bin())
-            .arg("check-config")
-            .arg("--config")
-            .arg(&path)
-            .output()
-            .expect("run idem");
+        let out = common::check_config(&format!(
+            "upstream = \"http://127.0.0.1:3000\"\nstore = \"{store}\"\n\
+             [defaults]\nprincipal = {{ from = \"none\" }}\n"
+        ));
         let stdout = String::from_utf8_lossy(&out.stdout);
         assert!(
             out.status.success(),
@@ -123,18 +109,7 @@ fn check_config_accepts_every_cluster_form() {
         assert!(stdout.contains("127.0.0.1:7101"), "{stdout}");
         assert!(!stdout.contains("hunter2"), "{stdout}");
     }
-    let path = dir.0.join("idem.toml");
-    std::fs::write(
-        &path,
-        "store = \"redis+cluster://127.0.0.1:1,,127.0.0.1:2\"\n",
-    )
-    .expect("w");
-    let out = std::process::Command::new(bin())
-        .arg("check-config")
-        .arg("--config")
-        .arg(&path)
-        .output()
-        .expect("run idem");
+    let out = common::check_config("store = \"redis+cluster://127.0.0.1:1,,127.0.0.1:2\"\n");
     assert!(!out.status.success(), "an empty seed is refused");
 }
 

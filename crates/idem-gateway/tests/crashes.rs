@@ -120,14 +120,7 @@ async fn upstream() -> (SocketAddr, Arc<Ledger>) {
         .route("/pay", axum::routing::post(pay))
         .route("/status", axum::routing::get(status))
         .with_state(Arc::clone(&ledger));
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let addr = listener.local_addr().expect("addr");
-    tokio::spawn(async move {
-        let _ = axum::serve(listener, app).await;
-    });
-    (addr, ledger)
+    (common::serve_router(app).await, ledger)
 }
 
 /// The documented defaults but for what each test says: no `takeover` (so `hold`), Redis

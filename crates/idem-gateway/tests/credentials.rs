@@ -4,9 +4,7 @@
 
 mod common;
 
-use std::process::Command;
-
-use common::{Gateway, Http, TempDir, Upstream, bin, key};
+use common::{Gateway, Http, Upstream, key};
 use http::{Method, StatusCode};
 
 const SECRET: &str = "an-hs256-secret-of-at-least-32-bytes!";
@@ -156,15 +154,7 @@ async fn a_credential_sent_twice_is_refused_before_anything_runs() {
 }
 
 fn check(config: &str) -> (bool, String) {
-    let dir = TempDir::new("cred");
-    let path = dir.0.join("idem.toml");
-    std::fs::write(&path, config).expect("write");
-    let out = Command::new(bin())
-        .arg("check-config")
-        .arg("--config")
-        .arg(&path)
-        .output()
-        .expect("run idem");
+    let out = common::check_config(config);
     (
         out.status.success(),
         String::from_utf8_lossy(&out.stdout).into_owned(),

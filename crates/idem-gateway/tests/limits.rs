@@ -8,7 +8,7 @@ mod common;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use common::{Gateway, Http, Upstream, key};
+use common::{Gateway, Http, Upstream, key, wire};
 use http::StatusCode;
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::TcpStream;
@@ -263,38 +263,14 @@ idempotency = false
 /// Opens a connection to `addr` and upgrades it through the `/ws` route: the stream once the
 /// `101` arrived, or what came instead.
 async fn open_tunnel(addr: SocketAddr) -> Result<TcpStream, String> {
-    let mut stream = TcpStream::connect(addr).await.map_err(|e| e.to_string())?;
-    stream
-        .write_all(
-            b"GET /ws HTTP/1.1\r\nhost: idem\r\nconnection: upgrade\r\nupgrade: echo\r\n\r\n",
-        )
+    wire::open_tunnel(addr, "/ws")
         .await
-        .map_err(|e| e.to_string())?;
-    let mut head = Vec::new();
-    let mut byte = [0u8; 1];
-    while !head.ends_with(b"\r\n\r\n") {
-        match stream.read(&mut byte).await {
-            Ok(1) => head.push(byte[0]),
-            other => return Err(format!("closed before switching: {other:?}")),
-        }
-    }
-    let head = String::from_utf8_lossy(&head).to_ascii_lowercase();
-    if head.starts_with("http/1.1 101 ") {
-        Ok(stream)
-    } else {
-        Err(head)
-    }
+        .map(|(stream, _)| stream)
 }
 
 /// Sends `msg` through a tunnel and reads it back from the echoing upstream.
 async fn echoes(tunnel: &mut TcpStream, msg: &[u8]) {
-    tunnel.write_all(msg).await.expect("write to the tunnel");
-    let mut got = vec![0u8; msg.len()];
-    tokio::time::timeout(Duration::from_secs(5), tunnel.read_exact(&mut got))
-        .await
-        .expect("echo in time")
-        .expect("read from the tunnel");
-    assert_eq!(got, msg);
+    wire::echoes(tunnel, msg, Duration::from_secs(5)).await;
 }
 
 // Bug guarded: after its `101` a tunnel left the listener's connection count (the HTTP

@@ -14,7 +14,7 @@ use axum::Router;
 use axum::extract::{Query, State};
 use axum::http::{HeaderMap, StatusCode as AxumStatus};
 use axum::routing::get;
-use common::{ADMIN_TOKEN, Gateway, Http, TempDir, bin};
+use common::{Gateway, Http, TempDir, bin};
 use http::{Method, StatusCode};
 use parking_lot::Mutex;
 use serde_json::{Value, json};
@@ -85,14 +85,7 @@ async fn start_payments() -> (SocketAddr, Arc<Payments>) {
     let app = Router::new()
         .route("/charges", get(status).post(charge))
         .with_state(Arc::clone(&payments));
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let addr = listener.local_addr().expect("addr");
-    tokio::spawn(async move {
-        let _ = axum::serve(listener, app).await;
-    });
-    (addr, payments)
+    (common::serve_router(app).await, payments)
 }
 
 fn config(upstream: SocketAddr, db: &std::path::Path, every: Option<&str>) -> String {
@@ -126,12 +119,10 @@ async fn pay(http: &Http, gw: &Gateway, key: &str) -> common::Reply {
 }
 
 async fn record_state(http: &Http, gw: &Gateway, key: &str) -> String {
-    let auth = format!("Bearer {ADMIN_TOKEN}");
     let r = http
-        .send(
+        .admin(
             Method::GET,
             &gw.admin_url(&format!("/admin/record?namespace=payments&key={key}")),
-            &[("authorization", &auth)],
             "",
         )
         .await;
@@ -268,15 +259,13 @@ async fn one_shot_reconcile_settles_from_the_upstreams_answer() {
     assert_eq!(payments.charges(&unsure), before, "nothing ran");
 
     // Every settlement is in the audit trail with its actor.
-    let auth = format!("Bearer {ADMIN_TOKEN}");
     for (k, outcome) in [(&acted, "complete"), (&never, "release")] {
         let trail = http
-            .send(
+            .admin(
                 Method::GET,
                 &gw.admin_url(&format!(
                     "/admin/audit?namespace=payments&key={k}&state=resolved"
                 )),
-                &[("authorization", &auth)],
                 "",
             )
             .await
@@ -332,14 +321,12 @@ async fn unguarded_blind_release_charges_twice() {
         pay(&http, &gw, &acted).await.status,
         StatusCode::GATEWAY_TIMEOUT
     );
-    let auth = format!("Bearer {ADMIN_TOKEN}");
     let released = http
-        .send(
+        .admin(
             Method::POST,
             &gw.admin_url(&format!(
                 "/admin/record/resolve?namespace=payments&key={acted}"
             )),
-            &[("authorization", &auth)],
             r#"{"outcome":"release"}"#,
         )
         .await;

@@ -7,9 +7,7 @@
 mod common;
 mod relay_kit;
 
-use std::process::Command;
-
-use common::{ADMIN_TOKEN, Gateway, Http, TempDir, bin};
+use common::{ADMIN_TOKEN, Gateway, Http};
 use http::Method;
 use idem_testkit::brokers::{
     AMQP_URL, amqp, declare_queue, eventually, publish_with_id, queue_ready,
@@ -295,16 +293,9 @@ async fn relay_metrics_take_the_gateway_tokens() {
 /// `check-config` shows each relay; an incomplete one is refused, naming the field.
 #[test]
 fn check_config_shows_relays() {
-    let dir = TempDir::new("relaycfg");
-    let path = dir.0.join("idem.toml");
     let source = format!("broker = \"{AMQP_URL}\"\nqueue = \"orders_q\"");
     let good = config("orders_q", "http://127.0.0.1:9", "/orders", "hold", &source);
-    std::fs::write(&path, &good).unwrap();
-    let out = Command::new(bin())
-        .args(["check-config", "--config"])
-        .arg(&path)
-        .output()
-        .unwrap();
+    let out = common::check_config(&good);
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{text}");
     assert!(
@@ -316,12 +307,7 @@ fn check_config_shows_relays() {
         "{text}"
     );
 
-    std::fs::write(&path, good.replace("queue = \"orders_q\"\n", "")).unwrap();
-    let out = Command::new(bin())
-        .args(["check-config", "--config"])
-        .arg(&path)
-        .output()
-        .unwrap();
+    let out = common::check_config(&good.replace("queue = \"orders_q\"\n", ""));
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("`queue` is required"));
 }

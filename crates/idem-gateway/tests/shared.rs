@@ -9,10 +9,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use cleanup::{Sql, sql_table};
-use common::{
-    ADMIN_TOKEN, Gateway, Http, REDIS, TempDir, Upstream, ci, key, reachable, service_up,
-    spare_port,
-};
+use common::{Gateway, Http, REDIS, TempDir, Upstream, ci, key, reachable, service_up, spare_port};
 use http::{Method, StatusCode};
 
 fn config(upstream: &str, store: &str, extra: &str) -> String {
@@ -294,14 +291,7 @@ async fn store_down_fails_closed_with_503() {
             .status,
         StatusCode::CREATED
     );
-    let metrics = http
-        .send(
-            Method::GET,
-            &gw.admin_url("/metrics"),
-            &[("authorization", &format!("Bearer {ADMIN_TOKEN}"))],
-            "",
-        )
-        .await;
+    let metrics = http.admin(Method::GET, &gw.admin_url("/metrics"), "").await;
     let text = String::from_utf8_lossy(&metrics.body).into_owned();
     assert!(
         text.contains("idem_store_errors_total{op=\"claim\"}"),

@@ -4,9 +4,7 @@
 
 mod common;
 
-use std::process::Command;
-
-use common::{Gateway, Http, TempDir, Upstream, bin, configs, key};
+use common::{Gateway, Http, Upstream, configs, key};
 use http::{Method, StatusCode};
 
 fn config(upstream: &str, status: bool) -> String {
@@ -259,16 +257,7 @@ async fn nothing_under_the_path_is_ever_proxied() {
 
 #[test]
 fn check_config_shows_the_endpoint() {
-    let dir = TempDir::new("status-check");
-    let path = dir.0.join("idem.toml");
-    let run = |text: &str| {
-        std::fs::write(&path, text).expect("write");
-        Command::new(bin())
-            .args(["check-config", "--config"])
-            .arg(&path)
-            .output()
-            .expect("run")
-    };
+    let run = common::check_config;
     let out = run(&config("http://127.0.0.1:9", true));
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{text}");

@@ -271,15 +271,7 @@ fn store_tls_files_are_checked_before_start() {
             "sslrootcert",
         ),
     ] {
-        let dir = TempDir::new("store-tls-check");
-        let path = dir.0.join("idem.toml");
-        std::fs::write(&path, config("http://127.0.0.1:9", store, &extra)).expect("write");
-        let out = Command::new(bin())
-            .arg("check-config")
-            .arg("--config")
-            .arg(&path)
-            .output()
-            .expect("run idem");
+        let out = common::check_config(&config("http://127.0.0.1:9", store, &extra));
         let text = String::from_utf8_lossy(&out.stderr);
         assert!(!out.status.success(), "{store} {extra}");
         assert!(text.contains(want), "{store} {extra}: {text}");

@@ -107,14 +107,7 @@ fn assert_answered_or_in_flight(replies: &[Reply]) {
 
 /// The admin API's answer to `GET path`, with the admin token.
 async fn admin_get(http: &Http, gw: &Gateway, path: &str) -> Reply {
-    let auth = format!("Bearer {ADMIN_TOKEN}");
-    http.send(
-        Method::GET,
-        &gw.admin_url(path),
-        &[("authorization", &auth)],
-        "",
-    )
-    .await
+    http.admin(Method::GET, &gw.admin_url(path), "").await
 }
 
 /// Everything a token route promises, on one gateway over `store`.
@@ -323,15 +316,7 @@ async fn token_routes_on_mariadb() {
 
 /// Runs `idem check-config` on `toml`; returns (success, stderr).
 fn check_config(toml: &str) -> (bool, String) {
-    let dir = common::TempDir::new("tokcfg");
-    let path = dir.0.join("idem.toml");
-    std::fs::write(&path, toml).expect("write");
-    let out = std::process::Command::new(common::bin())
-        .arg("check-config")
-        .arg("--config")
-        .arg(&path)
-        .output()
-        .expect("run idem");
+    let out = common::check_config(toml);
     (
         out.status.success(),
         String::from_utf8_lossy(&out.stderr).into_owned() + &String::from_utf8_lossy(&out.stdout),

@@ -119,14 +119,7 @@ async fn https_upstream_with_a_client_certificate_runs_once_and_replays() {
     let cfg = config(up.addr, &pki.ca_file, Some(&pki));
 
     // check-config shows how the upstream is reached.
-    let cfg_path = dir.0.join("check.toml");
-    std::fs::write(&cfg_path, &cfg).expect("write");
-    let out = std::process::Command::new(bin())
-        .arg("check-config")
-        .arg("--config")
-        .arg(&cfg_path)
-        .output()
-        .expect("check-config");
+    let out = common::check_config(&cfg);
     let shown = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{shown}");
     assert!(

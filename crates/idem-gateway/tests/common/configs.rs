@@ -64,3 +64,23 @@ pub fn with_admin(upstream: &str, store: &str, extra: &str, defaults: &str, rest
         &format!("{}\n{rest}", admin_table("")),
     )
 }
+
+/// An anonymous gateway on `upstream` over the memory store (with `extra` top-level
+/// settings) with an unprotected route at `/plain/*` and a protected `POST` route at `/p/*`:
+/// the pair the protocol tests send the same exchange through.
+pub fn plain_and_protected(upstream: &str, extra: &str) -> String {
+    anonymous(upstream, "memory:", extra, "", PLAIN_AND_PROTECTED)
+}
+
+/// The routes of [`plain_and_protected`].
+const PLAIN_AND_PROTECTED: &str = r#"
+[[routes]]
+name = "plain"
+path = "/plain/*"
+idempotency = false
+
+[[routes]]
+name = "protected"
+method = "POST"
+path = "/p/*"
+"#;

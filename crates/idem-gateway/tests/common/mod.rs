@@ -9,6 +9,7 @@
 pub mod configs;
 pub mod in_process;
 pub mod pki;
+pub mod wire;
 
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader};
@@ -610,6 +611,13 @@ impl Http {
         self.send(method, url, &headers, body).await
     }
 
+    /// `method` at `url` (an admin endpoint) with `body`, authorized by [`ADMIN_TOKEN`].
+    pub async fn admin(&self, method: Method, url: &str, body: &str) -> Reply {
+        let auth = format!("Bearer {ADMIN_TOKEN}");
+        self.send(method, url, &[("authorization", &auth)], body)
+            .await
+    }
+
     pub async fn post(&self, url: &str, key: Option<&str>, body: &str) -> Reply {
         let mut headers = vec![("content-type", "application/json")];
         if let Some(k) = key {
@@ -653,6 +661,30 @@ pub async fn reachable(addr: &str) -> bool {
         tokio::time::timeout(Duration::from_secs(1), tokio::net::TcpStream::connect(addr)).await,
         Ok(Ok(_))
     )
+}
+
+/// Runs `idem check-config` on `config` (written to a fresh temp file); what it printed and
+/// how it exited.
+pub fn check_config(config: &str) -> std::process::Output {
+    let dir = TempDir::new("check");
+    let path = dir.0.join("idem.toml");
+    std::fs::write(&path, config).expect("write config");
+    Command::new(bin())
+        .args(["check-config", "--config"])
+        .arg(&path)
+        .output()
+        .expect("run idem check-config")
+}
+
+/// Serves `app` (a hand-made upstream) on a spare loopback port for as long as the test's
+/// runtime lives; its address.
+pub async fn serve_router(app: axum::Router) -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    });
+    addr
 }
 
 /// A spare loopback port (bound, then released).

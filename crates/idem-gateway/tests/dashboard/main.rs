@@ -44,12 +44,7 @@ struct Admin<'a> {
 impl Admin<'_> {
     async fn get(&self, path: &str) -> common::Reply {
         self.http
-            .send(
-                Method::GET,
-                &self.gw.admin_url(path),
-                &[("authorization", &format!("Bearer {ADMIN_TOKEN}"))],
-                "",
-            )
+            .admin(Method::GET, &self.gw.admin_url(path), "")
             .await
     }
 

@@ -2,7 +2,7 @@
 
 use http::{Method, StatusCode};
 
-use super::common::{ADMIN_TOKEN, Gateway, Http, Reply, Upstream};
+use super::common::{Gateway, Http, Reply, Upstream};
 use super::{REDIS, assert_answered_or_in_flight, config, issue, problem, service_up, submit};
 
 /// Token routes reload like any route: a reload can turn token mode on (the token store is
@@ -25,10 +25,7 @@ async fn token_mode_reloads_and_tokens_outlive_reloads() {
         let http = http.clone();
         let url = gw.admin_url("/admin/reload");
         async move {
-            let auth = format!("Bearer {ADMIN_TOKEN}");
-            let r = http
-                .send(Method::POST, &url, &[("authorization", &auth)], "")
-                .await;
+            let r = http.admin(Method::POST, &url, "").await;
             assert_eq!(
                 r.status,
                 StatusCode::OK,
