@@ -92,10 +92,10 @@ async fn the_trail_of_a_key_through_claim_timeout_unknown_resolve() {
         r#"{"outcome":"complete","status":201,"body":"{\"charged\":true}"}"#,
     )
     .await;
-    assert_eq!(resolved.status, StatusCode::OK, "{:?}", resolved.body);
+    resolved.assert_status(StatusCode::OK);
 
     let trail = trail_of(&http, &gw, &k).await;
-    assert_eq!(trail.status, StatusCode::OK, "{:?}", trail.body);
+    trail.assert_status(StatusCode::OK);
     let events = trail.json()["events"].as_array().cloned().expect("events");
     let names: Vec<&str> = events.iter().filter_map(|e| e["event"].as_str()).collect();
     assert_eq!(names, ["resolved", "unknown", "claimed"], "{events:#?}");
@@ -176,7 +176,7 @@ async fn the_default_level_leaves_a_first_request_to_its_record() {
         "",
     )
     .await;
-    assert_eq!(trail.status, StatusCode::OK, "{:?}", trail.body);
+    trail.assert_status(StatusCode::OK);
     let answer = trail.json();
     assert_eq!(answer["events"], serde_json::json!([]), "{answer:#}");
     assert_eq!(answer["level"], "operator");
@@ -196,7 +196,7 @@ async fn the_default_level_leaves_a_first_request_to_its_record() {
         .await;
     assert_eq!(r.status, StatusCode::GATEWAY_TIMEOUT);
     let resolved = resolve(&http, &gw, &k, r#"{"outcome":"release"}"#).await;
-    assert_eq!(resolved.status, StatusCode::OK, "{:?}", resolved.body);
+    resolved.assert_status(StatusCode::OK);
     let trail = trail_of(&http, &gw, &k).await;
     let answer = trail.json();
     let names: Vec<&str> = answer["events"]

@@ -79,7 +79,7 @@ async fn admin_list(http: &Http, gw: &Gateway) -> Vec<String> {
             "",
         )
         .await;
-    assert_eq!(list.status, StatusCode::OK, "{:?}", list.body);
+    list.assert_status(StatusCode::OK);
     list.json()["records"]
         .as_array()
         .expect("records")
@@ -190,7 +190,7 @@ async fn a_single_seed_reaches_every_master() {
                 "{}",
             )
             .await;
-        assert_eq!(r.status, StatusCode::CREATED, "{:?}", r.body);
+        r.assert_status(StatusCode::CREATED);
     }
     let mut tasks = Vec::new();
     for i in 0..20 {
@@ -205,7 +205,7 @@ async fn a_single_seed_reaches_every_master() {
     }
     for t in tasks {
         let r = t.await.expect("join");
-        assert_eq!(r.status, StatusCode::CREATED, "{:?}", r.body);
+        r.assert_status(StatusCode::CREATED);
     }
     assert!(
         keys_per_master(cluster, &prefix)

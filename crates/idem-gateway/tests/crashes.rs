@@ -15,7 +15,6 @@ mod common;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -143,13 +142,27 @@ path = "/pay"
     )
 }
 
-fn signal(gw: &Gateway, sig: &str) {
-    let ok = Command::new("kill")
-        .args([sig, &gw.pid().to_string()])
-        .status()
-        .expect("kill")
-        .success();
-    assert!(ok, "kill {sig}");
+/// POSTs `{}` to `url` under idempotency key `key`: the answer, or why there was none.
+async fn try_post_pay(http: &Http, url: &str, key: &str) -> Result<common::Reply, String> {
+    http.try_send(Method::POST, url, &[("idempotency-key", key)], "{}")
+        .await
+}
+
+/// [`try_post_pay`], which must be answered.
+async fn post_pay(http: &Http, url: &str, key: &str) -> common::Reply {
+    try_post_pay(http, url, key)
+        .await
+        .unwrap_or_else(|e| panic!("{url}: {e}"))
+}
+
+/// [`try_post_pay`] in the background, for a request the test kills or pauses its gateway under.
+fn post_pay_in_background(
+    http: &Http,
+    url: String,
+    key: &str,
+) -> tokio::task::JoinHandle<Result<common::Reply, String>> {
+    let (http, key) = (http.clone(), key.to_owned());
+    tokio::spawn(async move { try_post_pay(&http, &url, &key).await })
 }
 
 /// Waits (at most 5 s, then fails) until a request has reached the upstream, so that the
@@ -169,9 +182,7 @@ async fn until_reached(ledger: &Ledger) {
 async fn until_settled(http: &Http, url: &str, key: &str, limit: Duration) -> common::Reply {
     let start = Instant::now();
     loop {
-        let r = http
-            .send(Method::POST, url, &[("idempotency-key", key)], "{}")
-            .await;
+        let r = post_pay(http, url, key).await;
         if !(r.status == StatusCode::CONFLICT && r.problem_type() == "in-flight") {
             return r;
         }
@@ -199,13 +210,7 @@ async fn a_killed_gateways_request_is_settled_from_the_webhook_never_run_twice()
     let http = Http::new();
     let k = key();
 
-    let sent = {
-        let (http, url, k) = (http.clone(), a.url("/pay?delay_ms=500"), k.clone());
-        tokio::spawn(async move {
-            http.try_send(Method::POST, &url, &[("idempotency-key", &k)], "{}")
-                .await
-        })
-    };
+    let sent = post_pay_in_background(&http, a.url("/pay?delay_ms=500"), &k);
     // The request reached the upstream; the gateway dies before it can answer.
     until_reached(&ledger).await;
     a.kill();
@@ -221,18 +226,11 @@ async fn a_killed_gateways_request_is_settled_from_the_webhook_never_run_twice()
         Duration::from_secs(20),
     )
     .await;
-    assert_eq!(settled.status, StatusCode::CREATED, "{:?}", settled.body);
+    settled.assert_status(StatusCode::CREATED);
     assert!(settled.replayed(), "the upstream's answer, replayed");
     assert_eq!(settled.json()["execution"], 1);
     assert_eq!(ledger.executions(&k), 1, "nothing ran twice");
-    let again = http
-        .send(
-            Method::POST,
-            &b.url("/pay?delay_ms=500"),
-            &[("idempotency-key", &k)],
-            "{}",
-        )
-        .await;
+    let again = post_pay(&http, &b.url("/pay?delay_ms=500"), &k).await;
     assert_eq!(again.body, settled.body);
     assert_eq!(ledger.executions(&k), 1);
 }
@@ -251,41 +249,24 @@ async fn a_gateway_paused_past_its_lease_completes_its_own_request() {
     let b = Gateway::start(&cfg, &[]);
     let http = Http::new();
     let k = key();
-    let first = {
-        let (http, url, k) = (http.clone(), a.url("/pay?delay_ms=300"), k.clone());
-        tokio::spawn(async move {
-            http.send(Method::POST, &url, &[("idempotency-key", &k)], "{}")
-                .await
-        })
-    };
+    let first = post_pay_in_background(&http, a.url("/pay?delay_ms=300"), &k);
     until_reached(&ledger).await;
-    signal(&a, "-STOP");
+    a.signal("-STOP");
     tokio::time::sleep(Duration::from_secs(4)).await;
     // Past the lease: the retry marks the record unknown; without a webhook it says so.
-    let meanwhile = http
-        .send(
-            Method::POST,
-            &b.url("/pay?delay_ms=300"),
-            &[("idempotency-key", &k)],
-            "{}",
-        )
-        .await;
-    signal(&a, "-CONT");
+    let meanwhile = post_pay(&http, &b.url("/pay?delay_ms=300"), &k).await;
+    a.signal("-CONT");
     assert_eq!(
         (meanwhile.status, meanwhile.problem_type().as_str()),
         (StatusCode::CONFLICT, "outcome-unknown")
     );
-    let first = first.await.expect("join");
-    assert_eq!(first.status, StatusCode::CREATED, "{:?}", first.body);
+    let first = first
+        .await
+        .expect("join")
+        .expect("the paused gateway answered");
+    first.assert_status(StatusCode::CREATED);
     assert!(!first.replayed());
-    let after = http
-        .send(
-            Method::POST,
-            &b.url("/pay?delay_ms=300"),
-            &[("idempotency-key", &k)],
-            "{}",
-        )
-        .await;
+    let after = post_pay(&http, &b.url("/pay?delay_ms=300"), &k).await;
     assert_eq!(after.status, StatusCode::CREATED);
     assert!(after.replayed(), "the late holder's answer was stored");
     assert_eq!(after.body, first.body);

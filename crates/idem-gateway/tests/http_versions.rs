@@ -27,6 +27,11 @@ async fn raw_upstream() -> CountingServer {
     .await
 }
 
+/// The JSON body the raw upstream answers its `n`th request with.
+fn answer_body(n: u64) -> String {
+    format!(r#"{{"n":{n},"parts":["alpha","beta","gamma"]}}"#)
+}
+
 /// Reads one request (head and `Content-Length` body) and writes the answer for its path,
 /// then closes the connection.
 async fn answer(mut stream: TcpStream, count: &AtomicU64) -> std::io::Result<()> {
@@ -65,7 +70,7 @@ async fn answer(mut stream: TcpStream, count: &AtomicU64) -> std::io::Result<()>
         .unwrap_or("/")
         .to_owned();
     let n = count.fetch_add(1, Ordering::SeqCst) + 1;
-    let body = format!(r#"{{"n":{n},"parts":["alpha","beta","gamma"]}}"#);
+    let body = answer_body(n);
     let out = if path.ends_with("/http10") {
         format!("HTTP/1.0 201 Created\r\nContent-Type: application/json\r\n\r\n{body}")
     } else if path.ends_with("/chunked") || path.ends_with("/trailers") {
@@ -163,7 +168,7 @@ async fn chunked_answers_replay_byte_identical() {
     assert_eq!(first.status, StatusCode::CREATED);
     assert_eq!(
         first.body,
-        Bytes::from_static(br#"{"n":1,"parts":["alpha","beta","gamma"]}"#),
+        Bytes::from(answer_body(1)),
         "the chunks joined, nothing more"
     );
     let again = exchange(gw.addr, "/p/chunked", Some(&k)).await;
@@ -179,10 +184,7 @@ async fn chunked_answers_replay_byte_identical() {
     }
 
     let streamed = exchange(gw.addr, "/plain/chunked", None).await;
-    assert_eq!(
-        streamed.body,
-        Bytes::from_static(br#"{"n":2,"parts":["alpha","beta","gamma"]}"#)
-    );
+    assert_eq!(streamed.body, Bytes::from(answer_body(2)));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -200,10 +202,7 @@ async fn upstream_trailers_reach_the_client() {
         "trailers on the streamed answer"
     );
     assert_eq!(streamed.trailer("x-checksum"), Some(&b"sum-1"[..]));
-    assert_eq!(
-        streamed.body,
-        Bytes::from_static(br#"{"n":1,"parts":["alpha","beta","gamma"]}"#)
-    );
+    assert_eq!(streamed.body, Bytes::from(answer_body(1)));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -8,7 +8,7 @@ mod common;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use common::{Gateway, Http, Upstream, key, wire};
+use common::{Gateway, Http, Upstream, configs, key, wire};
 use http::StatusCode;
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::TcpStream;
@@ -16,17 +16,10 @@ use tokio::net::TcpStream;
 /// A gateway in front of `up` allowing `cap` requests in progress, every route protected,
 /// with `extra` appended to its `[limits]` table.
 fn capped(up: &Upstream, cap: usize, extra: &str) -> String {
-    format!(
-        r#"
-upstream = "{}"
-store = "memory:"
-[limits]
-max_concurrent_requests = {cap}
-{extra}
-[defaults]
-principal = {{ from = "none" }}
-"#,
-        up.url()
+    configs::limited(
+        &up.url(),
+        &format!("max_concurrent_requests = {cap}\n{extra}"),
+        "",
     )
 }
 
@@ -108,7 +101,7 @@ async fn a_stalled_body_is_cut_off_and_frees_its_slot() {
     );
     // Nothing was claimed for a body that never arrived: its key runs when sent in full.
     let retry = http.post(&gw.url("/charge"), Some("stall-0"), "{}").await;
-    assert_eq!(retry.status, StatusCode::CREATED, "{:?}", retry.body);
+    retry.assert_status(StatusCode::CREATED);
     assert!(!retry.replayed());
     assert_eq!(
         up.seen.count("/charge"),
@@ -243,20 +236,10 @@ async fn the_memory_store_is_bounded_in_bytes() {
 /// A gateway in front of `up` whose `/ws` route is unprotected (so it passes upgrades), with
 /// `limits` as its `[limits]` table.
 fn with_tunnels(up: &Upstream, limits: &str) -> String {
-    format!(
-        r#"
-upstream = "{}"
-store = "memory:"
-[limits]
-{limits}
-[defaults]
-principal = {{ from = "none" }}
-[[routes]]
-name = "ws"
-path = "/ws"
-idempotency = false
-"#,
-        up.url()
+    configs::limited(
+        &up.url(),
+        limits,
+        "[[routes]]\nname = \"ws\"\npath = \"/ws\"\nidempotency = false\n",
     )
 }
 

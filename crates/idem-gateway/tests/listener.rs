@@ -126,17 +126,10 @@ async fn tls_listener_serves_and_reloads_its_certificate() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn slow_clients_do_not_starve_the_others() {
     let up = Upstream::start().await;
-    let config = format!(
-        r#"
-upstream = "{}"
-store = "memory:"
-[limits]
-max_connections = 16
-header_read_timeout = "1s"
-[defaults]
-principal = {{ from = "none" }}
-"#,
-        up.url()
+    let config = common::configs::limited(
+        &up.url(),
+        "max_connections = 16\nheader_read_timeout = \"1s\"",
+        "",
     );
     let gw = Gateway::start(&config, &[]);
     let addr = gw.addr;
@@ -253,7 +246,7 @@ async fn reload_under_load_drops_no_request() {
             let r = http
                 .admin(Method::POST, &gw.admin_url("/admin/reload"), "")
                 .await;
-            assert_eq!(r.status, StatusCode::OK, "{:?}", r.body);
+            r.assert_status(StatusCode::OK);
         }
     }
     // A broken configuration is refused; the running one keeps serving.
@@ -300,17 +293,7 @@ async fn reload_under_load_drops_no_request() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn requests_past_the_cap_are_refused_not_queued() {
     let up = Upstream::start().await;
-    let config = format!(
-        r#"
-upstream = "{}"
-store = "memory:"
-[limits]
-max_concurrent_requests = 2
-[defaults]
-principal = {{ from = "none" }}
-"#,
-        up.url()
-    );
+    let config = common::configs::limited(&up.url(), "max_concurrent_requests = 2", "");
     let gw = Gateway::start(&config, &[]);
     let http = Http::new();
     let slow: Vec<_> = (0..2)

@@ -155,44 +155,32 @@ async fn request_metrics_carry_the_route_and_latencies() {
         sample(&text, "idem_refusals_total", &[("reason", "no_route")]),
         Some(1.0)
     );
-    // One latency sample per request, under the same labels.
-    assert_eq!(
-        sample(
-            &text,
+    for (series, labels) in [
+        // One latency sample per request, under the same labels.
+        (
             "idem_request_duration_seconds_count",
-            &[("route", "charge"), ("outcome", "replayed")]
+            &[("route", "charge"), ("outcome", "replayed")][..],
         ),
-        Some(1.0),
-        "{text}"
-    );
-    assert_eq!(
-        sample(
-            &text,
+        (
             "idem_request_duration_seconds_bucket",
-            &[("route", "charge"), ("outcome", "executed"), ("le", "+Inf")]
+            &[("route", "charge"), ("outcome", "executed"), ("le", "+Inf")],
         ),
-        Some(1.0),
-        "{text}"
-    );
-    // The upstream ran for the execution only (a replay and a mismatch never reach it).
-    assert_eq!(
-        sample(
-            &text,
+        // The upstream ran for the execution only (a replay and a mismatch never reach it).
+        (
             "idem_upstream_duration_seconds_count",
-            &[("route", "charge")]
+            &[("route", "charge")],
         ),
-        Some(1.0),
-        "{text}"
-    );
-    assert_eq!(
-        sample(
-            &text,
+        (
             "idem_upstream_duration_seconds_count",
-            &[("route", "reads")]
+            &[("route", "reads")],
         ),
-        Some(1.0),
-        "{text}"
-    );
+    ] {
+        assert_eq!(
+            sample(&text, series, labels),
+            Some(1.0),
+            "{series} {labels:?}: {text}"
+        );
+    }
     // Counters that only repeated idem_requests_total{outcome} are gone.
     for gone in [
         "idem_replays_total",

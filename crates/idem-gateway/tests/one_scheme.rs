@@ -114,7 +114,7 @@ async fn one_credential_one_record_through_the_layer_and_the_gateway() {
 
     // Through the gateway, same credential and key: the record the library wrote answers.
     let again = charge(&http, gw, &k, "sk_live_alice").await;
-    assert_eq!(again.status, StatusCode::CREATED, "{:?}", again.body);
+    again.assert_status(StatusCode::CREATED);
     assert!(again.replayed(), "the gateway found the library's record");
     assert_eq!(again.body, first.body);
     assert_eq!(

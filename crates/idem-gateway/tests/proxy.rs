@@ -318,7 +318,7 @@ async fn ambiguous_failures_follow_the_route_policy() {
             r#"{"outcome":"complete","status":201,"headers":{"content-type":"application/json"},"body":"{\"charged\":true}"}"#,
         )
         .await;
-    assert_eq!(resolve.status, StatusCode::OK, "{:?}", resolve.body);
+    resolve.assert_status(StatusCode::OK);
     let replay = http
         .post(&gw.url("/held/pay?delay_ms=3000"), Some(&k), "{}")
         .await;

@@ -47,14 +47,12 @@ async fn relay_posts_each_message_once() {
     let (q, relay) = relay_on(&conn, "once", &upstream, "hold").await;
     publish(&conn, &q, "order-1", 5).await;
     publish(&conn, &q, "order-2", 1).await;
-    assert!(
-        eventually(WAIT, || async {
-            relay.logged("replayed") >= 4 && queue_ready(&conn, &q).await == 0
-        })
-        .await,
-        "{}",
-        relay.log()
-    );
+    relay
+        .until(
+            "every copy executed or replayed, the queue drained",
+            || async { relay.logged("replayed") >= 4 && queue_ready(&conn, &q).await == 0 },
+        )
+        .await;
     assert_eq!(orders.executed("order-1"), 1);
     assert_eq!(orders.executed("order-2"), 1);
     // One access-log line per message: two executions, four replays.
@@ -77,11 +75,11 @@ async fn relay_upstream_times_out_after_acting() {
 
     let (q, relay) = relay_on(&conn, "timeout_retry", &upstream, "retry").await;
     publish(&conn, &q, "slow-a", 1).await;
-    assert!(
-        eventually(WAIT, || async { orders.executed("slow-a") >= 2 }).await,
-        "retry: the redelivery executes again\n{}",
-        relay.log()
-    );
+    relay
+        .until("retry: the redelivery executes again", || async {
+            orders.executed("slow-a") >= 2
+        })
+        .await;
     drop(relay);
 
     // Settled from the webhook on the redelivery.
@@ -143,14 +141,11 @@ async fn relay_client_errors_dead_letter_and_server_errors_retry() {
     publish(&conn, &q, "reject-1", 1).await;
     publish(&conn, &q, "flaky-1", 1).await;
     publish(&conn, &q, "down-1", 1).await;
-    assert!(
-        eventually(WAIT, || async {
+    relay
+        .until("two dead letters, flaky-1 executed", || async {
             queue_ready(&conn, &dead).await == 2 && orders.executed("flaky-1") == 1
         })
-        .await,
-        "{}",
-        relay.log()
-    );
+        .await;
     assert_eq!(orders.calls("reject-1"), 1, "not retried");
     assert_eq!(orders.calls("flaky-1"), 2, "503, then 201");
     assert_eq!(orders.calls("down-1"), 3, "max_attempts = 3");
@@ -199,14 +194,11 @@ async fn http_callers_cannot_reach_relay_keys() {
     let relay = Relay::start(&cfg);
     publish(&conn, &q, "claimed-1", 1).await;
     publish(&conn, &q, "relayed-1", 1).await;
-    assert!(
-        eventually(WAIT, || async {
+    relay
+        .until("relayed-1 executed, the queue drained", || async {
             orders.executed("relayed-1") == 1 && queue_ready(&conn, &q).await == 0
         })
-        .await,
-        "{}",
-        relay.log()
-    );
+        .await;
     assert_eq!(
         orders.executed("claimed-1"),
         2,

@@ -340,12 +340,7 @@ async fn shutdown_deadline_settles_leases() {
             "{}",
         )
         .await;
-    assert_eq!(
-        re.status,
-        StatusCode::GATEWAY_TIMEOUT,
-        "{:?}",
-        String::from_utf8_lossy(&re.body)
-    );
+    re.assert_status(StatusCode::GATEWAY_TIMEOUT);
     assert_eq!(up.seen.count("/re/pay"), 2);
     // hold: unknown at once, not in flight.
     retried_on_hold_is_unknown(&http, &b, 5000, &khold).await;

@@ -86,7 +86,7 @@ async fn runs_once(store: &str, extra: &str) {
     let http = Http::new();
     let k = key();
     let first = http.post(&gw.url("/pay/1"), Some(&k), "{}").await;
-    assert_eq!(first.status, StatusCode::CREATED, "{:?}", first.body);
+    first.assert_status(StatusCode::CREATED);
     let again = http.post(&gw.url("/pay/1"), Some(&k), "{}").await;
     assert!(again.replayed(), "{:?}", again.headers);
     assert_eq!(again.body, first.body);
@@ -544,7 +544,7 @@ async fn rediss_cluster_with_a_private_ca() {
     for i in 0..12 {
         let (path, k) = (format!("/pay/{i}"), format!("{run}-{i}"));
         let first = http.post(&gw.url(&path), Some(&k), "{}").await;
-        assert_eq!(first.status, StatusCode::CREATED, "{:?}", first.body);
+        first.assert_status(StatusCode::CREATED);
         let again = http.post(&gw.url(&path), Some(&k), "{}").await;
         assert!(again.replayed() && again.body == first.body);
         assert_eq!(up.seen.count(&path), 1);

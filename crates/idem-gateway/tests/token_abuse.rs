@@ -114,7 +114,7 @@ async fn a_full_token_store_refuses_issues_and_honours_live_tokens() {
                 "{}",
             )
             .await;
-        assert_eq!(res.status, StatusCode::CREATED, "{:?}", res.body);
+        res.assert_status(StatusCode::CREATED);
     }
     assert_eq!(up.seen.count("/checkout/pay"), 20);
 }

@@ -60,7 +60,7 @@ async fn issue(http: &Http, gw: &Gateway, path: &str, principal: &str) -> (Strin
     let r = http
         .send_as(Method::POST, &gw.url(path), principal, &[], "")
         .await;
-    assert_eq!(r.status, StatusCode::CREATED, "{:?}", r.body);
+    r.assert_status(StatusCode::CREATED);
     assert_eq!(r.header("cache-control"), Some("no-store"));
     let body = r.json();
     let token = body["token"].as_str().expect("token").to_owned();

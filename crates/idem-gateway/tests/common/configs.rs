@@ -84,3 +84,15 @@ name = "protected"
 method = "POST"
 path = "/p/*"
 "#;
+
+/// An anonymous gateway on `upstream` over the memory store with `limits` as its `[limits]`
+/// table; `rest` follows, and must open with a table (see [`anonymous`]).
+pub fn limited(upstream: &str, limits: &str, rest: &str) -> String {
+    anonymous(
+        upstream,
+        "memory:",
+        &format!("[limits]\n{limits}"),
+        "",
+        rest,
+    )
+}

@@ -164,7 +164,8 @@ impl Gateway {
         self.signal("-HUP");
     }
 
-    fn signal(&self, sig: &str) {
+    /// Sends signal `sig` (`-STOP`, `-CONT`, …) to the process and asserts it was delivered.
+    pub fn signal(&self, sig: &str) {
         let ok = Command::new("kill")
             .args([sig, &self.pid().to_string()])
             .status()
@@ -532,6 +533,11 @@ impl Reply {
             .unwrap_or("")
             .trim_start_matches("https://idem.dev/problems/")
             .to_owned()
+    }
+    /// Asserts the answer's status is `want`, showing the body when it is not.
+    #[track_caller]
+    pub fn assert_status(&self, want: StatusCode) {
+        assert_eq!(self.status, want, "{}", String::from_utf8_lossy(&self.body));
     }
     pub fn replayed(&self) -> bool {
         self.header("idempotent-replayed") == Some("true")

@@ -126,6 +126,19 @@ impl Relay {
         (code, text)
     }
 
+    /// Waits (at most [`WAIT`]) until `done` holds; fails naming `what`, with the relay's log.
+    pub async fn until<F, Fut>(&self, what: &str, done: F)
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = bool>,
+    {
+        assert!(
+            idem_testkit::brokers::eventually(WAIT, done).await,
+            "not within {WAIT:?}: {what}\n{}",
+            self.log()
+        );
+    }
+
     /// Log lines containing `needle`.
     pub fn logged(&self, needle: &str) -> usize {
         self.stderr

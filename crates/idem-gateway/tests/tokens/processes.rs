@@ -26,12 +26,7 @@ async fn token_mode_reloads_and_tokens_outlive_reloads() {
         let url = gw.admin_url("/admin/reload");
         async move {
             let r = http.admin(Method::POST, &url, "").await;
-            assert_eq!(
-                r.status,
-                StatusCode::OK,
-                "{}",
-                String::from_utf8_lossy(&r.body)
-            );
+            r.assert_status(StatusCode::OK);
         }
     };
     // Without token mode the issue path is just a path of the route: a keyless POST is
@@ -54,12 +49,7 @@ async fn token_mode_reloads_and_tokens_outlive_reloads() {
     std::fs::write(gw.config_path(), slower).expect("write");
     reload(&gw).await;
     let r = submit(&http, &gw, "/checkout/pay", "alice", &t).await;
-    assert_eq!(
-        r.status,
-        StatusCode::CREATED,
-        "{}",
-        String::from_utf8_lossy(&r.body)
-    );
+    r.assert_status(StatusCode::CREATED);
     assert_eq!(up.seen.count("/checkout/pay"), 1);
 }
 
