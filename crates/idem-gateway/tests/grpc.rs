@@ -93,20 +93,12 @@ async fn upstream_with(
 
 /// The protected Charge route on the memory store, followed by `more` routes.
 fn charge_then(upstream: SocketAddr, more: &str) -> String {
-    format!(
-        r#"
-upstream = "h2c://{upstream}"
-store = "memory:"
-[defaults]
-principal = {{ from = "none" }}
-[[routes]]
-name = "charge"
-method = "POST"
-path = "/idem.gwtest.v1.Ledger/Charge"
-key_header = "idempotency-key"
-fingerprint = {{ body = "raw" }}
-replay_headers = ["content-type", "grpc-status", "grpc-message"]
-{more}"#
+    common::configs::anonymous(
+        &format!("h2c://{upstream}"),
+        "memory:",
+        "",
+        "",
+        &common::configs::grpc_charge("/idem.gwtest.v1.Ledger/Charge", more),
     )
 }
 

@@ -10,21 +10,18 @@ use http::{Method, StatusCode};
 /// A gateway with one token route whose principal is the `x-api-key` header, on `store`,
 /// with `token_extra` added to the route's token table.
 fn config(up: &Upstream, store: &str, token_extra: &str) -> String {
-    format!(
-        r#"
-upstream = "{}"
-store = "{store}"
-
-[defaults]
-principal = {{ from = "header", header = "x-api-key" }}
-
-[[routes]]
+    common::configs::keyed(
+        &up.url(),
+        store,
+        "",
+        &format!(
+            r#"[[routes]]
 name = "checkout"
 method = "POST"
 path = "/checkout/*"
 token = {{ issue = "/checkout/token", ttl = "15m"{token_extra} }}
-"#,
-        up.url()
+"#
+        ),
     )
 }
 

@@ -10,40 +10,37 @@ use std::collections::HashSet;
 use std::time::{Duration, SystemTime};
 
 use cleanup::{Sql, sql_table};
-use common::{ADMIN_TOKEN, Gateway, Http, REDIS, Reply, Upstream, service_up};
+use common::{Gateway, Http, REDIS, Reply, Upstream, service_up};
 use http::{Method, StatusCode};
 
 fn config(upstream: &str, store: &str, extra: &str) -> String {
-    format!(
-        r#"
-upstream = "{upstream}"
-store = "{store}"
-{extra}
+    common::configs::keyed(
+        upstream,
+        store,
+        extra,
+        &format!("{}\n{ROUTES}", common::configs::admin_table("")),
+    )
+}
 
-[admin]
-listen = "127.0.0.1:0"
-token = "{ADMIN_TOKEN}"
-
-[defaults]
-principal = {{ from = "header", header = "x-api-key" }}
-
+/// The routes of [`config`]: three token modes, and keys without tokens.
+const ROUTES: &str = r#"
 [[routes]]
 name = "checkout"
 method = "POST"
 path = "/checkout/*"
-token = {{ issue = "/checkout/token", ttl = "15m", rate = "1000/min" }}
+token = { issue = "/checkout/token", ttl = "15m", rate = "1000/min" }
 
 [[routes]]
 name = "quick"
 method = "POST"
 path = "/quick/*"
-token = {{ header = "x-form-token", issue = "/quick/token", ttl = "300ms", rate = "1000/min" }}
+token = { header = "x-form-token", issue = "/quick/token", ttl = "300ms", rate = "1000/min" }
 
 [[routes]]
 name = "limited"
 method = "POST"
 path = "/limited/*"
-token = {{ issue = "/limited/token", rate = "2/min" }}
+token = { issue = "/limited/token", rate = "2/min" }
 
 # No token mode, keys optional: the unguarded variant.
 [[routes]]
@@ -51,9 +48,7 @@ name = "keyed"
 method = "POST"
 path = "/keyed/*"
 key_required = false
-"#
-    )
-}
+"#;
 
 /// Issues a token at `path` for `principal`; checks the answer's shape.
 async fn issue(http: &Http, gw: &Gateway, path: &str, principal: &str) -> (String, Reply) {
