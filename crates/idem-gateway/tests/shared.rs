@@ -5,12 +5,12 @@
 mod cleanup;
 mod common;
 
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use cleanup::{Sql, sql_table};
-use common::{Gateway, Http, REDIS, TempDir, Upstream, ci, key, reachable, service_up, spare_port};
+use common::{Gateway, Http, REDIS, Upstream, key, service_up};
 use http::{Method, StatusCode};
+use idem_testkit::redis_server::{Server, redis_server_available};
 
 fn config(upstream: &str, store: &str, extra: &str) -> String {
     common::configs::with_admin(upstream, store, extra, r#"namespace = "shared""#, ROUTES)
@@ -192,73 +192,15 @@ async fn retried_on_hold_is_unknown(http: &Http, gw: &Gateway, delay_ms: u64, ke
     );
 }
 
-/// A private Redis server on a spare port, killed on drop.
-struct PrivateRedis {
-    child: Child,
-    port: u16,
-    _dir: TempDir,
-}
-
-impl PrivateRedis {
-    async fn start() -> Option<Self> {
-        let port = spare_port();
-        let dir = TempDir::new("redis");
-        let child = Command::new("redis-server")
-            .args([
-                "--port",
-                &port.to_string(),
-                "--bind",
-                "127.0.0.1",
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-            ])
-            .arg("--dir")
-            .arg(&dir.0)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn();
-        let child = match child {
-            Ok(c) => c,
-            Err(e) => {
-                assert!(!ci(), "redis-server cannot start: {e}");
-                eprintln!("SKIPPED: redis-server cannot start: {e}");
-                return None;
-            }
-        };
-        let me = Self {
-            child,
-            port,
-            _dir: dir,
-        };
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while !reachable(&format!("127.0.0.1:{port}")).await {
-            assert!(Instant::now() < deadline, "private redis did not start");
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        Some(me)
-    }
-
-    fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}", self.port)
-    }
-
-    fn kill(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Drop for PrivateRedis {
-    fn drop(&mut self) {
-        self.kill();
-    }
+/// A private `redis-server` of the test's own (one it may kill), or `None` when none can be
+/// started (said loudly; a failure under CI).
+fn private_redis() -> Option<Server> {
+    redis_server_available().then(|| Server::start(&[]))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn store_down_fails_closed_with_503() {
-    let Some(mut redis) = PrivateRedis::start().await else {
+    let Some(redis) = private_redis() else {
         return;
     };
     let up = Upstream::start().await;
@@ -309,7 +251,7 @@ async fn store_down_fails_closed_with_503() {
 /// in-flight for the rest of the lease (shown by commenting out `release_all`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shutdown_deadline_settles_leases() {
-    let Some(redis) = PrivateRedis::start().await else {
+    let Some(redis) = private_redis() else {
         return;
     };
     let up = Upstream::start().await;

@@ -8,18 +8,22 @@ use common::{Gateway, Http, Upstream, configs, key};
 use http::{Method, StatusCode};
 
 fn config(upstream: &str, status: bool) -> String {
-    format!(
-        r#"
-upstream = "{upstream}"
-store = "memory:"
-unmatched = "proxy"
-{}
+    let status = if status {
+        "[status]\npath = \"/idem/status/\""
+    } else {
+        ""
+    };
+    configs::keyed(
+        upstream,
+        "memory:",
+        &format!("unmatched = \"proxy\"\n{status}"),
+        "upstream_failure = \"hold\"\ntimeout = \"2s\"",
+        ROUTES,
+    )
+}
 
-[defaults]
-principal = {{ from = "header", header = "x-api-key" }}
-upstream_failure = "hold"
-timeout = "2s"
-
+/// The routes of [`config`]: two keyed by the caller, one open to everyone.
+const ROUTES: &str = r#"
 [[routes]]
 name = "charge"
 method = "POST"
@@ -35,19 +39,24 @@ namespace = "refunds"
 name = "open"
 method = "POST"
 path = "/open/*"
-principal = {{ from = "none" }}
-"#,
-        if status {
-            "[status]\npath = \"/idem/status/\""
-        } else {
-            ""
-        }
-    )
-}
+principal = { from = "none" }
+"#;
 
 async fn get(http: &Http, gw: &Gateway, path: &str, who: Option<&str>) -> common::Reply {
     let headers: Vec<(&str, &str)> = who.map(|w| ("x-api-key", w)).into_iter().collect();
     http.send(Method::GET, &gw.url(path), &headers, "").await
+}
+
+/// The status endpoint's answer on `key` with `query` (`route=…`, `answer=1`, …), asked as
+/// `who`.
+async fn status_of(
+    http: &Http,
+    gw: &Gateway,
+    key: &str,
+    query: &str,
+    who: Option<&str>,
+) -> common::Reply {
+    get(http, gw, &format!("/idem/status/{key}?{query}"), who).await
 }
 
 async fn post(http: &Http, gw: &Gateway, path: &str, key: &str, who: &str) -> common::Reply {
@@ -112,21 +121,9 @@ async fn a_key_reads_absent_then_completed_and_its_answer_replays() {
     let r = get(&http, &gw, &at, None).await;
     assert_eq!(r.status, StatusCode::UNAUTHORIZED);
     // Another namespace: absent.
-    let r = get(
-        &http,
-        &gw,
-        &format!("/idem/status/{k}?route=refund"),
-        Some("alice"),
-    )
-    .await;
+    let r = status_of(&http, &gw, &k, "route=refund", Some("alice")).await;
     assert_eq!(r.json()["state"], "absent");
-    let r = get(
-        &http,
-        &gw,
-        &format!("/idem/status/{k}?namespace=charge"),
-        Some("alice"),
-    )
-    .await;
+    let r = status_of(&http, &gw, &k, "namespace=charge", Some("alice")).await;
     assert_eq!(r.json()["state"], "completed");
     assert_eq!(up.seen.total(), 1, "no status query was proxied");
 }
@@ -138,34 +135,20 @@ async fn in_flight_and_unknown_keys_say_so() {
     let http = Http::new();
 
     let k = key();
-    let pending = {
-        let arrived = up.seen.arrived.notified();
-        tokio::pin!(arrived);
-        arrived.as_mut().enable();
-        let (http, url, k) = (
-            http.clone(),
+    let pending = up
+        .in_flight_with(
+            &http,
             gw.url("/charge/slow?delay_ms=1500"),
-            k.clone(),
-        );
-        let pending = tokio::spawn(async move {
-            http.send(
-                Method::POST,
-                &url,
-                &[("idempotency-key", &k), ("x-api-key", "alice")],
-                "{}",
-            )
-            .await
-        });
-        arrived.await;
-        pending
-    };
+            &[("idempotency-key", &k), ("x-api-key", "alice")],
+        )
+        .await;
     let at = format!("/idem/status/{k}?route=charge&answer=1");
     let r = get(&http, &gw, &at, Some("alice")).await;
     assert_eq!(r.status, StatusCode::OK);
     assert_eq!(r.json()["state"], "processing");
     assert_eq!(r.header("retry-after"), Some("1"));
     assert!(r.json()["lease_until"].as_u64().is_some());
-    let first = pending.await.expect("join");
+    let first = pending.await.expect("join").expect("answered");
     let r = get(&http, &gw, &at, Some("alice")).await;
     assert_eq!(r.body, first.body, "once done, the stored answer");
 
@@ -173,13 +156,7 @@ async fn in_flight_and_unknown_keys_say_so() {
     let k = key();
     let r = post(&http, &gw, "/charge/reset", &k, "alice").await;
     assert_eq!(r.status, StatusCode::BAD_GATEWAY);
-    let r = get(
-        &http,
-        &gw,
-        &format!("/idem/status/{k}?route=charge&answer=1"),
-        Some("alice"),
-    )
-    .await;
+    let r = status_of(&http, &gw, &k, "route=charge&answer=1", Some("alice")).await;
     assert_eq!(r.status, StatusCode::OK);
     assert_eq!(r.json()["state"], "unknown");
 }
@@ -194,13 +171,7 @@ async fn nothing_under_the_path_is_ever_proxied() {
     let r = get(&http, &gw, &format!("/idem/status/{k}"), Some("alice")).await;
     assert_eq!(r.status, StatusCode::BAD_REQUEST);
     assert_eq!(r.problem_type(), "status-route");
-    let r = get(
-        &http,
-        &gw,
-        &format!("/idem/status/{k}?route=nope"),
-        Some("alice"),
-    )
-    .await;
+    let r = status_of(&http, &gw, &k, "route=nope", Some("alice")).await;
     assert_eq!(r.problem_type(), "status-route");
     // Other spellings, other methods and a missing key are answered, not forwarded.
     for (method, path) in [
@@ -251,7 +222,7 @@ async fn nothing_under_the_path_is_ever_proxied() {
         )
         .await;
     assert_eq!(r.status, StatusCode::CREATED);
-    let r = get(&http, &gw, &format!("/idem/status/{k}?route=open"), None).await;
+    let r = status_of(&http, &gw, &k, "route=open", None).await;
     assert_eq!(r.json()["state"], "completed");
 }
 

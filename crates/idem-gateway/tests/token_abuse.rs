@@ -14,6 +14,7 @@ fn config(up: &Upstream, store: &str, token_extra: &str) -> String {
         &up.url(),
         store,
         "",
+        "",
         &format!(
             r#"[[routes]]
 name = "checkout"

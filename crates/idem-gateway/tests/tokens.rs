@@ -18,6 +18,7 @@ fn config(upstream: &str, store: &str, extra: &str) -> String {
         upstream,
         store,
         extra,
+        "",
         &format!("{}\n{ROUTES}", common::configs::admin_table("")),
     )
 }

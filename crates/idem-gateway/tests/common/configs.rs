@@ -8,19 +8,21 @@ pub fn with_status(upstream: &str, store: &str, extra: &str, routes: &str) -> St
         upstream,
         store,
         &format!("{extra}\n\n[status]\npath = \"/idem/status\""),
+        "",
         routes,
     )
 }
 
 /// A gateway on `upstream` and `store` (with `extra` top-level settings) whose callers are
-/// named by their `x-api-key` header; `rest` follows, and must open with a table.
-pub fn keyed(upstream: &str, store: &str, extra: &str, rest: &str) -> String {
+/// named by their `x-api-key` header, with `defaults` added to the `[defaults]` table; `rest`
+/// follows, and must open with a table.
+pub fn keyed(upstream: &str, store: &str, extra: &str, defaults: &str, rest: &str) -> String {
     gateway(
         upstream,
         store,
         extra,
         r#"{ from = "header", header = "x-api-key" }"#,
-        "",
+        defaults,
         rest,
     )
 }

@@ -326,13 +326,31 @@ impl Upstream {
         url: String,
         key: &str,
     ) -> tokio::task::JoinHandle<Result<Reply, String>> {
+        self.in_flight_with(http, url, &[("idempotency-key", key)])
+            .await
+    }
+
+    /// [`in_flight`](Self::in_flight) with `headers` in place of the key alone.
+    pub async fn in_flight_with(
+        &self,
+        http: &Http,
+        url: String,
+        headers: &[(&str, &str)],
+    ) -> tokio::task::JoinHandle<Result<Reply, String>> {
         let arrived = self.seen.arrived.notified();
         tokio::pin!(arrived);
         arrived.as_mut().enable();
-        let (http, key) = (http.clone(), key.to_owned());
+        let http = http.clone();
+        let headers: Vec<(String, String)> = headers
+            .iter()
+            .map(|(n, v)| ((*n).to_owned(), (*v).to_owned()))
+            .collect();
         let pending = tokio::spawn(async move {
-            http.try_send(Method::POST, &url, &[("idempotency-key", &key)], "{}")
-                .await
+            let headers: Vec<(&str, &str)> = headers
+                .iter()
+                .map(|(n, v)| (n.as_str(), v.as_str()))
+                .collect();
+            http.try_send(Method::POST, &url, &headers, "{}").await
         });
         tokio::time::timeout(Duration::from_secs(5), arrived)
             .await
