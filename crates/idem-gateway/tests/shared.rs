@@ -137,9 +137,7 @@ async fn after_a_sigkill_the_other_gateway_follows_the_takeover_policy() {
         ("/re/pay?delay_ms=800", &kre),
         ("/hold/pay?delay_ms=800", &khold),
     ] {
-        let r = http
-            .send(Method::POST, &b.url(path), &[("idempotency-key", k)], "{}")
-            .await;
+        let r = http.post_keyed(&b.url(path), k).await;
         assert_eq!(
             (r.status, r.problem_type().as_str()),
             (StatusCode::CONFLICT, "in-flight"),
@@ -148,14 +146,7 @@ async fn after_a_sigkill_the_other_gateway_follows_the_takeover_policy() {
     }
     // Wait (bounded) for the lease to run out on the store's clock.
     let re = loop {
-        let r = http
-            .send(
-                Method::POST,
-                &b.url("/re/pay?delay_ms=800"),
-                &[("idempotency-key", &kre)],
-                "{}",
-            )
-            .await;
+        let r = http.post_keyed(&b.url("/re/pay?delay_ms=800"), &kre).await;
         if r.status != StatusCode::CONFLICT {
             break r;
         }
@@ -179,12 +170,7 @@ async fn after_a_sigkill_the_other_gateway_follows_the_takeover_policy() {
 /// that the record it left behind is answered as `409 outcome-unknown`.
 async fn retried_on_hold_is_unknown(http: &Http, gw: &Gateway, delay_ms: u64, key: &str) {
     let hold = http
-        .send(
-            Method::POST,
-            &gw.url(&format!("/hold/pay?delay_ms={delay_ms}")),
-            &[("idempotency-key", key)],
-            "{}",
-        )
+        .post_keyed(&gw.url(&format!("/hold/pay?delay_ms={delay_ms}")), key)
         .await;
     assert_eq!(
         (hold.status, hold.problem_type().as_str()),
@@ -274,14 +260,7 @@ async fn shutdown_deadline_settles_leases() {
 
     // reexecute: released, so the same request runs again at once through the other gateway
     // (whose 1 s upstream timeout then answers 504; what matters is that it ran).
-    let re = http
-        .send(
-            Method::POST,
-            &b.url("/re/pay?delay_ms=5000"),
-            &[("idempotency-key", &kre)],
-            "{}",
-        )
-        .await;
+    let re = http.post_keyed(&b.url("/re/pay?delay_ms=5000"), &kre).await;
     re.assert_status(StatusCode::GATEWAY_TIMEOUT);
     assert_eq!(up.seen.count("/re/pay"), 2);
     // hold: unknown at once, not in flight.

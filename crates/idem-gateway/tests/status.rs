@@ -213,14 +213,7 @@ async fn nothing_under_the_path_is_ever_proxied() {
     assert_eq!(up.seen.total(), 1, "only the charge reached the upstream");
     // The route without a principal answers everyone.
     let k = key();
-    let r = http
-        .send(
-            Method::POST,
-            &gw.url("/open/x"),
-            &[("idempotency-key", &k)],
-            "{}",
-        )
-        .await;
+    let r = http.post_keyed(&gw.url("/open/x"), &k).await;
     assert_eq!(r.status, StatusCode::CREATED);
     let r = status_of(&http, &gw, &k, "route=open", None).await;
     assert_eq!(r.json()["state"], "completed");
@@ -338,13 +331,7 @@ async fn a_token_routes_request_is_asked_about_with_the_token() {
     assert_eq!(r.status, StatusCode::UNAUTHORIZED);
 
     // The record key itself, in the path, is a key like any other.
-    let r = ask(
-        &http,
-        &gw,
-        &format!("/idem/status/{record}?route=checkout"),
-        &[("x-api-key", "alice")],
-    )
-    .await;
+    let r = status_of(&http, &gw, &record, "route=checkout", Some("alice")).await;
     assert_eq!(r.json()["state"], "completed");
 
     // Refused: the token in the URL, a malformed token, a key and a token at once, a token
@@ -385,12 +372,6 @@ async fn a_token_routes_request_is_asked_about_with_the_token() {
     // The unguarded variant (last: it puts the token in a path, which the access log shows):
     // asking with the token as the key finds nothing, since the route keeps the record under
     // the token's digest.
-    let r = ask(
-        &http,
-        &gw,
-        &format!("/idem/status/{t}?route=checkout"),
-        &[("x-api-key", "alice")],
-    )
-    .await;
+    let r = status_of(&http, &gw, &t, "route=checkout", Some("alice")).await;
     assert_eq!(r.json()["state"], "absent");
 }

@@ -642,6 +642,20 @@ impl Http {
             .await
     }
 
+    /// POSTs `{}` to `url` under idempotency key `key` and no other header: the request
+    /// [`Upstream::in_flight`] sends, so a retry of one carries the same fingerprint.
+    pub async fn post_keyed(&self, url: &str, key: &str) -> Reply {
+        self.try_post_keyed(url, key)
+            .await
+            .unwrap_or_else(|e| panic!("{url}: {e}"))
+    }
+
+    /// [`post_keyed`](Self::post_keyed): the answer, or why there was none.
+    pub async fn try_post_keyed(&self, url: &str, key: &str) -> Result<Reply, String> {
+        self.try_send(Method::POST, url, &[("idempotency-key", key)], "{}")
+            .await
+    }
+
     pub async fn post(&self, url: &str, key: Option<&str>, body: &str) -> Reply {
         let mut headers = vec![("content-type", "application/json")];
         if let Some(k) = key {
