@@ -54,11 +54,7 @@ async fn pay(
     Query(q): Query<Pay>,
     headers: HeaderMap,
 ) -> axum::response::Response {
-    let key = headers
-        .get("idempotency-key")
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or("")
-        .to_owned();
+    let key = common::idempotency_key(&headers);
     let fence = headers
         .get("idempotency-fence")
         .and_then(|v| v.to_str().ok())

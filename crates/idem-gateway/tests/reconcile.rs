@@ -36,11 +36,7 @@ impl Payments {
 }
 
 async fn charge(State(p): State<Arc<Payments>>, headers: HeaderMap) -> (AxumStatus, String) {
-    let key = headers
-        .get("idempotency-key")
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or("")
-        .to_owned();
+    let key = common::idempotency_key(&headers);
     let attempt = {
         let mut a = p.attempts.lock();
         let n = a.entry(key.clone()).or_default();

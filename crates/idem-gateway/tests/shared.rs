@@ -104,6 +104,23 @@ async fn two_gateways_sharing_mariadb_run_one_of_200() {
     }
 }
 
+/// Sends a payment taking `delay_ms` at the upstream through `gw` on the `reexecute` route
+/// and another on the `hold` route, each under a fresh key, and returns once both are in
+/// flight at `up`: their keys, in that order.
+async fn pay_on_both_routes(
+    up: &Upstream,
+    http: &Http,
+    gw: &Gateway,
+    delay_ms: u64,
+) -> (String, String) {
+    let (kre, khold) = (key(), key());
+    for (path, k) in [("/re/pay", &kre), ("/hold/pay", &khold)] {
+        up.in_flight(http, gw.url(&format!("{path}?delay_ms={delay_ms}")), k)
+            .await;
+    }
+    (kre, khold)
+}
+
 /// A gateway is SIGKILLed with a request in flight. Until the lease runs out, a retry
 /// through the other gateway is told "in flight"; after it, the route's takeover policy
 /// decides: `reexecute` runs the request again, `hold` answers outcome-unknown.
@@ -121,14 +138,7 @@ async fn after_a_sigkill_the_other_gateway_follows_the_takeover_policy() {
     let mut a = Gateway::start(&cfg, &[]);
     let b = Gateway::start(&cfg, &[]);
     let http = Http::new();
-    let (kre, khold) = (key(), key());
-
-    for (path, k) in [
-        ("/re/pay?delay_ms=800", &kre),
-        ("/hold/pay?delay_ms=800", &khold),
-    ] {
-        up.in_flight(&http, a.url(path), k).await;
-    }
+    let (kre, khold) = pay_on_both_routes(&up, &http, &a, 800).await;
     a.kill();
     let claimed_by = Instant::now();
 
@@ -245,13 +255,7 @@ async fn shutdown_deadline_settles_leases() {
     let mut a = Gateway::start(&cfg.replace("timeout = \"1s\"", "timeout = \"10s\""), &[]);
     let b = Gateway::start(&cfg, &[]);
     let http = Http::new();
-    let (kre, khold) = (key(), key());
-    for (path, k) in [
-        ("/re/pay?delay_ms=5000", &kre),
-        ("/hold/pay?delay_ms=5000", &khold),
-    ] {
-        up.in_flight(&http, a.url(path), k).await;
-    }
+    let (kre, khold) = pay_on_both_routes(&up, &http, &a, 5000).await;
     a.term();
     assert!(
         a.wait_exit(Duration::from_secs(5)).await,

@@ -42,6 +42,14 @@ path = "/open/*"
 principal = { from = "none" }
 "#;
 
+/// The test upstream and a gateway in front of it on [`config`], the status endpoint on
+/// when `status`.
+async fn start(status: bool) -> (Upstream, Gateway, Http) {
+    let up = Upstream::start().await;
+    let gw = Gateway::start(&config(&up.url(), status), &[]);
+    (up, gw, Http::new())
+}
+
 async fn get(http: &Http, gw: &Gateway, path: &str, who: Option<&str>) -> common::Reply {
     let headers: Vec<(&str, &str)> = who.map(|w| ("x-api-key", w)).into_iter().collect();
     http.send(Method::GET, &gw.url(path), &headers, "").await
@@ -75,9 +83,7 @@ async fn post(http: &Http, gw: &Gateway, path: &str, key: &str, who: &str) -> co
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn off_by_default_the_path_is_an_upstream_path() {
-    let up = Upstream::start().await;
-    let gw = Gateway::start(&config(&up.url(), false), &[]);
-    let http = Http::new();
+    let (up, gw, http) = start(false).await;
     let r = get(&http, &gw, "/idem/status/k-1?route=charge", Some("alice")).await;
     assert_eq!(r.status, StatusCode::CREATED, "the upstream answered");
     assert_eq!(up.seen.count("/idem/status/k-1"), 1);
@@ -85,9 +91,7 @@ async fn off_by_default_the_path_is_an_upstream_path() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_key_reads_absent_then_completed_and_its_answer_replays() {
-    let up = Upstream::start().await;
-    let gw = Gateway::start(&config(&up.url(), true), &[]);
-    let http = Http::new();
+    let (up, gw, http) = start(true).await;
     let k = key();
     let at = format!("/idem/status/{k}?route=charge");
 
@@ -130,9 +134,7 @@ async fn a_key_reads_absent_then_completed_and_its_answer_replays() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn in_flight_and_unknown_keys_say_so() {
-    let up = Upstream::start().await;
-    let gw = Gateway::start(&config(&up.url(), true), &[]);
-    let http = Http::new();
+    let (up, gw, http) = start(true).await;
 
     let k = key();
     let pending = up
@@ -163,9 +165,7 @@ async fn in_flight_and_unknown_keys_say_so() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nothing_under_the_path_is_ever_proxied() {
-    let up = Upstream::start().await;
-    let gw = Gateway::start(&config(&up.url(), true), &[]);
-    let http = Http::new();
+    let (up, gw, http) = start(true).await;
     let k = key();
     // Two protected routes with principals: the route must be named.
     let r = get(&http, &gw, &format!("/idem/status/{k}"), Some("alice")).await;

@@ -665,6 +665,15 @@ impl Http {
     }
 }
 
+/// The `Idempotency-Key` a hand-made upstream was sent, or `""` without one.
+pub fn idempotency_key(headers: &HeaderMap) -> String {
+    headers
+        .get("idempotency-key")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+        .to_owned()
+}
+
 /// A fresh idempotency key.
 pub fn key() -> String {
     format!("k-{}", uuid::Uuid::now_v7())

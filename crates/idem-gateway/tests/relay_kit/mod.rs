@@ -265,11 +265,7 @@ impl Orders {
 }
 
 async fn create(State(o): State<Arc<Orders>>, headers: HeaderMap) -> (StatusCode, String) {
-    let key = headers
-        .get("idempotency-key")
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or("")
-        .to_owned();
+    let key = crate::common::idempotency_key(&headers);
     let call = {
         let mut calls = o.calls.lock();
         let n = calls.entry(key.clone()).or_default();
