@@ -27,6 +27,13 @@ async fn shared_cluster() -> Option<&'static Cluster> {
         .expect("start cluster")
 }
 
+/// What the cluster tests start from: the shared cluster (`None` when it cannot run), the
+/// test upstream and a store prefix of the test's own.
+async fn on_cluster() -> Option<(&'static Cluster, Upstream, String)> {
+    let cluster = shared_cluster().await?;
+    Some((cluster, Upstream::start().await, prefix()))
+}
+
 fn prefix() -> String {
     format!("idem-gw-cluster:{}:", uuid::Uuid::now_v7().simple())
 }
@@ -118,11 +125,9 @@ fn check_config_accepts_every_cluster_form() {
 /// either URL form lists all of them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_duplicates_over_three_gateways_run_once_and_spread_over_masters() {
-    let Some(cluster) = shared_cluster().await else {
+    let Some((cluster, up, prefix)) = on_cluster().await else {
         return;
     };
-    let up = Upstream::start().await;
-    let prefix = prefix();
     let gateways = [
         Gateway::start(&config(&up.url(), &cluster.url(), &prefix, ""), &[]),
         Gateway::start(&config(&up.url(), &cluster.url(), &prefix, ""), &[]),
@@ -174,11 +179,9 @@ async fn concurrent_duplicates_over_three_gateways_run_once_and_spread_over_mast
 /// One seed is enough: fresh keys hashing to every master answer 201, one by one and at once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_single_seed_reaches_every_master() {
-    let Some(cluster) = shared_cluster().await else {
+    let Some((cluster, up, prefix)) = on_cluster().await else {
         return;
     };
-    let up = Upstream::start().await;
-    let prefix = prefix();
     let gw = Gateway::start(&config(&up.url(), &one_seed(cluster), &prefix, ""), &[]);
     let http = Http::new();
     let run = uuid::Uuid::now_v7().simple().to_string();

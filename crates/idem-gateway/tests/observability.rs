@@ -275,23 +275,17 @@ async fn each_request_runs_in_a_span_with_route_outcome_hashed_key_and_fence() {
     let gw = Gateway::start(&config(&up.url(), ""), &["--log-format", "json"]);
     let http = Http::new();
     let k = key();
-    let first = http
-        .send(
-            Method::POST,
-            &gw.url("/charge"),
-            &[("idempotency-key", &k), ("x-request-id", "req-span-1")],
-            "{}",
-        )
-        .await;
+    let charge = |request_id: &'static str| {
+        let headers = [
+            ("idempotency-key", k.as_str()),
+            ("x-request-id", request_id),
+        ];
+        let (http, url) = (http.clone(), gw.url("/charge"));
+        async move { http.send(Method::POST, &url, &headers, "{}").await }
+    };
+    let first = charge("req-span-1").await;
     assert_eq!(first.status, StatusCode::CREATED);
-    let again = http
-        .send(
-            Method::POST,
-            &gw.url("/charge"),
-            &[("idempotency-key", &k), ("x-request-id", "req-span-2")],
-            "{}",
-        )
-        .await;
+    let again = charge("req-span-2").await;
     assert!(again.replayed());
     assert!(gw.logged("req-span-2").await, "{}", gw.logs());
 

@@ -76,6 +76,16 @@ async fn status(
     ([("content-type", "application/json")], answer.to_string())
 }
 
+/// A gateway on a SQLite store in a fresh directory (`tag`) in front of the payments
+/// service, reconciling every `interval` when given: the directory (kept for as long as the
+/// gateway runs), the service's ledger, the gateway and a client.
+async fn start(tag: &str, interval: Option<&str>) -> (TempDir, Arc<Payments>, Gateway, Http) {
+    let dir = TempDir::new(tag);
+    let (upstream, payments) = start_payments().await;
+    let gw = Gateway::start(&config(upstream, &dir.0.join("idem.db"), interval), &[]);
+    (dir, payments, gw, Http::new())
+}
+
 async fn start_payments() -> (SocketAddr, Arc<Payments>) {
     let payments = Arc::new(Payments::default());
     let app = Router::new()
@@ -147,10 +157,7 @@ fn reconcile(gw: &Gateway, args: &[&str]) -> (i32, String) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_shot_reconcile_settles_from_the_upstreams_answer() {
-    let dir = TempDir::new("reconcile");
-    let (upstream, payments) = start_payments().await;
-    let gw = Gateway::start(&config(upstream, &dir.0.join("idem.db"), None), &[]);
-    let http = Http::new();
+    let (_dir, payments, gw, http) = start("reconcile", None).await;
     let id = uuid::Uuid::now_v7().simple().to_string();
     let (acted, never, unsure) = (
         format!("acted-{id}"),
@@ -275,13 +282,7 @@ async fn one_shot_reconcile_settles_from_the_upstreams_answer() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_loop_in_serve_settles_unknown_records() {
-    let dir = TempDir::new("reconcile-loop");
-    let (upstream, payments) = start_payments().await;
-    let gw = Gateway::start(
-        &config(upstream, &dir.0.join("idem.db"), Some("200ms")),
-        &[],
-    );
-    let http = Http::new();
+    let (_dir, payments, gw, http) = start("reconcile-loop", Some("200ms")).await;
     let acted = format!("acted-{}", uuid::Uuid::now_v7().simple());
     assert_eq!(
         pay(&http, &gw, &acted).await.status,
@@ -308,10 +309,7 @@ async fn the_loop_in_serve_settles_unknown_records() {
 // after `idem reconcile` is a replay (see the first test).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unguarded_blind_release_charges_twice() {
-    let dir = TempDir::new("reconcile-blind");
-    let (upstream, payments) = start_payments().await;
-    let gw = Gateway::start(&config(upstream, &dir.0.join("idem.db"), None), &[]);
-    let http = Http::new();
+    let (_dir, payments, gw, http) = start("reconcile-blind", None).await;
     let acted = format!("acted-{}", uuid::Uuid::now_v7().simple());
     assert_eq!(
         pay(&http, &gw, &acted).await.status,

@@ -29,13 +29,14 @@ async fn publish(conn: &Connection, q: &str, key: &str, times: usize) {
     publish_with_id(conn, q, key, &format!(r#"{{"order":"{key}"}}"#), times).await;
 }
 
-/// Whether, within [`WAIT`], the relay has logged exactly one replay and `q` holds no ready
-/// message: a redelivery settled from the store and acknowledged.
-async fn one_replay_and_drained(relay: &Relay, conn: &Connection, q: &str) -> bool {
-    eventually(WAIT, || async {
-        relay.logged("replayed") == 1 && queue_ready(conn, q).await == 0
-    })
-    .await
+/// Waits (at most [`WAIT`]) until the relay has logged exactly one replay and `q` holds no
+/// ready message: a redelivery settled from the store and acknowledged.
+async fn one_replay_and_drained(relay: &Relay, conn: &Connection, q: &str) {
+    relay
+        .until("one replay, the queue drained", || async {
+            relay.logged("replayed") == 1 && queue_ready(conn, q).await == 0
+        })
+        .await;
 }
 
 /// Five copies of one message and one other: the service executes each order once; the
@@ -86,11 +87,7 @@ async fn relay_upstream_times_out_after_acting() {
     let (q, relay) = relay_on(&conn, "timeout_hold", &upstream, "hold").await;
     let dead = format!("{q}.dead");
     publish(&conn, &q, "slow-b", 1).await;
-    assert!(
-        one_replay_and_drained(&relay, &conn, &q).await,
-        "{}",
-        relay.log()
-    );
+    one_replay_and_drained(&relay, &conn, &q).await;
     assert_eq!(orders.executed("slow-b"), 1, "hold: executed once");
     assert_eq!(
         orders.calls("slow-b"),
@@ -119,11 +116,7 @@ async fn relay_upstream_times_out_after_acting() {
     let (code, out) = relay.reconcile_with(&with_webhook);
     assert_eq!(code, 0, "{out}");
     publish(&conn, &q, "slow-c", 1).await;
-    assert!(
-        one_replay_and_drained(&relay, &conn, &q).await,
-        "{}",
-        relay.log()
-    );
+    one_replay_and_drained(&relay, &conn, &q).await;
     assert_eq!(orders.executed("slow-c"), 1, "hold: executed once");
     assert_eq!(orders.calls("slow-c"), 1);
     assert_eq!(queue_ready(&conn, &dead).await, 2);

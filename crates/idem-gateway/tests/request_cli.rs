@@ -23,6 +23,13 @@ method = "POST"
 path = "/charge/*"
 "#;
 
+/// The test upstream and a gateway in front of it on [`CONFIG`].
+async fn start() -> (Upstream, Gateway) {
+    let up = Upstream::start().await;
+    let gw = Gateway::start(&format!("upstream = \"{}\"\n{CONFIG}", up.url()), &[]);
+    (up, gw)
+}
+
 async fn request(args: Vec<String>) -> Output {
     tokio::task::spawn_blocking(move || {
         Command::new(bin())
@@ -51,8 +58,7 @@ fn args(url: &str, extra: &[&str]) -> Vec<String> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lost_answer_is_fetched_and_a_repeat_is_a_replay() {
-    let up = Upstream::start().await;
-    let gw = Gateway::start(&format!("upstream = \"{}\"\n{CONFIG}", up.url()), &[]);
+    let (up, gw) = start().await;
     let proxy = FaultProxy::start_matching(gw.addr, posts, [Fault::DropAfterAnswer])
         .await
         .expect("proxy");
@@ -88,8 +94,7 @@ async fn a_lost_answer_is_fetched_and_a_repeat_is_a_replay() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn exit_codes_say_what_happened() {
-    let up = Upstream::start().await;
-    let gw = Gateway::start(&format!("upstream = \"{}\"\n{CONFIG}", up.url()), &[]);
+    let (up, gw) = start().await;
     // A lost answer and no status endpoint: the client cannot tell, and says so.
     let proxy = FaultProxy::start_matching(gw.addr, posts, [Fault::DropAfterAnswer])
         .await

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{Gateway, Http, TempDir, Upstream, bin, key};
+use common::{Gateway, Http, TempDir, Upstream, key};
 use http::StatusCode;
 use idem_testkit::redis_server::{Cluster, Server, redis_server_available};
 
@@ -146,13 +146,8 @@ async fn database_over_tls<D: TlsDatabase>(
 
 /// `idem serve` on `config` exits without listening; returns what it printed.
 fn serve_fails(config: &str) -> String {
-    let dir = TempDir::new("store-tls-fail");
-    let path = dir.0.join("idem.toml");
-    std::fs::write(&path, config).expect("write");
-    let mut child = Command::new(bin())
-        .arg("serve")
-        .arg("--config")
-        .arg(&path)
+    let (dir, mut cmd) = common::command("serve", config);
+    let mut child = cmd
         .args(["--listen", "127.0.0.1:0"])
         .current_dir(&dir.0)
         .stdin(Stdio::null())

@@ -68,15 +68,8 @@ impl Gateway {
     }
 
     pub fn start_env(config: &str, args: &[&str], env: &[(&str, &str)]) -> Self {
-        let dir = TempDir::new("cfg");
-        let path = dir.0.join("idem.toml");
-        std::fs::write(&path, config).expect("write config");
-        let mut cmd = Command::new(bin());
-        cmd.arg("serve")
-            .arg("--config")
-            .arg(&path)
-            .args(["--listen", "127.0.0.1:0"])
-            .args(args);
+        let (dir, mut cmd) = command("serve", config);
+        cmd.args(["--listen", "127.0.0.1:0"]).args(args);
         cmd.env("RUST_LOG", "info");
         for (k, v) in env {
             cmd.env(k, v);
@@ -710,17 +703,22 @@ pub async fn reachable(addr: &str) -> bool {
     )
 }
 
+/// `idem <subcommand> --config <file>`, `config` written to `idem.toml` in a fresh temp
+/// directory, which the caller keeps for as long as the command runs.
+pub fn command(subcommand: &str, config: &str) -> (TempDir, Command) {
+    let dir = TempDir::new(subcommand);
+    let path = dir.0.join("idem.toml");
+    std::fs::write(&path, config).expect("write config");
+    let mut cmd = Command::new(bin());
+    cmd.arg(subcommand).arg("--config").arg(path);
+    (dir, cmd)
+}
+
 /// Runs `idem check-config` on `config` (written to a fresh temp file); what it printed and
 /// how it exited.
 pub fn check_config(config: &str) -> std::process::Output {
-    let dir = TempDir::new("check");
-    let path = dir.0.join("idem.toml");
-    std::fs::write(&path, config).expect("write config");
-    Command::new(bin())
-        .args(["check-config", "--config"])
-        .arg(&path)
-        .output()
-        .expect("run idem check-config")
+    let (_dir, mut cmd) = command("check-config", config);
+    cmd.output().expect("run idem check-config")
 }
 
 /// Serves `app` (a hand-made upstream) on a spare loopback port for as long as the test's

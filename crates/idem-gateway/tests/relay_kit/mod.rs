@@ -30,14 +30,8 @@ pub fn unique(what: &str) -> String {
 /// `idem relay` on `config` (written to a fresh directory, which the caller keeps for as long
 /// as the process runs) with `args` after it, its output piped.
 fn command(config: &str, args: &[&str]) -> (TempDir, Command) {
-    let dir = TempDir::new("relay");
-    let path = dir.0.join("idem.toml");
-    std::fs::write(&path, config).expect("write config");
-    let mut cmd = Command::new(bin());
-    cmd.arg("relay")
-        .arg("--config")
-        .arg(path)
-        .args(args)
+    let (dir, mut cmd) = crate::common::command("relay", config);
+    cmd.args(args)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
