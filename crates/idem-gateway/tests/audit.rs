@@ -67,21 +67,11 @@ async fn the_trail_of_a_key_through_claim_timeout_unknown_resolve() {
     let k = key();
 
     // The upstream takes longer than the route's timeout: the outcome is unknown.
-    let r = http
-        .post(
-            &gw.url("/charges?delay_ms=3000"),
-            Some(&k),
-            r#"{"amount":100}"#,
-        )
-        .await;
+    let slow = gw.url("/charges?delay_ms=3000");
+    let charge = || http.post(&slow, Some(&k), r#"{"amount":100}"#);
+    let r = charge().await;
     assert_eq!(r.status, StatusCode::GATEWAY_TIMEOUT);
-    let retry = http
-        .post(
-            &gw.url("/charges?delay_ms=3000"),
-            Some(&k),
-            r#"{"amount":100}"#,
-        )
-        .await;
+    let retry = charge().await;
     assert_eq!(retry.problem_type(), "outcome-unknown");
 
     // The operator settles it: the charge went through.
@@ -145,9 +135,7 @@ async fn the_trail_of_a_key_through_claim_timeout_unknown_resolve() {
     assert_eq!(none.json()["events"], serde_json::json!([]));
     let bad = admin(&http, &gw, Method::GET, "/admin/audit?state=maybe", "").await;
     assert_eq!(bad.status, StatusCode::BAD_REQUEST);
-    let unauthorized = http
-        .send(Method::GET, &gw.admin_url("/admin/audit"), &[], "")
-        .await;
+    let unauthorized = http.get(&gw.admin_url("/admin/audit")).await;
     assert_eq!(unauthorized.status, StatusCode::UNAUTHORIZED);
     assert_eq!(up.seen.count("/charges"), 1);
 }

@@ -305,7 +305,7 @@ async fn the_demo_behaves_as_documented() {
         b
     };
     assert_eq!(conflict.problem_type(), "in-flight");
-    let stats = http.send(Method::GET, &gw.url("/stats"), &[], "").await;
+    let stats = http.get(&gw.url("/stats")).await;
     assert_eq!(
         stats.json()["executions"],
         2,
@@ -318,16 +318,11 @@ async fn the_demo_behaves_as_documented() {
     assert_eq!(pay.status, StatusCode::CREATED);
     let again = pay_order().await;
     assert!(again.replayed());
-    let stats = http.send(Method::GET, &gw.url("/stats"), &[], "").await;
+    let stats = http.get(&gw.url("/stats")).await;
     assert_eq!(stats.json()["executions"], 3, "the order was paid once");
     // The demo serves the status endpoint: the first charge's key reads completed.
     let status = http
-        .send(
-            Method::GET,
-            &gw.url(&format!("/idem/status/{k}?route=default")),
-            &[],
-            "",
-        )
+        .get(&gw.url(&format!("/idem/status/{k}?route=default")))
         .await;
     assert_eq!(status.json()["state"], "completed");
     assert!(

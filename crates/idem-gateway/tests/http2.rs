@@ -73,6 +73,14 @@ async fn handle(req: Request<hyper::body::Incoming>, count: &AtomicU64) -> Respo
     res
 }
 
+/// Asserts `got` is a `201` in HTTP/2 and returns its JSON body (the upstream's account of
+/// the request).
+fn created_over_h2(got: &Got) -> serde_json::Value {
+    assert_eq!(got.version, Version::HTTP_2);
+    assert_eq!(got.status, StatusCode::CREATED);
+    serde_json::from_slice(&got.body).expect("json")
+}
+
 /// An HTTP/2 `POST` of `{}` to `path` over `send`, with `headers`.
 async fn h2_send(
     send: &mut hyper::client::conn::http2::SendRequest<Full<Bytes>>,
@@ -107,9 +115,7 @@ async fn h2c_through_the_gateway_to_an_h2c_upstream() {
         ("content-type", "application/json"),
     ];
     let first = h2_send(&mut send, &authority, "/p/charge", &headers).await;
-    assert_eq!(first.version, Version::HTTP_2);
-    assert_eq!(first.status, StatusCode::CREATED);
-    let json: serde_json::Value = serde_json::from_slice(&first.body).expect("json");
+    let json = created_over_h2(&first);
     assert_eq!(
         json["version"], "HTTP/2.0",
         "the upstream was reached over HTTP/2"
@@ -186,9 +192,7 @@ async fn h2_by_alpn_on_the_tls_listener() {
     let headers = [("idempotency-key", k.as_str())];
     let authority = format!("127.0.0.1:{}", gw.addr.port());
     let first = h2_send(&mut send, &authority, "/p/charge", &headers).await;
-    assert_eq!(first.version, Version::HTTP_2);
-    assert_eq!(first.status, StatusCode::CREATED);
-    let json: serde_json::Value = serde_json::from_slice(&first.body).expect("json");
+    let json = created_over_h2(&first);
     assert_eq!(
         json["version"], "HTTP/1.1",
         "HTTP/1.1 to an upstream not configured for HTTP/2"

@@ -80,7 +80,7 @@ async fn probes_are_open_and_the_scrape_token_opens_metrics_only() {
     let gw = Gateway::start(&config(&up.url(), ""), &[]);
     let http = Http::new();
     for path in ["/healthz", "/readyz"] {
-        let r = http.send(Method::GET, &gw.admin_url(path), &[], "").await;
+        let r = http.get(&gw.admin_url(path)).await;
         assert_eq!(r.status, StatusCode::OK, "{path} needs no token");
     }
     let bearer = |t: &str| format!("Bearer {t}");
@@ -134,8 +134,8 @@ async fn request_metrics_carry_the_route_and_latencies() {
     http.post(&gw.url("/charge"), Some(&k), r#"{"other":1}"#)
         .await;
     http.post(&gw.url("/refund"), Some(&key()), "{}").await;
-    http.send(Method::GET, &gw.url("/reads/1"), &[], "").await;
-    http.send(Method::GET, &gw.url("/nowhere"), &[], "").await;
+    http.get(&gw.url("/reads/1")).await;
+    http.get(&gw.url("/nowhere")).await;
     let text = scrape(&http, &gw).await;
     let requests = |route: &str, outcome: &str| {
         sample(

@@ -467,7 +467,7 @@ async fn the_admin_api_needs_its_token_and_its_own_listener() {
         "/admin/records",
         "/admin/record?namespace=test&key=a",
     ] {
-        let none = http.send(Method::GET, &gw.admin_url(path), &[], "").await;
+        let none = http.get(&gw.admin_url(path)).await;
         assert_eq!(none.status, StatusCode::UNAUTHORIZED, "{path}");
         let wrong = http
             .send(
@@ -480,15 +480,11 @@ async fn the_admin_api_needs_its_token_and_its_own_listener() {
         assert_eq!(wrong.status, StatusCode::UNAUTHORIZED, "{path}");
     }
     assert_eq!(
-        http.send(Method::GET, &gw.admin_url("/healthz"), &[], "")
-            .await
-            .status,
+        http.get(&gw.admin_url("/healthz")).await.status,
         StatusCode::OK
     );
     assert_eq!(
-        http.send(Method::GET, &gw.admin_url("/readyz"), &[], "")
-            .await
-            .status,
+        http.get(&gw.admin_url("/readyz")).await.status,
         StatusCode::OK
     );
 

@@ -207,9 +207,7 @@ async fn store_down_fails_closed_with_503() {
     let http = Http::new();
     let r = http.post(&gw.url("/charge"), Some(&key()), "{}").await;
     assert_eq!(r.status, StatusCode::CREATED);
-    let ready = http
-        .send(Method::GET, &gw.admin_url("/readyz"), &[], "")
-        .await;
+    let ready = http.get(&gw.admin_url("/readyz")).await;
     assert_eq!(ready.status, StatusCode::OK);
 
     redis.kill();
@@ -218,15 +216,11 @@ async fn store_down_fails_closed_with_503() {
     assert_eq!(r.problem_type(), "store-unavailable");
     assert!(r.header("retry-after").is_some());
     assert_eq!(up.seen.count("/charge"), 1, "nothing ran without a claim");
-    let ready = http
-        .send(Method::GET, &gw.admin_url("/readyz"), &[], "")
-        .await;
+    let ready = http.get(&gw.admin_url("/readyz")).await;
     assert_eq!(ready.status, StatusCode::SERVICE_UNAVAILABLE);
     // Unprotected requests still pass.
     assert_eq!(
-        http.send(Method::GET, &gw.url("/charge"), &[], "")
-            .await
-            .status,
+        http.get(&gw.url("/charge")).await.status,
         StatusCode::CREATED
     );
     let metrics = http.admin(Method::GET, &gw.admin_url("/metrics"), "").await;

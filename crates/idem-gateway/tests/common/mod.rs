@@ -628,6 +628,11 @@ impl Http {
         self.send(method, url, &headers, body).await
     }
 
+    /// A plain `GET` of `url`: no header, no body.
+    pub async fn get(&self, url: &str) -> Reply {
+        self.send(Method::GET, url, &[], "").await
+    }
+
     /// `method` at `url` (an admin endpoint) with `body`, authorized by [`ADMIN_TOKEN`].
     pub async fn admin(&self, method: Method, url: &str, body: &str) -> Reply {
         let auth = format!("Bearer {ADMIN_TOKEN}");
