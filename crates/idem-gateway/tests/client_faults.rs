@@ -20,7 +20,7 @@ use http::{Method, StatusCode};
 use idem_client::{
     Call, ClientError, HttpClient, Jitter, Reply, RetryPolicy, StatusEndpoint, reqwest,
 };
-use idem_testkit::fault_proxy::{Fault, FaultProxy, posts};
+use idem_testkit::fault_proxy::{Fault, FaultProxy};
 
 const API_KEY: &str = "alice-api-key";
 
@@ -65,13 +65,6 @@ fn charge(proxy: &FaultProxy, path: &str) -> Call {
         .json(r#"{"amount":100}"#)
 }
 
-/// A fault proxy in front of `gw` that applies `plan`, in order, to the POSTs through it.
-async fn posts_proxy(gw: &Gateway, plan: impl IntoIterator<Item = Fault>) -> FaultProxy {
-    FaultProxy::start_matching(gw.addr, posts, plan)
-        .await
-        .expect("proxy")
-}
-
 /// The charge at `path` sent through `proxy` by the client under test (waiting
 /// `attempt_timeout` per attempt), which must end with an answer.
 async fn send_charge(proxy: &FaultProxy, path: &str, attempt_timeout: Duration) -> Reply {
@@ -98,7 +91,7 @@ async fn scenarios(store: &str, extra: &str) {
 
     // 1. The server answered; the answer is lost on its way back. The status query returns
     //    the stored answer; nothing is sent again.
-    let proxy = posts_proxy(&gw, [Fault::DropAfterAnswer]).await;
+    let proxy = common::posts_proxy(&gw, [Fault::DropAfterAnswer]).await;
     let path = "/charge/dropped";
     let reply = send_charge(&proxy, path, Duration::from_secs(5)).await;
     assert!(reply.from_status, "{reply:?}");
@@ -107,7 +100,7 @@ async fn scenarios(store: &str, extra: &str) {
     assert_eq!(proxy.applied().await, [Fault::DropAfterAnswer]);
 
     // 2. Reset before sending: the status says absent, the same key is sent again.
-    let proxy = posts_proxy(&gw, [Fault::ResetBeforeSending]).await;
+    let proxy = common::posts_proxy(&gw, [Fault::ResetBeforeSending]).await;
     let path = "/charge/reset-before";
     let reply = send_charge(&proxy, path, Duration::from_secs(5)).await;
     assert_eq!(reply.attempts, 2);
@@ -119,7 +112,7 @@ async fn scenarios(store: &str, extra: &str) {
 
     // 3. The first attempt is held past the client's timeout and arrives after the retry:
     //    the late one is answered from the record, never run.
-    let proxy = posts_proxy(&gw, [Fault::Delay(Duration::from_millis(1500))]).await;
+    let proxy = common::posts_proxy(&gw, [Fault::Delay(Duration::from_millis(1500))]).await;
     let path = "/charge/late";
     let reply = send_charge(&proxy, path, Duration::from_millis(400)).await;
     assert_first_answer(&reply, &up, path);
@@ -130,7 +123,7 @@ async fn scenarios(store: &str, extra: &str) {
     assert_eq!(up.seen.count(path), 1, "the late request did not run again");
 
     // 4. The upstream is slower than the client waits: in flight, then the stored answer.
-    let proxy = posts_proxy(&gw, []).await;
+    let proxy = common::posts_proxy(&gw, []).await;
     let path = "/charge/slow";
     let reply = send_charge(
         &proxy,
@@ -143,7 +136,7 @@ async fn scenarios(store: &str, extra: &str) {
     assert_first_answer(&reply, &up, path);
 
     // 5. Every answer to a POST is lost: the status endpoint still gives the first answer.
-    let proxy = posts_proxy(&gw, [Fault::DropAfterAnswer; 5]).await;
+    let proxy = common::posts_proxy(&gw, [Fault::DropAfterAnswer; 5]).await;
     let path = "/charge/always-dropped";
     let reply = send_charge(&proxy, path, Duration::from_secs(5)).await;
     assert!(reply.from_status);
@@ -151,7 +144,7 @@ async fn scenarios(store: &str, extra: &str) {
 
     // 7. Two callers send one operation (one key) at once: one runs, the other is told it is
     //    in flight, waits, and gets the same answer.
-    let proxy = posts_proxy(&gw, []).await;
+    let proxy = common::posts_proxy(&gw, []).await;
     let path = "/charge/twice-at-once";
     let key = common::key();
     let call = charge(&proxy, &format!("{path}?delay_ms=800")).key(key.clone());
@@ -170,7 +163,7 @@ async fn scenarios(store: &str, extra: &str) {
     );
 
     // 6. An upstream reset after sending leaves the key unknown: a typed error, no rerun.
-    let proxy = posts_proxy(&gw, []).await;
+    let proxy = common::posts_proxy(&gw, []).await;
     let err = client(&proxy, Duration::from_secs(5))
         .send(charge(&proxy, "/charge/x/reset"))
         .await
@@ -187,7 +180,7 @@ async fn unsafe_variants(store: &str, extra: &str) {
 
     // A client that makes a new key for every attempt: the lost answer becomes a second
     // charge.
-    let proxy = posts_proxy(&gw, [Fault::DropAfterAnswer]).await;
+    let proxy = common::posts_proxy(&gw, [Fault::DropAfterAnswer]).await;
     let path = "/charge/fresh-key";
     let url = format!("http://{}{path}", proxy.addr());
     let mut answer = None;
@@ -209,7 +202,7 @@ async fn unsafe_variants(store: &str, extra: &str) {
 
     // A client that keeps its key but retries without asking the status endpoint: when
     // every answer is lost it gives up, though the charge ran; the caller is told it failed.
-    let proxy = posts_proxy(&gw, [Fault::DropAfterAnswer; 5]).await;
+    let proxy = common::posts_proxy(&gw, [Fault::DropAfterAnswer; 5]).await;
     let path = "/charge/no-status-query";
     let url = format!("http://{}{path}", proxy.addr());
     let key = common::key();
@@ -357,7 +350,7 @@ async fn a_store_outage_is_waited_out_and_the_charge_runs_once() {
         ),
         &[],
     );
-    let proxy = posts_proxy(&gw, []).await;
+    let proxy = common::posts_proxy(&gw, []).await;
     redis.stop();
     let path = "/charge/store-outage";
     let client = client(&proxy, Duration::from_secs(5));

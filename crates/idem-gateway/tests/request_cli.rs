@@ -6,7 +6,7 @@ mod common;
 use std::process::{Command, Output};
 
 use common::{Gateway, Upstream, bin, key};
-use idem_testkit::fault_proxy::{Fault, FaultProxy, posts};
+use idem_testkit::fault_proxy::Fault;
 
 const CONFIG: &str = r#"
 store = "memory:"
@@ -59,9 +59,7 @@ fn args(url: &str, extra: &[&str]) -> Vec<String> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lost_answer_is_fetched_and_a_repeat_is_a_replay() {
     let (up, gw) = start().await;
-    let proxy = FaultProxy::start_matching(gw.addr, posts, [Fault::DropAfterAnswer])
-        .await
-        .expect("proxy");
+    let proxy = common::posts_proxy(&gw, [Fault::DropAfterAnswer]).await;
     let url = format!("http://{}/charge/cli", proxy.addr());
     let status = format!("http://{}/idem/status", proxy.addr());
     let k = key();
@@ -96,9 +94,7 @@ async fn a_lost_answer_is_fetched_and_a_repeat_is_a_replay() {
 async fn exit_codes_say_what_happened() {
     let (up, gw) = start().await;
     // A lost answer and no status endpoint: the client cannot tell, and says so.
-    let proxy = FaultProxy::start_matching(gw.addr, posts, [Fault::DropAfterAnswer])
-        .await
-        .expect("proxy");
+    let proxy = common::posts_proxy(&gw, [Fault::DropAfterAnswer]).await;
     let out = request(args(&format!("http://{}/charge/blind", proxy.addr()), &[])).await;
     assert_eq!(out.status.code(), Some(4));
     assert!(String::from_utf8_lossy(&out.stderr).contains("outcome cannot be told"));

@@ -726,6 +726,20 @@ pub fn check_config(config: &str) -> std::process::Output {
     cmd.output().expect("run idem check-config")
 }
 
+/// A fault proxy in front of `gw` that applies `plan`, in order, to the POSTs through it.
+pub async fn posts_proxy(
+    gw: &Gateway,
+    plan: impl IntoIterator<Item = idem_testkit::fault_proxy::Fault>,
+) -> idem_testkit::fault_proxy::FaultProxy {
+    idem_testkit::fault_proxy::FaultProxy::start_matching(
+        gw.addr,
+        idem_testkit::fault_proxy::posts,
+        plan,
+    )
+    .await
+    .expect("proxy")
+}
+
 /// Serves `app` (a hand-made upstream) on a spare loopback port for as long as the test's
 /// runtime lives; its address.
 pub async fn serve_router(app: axum::Router) -> SocketAddr {
