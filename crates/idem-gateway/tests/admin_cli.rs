@@ -292,13 +292,7 @@ async fn stored_terminal_escapes_are_shown_not_obeyed() {
         "/charges",
         axum::routing::post(|| async { (axum::http::StatusCode::CREATED, NASTY) }),
     );
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let upstream = format!("http://{}", listener.local_addr().expect("addr"));
-    tokio::spawn(async move {
-        let _ = axum::serve(listener, app).await;
-    });
+    let upstream = format!("http://{}", common::serve_router(app).await);
     let gw = Gateway::start(&config(&upstream), &[]);
     let k = key();
     let r = Http::new().post(&gw.url("/charges"), Some(&k), "{}").await;

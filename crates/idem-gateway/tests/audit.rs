@@ -67,21 +67,11 @@ async fn the_trail_of_a_key_through_claim_timeout_unknown_resolve() {
     let k = key();
 
     // The upstream takes longer than the route's timeout: the outcome is unknown.
-    let r = http
-        .post(
-            &gw.url("/charges?delay_ms=3000"),
-            Some(&k),
-            r#"{"amount":100}"#,
-        )
-        .await;
+    let slow = gw.url("/charges?delay_ms=3000");
+    let charge = || http.post(&slow, Some(&k), r#"{"amount":100}"#);
+    let r = charge().await;
     assert_eq!(r.status, StatusCode::GATEWAY_TIMEOUT);
-    let retry = http
-        .post(
-            &gw.url("/charges?delay_ms=3000"),
-            Some(&k),
-            r#"{"amount":100}"#,
-        )
-        .await;
+    let retry = charge().await;
     assert_eq!(retry.problem_type(), "outcome-unknown");
 
     // The operator settles it: the charge went through.
@@ -92,10 +82,10 @@ async fn the_trail_of_a_key_through_claim_timeout_unknown_resolve() {
         r#"{"outcome":"complete","status":201,"body":"{\"charged\":true}"}"#,
     )
     .await;
-    assert_eq!(resolved.status, StatusCode::OK, "{:?}", resolved.body);
+    resolved.assert_status(StatusCode::OK);
 
     let trail = trail_of(&http, &gw, &k).await;
-    assert_eq!(trail.status, StatusCode::OK, "{:?}", trail.body);
+    trail.assert_status(StatusCode::OK);
     let events = trail.json()["events"].as_array().cloned().expect("events");
     let names: Vec<&str> = events.iter().filter_map(|e| e["event"].as_str()).collect();
     assert_eq!(names, ["resolved", "unknown", "claimed"], "{events:#?}");
@@ -145,9 +135,7 @@ async fn the_trail_of_a_key_through_claim_timeout_unknown_resolve() {
     assert_eq!(none.json()["events"], serde_json::json!([]));
     let bad = admin(&http, &gw, Method::GET, "/admin/audit?state=maybe", "").await;
     assert_eq!(bad.status, StatusCode::BAD_REQUEST);
-    let unauthorized = http
-        .send(Method::GET, &gw.admin_url("/admin/audit"), &[], "")
-        .await;
+    let unauthorized = http.get(&gw.admin_url("/admin/audit")).await;
     assert_eq!(unauthorized.status, StatusCode::UNAUTHORIZED);
     assert_eq!(up.seen.count("/charges"), 1);
 }
@@ -176,7 +164,7 @@ async fn the_default_level_leaves_a_first_request_to_its_record() {
         "",
     )
     .await;
-    assert_eq!(trail.status, StatusCode::OK, "{:?}", trail.body);
+    trail.assert_status(StatusCode::OK);
     let answer = trail.json();
     assert_eq!(answer["events"], serde_json::json!([]), "{answer:#}");
     assert_eq!(answer["level"], "operator");
@@ -196,7 +184,7 @@ async fn the_default_level_leaves_a_first_request_to_its_record() {
         .await;
     assert_eq!(r.status, StatusCode::GATEWAY_TIMEOUT);
     let resolved = resolve(&http, &gw, &k, r#"{"outcome":"release"}"#).await;
-    assert_eq!(resolved.status, StatusCode::OK, "{:?}", resolved.body);
+    resolved.assert_status(StatusCode::OK);
     let trail = trail_of(&http, &gw, &k).await;
     let answer = trail.json();
     let names: Vec<&str> = answer["events"]
@@ -222,13 +210,7 @@ async fn the_default_level_leaves_a_first_request_to_its_record() {
     assert!(all.json().get("record").is_none());
     assert_eq!(all.json()["events"].as_array().map(Vec::len), Some(2));
     // Checked configuration says what the trail records.
-    let cfg = dir.0.join("idem.toml");
-    std::fs::write(&cfg, config(&up.url(), &db.display().to_string(), "")).expect("write");
-    let out = std::process::Command::new(common::bin())
-        .args(["check-config", "--config"])
-        .arg(&cfg)
-        .output()
-        .expect("run check-config");
+    let out = common::check_config(&config(&up.url(), &db.display().to_string(), ""));
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.contains("(level operator)"), "{text}");
 }

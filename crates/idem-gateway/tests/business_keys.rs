@@ -111,7 +111,7 @@ async fn orders_beyond_f64_precision_are_different_orders() {
     let a = http.post(&gw.url("/orders"), None, first).await;
     let b = http.post(&gw.url("/orders"), None, second).await;
     assert_eq!(a.status, StatusCode::CREATED);
-    assert_eq!(b.status, StatusCode::CREATED, "{:?}", b.body);
+    b.assert_status(StatusCode::CREATED);
     assert!(!b.replayed());
     assert_eq!(up.seen.count("/orders"), 2);
     // The same order again is the same order.

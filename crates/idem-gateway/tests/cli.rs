@@ -24,6 +24,13 @@ fn check(config: Option<&str>, args: &[&str], env: &[(&str, &str)]) -> Output {
     cmd.output().expect("run idem")
 }
 
+/// [`check`] on the file `config` alone: how it exited, its stdout and its stderr.
+fn check_file(config: &str) -> (Output, String, String) {
+    let out = check(Some(config), &[], &[]);
+    let (stdout, stderr) = text(&out);
+    (out, stdout, stderr)
+}
+
 fn text(o: &Output) -> (String, String) {
     (
         String::from_utf8_lossy(&o.stdout).into_owned(),
@@ -37,14 +44,9 @@ fn text(o: &Output) -> (String, String) {
 #[test]
 fn check_config_names_what_risks_the_promise() {
     let base = "upstream = \"http://127.0.0.1:9\"\n[defaults]\nprincipal = { from = \"none\" }\n";
-    let defaults = check(
-        Some(&format!(
-            "{base}[[routes]]\nname = \"pay\"\npath = \"/pay\"\n"
-        )),
-        &[],
-        &[],
-    );
-    let (stdout, _) = text(&defaults);
+    let (defaults, stdout, _) = check_file(&format!(
+        "{base}[[routes]]\nname = \"pay\"\npath = \"/pay\"\n"
+    ));
     assert!(defaults.status.success(), "{stdout}");
     assert!(
         stdout.contains("expired lease -> Hold"),
@@ -53,16 +55,11 @@ fn check_config_names_what_risks_the_promise() {
     assert!(!stdout.contains("risk:"), "{stdout}");
     assert!(stdout.contains("ok: configuration is valid\n"), "{stdout}");
 
-    let risky = check(
-        Some(&format!(
-            "{base}[[routes]]\nname = \"pay\"\npath = \"/pay\"\ntakeover = \"reexecute\"\n\
+    let (risky, stdout, _) = check_file(&format!(
+        "{base}[[routes]]\nname = \"pay\"\npath = \"/pay\"\ntakeover = \"reexecute\"\n\
              [[routes]]\nname = \"refund\"\npath = \"/refund\"\nupstream_failure = \"retry\"\n\
              [[routes]]\nname = \"fenced\"\npath = \"/fenced\"\ntakeover = \"reexecute\"\nfenced_upstream = true\n"
-        )),
-        &[],
-        &[],
-    );
-    let (stdout, _) = text(&risky);
+    ));
     assert!(
         risky.status.success(),
         "risks are named, not refused: {stdout}"
@@ -83,9 +80,8 @@ fn check_config_names_what_risks_the_promise() {
 
 #[test]
 fn check_config_explains_a_valid_config() {
-    let out = check(
-        Some(
-            r#"
+    let (out, stdout, stderr) = check_file(
+        r#"
 upstream = "http://127.0.0.1:3000"
 store = "postgres://idem:secret@db:5432/idem"
 [admin]
@@ -104,11 +100,7 @@ method = "GET"
 path = "/v1/*"
 idempotency = false
 "#,
-        ),
-        &[],
-        &[],
     );
-    let (stdout, stderr) = text(&out);
     assert!(out.status.success(), "{stdout}\n{stderr}");
     for needle in [
         "POST /v1/charges [charge]",
@@ -177,8 +169,7 @@ fn garbage_configs_get_clear_errors_never_panics() {
         ),
     ];
     for (config, needle) in cases {
-        let out = check(Some(config), &[], &[]);
-        let (stdout, stderr) = text(&out);
+        let (out, stdout, stderr) = check_file(config);
         assert_eq!(
             out.status.code(),
             Some(2),
@@ -203,12 +194,8 @@ fn garbage_configs_get_clear_errors_never_panics() {
 /// gateway refuses to start and says what to choose.
 #[test]
 fn a_config_without_a_principal_is_refused() {
-    let out = check(
-        Some("upstream = \"http://127.0.0.1:3000\"\n[[routes]]\npath = \"/charge\""),
-        &[],
-        &[],
-    );
-    let (stdout, stderr) = text(&out);
+    let (out, stdout, stderr) =
+        check_file("upstream = \"http://127.0.0.1:3000\"\n[[routes]]\npath = \"/charge\"");
     assert_eq!(out.status.code(), Some(2), "{stdout}\n{stderr}");
     for needle in [
         "must say whose keys they are",
@@ -223,14 +210,9 @@ fn a_config_without_a_principal_is_refused() {
         assert!(stderr.contains(needle), "{needle:?} not in: {stderr}");
     }
     // The same configuration with the choice made explicit is accepted and shown.
-    let out = check(
-        Some(
-            "upstream = \"http://127.0.0.1:3000\"\n[[routes]]\npath = \"/charge\"\nprincipal = { from = \"none\" }",
-        ),
-        &[],
-        &[],
+    let (out, stdout, stderr) = check_file(
+        "upstream = \"http://127.0.0.1:3000\"\n[[routes]]\npath = \"/charge\"\nprincipal = { from = \"none\" }",
     );
-    let (stdout, stderr) = text(&out);
     assert!(out.status.success(), "{stdout}\n{stderr}");
     assert!(
         stdout.contains("principal:   none (single tenant"),
@@ -323,41 +305,24 @@ async fn the_demo_behaves_as_documented() {
         b
     };
     assert_eq!(conflict.problem_type(), "in-flight");
-    let stats = http.send(Method::GET, &gw.url("/stats"), &[], "").await;
+    let stats = http.get(&gw.url("/stats")).await;
     assert_eq!(
         stats.json()["executions"],
         2,
         "one charge each for two keys"
     );
     // Paying an order is keyed by the order itself: twice, with no header, pays once.
-    let pay = http
-        .send(
-            Method::POST,
-            &gw.url("/orders/42/pay"),
-            &[],
-            r#"{"amount": 7}"#,
-        )
-        .await;
+    let order = gw.url("/orders/42/pay");
+    let pay_order = || http.send(Method::POST, &order, &[], r#"{"amount": 7}"#);
+    let pay = pay_order().await;
     assert_eq!(pay.status, StatusCode::CREATED);
-    let again = http
-        .send(
-            Method::POST,
-            &gw.url("/orders/42/pay"),
-            &[],
-            r#"{"amount": 7}"#,
-        )
-        .await;
+    let again = pay_order().await;
     assert!(again.replayed());
-    let stats = http.send(Method::GET, &gw.url("/stats"), &[], "").await;
+    let stats = http.get(&gw.url("/stats")).await;
     assert_eq!(stats.json()["executions"], 3, "the order was paid once");
     // The demo serves the status endpoint: the first charge's key reads completed.
     let status = http
-        .send(
-            Method::GET,
-            &gw.url(&format!("/idem/status/{k}?route=default")),
-            &[],
-            "",
-        )
+        .get(&gw.url(&format!("/idem/status/{k}?route=default")))
         .await;
     assert_eq!(status.json()["state"], "completed");
     assert!(

@@ -20,7 +20,7 @@ use http::{Method, StatusCode};
 use idem_client::{
     Call, ClientError, HttpClient, Jitter, Reply, RetryPolicy, StatusEndpoint, reqwest,
 };
-use idem_testkit::fault_proxy::{Fault, FaultProxy, posts};
+use idem_testkit::fault_proxy::{Fault, FaultProxy};
 
 const API_KEY: &str = "alice-api-key";
 
@@ -65,6 +65,15 @@ fn charge(proxy: &FaultProxy, path: &str) -> Call {
         .json(r#"{"amount":100}"#)
 }
 
+/// The charge at `path` sent through `proxy` by the client under test (waiting
+/// `attempt_timeout` per attempt), which must end with an answer.
+async fn send_charge(proxy: &FaultProxy, path: &str, attempt_timeout: Duration) -> Reply {
+    client(proxy, attempt_timeout)
+        .send(charge(proxy, path))
+        .await
+        .expect("an answer")
+}
+
 /// The answer of the one execution of `path`: the upstream's own answer for that path (it
 /// echoes the path and numbers its executions), with `path` run exactly once.
 fn assert_first_answer(reply: &Reply, up: &Upstream, path: &str) {
@@ -82,28 +91,18 @@ async fn scenarios(store: &str, extra: &str) {
 
     // 1. The server answered; the answer is lost on its way back. The status query returns
     //    the stored answer; nothing is sent again.
-    let proxy = FaultProxy::start_matching(gw.addr, posts, [Fault::DropAfterAnswer])
-        .await
-        .expect("proxy");
+    let proxy = common::posts_proxy(&gw, [Fault::DropAfterAnswer]).await;
     let path = "/charge/dropped";
-    let reply = client(&proxy, Duration::from_secs(5))
-        .send(charge(&proxy, path))
-        .await
-        .expect("an answer");
+    let reply = send_charge(&proxy, path, Duration::from_secs(5)).await;
     assert!(reply.from_status, "{reply:?}");
     assert_eq!(reply.attempts, 1);
     assert_first_answer(&reply, &up, path);
     assert_eq!(proxy.applied().await, [Fault::DropAfterAnswer]);
 
     // 2. Reset before sending: the status says absent, the same key is sent again.
-    let proxy = FaultProxy::start_matching(gw.addr, posts, [Fault::ResetBeforeSending])
-        .await
-        .expect("proxy");
+    let proxy = common::posts_proxy(&gw, [Fault::ResetBeforeSending]).await;
     let path = "/charge/reset-before";
-    let reply = client(&proxy, Duration::from_secs(5))
-        .send(charge(&proxy, path))
-        .await
-        .expect("an answer");
+    let reply = send_charge(&proxy, path, Duration::from_secs(5)).await;
     assert_eq!(reply.attempts, 2);
     assert_first_answer(&reply, &up, path);
     assert_eq!(
@@ -113,15 +112,9 @@ async fn scenarios(store: &str, extra: &str) {
 
     // 3. The first attempt is held past the client's timeout and arrives after the retry:
     //    the late one is answered from the record, never run.
-    let proxy =
-        FaultProxy::start_matching(gw.addr, posts, [Fault::Delay(Duration::from_millis(1500))])
-            .await
-            .expect("proxy");
+    let proxy = common::posts_proxy(&gw, [Fault::Delay(Duration::from_millis(1500))]).await;
     let path = "/charge/late";
-    let reply = client(&proxy, Duration::from_millis(400))
-        .send(charge(&proxy, path))
-        .await
-        .expect("an answer");
+    let reply = send_charge(&proxy, path, Duration::from_millis(400)).await;
     assert_first_answer(&reply, &up, path);
     assert!(
         proxy.settled(Duration::from_secs(10)).await,
@@ -130,35 +123,28 @@ async fn scenarios(store: &str, extra: &str) {
     assert_eq!(up.seen.count(path), 1, "the late request did not run again");
 
     // 4. The upstream is slower than the client waits: in flight, then the stored answer.
-    let proxy = FaultProxy::start_matching(gw.addr, posts, [])
-        .await
-        .expect("proxy");
+    let proxy = common::posts_proxy(&gw, []).await;
     let path = "/charge/slow";
-    let reply = client(&proxy, Duration::from_millis(300))
-        .send(charge(&proxy, &format!("{path}?delay_ms=1200")))
-        .await
-        .expect("an answer");
+    let reply = send_charge(
+        &proxy,
+        &format!("{path}?delay_ms=1200"),
+        Duration::from_millis(300),
+    )
+    .await;
     assert!(reply.from_status, "{reply:?}");
     assert_eq!(reply.attempts, 1);
     assert_first_answer(&reply, &up, path);
 
     // 5. Every answer to a POST is lost: the status endpoint still gives the first answer.
-    let proxy = FaultProxy::start_matching(gw.addr, posts, [Fault::DropAfterAnswer; 5])
-        .await
-        .expect("proxy");
+    let proxy = common::posts_proxy(&gw, [Fault::DropAfterAnswer; 5]).await;
     let path = "/charge/always-dropped";
-    let reply = client(&proxy, Duration::from_secs(5))
-        .send(charge(&proxy, path))
-        .await
-        .expect("an answer");
+    let reply = send_charge(&proxy, path, Duration::from_secs(5)).await;
     assert!(reply.from_status);
     assert_first_answer(&reply, &up, path);
 
     // 7. Two callers send one operation (one key) at once: one runs, the other is told it is
     //    in flight, waits, and gets the same answer.
-    let proxy = FaultProxy::start_matching(gw.addr, posts, [])
-        .await
-        .expect("proxy");
+    let proxy = common::posts_proxy(&gw, []).await;
     let path = "/charge/twice-at-once";
     let key = common::key();
     let call = charge(&proxy, &format!("{path}?delay_ms=800")).key(key.clone());
@@ -177,9 +163,7 @@ async fn scenarios(store: &str, extra: &str) {
     );
 
     // 6. An upstream reset after sending leaves the key unknown: a typed error, no rerun.
-    let proxy = FaultProxy::start_matching(gw.addr, posts, [])
-        .await
-        .expect("proxy");
+    let proxy = common::posts_proxy(&gw, []).await;
     let err = client(&proxy, Duration::from_secs(5))
         .send(charge(&proxy, "/charge/x/reset"))
         .await
@@ -196,9 +180,7 @@ async fn unsafe_variants(store: &str, extra: &str) {
 
     // A client that makes a new key for every attempt: the lost answer becomes a second
     // charge.
-    let proxy = FaultProxy::start_matching(gw.addr, posts, [Fault::DropAfterAnswer])
-        .await
-        .expect("proxy");
+    let proxy = common::posts_proxy(&gw, [Fault::DropAfterAnswer]).await;
     let path = "/charge/fresh-key";
     let url = format!("http://{}{path}", proxy.addr());
     let mut answer = None;
@@ -220,9 +202,7 @@ async fn unsafe_variants(store: &str, extra: &str) {
 
     // A client that keeps its key but retries without asking the status endpoint: when
     // every answer is lost it gives up, though the charge ran; the caller is told it failed.
-    let proxy = FaultProxy::start_matching(gw.addr, posts, [Fault::DropAfterAnswer; 5])
-        .await
-        .expect("proxy");
+    let proxy = common::posts_proxy(&gw, [Fault::DropAfterAnswer; 5]).await;
     let path = "/charge/no-status-query";
     let url = format!("http://{}{path}", proxy.addr());
     let key = common::key();
@@ -370,9 +350,7 @@ async fn a_store_outage_is_waited_out_and_the_charge_runs_once() {
         ),
         &[],
     );
-    let proxy = FaultProxy::start_matching(gw.addr, posts, [])
-        .await
-        .expect("proxy");
+    let proxy = common::posts_proxy(&gw, []).await;
     redis.stop();
     let path = "/charge/store-outage";
     let client = client(&proxy, Duration::from_secs(5));

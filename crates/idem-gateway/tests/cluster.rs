@@ -10,7 +10,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use common::{ADMIN_TOKEN, Gateway, Http, Reply, TempDir, Upstream, bin};
+use common::{Gateway, Http, Reply, Upstream};
 use http::{Method, StatusCode};
 use idem_testkit::redis_server::{Cluster, redis_server_available};
 use parking_lot::Mutex;
@@ -25,6 +25,13 @@ async fn shared_cluster() -> Option<&'static Cluster> {
     tokio::task::spawn_blocking(shared)
         .await
         .expect("start cluster")
+}
+
+/// What the cluster tests start from: the shared cluster (`None` when it cannot run), the
+/// test upstream and a store prefix of the test's own.
+async fn on_cluster() -> Option<(&'static Cluster, Upstream, String)> {
+    let cluster = shared_cluster().await?;
+    Some((cluster, Upstream::start().await, prefix()))
 }
 
 fn prefix() -> String {
@@ -72,16 +79,14 @@ fn keys_per_master(cluster: &Cluster, prefix: &str) -> Vec<(u16, usize)> {
 }
 
 async fn admin_list(http: &Http, gw: &Gateway) -> Vec<String> {
-    let auth = format!("Bearer {ADMIN_TOKEN}");
     let list = http
-        .send(
+        .admin(
             Method::GET,
             &gw.admin_url("/admin/records?namespace=cluster&limit=10000"),
-            &[("authorization", &auth)],
             "",
         )
         .await;
-    assert_eq!(list.status, StatusCode::OK, "{:?}", list.body);
+    list.assert_status(StatusCode::OK);
     list.json()["records"]
         .as_array()
         .expect("records")
@@ -92,27 +97,15 @@ async fn admin_list(http: &Http, gw: &Gateway) -> Vec<String> {
 
 #[test]
 fn check_config_accepts_every_cluster_form() {
-    let dir = TempDir::new("cluster-check");
     for store in [
         "redis+cluster://127.0.0.1:7101,127.0.0.1:7102,127.0.0.1:7103",
         "redis+cluster://127.0.0.1:7101",
         "redis+cluster://user:hunter2@127.0.0.1:7101,127.0.0.1:7102",
     ] {
-        let path = dir.0.join("idem.toml");
-        std::fs::write(
-            &path,
-            format!(
-                "upstream = \"http://127.0.0.1:3000\"\nstore = \"{store}\"\n\
-                 [defaults]\nprincipal = {{ from = \"none\" }}\n"
-            ),
-        )
-        .expect("write");
-        let out = std::process::Command::new(bin())
-            .arg("check-config")
-            .arg("--config")
-            .arg(&path)
-            .output()
-            .expect("run idem");
+        let out = common::check_config(&format!(
+            "upstream = \"http://127.0.0.1:3000\"\nstore = \"{store}\"\n\
+             [defaults]\nprincipal = {{ from = \"none\" }}\n"
+        ));
         let stdout = String::from_utf8_lossy(&out.stdout);
         assert!(
             out.status.success(),
@@ -123,18 +116,7 @@ fn check_config_accepts_every_cluster_form() {
         assert!(stdout.contains("127.0.0.1:7101"), "{stdout}");
         assert!(!stdout.contains("hunter2"), "{stdout}");
     }
-    let path = dir.0.join("idem.toml");
-    std::fs::write(
-        &path,
-        "store = \"redis+cluster://127.0.0.1:1,,127.0.0.1:2\"\n",
-    )
-    .expect("w");
-    let out = std::process::Command::new(bin())
-        .arg("check-config")
-        .arg("--config")
-        .arg(&path)
-        .output()
-        .expect("run idem");
+    let out = common::check_config("store = \"redis+cluster://127.0.0.1:1,,127.0.0.1:2\"\n");
     assert!(!out.status.success(), "an empty seed is refused");
 }
 
@@ -143,11 +125,9 @@ fn check_config_accepts_every_cluster_form() {
 /// either URL form lists all of them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_duplicates_over_three_gateways_run_once_and_spread_over_masters() {
-    let Some(cluster) = shared_cluster().await else {
+    let Some((cluster, up, prefix)) = on_cluster().await else {
         return;
     };
-    let up = Upstream::start().await;
-    let prefix = prefix();
     let gateways = [
         Gateway::start(&config(&up.url(), &cluster.url(), &prefix, ""), &[]),
         Gateway::start(&config(&up.url(), &cluster.url(), &prefix, ""), &[]),
@@ -199,11 +179,9 @@ async fn concurrent_duplicates_over_three_gateways_run_once_and_spread_over_mast
 /// One seed is enough: fresh keys hashing to every master answer 201, one by one and at once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_single_seed_reaches_every_master() {
-    let Some(cluster) = shared_cluster().await else {
+    let Some((cluster, up, prefix)) = on_cluster().await else {
         return;
     };
-    let up = Upstream::start().await;
-    let prefix = prefix();
     let gw = Gateway::start(&config(&up.url(), &one_seed(cluster), &prefix, ""), &[]);
     let http = Http::new();
     let run = uuid::Uuid::now_v7().simple().to_string();
@@ -215,7 +193,7 @@ async fn a_single_seed_reaches_every_master() {
                 "{}",
             )
             .await;
-        assert_eq!(r.status, StatusCode::CREATED, "{:?}", r.body);
+        r.assert_status(StatusCode::CREATED);
     }
     let mut tasks = Vec::new();
     for i in 0..20 {
@@ -230,7 +208,7 @@ async fn a_single_seed_reaches_every_master() {
     }
     for t in tasks {
         let r = t.await.expect("join");
-        assert_eq!(r.status, StatusCode::CREATED, "{:?}", r.body);
+        r.assert_status(StatusCode::CREATED);
     }
     assert!(
         keys_per_master(cluster, &prefix)

@@ -15,7 +15,6 @@ mod common;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -55,11 +54,7 @@ async fn pay(
     Query(q): Query<Pay>,
     headers: HeaderMap,
 ) -> axum::response::Response {
-    let key = headers
-        .get("idempotency-key")
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or("")
-        .to_owned();
+    let key = common::idempotency_key(&headers);
     let fence = headers
         .get("idempotency-fence")
         .and_then(|v| v.to_str().ok())
@@ -114,20 +109,24 @@ async fn status(
     ([("content-type", "application/json")], answer.to_string()).into_response()
 }
 
+/// What every test here starts from, on the shared Redis: the ledger upstream and a store
+/// prefix of the test's own (`idem-{tag}-…`); `None` (said) when Redis is not running.
+async fn on_redis(tag: &str) -> Option<(SocketAddr, Arc<Ledger>, String)> {
+    if !service_up(REDIS, "Redis").await {
+        return None;
+    }
+    let (up, ledger) = upstream().await;
+    let prefix = format!("idem-{tag}-{}", uuid::Uuid::now_v7().simple());
+    Some((up, ledger, prefix))
+}
+
 async fn upstream() -> (SocketAddr, Arc<Ledger>) {
     let ledger = Arc::new(Ledger::default());
     let app = axum::Router::new()
         .route("/pay", axum::routing::post(pay))
         .route("/status", axum::routing::get(status))
         .with_state(Arc::clone(&ledger));
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let addr = listener.local_addr().expect("addr");
-    tokio::spawn(async move {
-        let _ = axum::serve(listener, app).await;
-    });
-    (addr, ledger)
+    (common::serve_router(app).await, ledger)
 }
 
 /// The documented defaults but for what each test says: no `takeover` (so `hold`), Redis
@@ -150,13 +149,14 @@ path = "/pay"
     )
 }
 
-fn signal(gw: &Gateway, sig: &str) {
-    let ok = Command::new("kill")
-        .args([sig, &gw.pid().to_string()])
-        .status()
-        .expect("kill")
-        .success();
-    assert!(ok, "kill {sig}");
+/// [`Http::try_post_keyed`] in the background, for a request the test kills or pauses its gateway under.
+fn post_keyed_in_background(
+    http: &Http,
+    url: String,
+    key: &str,
+) -> tokio::task::JoinHandle<Result<common::Reply, String>> {
+    let (http, key) = (http.clone(), key.to_owned());
+    tokio::spawn(async move { http.try_post_keyed(&url, &key).await })
 }
 
 /// Waits (at most 5 s, then fails) until a request has reached the upstream, so that the
@@ -176,9 +176,7 @@ async fn until_reached(ledger: &Ledger) {
 async fn until_settled(http: &Http, url: &str, key: &str, limit: Duration) -> common::Reply {
     let start = Instant::now();
     loop {
-        let r = http
-            .send(Method::POST, url, &[("idempotency-key", key)], "{}")
-            .await;
+        let r = http.post_keyed(url, key).await;
         if !(r.status == StatusCode::CONFLICT && r.problem_type() == "in-flight") {
             return r;
         }
@@ -191,11 +189,9 @@ async fn until_settled(http: &Http, url: &str, key: &str, limit: Duration) -> co
 // request reached the upstream, whose expired lease the next claim re-ran blind.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_gateways_request_is_settled_from_the_webhook_never_run_twice() {
-    if !service_up(REDIS, "Redis").await {
+    let Some((up, ledger, prefix)) = on_redis("crash").await else {
         return;
-    }
-    let (up, ledger) = upstream().await;
-    let prefix = format!("idem-crash-{}", uuid::Uuid::now_v7().simple());
+    };
     let cfg = config(
         up,
         &prefix,
@@ -206,13 +202,7 @@ async fn a_killed_gateways_request_is_settled_from_the_webhook_never_run_twice()
     let http = Http::new();
     let k = key();
 
-    let sent = {
-        let (http, url, k) = (http.clone(), a.url("/pay?delay_ms=500"), k.clone());
-        tokio::spawn(async move {
-            http.try_send(Method::POST, &url, &[("idempotency-key", &k)], "{}")
-                .await
-        })
-    };
+    let sent = post_keyed_in_background(&http, a.url("/pay?delay_ms=500"), &k);
     // The request reached the upstream; the gateway dies before it can answer.
     until_reached(&ledger).await;
     a.kill();
@@ -228,18 +218,11 @@ async fn a_killed_gateways_request_is_settled_from_the_webhook_never_run_twice()
         Duration::from_secs(20),
     )
     .await;
-    assert_eq!(settled.status, StatusCode::CREATED, "{:?}", settled.body);
+    settled.assert_status(StatusCode::CREATED);
     assert!(settled.replayed(), "the upstream's answer, replayed");
     assert_eq!(settled.json()["execution"], 1);
     assert_eq!(ledger.executions(&k), 1, "nothing ran twice");
-    let again = http
-        .send(
-            Method::POST,
-            &b.url("/pay?delay_ms=500"),
-            &[("idempotency-key", &k)],
-            "{}",
-        )
-        .await;
+    let again = http.post_keyed(&b.url("/pay?delay_ms=500"), &k).await;
     assert_eq!(again.body, settled.body);
     assert_eq!(ledger.executions(&k), 1);
 }
@@ -248,51 +231,32 @@ async fn a_killed_gateways_request_is_settled_from_the_webhook_never_run_twice()
 // no webhook could settle it) finishes its own work when it comes back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_gateway_paused_past_its_lease_completes_its_own_request() {
-    if !service_up(REDIS, "Redis").await {
+    let Some((up, ledger, prefix)) = on_redis("pause").await else {
         return;
-    }
-    let (up, ledger) = upstream().await;
-    let prefix = format!("idem-pause-{}", uuid::Uuid::now_v7().simple());
+    };
     let cfg = config(up, &prefix, "timeout = \"10s\"\nlease = \"2s\"");
     let a = Gateway::start(&cfg, &[]);
     let b = Gateway::start(&cfg, &[]);
     let http = Http::new();
     let k = key();
-    let first = {
-        let (http, url, k) = (http.clone(), a.url("/pay?delay_ms=300"), k.clone());
-        tokio::spawn(async move {
-            http.send(Method::POST, &url, &[("idempotency-key", &k)], "{}")
-                .await
-        })
-    };
+    let first = post_keyed_in_background(&http, a.url("/pay?delay_ms=300"), &k);
     until_reached(&ledger).await;
-    signal(&a, "-STOP");
+    a.signal("-STOP");
     tokio::time::sleep(Duration::from_secs(4)).await;
     // Past the lease: the retry marks the record unknown; without a webhook it says so.
-    let meanwhile = http
-        .send(
-            Method::POST,
-            &b.url("/pay?delay_ms=300"),
-            &[("idempotency-key", &k)],
-            "{}",
-        )
-        .await;
-    signal(&a, "-CONT");
+    let meanwhile = http.post_keyed(&b.url("/pay?delay_ms=300"), &k).await;
+    a.signal("-CONT");
     assert_eq!(
         (meanwhile.status, meanwhile.problem_type().as_str()),
         (StatusCode::CONFLICT, "outcome-unknown")
     );
-    let first = first.await.expect("join");
-    assert_eq!(first.status, StatusCode::CREATED, "{:?}", first.body);
+    let first = first
+        .await
+        .expect("join")
+        .expect("the paused gateway answered");
+    first.assert_status(StatusCode::CREATED);
     assert!(!first.replayed());
-    let after = http
-        .send(
-            Method::POST,
-            &b.url("/pay?delay_ms=300"),
-            &[("idempotency-key", &k)],
-            "{}",
-        )
-        .await;
+    let after = http.post_keyed(&b.url("/pay?delay_ms=300"), &k).await;
     assert_eq!(after.status, StatusCode::CREATED);
     assert!(after.replayed(), "the late holder's answer was stored");
     assert_eq!(after.body, first.body);
@@ -303,11 +267,9 @@ async fn a_gateway_paused_past_its_lease_completes_its_own_request() {
 // client can neither forge the fence (it is replaced) nor strip it (`Connection` names it).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_forwarded_request_carries_the_key_and_the_claims_fence() {
-    if !service_up(REDIS, "Redis").await {
+    let Some((up, ledger, prefix)) = on_redis("fence").await else {
         return;
-    }
-    let (up, ledger) = upstream().await;
-    let prefix = format!("idem-fence-{}", uuid::Uuid::now_v7().simple());
+    };
     let gw = Gateway::start(&config(up, &prefix, "timeout = \"2s\""), &[]);
     let http = Http::new();
     let k = key();

@@ -4,9 +4,7 @@
 
 mod common;
 
-use std::process::Command;
-
-use common::{Gateway, Http, TempDir, Upstream, bin, key};
+use common::{Gateway, Http, Upstream, key};
 use http::{Method, StatusCode};
 
 const SECRET: &str = "an-hs256-secret-of-at-least-32-bytes!";
@@ -74,13 +72,8 @@ async fn a_jwt_not_valid_yet_is_refused_like_an_expired_one() {
     let t = now();
     let expired = send(bearer(&claims("alice", t - 600, None))).await;
     let later = send(bearer(&claims("alice", t + 1200, Some(t + 600)))).await;
-    assert_eq!(
-        expired.status,
-        StatusCode::UNAUTHORIZED,
-        "{:?}",
-        expired.body
-    );
-    assert_eq!(later.status, StatusCode::UNAUTHORIZED, "{:?}", later.body);
+    expired.assert_status(StatusCode::UNAUTHORIZED);
+    later.assert_status(StatusCode::UNAUTHORIZED);
     let (e, l) = (expired.json(), later.json());
     for member in ["type", "title", "status"] {
         assert_eq!(e[member], l[member], "{member}: {e} vs {l}");
@@ -88,7 +81,7 @@ async fn a_jwt_not_valid_yet_is_refused_like_an_expired_one() {
     assert_eq!(up.seen.total(), 0, "nothing reached the upstream");
     // The same 5 s leeway as `exp`: a clock a little behind the issuer's still agrees.
     let soon = send(bearer(&claims("alice", t + 1200, Some(t + 2)))).await;
-    assert_eq!(soon.status, StatusCode::CREATED, "{:?}", soon.body);
+    soon.assert_status(StatusCode::CREATED);
 }
 
 // Regression: only the first `Authorization` header was verified, and every one was
@@ -151,20 +144,12 @@ async fn a_credential_sent_twice_is_refused_before_anything_runs() {
             "{}",
         )
         .await;
-    assert_eq!(one.status, StatusCode::CREATED, "{:?}", one.body);
+    one.assert_status(StatusCode::CREATED);
     assert!(!one.replayed());
 }
 
 fn check(config: &str) -> (bool, String) {
-    let dir = TempDir::new("cred");
-    let path = dir.0.join("idem.toml");
-    std::fs::write(&path, config).expect("write");
-    let out = Command::new(bin())
-        .arg("check-config")
-        .arg("--config")
-        .arg(&path)
-        .output()
-        .expect("run idem");
+    let out = common::check_config(config);
     (
         out.status.success(),
         String::from_utf8_lossy(&out.stdout).into_owned(),

@@ -93,20 +93,12 @@ async fn upstream_with(
 
 /// The protected Charge route on the memory store, followed by `more` routes.
 fn charge_then(upstream: SocketAddr, more: &str) -> String {
-    format!(
-        r#"
-upstream = "h2c://{upstream}"
-store = "memory:"
-[defaults]
-principal = {{ from = "none" }}
-[[routes]]
-name = "charge"
-method = "POST"
-path = "/idem.gwtest.v1.Ledger/Charge"
-key_header = "idempotency-key"
-fingerprint = {{ body = "raw" }}
-replay_headers = ["content-type", "grpc-status", "grpc-message"]
-{more}"#
+    common::configs::anonymous(
+        &format!("h2c://{upstream}"),
+        "memory:",
+        "",
+        "",
+        &common::configs::grpc_charge("/idem.gwtest.v1.Ledger/Charge", more),
     )
 }
 
@@ -131,6 +123,21 @@ async fn client(gw: &Gateway) -> LedgerClient<tonic::transport::Channel> {
     LedgerClient::new(channel)
 }
 
+/// A gateway running `config` and a Ledger client connected through it.
+async fn gateway(config: &str) -> (Gateway, LedgerClient<tonic::transport::Channel>) {
+    let gw = Gateway::start(config, &[]);
+    let ledger = client(&gw).await;
+    (gw, ledger)
+}
+
+/// A call for `amount` that the handler fails with `fail` (`Code::Ok`: it succeeds).
+fn request(amount: i64, fail: Code) -> ChargeRequest {
+    ChargeRequest {
+        amount,
+        fail_code: fail as i32,
+    }
+}
+
 fn with_key(req: ChargeRequest, key: &str) -> Request<ChargeRequest> {
     let mut req = Request::new(req);
     req.metadata_mut()
@@ -141,24 +148,17 @@ fn with_key(req: ChargeRequest, key: &str) -> Request<ChargeRequest> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn grpc_passes_through_an_unprotected_route_with_its_trailers() {
     let (addr, executions, task) = upstream().await;
-    let gw = Gateway::start(&config(addr), &[]);
-    let mut ledger = client(&gw).await;
+    let (_gw, mut ledger) = gateway(&config(addr)).await;
     // tonic reads `grpc-status` from the trailers: a call only succeeds if they arrived.
     for amount in [5, 5] {
         let reply = ledger
-            .balance(ChargeRequest {
-                amount,
-                fail_code: 0,
-            })
+            .balance(request(amount, Code::Ok))
             .await
             .expect("balance through the gateway");
         assert_eq!(reply.get_ref().amount, amount);
     }
     let failed = ledger
-        .balance(ChargeRequest {
-            amount: 1,
-            fail_code: Code::NotFound as i32,
-        })
+        .balance(request(1, Code::NotFound))
         .await
         .expect_err("a failing call");
     assert_eq!(failed.code(), Code::NotFound);
@@ -182,14 +182,10 @@ fn replayed_header(metadata: &tonic::metadata::MetadataMap) -> Option<&str> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn grpc_unary_through_a_protected_route_runs_once_and_replays() {
     let (addr, executions, task) = upstream().await;
-    let gw = Gateway::start(&config(addr), &[]);
-    let mut ledger = client(&gw).await;
+    let (_gw, mut ledger) = gateway(&config(addr)).await;
 
     let k = key();
-    let req = ChargeRequest {
-        amount: 100,
-        fail_code: 0,
-    };
+    let req = request(100, Code::Ok);
     let first = ledger.charge(with_key(req, &k)).await.expect("first call");
     assert_eq!(first.get_ref().execution, 1);
     let again = ledger.charge(with_key(req, &k)).await.expect("retry");
@@ -203,16 +199,12 @@ async fn grpc_unary_through_a_protected_route_runs_once_and_replays() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn grpc_status_decides_the_record_and_refusals_are_grpc_statuses() {
     let (addr, executions, task) = upstream().await;
-    let gw = Gateway::start(&config(addr), &[]);
-    let mut ledger = client(&gw).await;
+    let (_gw, mut ledger) = gateway(&config(addr)).await;
 
     // A definite failure (trailers-only answer) is stored: the retry gets the same status
     // without running.
     let stored = key();
-    let failing = ChargeRequest {
-        amount: 1,
-        fail_code: Code::FailedPrecondition as i32,
-    };
+    let failing = request(1, Code::FailedPrecondition);
     let first = ledger
         .charge(with_key(failing, &stored))
         .await
@@ -229,10 +221,7 @@ async fn grpc_status_decides_the_record_and_refusals_are_grpc_statuses() {
 
     // UNAVAILABLE means "not done, retry": the key is released and the retry runs.
     let k = key();
-    let unavailable = ChargeRequest {
-        amount: 2,
-        fail_code: Code::Unavailable as i32,
-    };
+    let unavailable = request(2, Code::Unavailable);
     for n in [2, 3] {
         let err = ledger
             .charge(with_key(unavailable, &k))
@@ -245,10 +234,7 @@ async fn grpc_status_decides_the_record_and_refusals_are_grpc_statuses() {
 
     // The gateway's own refusal is a gRPC status a gRPC client can read.
     let missing = ledger
-        .charge(ChargeRequest {
-            amount: 3,
-            fail_code: 0,
-        })
+        .charge(request(3, Code::Ok))
         .await
         .expect_err("no key");
     assert_eq!(missing.code(), Code::InvalidArgument);
@@ -256,13 +242,7 @@ async fn grpc_status_decides_the_record_and_refusals_are_grpc_statuses() {
     assert_idem(&missing, Reason::KeyMissing, None);
     // The stored key sent with another request: FAILED_PRECONDITION, nothing runs.
     let reused = ledger
-        .charge(with_key(
-            ChargeRequest {
-                amount: 999,
-                fail_code: 0,
-            },
-            &stored,
-        ))
+        .charge(with_key(request(999, Code::Ok), &stored))
         .await
         .expect_err("key reused");
     assert_eq!(reused.code(), Code::FailedPrecondition);
@@ -307,12 +287,8 @@ timeout = "300ms"
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn in_flight_and_unknown_are_idem_grpc_statuses_with_retry_info() {
     let (addr, executions, task) = upstream_with(Duration::from_millis(800)).await;
-    let gw = Gateway::start(&timing_config(addr), &[]);
-    let ledger = client(&gw).await;
-    let req = ChargeRequest {
-        amount: 7,
-        fail_code: 0,
-    };
+    let (_gw, ledger) = gateway(&timing_config(addr)).await;
+    let req = request(7, Code::Ok);
 
     // A second call while the first runs: ABORTED, IN_FLIGHT, retry after the gateway's
     // Retry-After (the holder's lease, capped at 1 s, in whole seconds).
@@ -374,12 +350,8 @@ async fn a_store_outage_is_unavailable_with_store_unavailable_and_retry_info() {
         r#"store = "memory:""#,
         &format!("store = \"{}\"\nstore_timeout = \"300ms\"", redis.url()),
     );
-    let gw = Gateway::start(&config, &[]);
-    let mut ledger = client(&gw).await;
-    let req = ChargeRequest {
-        amount: 9,
-        fail_code: 0,
-    };
+    let (_gw, mut ledger) = gateway(&config).await;
+    let req = request(9, Code::Ok);
     let ok = ledger
         .charge(with_key(req, &key()))
         .await
@@ -440,10 +412,7 @@ async fn a_stalled_grpc_message_is_deadline_exceeded_and_claims_nothing() {
 
     // The stalled call holds the only request slot.
     let mut ledger = client(&gw).await;
-    let req = ChargeRequest {
-        amount: 5,
-        fail_code: 0,
-    };
+    let req = request(5, Code::Ok);
     let refused = ledger
         .charge(with_key(req, &key()))
         .await
@@ -531,13 +500,9 @@ async fn an_upstream_answering_in_idems_words_reaches_the_caller_as_its_own_answ
     // `outcome-unknown` must not tell a client idem holds the key (idem-client stops
     // retrying on OUTCOME_UNKNOWN), whether it is the first answer or its replay.
     let (addr, answered, task) = posing_upstream().await;
-    let gw = Gateway::start(&config(addr), &[]);
-    let mut ledger = client(&gw).await;
+    let (_gw, mut ledger) = gateway(&config(addr)).await;
     let k = key();
-    let req = ChargeRequest {
-        amount: 7,
-        fail_code: 0,
-    };
+    let req = request(7, Code::Ok);
     for attempt in ["first", "replay"] {
         let status = ledger
             .charge(with_key(req, &k))

@@ -153,20 +153,14 @@ async fn start(
             .await;
     });
     let routes = format!(
-        r#"[[routes]]
-name = "charge"
-method = "POST"
-path = "{CHARGE}"
-key_header = "idempotency-key"
-fingerprint = {{ body = "raw" }}
-replay_headers = ["content-type", "grpc-status", "grpc-message"]
-{route_extra}
+        r#"{}
 
 [[routes]]
 name = "ledger"
 path = "/idem.gwtest.v1.Ledger/*"
 idempotency = false
-"#
+"#,
+        configs::grpc_charge(CHARGE, route_extra)
     );
     let config = configs::with_status(&format!("h2c://{addr}"), store, extra, &routes);
     let gw = Gateway::start(&config, &[]);

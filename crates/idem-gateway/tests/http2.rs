@@ -5,20 +5,18 @@
 
 mod common;
 
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
+use common::configs::plain_and_protected;
+use common::wire::{self, Got};
 use common::{Gateway, Http, TempDir, Upstream, key};
 use http::{HeaderMap, Method, Request, Response, StatusCode, Version};
 use http_body_util::{BodyExt, Full, StreamBody};
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use idem_testkit::counting_server::CountingServer;
-use rustls::pki_types::ServerName;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
 
 type Body = http_body_util::combinators::BoxBody<Bytes, std::convert::Infallible>;
 
@@ -75,35 +73,15 @@ async fn handle(req: Request<hyper::body::Incoming>, count: &AtomicU64) -> Respo
     res
 }
 
-fn config(upstream: &str, tls: &str) -> String {
-    format!(
-        r#"
-upstream = "{upstream}"
-store = "memory:"
-{tls}
-[defaults]
-principal = {{ from = "none" }}
-[[routes]]
-name = "plain"
-path = "/plain/*"
-idempotency = false
-[[routes]]
-name = "protected"
-method = "POST"
-path = "/p/*"
-"#
-    )
+/// Asserts `got` is a `201` in HTTP/2 and returns its JSON body (the upstream's account of
+/// the request).
+fn created_over_h2(got: &Got) -> serde_json::Value {
+    assert_eq!(got.version, Version::HTTP_2);
+    assert_eq!(got.status, StatusCode::CREATED);
+    serde_json::from_slice(&got.body).expect("json")
 }
 
-/// What an HTTP/2 exchange returned.
-struct Got {
-    version: Version,
-    status: StatusCode,
-    headers: HeaderMap,
-    body: Bytes,
-    trailers: Option<HeaderMap>,
-}
-
+/// An HTTP/2 `POST` of `{}` to `path` over `send`, with `headers`.
 async fn h2_send(
     send: &mut hyper::client::conn::http2::SendRequest<Full<Bytes>>,
     authority: &str,
@@ -120,34 +98,15 @@ async fn h2_send(
     let req = req
         .body(Full::new(Bytes::from_static(b"{}")))
         .expect("request");
-    let res = send.send_request(req).await.expect("response");
-    let (parts, body) = res.into_parts();
-    let collected = body.collect().await.expect("body");
-    Got {
-        version: parts.version,
-        status: parts.status,
-        headers: parts.headers,
-        trailers: collected.trailers().cloned(),
-        body: collected.to_bytes(),
-    }
-}
-
-async fn h2c_client(addr: SocketAddr) -> hyper::client::conn::http2::SendRequest<Full<Bytes>> {
-    let tcp = TcpStream::connect(addr).await.expect("connect");
-    let (send, conn) =
-        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(tcp))
-            .await
-            .expect("h2c handshake");
-    tokio::spawn(conn);
-    send
+    Got::read(send.send_request(req).await.expect("response")).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn h2c_through_the_gateway_to_an_h2c_upstream() {
     let up = upstream(true).await;
-    let gw = Gateway::start(&config(&format!("h2c://{}", up.addr), ""), &[]);
+    let gw = Gateway::start(&plain_and_protected(&format!("h2c://{}", up.addr), ""), &[]);
     let authority = gw.addr.to_string();
-    let mut send = h2c_client(gw.addr).await;
+    let mut send = wire::h2c(gw.addr).await;
 
     // Protected over HTTP/2 on both sides: runs once, the retry is the replay.
     let k = key();
@@ -156,9 +115,7 @@ async fn h2c_through_the_gateway_to_an_h2c_upstream() {
         ("content-type", "application/json"),
     ];
     let first = h2_send(&mut send, &authority, "/p/charge", &headers).await;
-    assert_eq!(first.version, Version::HTTP_2);
-    assert_eq!(first.status, StatusCode::CREATED);
-    let json: serde_json::Value = serde_json::from_slice(&first.body).expect("json");
+    let json = created_over_h2(&first);
     assert_eq!(
         json["version"], "HTTP/2.0",
         "the upstream was reached over HTTP/2"
@@ -166,13 +123,7 @@ async fn h2c_through_the_gateway_to_an_h2c_upstream() {
     assert_eq!(json["n"], 1);
     let again = h2_send(&mut send, &authority, "/p/charge", &headers).await;
     assert_eq!(again.status, StatusCode::CREATED);
-    assert_eq!(
-        again
-            .headers
-            .get("idempotent-replayed")
-            .map(|v| v.as_bytes()),
-        Some(&b"true"[..])
-    );
+    assert!(again.replayed(), "{:?}", again.headers);
     assert_eq!(again.body, first.body);
     assert_eq!(up.executions.load(Ordering::SeqCst), 1);
 
@@ -186,15 +137,9 @@ async fn h2c_through_the_gateway_to_an_h2c_upstream() {
     .await;
     assert_eq!(grpc.status, StatusCode::OK);
     assert_eq!(&grpc.body[..], b"\0\0\0\0\x02hi");
-    let trailers = grpc.trailers.expect("trailers");
-    assert_eq!(
-        trailers.get("grpc-status").map(|v| v.as_bytes()),
-        Some(&b"0"[..])
-    );
-    assert_eq!(
-        trailers.get("grpc-message").map(|v| v.as_bytes()),
-        Some(&b"ok"[..])
-    );
+    assert!(grpc.trailers.is_some(), "trailers");
+    assert_eq!(grpc.trailer("grpc-status"), Some(&b"0"[..]));
+    assert_eq!(grpc.trailer("grpc-message"), Some(&b"ok"[..]));
 
     // HTTP/1.1 on the same port, to the same HTTP/2 upstream.
     let one = Http::new()
@@ -208,37 +153,19 @@ async fn h2c_through_the_gateway_to_an_h2c_upstream() {
 async fn an_http11_upgrade_is_carried_through_an_unprotected_route() {
     // The shared upstream answers `…/ws` upgrades with a protocol that echoes every byte.
     let up = Upstream::start().await;
-    let gw = Gateway::start(&config(&up.url(), ""), &[]);
-    let mut tcp = TcpStream::connect(gw.addr).await.expect("connect");
-    tcp.write_all(
-        b"GET /plain/ws HTTP/1.1\r\nHost: gateway\r\nConnection: Upgrade\r\nUpgrade: echo\r\n\r\n",
+    let gw = Gateway::start(&plain_and_protected(&up.url(), ""), &[]);
+    let (mut tcp, head) = tokio::time::timeout(
+        Duration::from_secs(10),
+        wire::open_tunnel(gw.addr, "/plain/ws"),
     )
     .await
-    .expect("write");
-    let mut head = Vec::new();
-    let mut byte = [0u8; 1];
-    let read_head = async {
-        while !head.ends_with(b"\r\n\r\n") {
-            let n = tcp.read(&mut byte).await.expect("read");
-            assert!(n > 0, "closed before switching");
-            head.push(byte[0]);
-        }
-    };
-    tokio::time::timeout(Duration::from_secs(10), read_head)
-        .await
-        .expect("101 in time");
-    let head = String::from_utf8_lossy(&head).to_ascii_lowercase();
+    .expect("101 in time")
+    .expect("switched");
     assert!(head.starts_with("http/1.1 101 "), "{head}");
     assert!(head.contains("upgrade: echo"), "{head}");
     // Both directions, several times, over the one connection.
     for msg in [&b"hello"[..], b"\x00\x01binary\xff", b"last"] {
-        tcp.write_all(msg).await.expect("write");
-        let mut got = vec![0u8; msg.len()];
-        tokio::time::timeout(Duration::from_secs(10), tcp.read_exact(&mut got))
-            .await
-            .expect("echo in time")
-            .expect("read");
-        assert_eq!(got, msg);
+        wire::echoes(&mut tcp, msg, Duration::from_secs(10)).await;
     }
 }
 
@@ -252,36 +179,20 @@ async fn h2_by_alpn_on_the_tls_listener() {
         pki.server_cert.display(),
         pki.server_key.display()
     );
-    let gw = Gateway::start(&config(&format!("http://{}", up.addr), &tls), &[]);
-
-    let mut roots = rustls::RootCertStore::empty();
-    roots.add(pki.ca.clone()).expect("root");
-    let mut client = rustls::ClientConfig::builder_with_provider(Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()
-    .expect("versions")
-    .with_root_certificates(roots)
-    .with_no_client_auth();
-    client.alpn_protocols = vec![b"h2".to_vec()];
-    let tcp = TcpStream::connect(gw.addr).await.expect("connect");
-    let tls = tokio_rustls::TlsConnector::from(Arc::new(client))
-        .connect(ServerName::try_from("127.0.0.1").expect("name"), tcp)
+    let gw = Gateway::start(
+        &plain_and_protected(&format!("http://{}", up.addr), &tls),
+        &[],
+    );
+    let tls = wire::tls_connect(gw.addr, &pki.ca, &[b"h2"])
         .await
         .expect("TLS handshake");
     assert_eq!(tls.get_ref().1.alpn_protocol(), Some(&b"h2"[..]));
-    let (mut send, conn) =
-        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(tls))
-            .await
-            .expect("h2 handshake");
-    tokio::spawn(conn);
+    let mut send = wire::h2_over(tls).await;
     let k = key();
     let headers = [("idempotency-key", k.as_str())];
     let authority = format!("127.0.0.1:{}", gw.addr.port());
     let first = h2_send(&mut send, &authority, "/p/charge", &headers).await;
-    assert_eq!(first.version, Version::HTTP_2);
-    assert_eq!(first.status, StatusCode::CREATED);
-    let json: serde_json::Value = serde_json::from_slice(&first.body).expect("json");
+    let json = created_over_h2(&first);
     assert_eq!(
         json["version"], "HTTP/1.1",
         "HTTP/1.1 to an upstream not configured for HTTP/2"

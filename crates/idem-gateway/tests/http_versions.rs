@@ -9,10 +9,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
-use common::{Gateway, key};
-use http::{HeaderMap, Method, Request, StatusCode, Version};
-use http_body_util::{BodyExt, Full};
-use hyper_util::rt::TokioIo;
+use common::wire::{self, Got, raw};
+use common::{Gateway, configs, key};
+use http::{Method, Request, StatusCode, Version};
+use http_body_util::Full;
 use idem_testkit::counting_server::CountingServer;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -25,6 +25,11 @@ async fn raw_upstream() -> CountingServer {
         let _ = answer(stream, &count).await;
     })
     .await
+}
+
+/// The JSON body the raw upstream answers its `n`th request with.
+fn answer_body(n: u64) -> String {
+    format!(r#"{{"n":{n},"parts":["alpha","beta","gamma"]}}"#)
 }
 
 /// Reads one request (head and `Content-Length` body) and writes the answer for its path,
@@ -65,7 +70,7 @@ async fn answer(mut stream: TcpStream, count: &AtomicU64) -> std::io::Result<()>
         .unwrap_or("/")
         .to_owned();
     let n = count.fetch_add(1, Ordering::SeqCst) + 1;
-    let body = format!(r#"{{"n":{n},"parts":["alpha","beta","gamma"]}}"#);
+    let body = answer_body(n);
     let out = if path.ends_with("/http10") {
         format!("HTTP/1.0 201 Created\r\nContent-Type: application/json\r\n\r\n{body}")
     } else if path.ends_with("/chunked") || path.ends_with("/trailers") {
@@ -98,42 +103,21 @@ async fn answer(mut stream: TcpStream, count: &AtomicU64) -> std::io::Result<()>
     stream.shutdown().await
 }
 
-fn config(upstream: SocketAddr) -> String {
-    format!(
-        r#"
-upstream = "http://{upstream}"
-store = "memory:"
-[defaults]
-principal = {{ from = "none" }}
-[[routes]]
-name = "plain"
-path = "/plain/*"
-idempotency = false
-[[routes]]
-name = "protected"
-method = "POST"
-path = "/p/*"
-"#
-    )
-}
-
-/// What a client got: status line version, head, body and trailers.
-#[derive(Debug)]
-struct Got {
-    version: Version,
-    status: StatusCode,
-    headers: HeaderMap,
-    body: Bytes,
-    trailers: Option<HeaderMap>,
+/// The hand-written upstream and a gateway in front of it with the `/plain/*` and `/p/*`
+/// routes.
+async fn start() -> (CountingServer, Gateway) {
+    let up = raw_upstream().await;
+    let gw = Gateway::start(
+        &configs::plain_and_protected(&format!("http://{}", up.addr), ""),
+        &[],
+    );
+    (up, gw)
 }
 
 /// One request over a fresh HTTP/1.1 connection that accepts trailers.
 async fn exchange(addr: SocketAddr, path: &str, key: Option<&str>) -> Got {
     let tcp = TcpStream::connect(addr).await.expect("connect");
-    let (mut send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tcp))
-        .await
-        .expect("handshake");
-    tokio::spawn(conn);
+    let mut send = wire::h1_over(tcp).await.expect("handshake");
     let mut req = Request::builder()
         .method(Method::POST)
         .uri(path)
@@ -146,36 +130,12 @@ async fn exchange(addr: SocketAddr, path: &str, key: Option<&str>) -> Got {
     let req = req
         .body(Full::new(Bytes::from_static(b"{}")))
         .expect("request");
-    let res = send.send_request(req).await.expect("response");
-    let (parts, body) = res.into_parts();
-    let collected = body.collect().await.expect("body");
-    let trailers = collected.trailers().cloned();
-    Got {
-        version: parts.version,
-        status: parts.status,
-        headers: parts.headers,
-        body: collected.to_bytes(),
-        trailers,
-    }
-}
-
-/// Writes `head` (and `body` once `100 Continue` is seen, if asked) on a raw connection and
-/// returns everything read until the server closes.
-async fn raw(addr: SocketAddr, head: &str) -> String {
-    let mut tcp = TcpStream::connect(addr).await.expect("connect");
-    tcp.write_all(head.as_bytes()).await.expect("write");
-    let mut out = Vec::new();
-    tokio::time::timeout(Duration::from_secs(10), tcp.read_to_end(&mut out))
-        .await
-        .expect("the gateway answered and closed")
-        .expect("read");
-    String::from_utf8_lossy(&out).into_owned()
+    Got::read(send.send_request(req).await.expect("response")).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_http10_upstream_is_answered_in_the_clients_version() {
-    let up = raw_upstream().await;
-    let gw = Gateway::start(&config(up.addr), &[]);
+    let (up, gw) = start().await;
     let k = key();
     let request = format!(
         "POST /p/http10 HTTP/1.1\r\nHost: gateway\r\nIdempotency-Key: {k}\r\nContent-Type: application/json\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{{}}"
@@ -202,25 +162,18 @@ async fn an_http10_upstream_is_answered_in_the_clients_version() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn chunked_answers_replay_byte_identical() {
-    let up = raw_upstream().await;
-    let gw = Gateway::start(&config(up.addr), &[]);
+    let (up, gw) = start().await;
     let k = key();
     let first = exchange(gw.addr, "/p/chunked", Some(&k)).await;
     assert_eq!(first.status, StatusCode::CREATED);
     assert_eq!(
         first.body,
-        Bytes::from_static(br#"{"n":1,"parts":["alpha","beta","gamma"]}"#),
+        Bytes::from(answer_body(1)),
         "the chunks joined, nothing more"
     );
     let again = exchange(gw.addr, "/p/chunked", Some(&k)).await;
     assert_eq!(again.status, StatusCode::CREATED);
-    assert_eq!(
-        again
-            .headers
-            .get("idempotent-replayed")
-            .map(|v| v.as_bytes()),
-        Some(&b"true"[..])
-    );
+    assert!(again.replayed(), "{:?}", again.headers);
     assert_eq!(again.body, first.body, "byte-identical replay");
     assert_eq!(up.count(), 1);
     // Framing is per hop: neither answer repeats the upstream's `Transfer-Encoding` header
@@ -231,16 +184,12 @@ async fn chunked_answers_replay_byte_identical() {
     }
 
     let streamed = exchange(gw.addr, "/plain/chunked", None).await;
-    assert_eq!(
-        streamed.body,
-        Bytes::from_static(br#"{"n":2,"parts":["alpha","beta","gamma"]}"#)
-    );
+    assert_eq!(streamed.body, Bytes::from(answer_body(2)));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn upstream_trailers_reach_the_client() {
-    let up = raw_upstream().await;
-    let gw = Gateway::start(&config(up.addr), &[]);
+    let (_up, gw) = start().await;
     let streamed = exchange(gw.addr, "/plain/trailers", None).await;
     assert_eq!(streamed.status, StatusCode::CREATED);
     assert_eq!(
@@ -248,21 +197,17 @@ async fn upstream_trailers_reach_the_client() {
         Some(&b"x-checksum"[..]),
         "the Trailer announcement is forwarded"
     );
-    let trailers = streamed.trailers.expect("trailers on the streamed answer");
-    assert_eq!(
-        trailers.get("x-checksum").map(|v| v.as_bytes()),
-        Some(&b"sum-1"[..])
+    assert!(
+        streamed.trailers.is_some(),
+        "trailers on the streamed answer"
     );
-    assert_eq!(
-        streamed.body,
-        Bytes::from_static(br#"{"n":1,"parts":["alpha","beta","gamma"]}"#)
-    );
+    assert_eq!(streamed.trailer("x-checksum"), Some(&b"sum-1"[..]));
+    assert_eq!(streamed.body, Bytes::from(answer_body(1)));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn expect_100_continue() {
-    let up = raw_upstream().await;
-    let gw = Gateway::start(&config(up.addr), &[]);
+    let (up, gw) = start().await;
 
     // Accepted: the client waits for 100 Continue, then sends the body, and the request runs.
     let k = key();
@@ -271,27 +216,13 @@ async fn expect_100_continue() {
         "POST /p/continue HTTP/1.1\r\nHost: gateway\r\nIdempotency-Key: {k}\r\nContent-Type: application/json\r\nContent-Length: 2\r\nExpect: 100-continue\r\nConnection: close\r\n\r\n"
     );
     tcp.write_all(head.as_bytes()).await.expect("write head");
-    let mut interim = Vec::new();
-    let read_interim = async {
-        let mut byte = [0u8; 1];
-        while !interim.ends_with(b"\r\n\r\n") {
-            let n = tcp.read(&mut byte).await.expect("read");
-            assert!(n > 0, "closed before 100 Continue");
-            interim.push(byte[0]);
-        }
-    };
-    tokio::time::timeout(Duration::from_secs(10), read_interim)
+    let interim = tokio::time::timeout(Duration::from_secs(10), wire::read_head(&mut tcp))
         .await
-        .expect("100 Continue before the body");
-    let interim = String::from_utf8_lossy(&interim).into_owned();
+        .expect("100 Continue before the body")
+        .expect("not closed before 100 Continue");
     assert!(interim.starts_with("HTTP/1.1 100 Continue"), "{interim}");
     tcp.write_all(b"{}").await.expect("write body");
-    let mut rest = Vec::new();
-    tokio::time::timeout(Duration::from_secs(10), tcp.read_to_end(&mut rest))
-        .await
-        .expect("final answer")
-        .expect("read");
-    let rest = String::from_utf8_lossy(&rest).into_owned();
+    let rest = wire::read_to_close(&mut tcp).await;
     assert!(rest.starts_with("HTTP/1.1 201 "), "{rest}");
     assert_eq!(up.count(), 1);
 
@@ -310,27 +241,14 @@ async fn expect_100_continue() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn protected_trailers_reach_the_client_and_the_replay() {
-    let up = raw_upstream().await;
-    let gw = Gateway::start(&config(up.addr), &[]);
+    let (up, gw) = start().await;
     let k = key();
     let first = exchange(gw.addr, "/p/trailers", Some(&k)).await;
     assert_eq!(first.status, StatusCode::CREATED);
-    let trailers = first
-        .trailers
-        .as_ref()
-        .expect("trailers on the first answer");
-    assert_eq!(
-        trailers.get("x-checksum").map(|v| v.as_bytes()),
-        Some(&b"sum-1"[..])
-    );
+    assert!(first.trailers.is_some(), "trailers on the first answer");
+    assert_eq!(first.trailer("x-checksum"), Some(&b"sum-1"[..]));
     let again = exchange(gw.addr, "/p/trailers", Some(&k)).await;
-    assert_eq!(
-        again
-            .headers
-            .get("idempotent-replayed")
-            .map(|v| v.as_bytes()),
-        Some(&b"true"[..])
-    );
+    assert!(again.replayed(), "{:?}", again.headers);
     assert_eq!(again.body, first.body, "byte-identical replay");
     assert_eq!(again.trailers, first.trailers, "the same trailers");
     assert_eq!(up.count(), 1);

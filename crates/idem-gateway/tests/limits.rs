@@ -8,7 +8,7 @@ mod common;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use common::{Gateway, Http, Upstream, key};
+use common::{Gateway, Http, Upstream, configs, key, wire};
 use http::StatusCode;
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::TcpStream;
@@ -16,17 +16,10 @@ use tokio::net::TcpStream;
 /// A gateway in front of `up` allowing `cap` requests in progress, every route protected,
 /// with `extra` appended to its `[limits]` table.
 fn capped(up: &Upstream, cap: usize, extra: &str) -> String {
-    format!(
-        r#"
-upstream = "{}"
-store = "memory:"
-[limits]
-max_concurrent_requests = {cap}
-{extra}
-[defaults]
-principal = {{ from = "none" }}
-"#,
-        up.url()
+    configs::limited(
+        &up.url(),
+        &format!("max_concurrent_requests = {cap}\n{extra}"),
+        "",
     )
 }
 
@@ -108,7 +101,7 @@ async fn a_stalled_body_is_cut_off_and_frees_its_slot() {
     );
     // Nothing was claimed for a body that never arrived: its key runs when sent in full.
     let retry = http.post(&gw.url("/charge"), Some("stall-0"), "{}").await;
-    assert_eq!(retry.status, StatusCode::CREATED, "{:?}", retry.body);
+    retry.assert_status(StatusCode::CREATED);
     assert!(!retry.replayed());
     assert_eq!(
         up.seen.count("/charge"),
@@ -243,58 +236,24 @@ async fn the_memory_store_is_bounded_in_bytes() {
 /// A gateway in front of `up` whose `/ws` route is unprotected (so it passes upgrades), with
 /// `limits` as its `[limits]` table.
 fn with_tunnels(up: &Upstream, limits: &str) -> String {
-    format!(
-        r#"
-upstream = "{}"
-store = "memory:"
-[limits]
-{limits}
-[defaults]
-principal = {{ from = "none" }}
-[[routes]]
-name = "ws"
-path = "/ws"
-idempotency = false
-"#,
-        up.url()
+    configs::limited(
+        &up.url(),
+        limits,
+        "[[routes]]\nname = \"ws\"\npath = \"/ws\"\nidempotency = false\n",
     )
 }
 
 /// Opens a connection to `addr` and upgrades it through the `/ws` route: the stream once the
 /// `101` arrived, or what came instead.
 async fn open_tunnel(addr: SocketAddr) -> Result<TcpStream, String> {
-    let mut stream = TcpStream::connect(addr).await.map_err(|e| e.to_string())?;
-    stream
-        .write_all(
-            b"GET /ws HTTP/1.1\r\nhost: idem\r\nconnection: upgrade\r\nupgrade: echo\r\n\r\n",
-        )
+    wire::open_tunnel(addr, "/ws")
         .await
-        .map_err(|e| e.to_string())?;
-    let mut head = Vec::new();
-    let mut byte = [0u8; 1];
-    while !head.ends_with(b"\r\n\r\n") {
-        match stream.read(&mut byte).await {
-            Ok(1) => head.push(byte[0]),
-            other => return Err(format!("closed before switching: {other:?}")),
-        }
-    }
-    let head = String::from_utf8_lossy(&head).to_ascii_lowercase();
-    if head.starts_with("http/1.1 101 ") {
-        Ok(stream)
-    } else {
-        Err(head)
-    }
+        .map(|(stream, _)| stream)
 }
 
 /// Sends `msg` through a tunnel and reads it back from the echoing upstream.
 async fn echoes(tunnel: &mut TcpStream, msg: &[u8]) {
-    tunnel.write_all(msg).await.expect("write to the tunnel");
-    let mut got = vec![0u8; msg.len()];
-    tokio::time::timeout(Duration::from_secs(5), tunnel.read_exact(&mut got))
-        .await
-        .expect("echo in time")
-        .expect("read from the tunnel");
-    assert_eq!(got, msg);
+    wire::echoes(tunnel, msg, Duration::from_secs(5)).await;
 }
 
 // Bug guarded: after its `101` a tunnel left the listener's connection count (the HTTP

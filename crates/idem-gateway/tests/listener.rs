@@ -10,11 +10,10 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use common::pki::{Pki, issue};
-use common::{ADMIN_TOKEN, Gateway, Http, TempDir, Upstream, key};
+use common::{Gateway, Http, TempDir, Upstream, key, wire};
 use http::{Method, Request, StatusCode};
 use http_body_util::{BodyExt, Full};
-use hyper_util::rt::TokioIo;
-use rustls::pki_types::{CertificateDer, ServerName};
+use rustls::pki_types::CertificateDer;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
@@ -25,22 +24,7 @@ async fn tls_post(
     ca: &CertificateDer<'static>,
     key: &str,
 ) -> Result<(StatusCode, Bytes, CertificateDer<'static>), String> {
-    let mut roots = rustls::RootCertStore::empty();
-    roots.add(ca.clone()).map_err(|e| e.to_string())?;
-    let config = rustls::ClientConfig::builder_with_provider(Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()
-    .map_err(|e| e.to_string())?
-    .with_root_certificates(roots)
-    .with_no_client_auth();
-    let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
-    let tcp = TcpStream::connect(addr).await.map_err(|e| e.to_string())?;
-    let name = ServerName::try_from("127.0.0.1").map_err(|e| e.to_string())?;
-    let tls = connector
-        .connect(name, tcp)
-        .await
-        .map_err(|e| e.to_string())?;
+    let tls = wire::tls_connect(addr, ca, &[]).await?;
     let presented = tls
         .get_ref()
         .1
@@ -49,10 +33,7 @@ async fn tls_post(
         .cloned()
         .ok_or("no certificate")?
         .into_owned();
-    let (mut send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tls))
-        .await
-        .map_err(|e| e.to_string())?;
-    tokio::spawn(conn);
+    let mut send = wire::h1_over(tls).await?;
     let req = Request::builder()
         .method(Method::POST)
         .uri("/charge")
@@ -145,17 +126,10 @@ async fn tls_listener_serves_and_reloads_its_certificate() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn slow_clients_do_not_starve_the_others() {
     let up = Upstream::start().await;
-    let config = format!(
-        r#"
-upstream = "{}"
-store = "memory:"
-[limits]
-max_connections = 16
-header_read_timeout = "1s"
-[defaults]
-principal = {{ from = "none" }}
-"#,
-        up.url()
+    let config = common::configs::limited(
+        &up.url(),
+        "max_connections = 16\nheader_read_timeout = \"1s\"",
+        "",
     );
     let gw = Gateway::start(&config, &[]);
     let addr = gw.addr;
@@ -262,7 +236,6 @@ async fn reload_under_load_drops_no_request() {
             }
         }));
     }
-    let auth = format!("Bearer {ADMIN_TOKEN}");
     for round in 0..6 {
         tokio::time::sleep(Duration::from_millis(150)).await;
         std::fs::write(gw.config_path(), reload_config(&up.url(), round % 2 == 1))
@@ -271,25 +244,15 @@ async fn reload_under_load_drops_no_request() {
             gw.hup();
         } else {
             let r = http
-                .send(
-                    Method::POST,
-                    &gw.admin_url("/admin/reload"),
-                    &[("authorization", &auth)],
-                    "",
-                )
+                .admin(Method::POST, &gw.admin_url("/admin/reload"), "")
                 .await;
-            assert_eq!(r.status, StatusCode::OK, "{:?}", r.body);
+            r.assert_status(StatusCode::OK);
         }
     }
     // A broken configuration is refused; the running one keeps serving.
     std::fs::write(gw.config_path(), "this is = not [toml").expect("rewrite config");
     let refused = http
-        .send(
-            Method::POST,
-            &gw.admin_url("/admin/reload"),
-            &[("authorization", &auth)],
-            "",
-        )
+        .admin(Method::POST, &gw.admin_url("/admin/reload"), "")
         .await;
     assert_eq!(refused.status, StatusCode::UNPROCESSABLE_ENTITY);
     assert!(
@@ -304,12 +267,7 @@ async fn reload_under_load_drops_no_request() {
     )
     .expect("rewrite config");
     let refused = http
-        .send(
-            Method::POST,
-            &gw.admin_url("/admin/reload"),
-            &[("authorization", &auth)],
-            "",
-        )
+        .admin(Method::POST, &gw.admin_url("/admin/reload"), "")
         .await;
     assert_eq!(refused.status, StatusCode::UNPROCESSABLE_ENTITY);
     assert!(String::from_utf8_lossy(&refused.body).contains("restart"));
@@ -335,17 +293,7 @@ async fn reload_under_load_drops_no_request() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn requests_past_the_cap_are_refused_not_queued() {
     let up = Upstream::start().await;
-    let config = format!(
-        r#"
-upstream = "{}"
-store = "memory:"
-[limits]
-max_concurrent_requests = 2
-[defaults]
-principal = {{ from = "none" }}
-"#,
-        up.url()
-    );
+    let config = common::configs::limited(&up.url(), "max_concurrent_requests = 2", "");
     let gw = Gateway::start(&config, &[]);
     let http = Http::new();
     let slow: Vec<_> = (0..2)

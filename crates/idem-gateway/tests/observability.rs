@@ -80,7 +80,7 @@ async fn probes_are_open_and_the_scrape_token_opens_metrics_only() {
     let gw = Gateway::start(&config(&up.url(), ""), &[]);
     let http = Http::new();
     for path in ["/healthz", "/readyz"] {
-        let r = http.send(Method::GET, &gw.admin_url(path), &[], "").await;
+        let r = http.get(&gw.admin_url(path)).await;
         assert_eq!(r.status, StatusCode::OK, "{path} needs no token");
     }
     let bearer = |t: &str| format!("Bearer {t}");
@@ -134,8 +134,8 @@ async fn request_metrics_carry_the_route_and_latencies() {
     http.post(&gw.url("/charge"), Some(&k), r#"{"other":1}"#)
         .await;
     http.post(&gw.url("/refund"), Some(&key()), "{}").await;
-    http.send(Method::GET, &gw.url("/reads/1"), &[], "").await;
-    http.send(Method::GET, &gw.url("/nowhere"), &[], "").await;
+    http.get(&gw.url("/reads/1")).await;
+    http.get(&gw.url("/nowhere")).await;
     let text = scrape(&http, &gw).await;
     let requests = |route: &str, outcome: &str| {
         sample(
@@ -155,44 +155,32 @@ async fn request_metrics_carry_the_route_and_latencies() {
         sample(&text, "idem_refusals_total", &[("reason", "no_route")]),
         Some(1.0)
     );
-    // One latency sample per request, under the same labels.
-    assert_eq!(
-        sample(
-            &text,
+    for (series, labels) in [
+        // One latency sample per request, under the same labels.
+        (
             "idem_request_duration_seconds_count",
-            &[("route", "charge"), ("outcome", "replayed")]
+            &[("route", "charge"), ("outcome", "replayed")][..],
         ),
-        Some(1.0),
-        "{text}"
-    );
-    assert_eq!(
-        sample(
-            &text,
+        (
             "idem_request_duration_seconds_bucket",
-            &[("route", "charge"), ("outcome", "executed"), ("le", "+Inf")]
+            &[("route", "charge"), ("outcome", "executed"), ("le", "+Inf")],
         ),
-        Some(1.0),
-        "{text}"
-    );
-    // The upstream ran for the execution only (a replay and a mismatch never reach it).
-    assert_eq!(
-        sample(
-            &text,
+        // The upstream ran for the execution only (a replay and a mismatch never reach it).
+        (
             "idem_upstream_duration_seconds_count",
-            &[("route", "charge")]
+            &[("route", "charge")],
         ),
-        Some(1.0),
-        "{text}"
-    );
-    assert_eq!(
-        sample(
-            &text,
+        (
             "idem_upstream_duration_seconds_count",
-            &[("route", "reads")]
+            &[("route", "reads")],
         ),
-        Some(1.0),
-        "{text}"
-    );
+    ] {
+        assert_eq!(
+            sample(&text, series, labels),
+            Some(1.0),
+            "{series} {labels:?}: {text}"
+        );
+    }
     // Counters that only repeated idem_requests_total{outcome} are gone.
     for gone in [
         "idem_replays_total",
@@ -287,23 +275,17 @@ async fn each_request_runs_in_a_span_with_route_outcome_hashed_key_and_fence() {
     let gw = Gateway::start(&config(&up.url(), ""), &["--log-format", "json"]);
     let http = Http::new();
     let k = key();
-    let first = http
-        .send(
-            Method::POST,
-            &gw.url("/charge"),
-            &[("idempotency-key", &k), ("x-request-id", "req-span-1")],
-            "{}",
-        )
-        .await;
+    let charge = |request_id: &'static str| {
+        let headers = [
+            ("idempotency-key", k.as_str()),
+            ("x-request-id", request_id),
+        ];
+        let (http, url) = (http.clone(), gw.url("/charge"));
+        async move { http.send(Method::POST, &url, &headers, "{}").await }
+    };
+    let first = charge("req-span-1").await;
     assert_eq!(first.status, StatusCode::CREATED);
-    let again = http
-        .send(
-            Method::POST,
-            &gw.url("/charge"),
-            &[("idempotency-key", &k), ("x-request-id", "req-span-2")],
-            "{}",
-        )
-        .await;
+    let again = charge("req-span-2").await;
     assert!(again.replayed());
     assert!(gw.logged("req-span-2").await, "{}", gw.logs());
 

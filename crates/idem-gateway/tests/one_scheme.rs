@@ -24,7 +24,6 @@ use idem_gateway::config;
 use idem_gateway::metrics::MeteredStore;
 use idem_gateway::upstream::Clients;
 use idem_http::{HeaderPrincipal, IdempotencyConfig, IdempotencyLayer};
-use tokio::net::TcpListener;
 
 /// A service protected by the library's layer on `store`: `POST /charge`, counting its runs.
 async fn library_service(store: Arc<MemoryStore>) -> (SocketAddr, Arc<AtomicU64>) {
@@ -48,12 +47,7 @@ async fn library_service(store: Arc<MemoryStore>) -> (SocketAddr, Arc<AtomicU64>
         })
         .layer(layer),
     );
-    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-    let addr = listener.local_addr().expect("addr");
-    tokio::spawn(async move {
-        let _ = axum::serve(listener, app).await;
-    });
-    (addr, runs)
+    (common::serve_router(app).await, runs)
 }
 
 /// The gateway's data plane on `store`, in this process, in front of `upstream`.
@@ -120,7 +114,7 @@ async fn one_credential_one_record_through_the_layer_and_the_gateway() {
 
     // Through the gateway, same credential and key: the record the library wrote answers.
     let again = charge(&http, gw, &k, "sk_live_alice").await;
-    assert_eq!(again.status, StatusCode::CREATED, "{:?}", again.body);
+    again.assert_status(StatusCode::CREATED);
     assert!(again.replayed(), "the gateway found the library's record");
     assert_eq!(again.body, first.body);
     assert_eq!(

@@ -5,7 +5,7 @@
 mod common;
 
 use common::{ADMIN_TOKEN, Gateway, Http, Upstream};
-use http::{Method, StatusCode};
+use http::StatusCode;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_admin_listener_serves_the_committed_description() {
@@ -17,9 +17,7 @@ async fn the_admin_listener_serves_the_committed_description() {
         up.url()
     );
     let gw = Gateway::start(&config, &[]);
-    let r = Http::new()
-        .send(Method::GET, &gw.admin_url("/openapi.json"), &[], "")
-        .await;
+    let r = Http::new().get(&gw.admin_url("/openapi.json")).await;
     assert_eq!(r.status, StatusCode::OK, "open, as /healthz is");
     assert_eq!(r.header("content-type"), Some("application/json"));
     let committed = std::fs::read(concat!(

@@ -29,24 +29,57 @@ fn config(dir: &std::path::Path, body: &str) -> std::path::PathBuf {
     path
 }
 
+/// Waits until `done()` holds, failing with `what` after 20 s.
+async fn until<F, Fut>(what: &str, mut done: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let started = Instant::now();
+    while !done().await {
+        assert!(started.elapsed() < Duration::from_secs(20), "{what}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 /// Waits until `unsent()` (the count of rows not yet sent) is 0.
 async fn drained<F, Fut>(mut unsent: F)
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = i64>,
 {
-    let started = Instant::now();
-    while unsent().await > 0 {
-        assert!(
-            started.elapsed() < Duration::from_secs(20),
-            "not every row was sent"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    until("not every row was sent", || {
+        let count = unsent();
+        async move { count.await == 0 }
+    })
+    .await;
+}
+
+/// `idem outbox --check` on the configuration file `file`.
+fn check(file: &std::path::Path) -> std::process::Output {
+    Command::new(IDEM)
+        .args(["outbox", "--check", "--config"])
+        .arg(file)
+        .output()
+        .expect("run idem outbox --check")
 }
 
 /// SIGKILLs the child when dropped.
 struct Running(std::process::Child);
+
+impl Running {
+    /// `idem outbox` dispatching by the configuration file `file`.
+    fn outbox(file: &std::path::Path) -> Self {
+        Self(
+            Command::new(IDEM)
+                .args(["outbox", "--config"])
+                .arg(file)
+                .stdout(Stdio::null())
+                .spawn()
+                .expect("spawn idem outbox"),
+        )
+    }
+}
 
 impl Drop for Running {
     fn drop(&mut self) {
@@ -80,24 +113,13 @@ async fn rows_written_by_another_program_are_published_once_and_marked() {
              migrate = true\nlease = \"2s\"\npublish_timeout = \"1s\"\nidle = \"50ms\"\n"
         ),
     );
-    let _dispatcher = Running(
-        Command::new(IDEM)
-            .args(["outbox", "--config"])
-            .arg(&file)
-            .stdout(Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
+    let _dispatcher = Running::outbox(&file);
     // The dispatcher creates the table; then another program writes rows by hand.
-    let started = Instant::now();
-    while sqlx::query(&format!("SELECT 1 FROM {table} LIMIT 1"))
-        .fetch_optional(&pool)
-        .await
-        .is_err()
-    {
-        assert!(started.elapsed() < Duration::from_secs(20), "no table");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let probe = format!("SELECT 1 FROM {table} LIMIT 1");
+    until("no table", || async {
+        sqlx::query(&probe).fetch_optional(&pool).await.is_ok()
+    })
+    .await;
     for i in 0..3 {
         sqlx::query(&format!(
             "INSERT INTO {table} (message_id, destination, payload, headers) VALUES ($1, $2, $3, $4)"
@@ -168,11 +190,7 @@ fn check_hides_credentials_and_bad_files_name_the_field() {
         "[outbox]\ndatabase = \"postgres://app:s3cret@db/orders\"\n\
          broker = \"amqp://guest:hunter2@mq:5672/%2f\"\n",
     );
-    let out = Command::new(IDEM)
-        .args(["outbox", "--check", "--config"])
-        .arg(&good)
-        .output()
-        .unwrap();
+    let out = check(&good);
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{text}");
     assert!(text.contains("ok: outbox configuration is valid"), "{text}");
@@ -197,11 +215,7 @@ fn check_hides_credentials_and_bad_files_name_the_field() {
         ("[serve]\n", "outbox"),
     ] {
         let bad = config(&dir, body);
-        let out = Command::new(IDEM)
-            .args(["outbox", "--check", "--config"])
-            .arg(&bad)
-            .output()
-            .unwrap();
+        let out = check(&bad);
         let err = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(2), "{body}: {err}");
         assert!(err.contains(named), "{body}: {err}");
@@ -238,28 +252,19 @@ async fn sqlite_rows_reach_jetstream_with_their_ids() {
             db.display()
         ),
     );
-    let _dispatcher = Running(
-        Command::new(IDEM)
-            .args(["outbox", "--config"])
-            .arg(&file)
-            .stdout(Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
+    let _dispatcher = Running::outbox(&file);
     let options = sqlx::sqlite::SqliteConnectOptions::new()
         .filename(&db)
         .create_if_missing(true)
         .busy_timeout(Duration::from_secs(10));
     let pool = sqlx::SqlitePool::connect_with(options).await.unwrap();
-    let started = Instant::now();
-    while sqlx::query("SELECT 1 FROM idem_outbox LIMIT 1")
-        .fetch_optional(&pool)
-        .await
-        .is_err()
-    {
-        assert!(started.elapsed() < Duration::from_secs(20), "no table");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    until("no table", || async {
+        sqlx::query("SELECT 1 FROM idem_outbox LIMIT 1")
+            .fetch_optional(&pool)
+            .await
+            .is_ok()
+    })
+    .await;
     for i in [0, 1, 1] {
         sqlx::query(
             "INSERT INTO idem_outbox (message_id, destination, payload) VALUES (?1, ?2, ?3) \

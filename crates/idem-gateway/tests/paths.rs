@@ -125,9 +125,7 @@ async fn unmatched_requests_follow_the_setting() {
         (r.status, r.problem_type().as_str()),
         (StatusCode::NOT_FOUND, "no-route")
     );
-    let r = http
-        .send(Method::GET, &reject.url("/elsewhere"), &[], "")
-        .await;
+    let r = http.get(&reject.url("/elsewhere")).await;
     assert_eq!(r.status, StatusCode::NOT_FOUND);
 
     let protect = Gateway::start(&config(&up.url(), "protect"), &[]);
@@ -141,9 +139,7 @@ async fn unmatched_requests_follow_the_setting() {
     assert_eq!(r.status, StatusCode::CREATED);
     let r = http.post(&protect.url("/elsewhere"), Some(&k), "{}").await;
     assert!(r.replayed());
-    let r = http
-        .send(Method::GET, &protect.url("/elsewhere"), &[], "")
-        .await;
+    let r = http.get(&protect.url("/elsewhere")).await;
     assert_eq!(r.status, StatusCode::CREATED, "safe methods pass through");
     assert_eq!(up.seen.count("/elsewhere"), 2, "one POST, one GET");
 }

@@ -4,7 +4,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{ADMIN_TOKEN, Gateway, Http, Upstream, key, spare_port};
+use common::{Gateway, Http, Upstream, key, spare_port};
 use http::{Method, StatusCode};
 
 /// The acceptance routes on the memory store, with an admin listener.
@@ -266,7 +266,6 @@ async fn a_connect_error_releases_the_claim() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ambiguous_failures_follow_the_route_policy() {
     let (up, gw, http) = setup().await;
-    let auth = format!("Bearer {ADMIN_TOKEN}");
 
     // hold: a timeout after sending makes the outcome unknown; the retry does not run.
     let k = key();
@@ -298,10 +297,9 @@ async fn ambiguous_failures_follow_the_route_policy() {
 
     // The operator finds both unknown records and resolves one as completed.
     let list = http
-        .send(
+        .admin(
             Method::GET,
             &gw.admin_url("/admin/records?state=unknown"),
-            &[("authorization", &auth)],
             "",
         )
         .await;
@@ -314,14 +312,13 @@ async fn ambiguous_failures_follow_the_route_policy() {
         .collect();
     assert!(keys.contains(&k) && keys.contains(&kr), "{keys:?}");
     let resolve = http
-        .send(
+        .admin(
             Method::POST,
             &gw.admin_url(&format!("/admin/record/resolve?namespace=test&key={k}")),
-            &[("authorization", &auth)],
             r#"{"outcome":"complete","status":201,"headers":{"content-type":"application/json"},"body":"{\"charged\":true}"}"#,
         )
         .await;
-    assert_eq!(resolve.status, StatusCode::OK, "{:?}", resolve.body);
+    resolve.assert_status(StatusCode::OK);
     let replay = http
         .post(&gw.url("/held/pay?delay_ms=3000"), Some(&k), "{}")
         .await;
@@ -330,10 +327,9 @@ async fn ambiguous_failures_follow_the_route_policy() {
     assert_eq!(replay.json()["charged"], true);
     // ... and the other as released: the retry runs again.
     let release = http
-        .send(
+        .admin(
             Method::POST,
             &gw.admin_url(&format!("/admin/record/resolve?namespace=test&key={kr}")),
-            &[("authorization", &auth)],
             r#"{"outcome":"release"}"#,
         )
         .await;
@@ -466,13 +462,12 @@ async fn a_clients_connection_header_cannot_strip_the_gateways_headers() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_admin_api_needs_its_token_and_its_own_listener() {
     let (up, gw, http) = setup().await;
-    let good = format!("Bearer {ADMIN_TOKEN}");
     for path in [
         "/metrics",
         "/admin/records",
         "/admin/record?namespace=test&key=a",
     ] {
-        let none = http.send(Method::GET, &gw.admin_url(path), &[], "").await;
+        let none = http.get(&gw.admin_url(path)).await;
         assert_eq!(none.status, StatusCode::UNAUTHORIZED, "{path}");
         let wrong = http
             .send(
@@ -485,41 +480,23 @@ async fn the_admin_api_needs_its_token_and_its_own_listener() {
         assert_eq!(wrong.status, StatusCode::UNAUTHORIZED, "{path}");
     }
     assert_eq!(
-        http.send(Method::GET, &gw.admin_url("/healthz"), &[], "")
-            .await
-            .status,
+        http.get(&gw.admin_url("/healthz")).await.status,
         StatusCode::OK
     );
     assert_eq!(
-        http.send(Method::GET, &gw.admin_url("/readyz"), &[], "")
-            .await
-            .status,
+        http.get(&gw.admin_url("/readyz")).await.status,
         StatusCode::OK
     );
 
     // On the data listener the admin paths are just upstream paths.
-    let r = http
-        .send(
-            Method::GET,
-            &gw.url("/admin/records"),
-            &[("authorization", &good)],
-            "",
-        )
-        .await;
+    let r = http.admin(Method::GET, &gw.url("/admin/records"), "").await;
     assert_eq!(
         r.json()["path"],
         "/admin/records",
         "answered by the upstream, not the admin API"
     );
     assert_eq!(up.seen.count("/admin/records"), 1);
-    let m = http
-        .send(
-            Method::GET,
-            &gw.url("/metrics"),
-            &[("authorization", &good)],
-            "",
-        )
-        .await;
+    let m = http.admin(Method::GET, &gw.url("/metrics"), "").await;
     assert!(!String::from_utf8_lossy(&m.body).contains("idem_"));
 
     // A few outcomes, then the metrics show them.
@@ -527,14 +504,7 @@ async fn the_admin_api_needs_its_token_and_its_own_listener() {
     http.post(&gw.url("/m"), Some(&k), "{}").await;
     http.post(&gw.url("/m"), Some(&k), "{}").await;
     http.post(&gw.url("/m"), Some(&k), r#"{"x":1}"#).await;
-    let metrics = http
-        .send(
-            Method::GET,
-            &gw.admin_url("/metrics"),
-            &[("authorization", &good)],
-            "",
-        )
-        .await;
+    let metrics = http.admin(Method::GET, &gw.admin_url("/metrics"), "").await;
     let text = String::from_utf8_lossy(&metrics.body).into_owned();
     for needle in [
         "idem_requests_total{route=\"default\",outcome=\"executed\"} 1",
@@ -546,20 +516,18 @@ async fn the_admin_api_needs_its_token_and_its_own_listener() {
     }
     // Get and delete one record.
     let get = http
-        .send(
+        .admin(
             Method::GET,
             &gw.admin_url(&format!("/admin/record?namespace=test&key={k}")),
-            &[("authorization", &good)],
             "",
         )
         .await;
     assert_eq!(get.json()["state"], "completed");
     assert_eq!(get.json()["response"]["status"], 201);
     let del = http
-        .send(
+        .admin(
             Method::DELETE,
             &gw.admin_url(&format!("/admin/record?namespace=test&key={k}")),
-            &[("authorization", &good)],
             "",
         )
         .await;
@@ -589,15 +557,7 @@ async fn an_upstream_answer_in_idems_problem_format_counts_as_an_execution() {
         "the upstream's body passes through"
     );
     assert_eq!(up.seen.count("/x/idem-problem"), 1);
-    let auth = format!("Bearer {ADMIN_TOKEN}");
-    let metrics = http
-        .send(
-            Method::GET,
-            &gw.admin_url("/metrics"),
-            &[("authorization", &auth)],
-            "",
-        )
-        .await;
+    let metrics = http.admin(Method::GET, &gw.admin_url("/metrics"), "").await;
     let text = String::from_utf8_lossy(&metrics.body).into_owned();
     let count = |outcome: &str| {
         let prefix = format!("idem_requests_total{{route=\"default\",outcome=\"{outcome}\"}} ");

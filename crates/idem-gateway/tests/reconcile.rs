@@ -14,7 +14,7 @@ use axum::Router;
 use axum::extract::{Query, State};
 use axum::http::{HeaderMap, StatusCode as AxumStatus};
 use axum::routing::get;
-use common::{ADMIN_TOKEN, Gateway, Http, TempDir, bin};
+use common::{Gateway, Http, TempDir, bin};
 use http::{Method, StatusCode};
 use parking_lot::Mutex;
 use serde_json::{Value, json};
@@ -36,11 +36,7 @@ impl Payments {
 }
 
 async fn charge(State(p): State<Arc<Payments>>, headers: HeaderMap) -> (AxumStatus, String) {
-    let key = headers
-        .get("idempotency-key")
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or("")
-        .to_owned();
+    let key = common::idempotency_key(&headers);
     let attempt = {
         let mut a = p.attempts.lock();
         let n = a.entry(key.clone()).or_default();
@@ -80,19 +76,22 @@ async fn status(
     ([("content-type", "application/json")], answer.to_string())
 }
 
+/// A gateway on a SQLite store in a fresh directory (`tag`) in front of the payments
+/// service, reconciling every `interval` when given: the directory (kept for as long as the
+/// gateway runs), the service's ledger, the gateway and a client.
+async fn start(tag: &str, interval: Option<&str>) -> (TempDir, Arc<Payments>, Gateway, Http) {
+    let dir = TempDir::new(tag);
+    let (upstream, payments) = start_payments().await;
+    let gw = Gateway::start(&config(upstream, &dir.0.join("idem.db"), interval), &[]);
+    (dir, payments, gw, Http::new())
+}
+
 async fn start_payments() -> (SocketAddr, Arc<Payments>) {
     let payments = Arc::new(Payments::default());
     let app = Router::new()
         .route("/charges", get(status).post(charge))
         .with_state(Arc::clone(&payments));
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let addr = listener.local_addr().expect("addr");
-    tokio::spawn(async move {
-        let _ = axum::serve(listener, app).await;
-    });
-    (addr, payments)
+    (common::serve_router(app).await, payments)
 }
 
 fn config(upstream: SocketAddr, db: &std::path::Path, every: Option<&str>) -> String {
@@ -126,12 +125,10 @@ async fn pay(http: &Http, gw: &Gateway, key: &str) -> common::Reply {
 }
 
 async fn record_state(http: &Http, gw: &Gateway, key: &str) -> String {
-    let auth = format!("Bearer {ADMIN_TOKEN}");
     let r = http
-        .send(
+        .admin(
             Method::GET,
             &gw.admin_url(&format!("/admin/record?namespace=payments&key={key}")),
-            &[("authorization", &auth)],
             "",
         )
         .await;
@@ -160,10 +157,7 @@ fn reconcile(gw: &Gateway, args: &[&str]) -> (i32, String) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_shot_reconcile_settles_from_the_upstreams_answer() {
-    let dir = TempDir::new("reconcile");
-    let (upstream, payments) = start_payments().await;
-    let gw = Gateway::start(&config(upstream, &dir.0.join("idem.db"), None), &[]);
-    let http = Http::new();
+    let (_dir, payments, gw, http) = start("reconcile", None).await;
     let id = uuid::Uuid::now_v7().simple().to_string();
     let (acted, never, unsure) = (
         format!("acted-{id}"),
@@ -268,15 +262,13 @@ async fn one_shot_reconcile_settles_from_the_upstreams_answer() {
     assert_eq!(payments.charges(&unsure), before, "nothing ran");
 
     // Every settlement is in the audit trail with its actor.
-    let auth = format!("Bearer {ADMIN_TOKEN}");
     for (k, outcome) in [(&acted, "complete"), (&never, "release")] {
         let trail = http
-            .send(
+            .admin(
                 Method::GET,
                 &gw.admin_url(&format!(
                     "/admin/audit?namespace=payments&key={k}&state=resolved"
                 )),
-                &[("authorization", &auth)],
                 "",
             )
             .await
@@ -290,13 +282,7 @@ async fn one_shot_reconcile_settles_from_the_upstreams_answer() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_loop_in_serve_settles_unknown_records() {
-    let dir = TempDir::new("reconcile-loop");
-    let (upstream, payments) = start_payments().await;
-    let gw = Gateway::start(
-        &config(upstream, &dir.0.join("idem.db"), Some("200ms")),
-        &[],
-    );
-    let http = Http::new();
+    let (_dir, payments, gw, http) = start("reconcile-loop", Some("200ms")).await;
     let acted = format!("acted-{}", uuid::Uuid::now_v7().simple());
     assert_eq!(
         pay(&http, &gw, &acted).await.status,
@@ -323,23 +309,18 @@ async fn the_loop_in_serve_settles_unknown_records() {
 // after `idem reconcile` is a replay (see the first test).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unguarded_blind_release_charges_twice() {
-    let dir = TempDir::new("reconcile-blind");
-    let (upstream, payments) = start_payments().await;
-    let gw = Gateway::start(&config(upstream, &dir.0.join("idem.db"), None), &[]);
-    let http = Http::new();
+    let (_dir, payments, gw, http) = start("reconcile-blind", None).await;
     let acted = format!("acted-{}", uuid::Uuid::now_v7().simple());
     assert_eq!(
         pay(&http, &gw, &acted).await.status,
         StatusCode::GATEWAY_TIMEOUT
     );
-    let auth = format!("Bearer {ADMIN_TOKEN}");
     let released = http
-        .send(
+        .admin(
             Method::POST,
             &gw.admin_url(&format!(
                 "/admin/record/resolve?namespace=payments&key={acted}"
             )),
-            &[("authorization", &auth)],
             r#"{"outcome":"release"}"#,
         )
         .await;

@@ -7,9 +7,7 @@
 mod common;
 mod relay_kit;
 
-use std::process::Command;
-
-use common::{ADMIN_TOKEN, Gateway, Http, TempDir, bin};
+use common::{ADMIN_TOKEN, Gateway, Http};
 use http::Method;
 use idem_testkit::brokers::{
     AMQP_URL, amqp, declare_queue, eventually, publish_with_id, queue_ready,
@@ -31,13 +29,14 @@ async fn publish(conn: &Connection, q: &str, key: &str, times: usize) {
     publish_with_id(conn, q, key, &format!(r#"{{"order":"{key}"}}"#), times).await;
 }
 
-/// Whether, within [`WAIT`], the relay has logged exactly one replay and `q` holds no ready
-/// message: a redelivery settled from the store and acknowledged.
-async fn one_replay_and_drained(relay: &Relay, conn: &Connection, q: &str) -> bool {
-    eventually(WAIT, || async {
-        relay.logged("replayed") == 1 && queue_ready(conn, q).await == 0
-    })
-    .await
+/// Waits (at most [`WAIT`]) until the relay has logged exactly one replay and `q` holds no
+/// ready message: a redelivery settled from the store and acknowledged.
+async fn one_replay_and_drained(relay: &Relay, conn: &Connection, q: &str) {
+    relay
+        .until("one replay, the queue drained", || async {
+            relay.logged("replayed") == 1 && queue_ready(conn, q).await == 0
+        })
+        .await;
 }
 
 /// Five copies of one message and one other: the service executes each order once; the
@@ -49,14 +48,12 @@ async fn relay_posts_each_message_once() {
     let (q, relay) = relay_on(&conn, "once", &upstream, "hold").await;
     publish(&conn, &q, "order-1", 5).await;
     publish(&conn, &q, "order-2", 1).await;
-    assert!(
-        eventually(WAIT, || async {
-            relay.logged("replayed") >= 4 && queue_ready(&conn, &q).await == 0
-        })
-        .await,
-        "{}",
-        relay.log()
-    );
+    relay
+        .until(
+            "every copy executed or replayed, the queue drained",
+            || async { relay.logged("replayed") >= 4 && queue_ready(&conn, &q).await == 0 },
+        )
+        .await;
     assert_eq!(orders.executed("order-1"), 1);
     assert_eq!(orders.executed("order-2"), 1);
     // One access-log line per message: two executions, four replays.
@@ -79,22 +76,18 @@ async fn relay_upstream_times_out_after_acting() {
 
     let (q, relay) = relay_on(&conn, "timeout_retry", &upstream, "retry").await;
     publish(&conn, &q, "slow-a", 1).await;
-    assert!(
-        eventually(WAIT, || async { orders.executed("slow-a") >= 2 }).await,
-        "retry: the redelivery executes again\n{}",
-        relay.log()
-    );
+    relay
+        .until("retry: the redelivery executes again", || async {
+            orders.executed("slow-a") >= 2
+        })
+        .await;
     drop(relay);
 
     // Settled from the webhook on the redelivery.
     let (q, relay) = relay_on(&conn, "timeout_hold", &upstream, "hold").await;
     let dead = format!("{q}.dead");
     publish(&conn, &q, "slow-b", 1).await;
-    assert!(
-        one_replay_and_drained(&relay, &conn, &q).await,
-        "{}",
-        relay.log()
-    );
+    one_replay_and_drained(&relay, &conn, &q).await;
     assert_eq!(orders.executed("slow-b"), 1, "hold: executed once");
     assert_eq!(
         orders.calls("slow-b"),
@@ -123,11 +116,7 @@ async fn relay_upstream_times_out_after_acting() {
     let (code, out) = relay.reconcile_with(&with_webhook);
     assert_eq!(code, 0, "{out}");
     publish(&conn, &q, "slow-c", 1).await;
-    assert!(
-        one_replay_and_drained(&relay, &conn, &q).await,
-        "{}",
-        relay.log()
-    );
+    one_replay_and_drained(&relay, &conn, &q).await;
     assert_eq!(orders.executed("slow-c"), 1, "hold: executed once");
     assert_eq!(orders.calls("slow-c"), 1);
     assert_eq!(queue_ready(&conn, &dead).await, 2);
@@ -145,14 +134,11 @@ async fn relay_client_errors_dead_letter_and_server_errors_retry() {
     publish(&conn, &q, "reject-1", 1).await;
     publish(&conn, &q, "flaky-1", 1).await;
     publish(&conn, &q, "down-1", 1).await;
-    assert!(
-        eventually(WAIT, || async {
+    relay
+        .until("two dead letters, flaky-1 executed", || async {
             queue_ready(&conn, &dead).await == 2 && orders.executed("flaky-1") == 1
         })
-        .await,
-        "{}",
-        relay.log()
-    );
+        .await;
     assert_eq!(orders.calls("reject-1"), 1, "not retried");
     assert_eq!(orders.calls("flaky-1"), 2, "503, then 201");
     assert_eq!(orders.calls("down-1"), 3, "max_attempts = 3");
@@ -201,14 +187,11 @@ async fn http_callers_cannot_reach_relay_keys() {
     let relay = Relay::start(&cfg);
     publish(&conn, &q, "claimed-1", 1).await;
     publish(&conn, &q, "relayed-1", 1).await;
-    assert!(
-        eventually(WAIT, || async {
+    relay
+        .until("relayed-1 executed, the queue drained", || async {
             orders.executed("relayed-1") == 1 && queue_ready(&conn, &q).await == 0
         })
-        .await,
-        "{}",
-        relay.log()
-    );
+        .await;
     assert_eq!(
         orders.executed("claimed-1"),
         2,
@@ -217,26 +200,18 @@ async fn http_callers_cannot_reach_relay_keys() {
     );
 
     // The relay's completed key reads as absent to the pretender.
-    let status = http
-        .send_as(
-            Method::GET,
-            &gateway.url("/idem/status/relayed-1?route=orders"),
-            pretender,
-            &[],
-            "",
-        )
-        .await;
-    assert_eq!(status.status, 404, "{:?}", status.body);
-    let answer = http
-        .send_as(
-            Method::GET,
-            &gateway.url("/idem/status/relayed-1?route=orders&answer=1"),
-            pretender,
-            &[],
-            "",
-        )
-        .await;
-    assert_eq!(answer.status, 404, "{:?}", answer.body);
+    for query in ["route=orders", "route=orders&answer=1"] {
+        let status = http
+            .send_as(
+                Method::GET,
+                &gateway.url(&format!("/idem/status/relayed-1?{query}")),
+                pretender,
+                &[],
+                "",
+            )
+            .await;
+        assert_eq!(status.status, 404, "{query}: {:?}", status.body);
+    }
 }
 
 // Regression: `--metrics-listen` served `/metrics` to anyone, where the gateway's own
@@ -295,16 +270,9 @@ async fn relay_metrics_take_the_gateway_tokens() {
 /// `check-config` shows each relay; an incomplete one is refused, naming the field.
 #[test]
 fn check_config_shows_relays() {
-    let dir = TempDir::new("relaycfg");
-    let path = dir.0.join("idem.toml");
     let source = format!("broker = \"{AMQP_URL}\"\nqueue = \"orders_q\"");
     let good = config("orders_q", "http://127.0.0.1:9", "/orders", "hold", &source);
-    std::fs::write(&path, &good).unwrap();
-    let out = Command::new(bin())
-        .args(["check-config", "--config"])
-        .arg(&path)
-        .output()
-        .unwrap();
+    let out = common::check_config(&good);
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{text}");
     assert!(
@@ -316,12 +284,7 @@ fn check_config_shows_relays() {
         "{text}"
     );
 
-    std::fs::write(&path, good.replace("queue = \"orders_q\"\n", "")).unwrap();
-    let out = Command::new(bin())
-        .args(["check-config", "--config"])
-        .arg(&path)
-        .output()
-        .unwrap();
+    let out = common::check_config(&good.replace("queue = \"orders_q\"\n", ""));
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("`queue` is required"));
 }

@@ -9,15 +9,15 @@ mod relay_kit;
 
 use std::time::Duration;
 
-use idem_testkit::brokers::{JsStream, eventually};
-use relay_kit::{Orders, Relay, WAIT, config};
+use idem_testkit::brokers::JsStream;
+use relay_kit::{Orders, Relay, config};
 
 /// The duplicate window of the test streams.
 const WINDOW: Duration = Duration::from_millis(300);
 
-/// A stream of its own and `idem relay` consuming it, posting to `upstream` under the
-/// route's `failure` policy.
-async fn relay_on(what: &str, upstream: &str, failure: &str) -> (JsStream, Relay) {
+/// A stream of its own, and the relay's source settings that consume it through the durable
+/// consumer, dead-lettering to its dead-letter subject.
+async fn stream(what: &str) -> (JsStream, String) {
     let f = JsStream::create(what, WINDOW, Duration::from_secs(10)).await;
     let source = format!(
         "broker = \"nats://{}\"\nstream = \"{}\"\nconsumer = \"{}\"\ndead_letter = \"{}\"",
@@ -26,6 +26,13 @@ async fn relay_on(what: &str, upstream: &str, failure: &str) -> (JsStream, Relay
         JsStream::CONSUMER,
         f.dead()
     );
+    (f, source)
+}
+
+/// A stream of its own and `idem relay` consuming it, posting to `upstream` under the
+/// route's `failure` policy.
+async fn relay_on(what: &str, upstream: &str, failure: &str) -> (JsStream, Relay) {
+    let (f, source) = stream(what).await;
     let relay = Relay::start(&config(&f.name, upstream, "/orders", failure, &source));
     (f, relay)
 }
@@ -33,14 +40,7 @@ async fn relay_on(what: &str, upstream: &str, failure: &str) -> (JsStream, Relay
 /// As [`relay_on`] under `hold`, the relay running without the route's status webhook; also
 /// the configuration with it, for `idem reconcile`.
 async fn relay_without_webhook(what: &str, upstream: &str) -> (JsStream, String, Relay) {
-    let f = JsStream::create(what, WINDOW, Duration::from_secs(10)).await;
-    let source = format!(
-        "broker = \"nats://{}\"\nstream = \"{}\"\nconsumer = \"{}\"\ndead_letter = \"{}\"",
-        idem_testkit::brokers::NATS_URL,
-        f.name,
-        JsStream::CONSUMER,
-        f.dead()
-    );
+    let (f, source) = stream(what).await;
     let with_webhook = config(&f.name, upstream, "/orders", "hold", &source);
     let relay = Relay::start(&relay_kit::without_webhook(&with_webhook));
     (f, with_webhook, relay)
@@ -50,6 +50,16 @@ async fn relay_without_webhook(what: &str, upstream: &str) -> (JsStream, String,
 async fn drained(f: &JsStream) -> bool {
     let info = f.consumer().await.info().await.unwrap().clone();
     info.num_pending == 0 && info.num_ack_pending == 0
+}
+
+/// Waits (at most [`relay_kit::WAIT`]) until the relay has logged exactly one replay and everything
+/// published is acknowledged: a redelivery settled from the store.
+async fn one_replay_and_drained(relay: &Relay, f: &JsStream) {
+    relay
+        .until("one replay, the stream drained", || async {
+            relay.logged("replayed") == 1 && drained(f).await
+        })
+        .await;
 }
 
 /// The same `Nats-Msg-Id` published many times: the stream drops the copies inside its
@@ -81,14 +91,11 @@ async fn duplicates_within_and_beyond_the_window_execute_once() {
         "the broker holds order-1 twice"
     );
 
-    assert!(
-        eventually(WAIT, || async {
+    relay
+        .until("a replay, the stream drained", || async {
             relay.logged("replayed") >= 1 && drained(&f).await
         })
-        .await,
-        "{}",
-        relay.log()
-    );
+        .await;
     assert_eq!(orders.executed("order-1"), 1);
     assert_eq!(orders.executed("order-2"), 1);
     assert_eq!(relay.logged("executed"), 2, "{}", relay.log());
@@ -111,24 +118,17 @@ async fn upstream_times_out_after_acting_executes_once() {
 
     let (f, relay) = relay_on("slow_retry", &upstream, "retry").await;
     f.publish_id("slow-a", r#"{"order":"a"}"#).await;
-    assert!(
-        eventually(WAIT, || async { orders.executed("slow-a") >= 2 }).await,
-        "retry: the redelivery executes again\n{}",
-        relay.log()
-    );
+    relay
+        .until("retry: the redelivery executes again", || async {
+            orders.executed("slow-a") >= 2
+        })
+        .await;
     drop(relay);
     f.cleanup().await;
 
     let (f, relay) = relay_on("slow_hold", &upstream, "hold").await;
     f.publish_id("slow-b", r#"{"order":"b"}"#).await;
-    assert!(
-        eventually(WAIT, || async {
-            relay.logged("replayed") == 1 && drained(&f).await
-        })
-        .await,
-        "{}",
-        relay.log()
-    );
+    one_replay_and_drained(&relay, &f).await;
     assert_eq!(orders.executed("slow-b"), 1, "hold: executed once");
     assert_eq!(
         orders.calls("slow-b"),
@@ -141,11 +141,11 @@ async fn upstream_times_out_after_acting_executes_once() {
 
     let (f, with_webhook, relay) = relay_without_webhook("slow_bare", &upstream).await;
     f.publish_id("slow-c", r#"{"order":"c"}"#).await;
-    assert!(
-        eventually(WAIT, || async { f.count_on(&f.dead()).await == 1 }).await,
-        "{}",
-        relay.log()
-    );
+    relay
+        .until("one dead letter", || async {
+            f.count_on(&f.dead()).await == 1
+        })
+        .await;
     let letters = f.dead_letters().await;
     let reason = letters[0]
         .get("x-idem-reason")
@@ -158,14 +158,7 @@ async fn upstream_times_out_after_acting_executes_once() {
     assert!(out.contains("slow-c"), "{out}");
     tokio::time::sleep(WINDOW * 3).await;
     assert!(!f.publish_id("slow-c", r#"{"order":"c"}"#).await);
-    assert!(
-        eventually(WAIT, || async {
-            relay.logged("replayed") == 1 && drained(&f).await
-        })
-        .await,
-        "{}",
-        relay.log()
-    );
+    one_replay_and_drained(&relay, &f).await;
     assert_eq!(orders.executed("slow-c"), 1, "hold: executed once");
     assert_eq!(
         orders.calls("slow-c"),
@@ -185,14 +178,16 @@ async fn client_error_dead_letters_server_error_redelivers() {
     let (f, relay) = relay_on("status", &upstream, "hold").await;
     f.publish_id("reject-1", r#"{"order":"r"}"#).await;
     f.publish_id("flaky-1", r#"{"order":"f"}"#).await;
-    assert!(
-        eventually(WAIT, || async {
-            f.count_on(&f.dead()).await == 1 && orders.executed("flaky-1") == 1 && drained(&f).await
-        })
-        .await,
-        "{}",
-        relay.log()
-    );
+    relay
+        .until(
+            "one dead letter, flaky-1 executed, the stream drained",
+            || async {
+                f.count_on(&f.dead()).await == 1
+                    && orders.executed("flaky-1") == 1
+                    && drained(&f).await
+            },
+        )
+        .await;
     let letters = f.dead_letters().await;
     let reason = letters[0]
         .get("x-idem-reason")

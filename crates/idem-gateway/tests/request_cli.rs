@@ -6,7 +6,7 @@ mod common;
 use std::process::{Command, Output};
 
 use common::{Gateway, Upstream, bin, key};
-use idem_testkit::fault_proxy::{Fault, FaultProxy, posts};
+use idem_testkit::fault_proxy::Fault;
 
 const CONFIG: &str = r#"
 store = "memory:"
@@ -22,6 +22,13 @@ name = "charge"
 method = "POST"
 path = "/charge/*"
 "#;
+
+/// The test upstream and a gateway in front of it on [`CONFIG`].
+async fn start() -> (Upstream, Gateway) {
+    let up = Upstream::start().await;
+    let gw = Gateway::start(&format!("upstream = \"{}\"\n{CONFIG}", up.url()), &[]);
+    (up, gw)
+}
 
 async fn request(args: Vec<String>) -> Output {
     tokio::task::spawn_blocking(move || {
@@ -51,11 +58,8 @@ fn args(url: &str, extra: &[&str]) -> Vec<String> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lost_answer_is_fetched_and_a_repeat_is_a_replay() {
-    let up = Upstream::start().await;
-    let gw = Gateway::start(&format!("upstream = \"{}\"\n{CONFIG}", up.url()), &[]);
-    let proxy = FaultProxy::start_matching(gw.addr, posts, [Fault::DropAfterAnswer])
-        .await
-        .expect("proxy");
+    let (up, gw) = start().await;
+    let proxy = common::posts_proxy(&gw, [Fault::DropAfterAnswer]).await;
     let url = format!("http://{}/charge/cli", proxy.addr());
     let status = format!("http://{}/idem/status", proxy.addr());
     let k = key();
@@ -88,12 +92,9 @@ async fn a_lost_answer_is_fetched_and_a_repeat_is_a_replay() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn exit_codes_say_what_happened() {
-    let up = Upstream::start().await;
-    let gw = Gateway::start(&format!("upstream = \"{}\"\n{CONFIG}", up.url()), &[]);
+    let (up, gw) = start().await;
     // A lost answer and no status endpoint: the client cannot tell, and says so.
-    let proxy = FaultProxy::start_matching(gw.addr, posts, [Fault::DropAfterAnswer])
-        .await
-        .expect("proxy");
+    let proxy = common::posts_proxy(&gw, [Fault::DropAfterAnswer]).await;
     let out = request(args(&format!("http://{}/charge/blind", proxy.addr()), &[])).await;
     assert_eq!(out.status.code(), Some(4));
     assert!(String::from_utf8_lossy(&out.stderr).contains("outcome cannot be told"));

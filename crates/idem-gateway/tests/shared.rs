@@ -5,15 +5,12 @@
 mod cleanup;
 mod common;
 
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use cleanup::{Sql, sql_table};
-use common::{
-    ADMIN_TOKEN, Gateway, Http, REDIS, TempDir, Upstream, ci, key, reachable, service_up,
-    spare_port,
-};
+use common::{Gateway, Http, REDIS, Upstream, key, service_up};
 use http::{Method, StatusCode};
+use idem_testkit::redis_server::{Server, redis_server_available};
 
 fn config(upstream: &str, store: &str, extra: &str) -> String {
     common::configs::with_admin(upstream, store, extra, r#"namespace = "shared""#, ROUTES)
@@ -107,6 +104,23 @@ async fn two_gateways_sharing_mariadb_run_one_of_200() {
     }
 }
 
+/// Sends a payment taking `delay_ms` at the upstream through `gw` on the `reexecute` route
+/// and another on the `hold` route, each under a fresh key, and returns once both are in
+/// flight at `up`: their keys, in that order.
+async fn pay_on_both_routes(
+    up: &Upstream,
+    http: &Http,
+    gw: &Gateway,
+    delay_ms: u64,
+) -> (String, String) {
+    let (kre, khold) = (key(), key());
+    for (path, k) in [("/re/pay", &kre), ("/hold/pay", &khold)] {
+        up.in_flight(http, gw.url(&format!("{path}?delay_ms={delay_ms}")), k)
+            .await;
+    }
+    (kre, khold)
+}
+
 /// A gateway is SIGKILLed with a request in flight. Until the lease runs out, a retry
 /// through the other gateway is told "in flight"; after it, the route's takeover policy
 /// decides: `reexecute` runs the request again, `hold` answers outcome-unknown.
@@ -124,14 +138,7 @@ async fn after_a_sigkill_the_other_gateway_follows_the_takeover_policy() {
     let mut a = Gateway::start(&cfg, &[]);
     let b = Gateway::start(&cfg, &[]);
     let http = Http::new();
-    let (kre, khold) = (key(), key());
-
-    for (path, k) in [
-        ("/re/pay?delay_ms=800", &kre),
-        ("/hold/pay?delay_ms=800", &khold),
-    ] {
-        up.in_flight(&http, a.url(path), k).await;
-    }
+    let (kre, khold) = pay_on_both_routes(&up, &http, &a, 800).await;
     a.kill();
     let claimed_by = Instant::now();
 
@@ -140,9 +147,7 @@ async fn after_a_sigkill_the_other_gateway_follows_the_takeover_policy() {
         ("/re/pay?delay_ms=800", &kre),
         ("/hold/pay?delay_ms=800", &khold),
     ] {
-        let r = http
-            .send(Method::POST, &b.url(path), &[("idempotency-key", k)], "{}")
-            .await;
+        let r = http.post_keyed(&b.url(path), k).await;
         assert_eq!(
             (r.status, r.problem_type().as_str()),
             (StatusCode::CONFLICT, "in-flight"),
@@ -151,14 +156,7 @@ async fn after_a_sigkill_the_other_gateway_follows_the_takeover_policy() {
     }
     // Wait (bounded) for the lease to run out on the store's clock.
     let re = loop {
-        let r = http
-            .send(
-                Method::POST,
-                &b.url("/re/pay?delay_ms=800"),
-                &[("idempotency-key", &kre)],
-                "{}",
-            )
-            .await;
+        let r = http.post_keyed(&b.url("/re/pay?delay_ms=800"), &kre).await;
         if r.status != StatusCode::CONFLICT {
             break r;
         }
@@ -182,12 +180,7 @@ async fn after_a_sigkill_the_other_gateway_follows_the_takeover_policy() {
 /// that the record it left behind is answered as `409 outcome-unknown`.
 async fn retried_on_hold_is_unknown(http: &Http, gw: &Gateway, delay_ms: u64, key: &str) {
     let hold = http
-        .send(
-            Method::POST,
-            &gw.url(&format!("/hold/pay?delay_ms={delay_ms}")),
-            &[("idempotency-key", key)],
-            "{}",
-        )
+        .post_keyed(&gw.url(&format!("/hold/pay?delay_ms={delay_ms}")), key)
         .await;
     assert_eq!(
         (hold.status, hold.problem_type().as_str()),
@@ -195,73 +188,15 @@ async fn retried_on_hold_is_unknown(http: &Http, gw: &Gateway, delay_ms: u64, ke
     );
 }
 
-/// A private Redis server on a spare port, killed on drop.
-struct PrivateRedis {
-    child: Child,
-    port: u16,
-    _dir: TempDir,
-}
-
-impl PrivateRedis {
-    async fn start() -> Option<Self> {
-        let port = spare_port();
-        let dir = TempDir::new("redis");
-        let child = Command::new("redis-server")
-            .args([
-                "--port",
-                &port.to_string(),
-                "--bind",
-                "127.0.0.1",
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-            ])
-            .arg("--dir")
-            .arg(&dir.0)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn();
-        let child = match child {
-            Ok(c) => c,
-            Err(e) => {
-                assert!(!ci(), "redis-server cannot start: {e}");
-                eprintln!("SKIPPED: redis-server cannot start: {e}");
-                return None;
-            }
-        };
-        let me = Self {
-            child,
-            port,
-            _dir: dir,
-        };
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while !reachable(&format!("127.0.0.1:{port}")).await {
-            assert!(Instant::now() < deadline, "private redis did not start");
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        Some(me)
-    }
-
-    fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}", self.port)
-    }
-
-    fn kill(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Drop for PrivateRedis {
-    fn drop(&mut self) {
-        self.kill();
-    }
+/// A private `redis-server` of the test's own (one it may kill), or `None` when none can be
+/// started (said loudly; a failure under CI).
+fn private_redis() -> Option<Server> {
+    redis_server_available().then(|| Server::start(&[]))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn store_down_fails_closed_with_503() {
-    let Some(mut redis) = PrivateRedis::start().await else {
+    let Some(redis) = private_redis() else {
         return;
     };
     let up = Upstream::start().await;
@@ -272,9 +207,7 @@ async fn store_down_fails_closed_with_503() {
     let http = Http::new();
     let r = http.post(&gw.url("/charge"), Some(&key()), "{}").await;
     assert_eq!(r.status, StatusCode::CREATED);
-    let ready = http
-        .send(Method::GET, &gw.admin_url("/readyz"), &[], "")
-        .await;
+    let ready = http.get(&gw.admin_url("/readyz")).await;
     assert_eq!(ready.status, StatusCode::OK);
 
     redis.kill();
@@ -283,25 +216,14 @@ async fn store_down_fails_closed_with_503() {
     assert_eq!(r.problem_type(), "store-unavailable");
     assert!(r.header("retry-after").is_some());
     assert_eq!(up.seen.count("/charge"), 1, "nothing ran without a claim");
-    let ready = http
-        .send(Method::GET, &gw.admin_url("/readyz"), &[], "")
-        .await;
+    let ready = http.get(&gw.admin_url("/readyz")).await;
     assert_eq!(ready.status, StatusCode::SERVICE_UNAVAILABLE);
     // Unprotected requests still pass.
     assert_eq!(
-        http.send(Method::GET, &gw.url("/charge"), &[], "")
-            .await
-            .status,
+        http.get(&gw.url("/charge")).await.status,
         StatusCode::CREATED
     );
-    let metrics = http
-        .send(
-            Method::GET,
-            &gw.admin_url("/metrics"),
-            &[("authorization", &format!("Bearer {ADMIN_TOKEN}"))],
-            "",
-        )
-        .await;
+    let metrics = http.admin(Method::GET, &gw.admin_url("/metrics"), "").await;
     let text = String::from_utf8_lossy(&metrics.body).into_owned();
     assert!(
         text.contains("idem_store_errors_total{op=\"claim\"}"),
@@ -319,7 +241,7 @@ async fn store_down_fails_closed_with_503() {
 /// in-flight for the rest of the lease (shown by commenting out `release_all`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shutdown_deadline_settles_leases() {
-    let Some(redis) = PrivateRedis::start().await else {
+    let Some(redis) = private_redis() else {
         return;
     };
     let up = Upstream::start().await;
@@ -327,13 +249,7 @@ async fn shutdown_deadline_settles_leases() {
     let mut a = Gateway::start(&cfg.replace("timeout = \"1s\"", "timeout = \"10s\""), &[]);
     let b = Gateway::start(&cfg, &[]);
     let http = Http::new();
-    let (kre, khold) = (key(), key());
-    for (path, k) in [
-        ("/re/pay?delay_ms=5000", &kre),
-        ("/hold/pay?delay_ms=5000", &khold),
-    ] {
-        up.in_flight(&http, a.url(path), k).await;
-    }
+    let (kre, khold) = pay_on_both_routes(&up, &http, &a, 5000).await;
     a.term();
     assert!(
         a.wait_exit(Duration::from_secs(5)).await,
@@ -342,20 +258,8 @@ async fn shutdown_deadline_settles_leases() {
 
     // reexecute: released, so the same request runs again at once through the other gateway
     // (whose 1 s upstream timeout then answers 504; what matters is that it ran).
-    let re = http
-        .send(
-            Method::POST,
-            &b.url("/re/pay?delay_ms=5000"),
-            &[("idempotency-key", &kre)],
-            "{}",
-        )
-        .await;
-    assert_eq!(
-        re.status,
-        StatusCode::GATEWAY_TIMEOUT,
-        "{:?}",
-        String::from_utf8_lossy(&re.body)
-    );
+    let re = http.post_keyed(&b.url("/re/pay?delay_ms=5000"), &kre).await;
+    re.assert_status(StatusCode::GATEWAY_TIMEOUT);
     assert_eq!(up.seen.count("/re/pay"), 2);
     // hold: unknown at once, not in flight.
     retried_on_hold_is_unknown(&http, &b, 5000, &khold).await;

@@ -4,24 +4,26 @@
 
 mod common;
 
-use std::process::Command;
-
-use common::{Gateway, Http, TempDir, Upstream, bin, configs, key};
+use common::{Gateway, Http, Upstream, configs, key};
 use http::{Method, StatusCode};
 
 fn config(upstream: &str, status: bool) -> String {
-    format!(
-        r#"
-upstream = "{upstream}"
-store = "memory:"
-unmatched = "proxy"
-{}
+    let status = if status {
+        "[status]\npath = \"/idem/status/\""
+    } else {
+        ""
+    };
+    configs::keyed(
+        upstream,
+        "memory:",
+        &format!("unmatched = \"proxy\"\n{status}"),
+        "upstream_failure = \"hold\"\ntimeout = \"2s\"",
+        ROUTES,
+    )
+}
 
-[defaults]
-principal = {{ from = "header", header = "x-api-key" }}
-upstream_failure = "hold"
-timeout = "2s"
-
+/// The routes of [`config`]: two keyed by the caller, one open to everyone.
+const ROUTES: &str = r#"
 [[routes]]
 name = "charge"
 method = "POST"
@@ -37,19 +39,32 @@ namespace = "refunds"
 name = "open"
 method = "POST"
 path = "/open/*"
-principal = {{ from = "none" }}
-"#,
-        if status {
-            "[status]\npath = \"/idem/status/\""
-        } else {
-            ""
-        }
-    )
+principal = { from = "none" }
+"#;
+
+/// The test upstream and a gateway in front of it on [`config`], the status endpoint on
+/// when `status`.
+async fn start(status: bool) -> (Upstream, Gateway, Http) {
+    let up = Upstream::start().await;
+    let gw = Gateway::start(&config(&up.url(), status), &[]);
+    (up, gw, Http::new())
 }
 
 async fn get(http: &Http, gw: &Gateway, path: &str, who: Option<&str>) -> common::Reply {
     let headers: Vec<(&str, &str)> = who.map(|w| ("x-api-key", w)).into_iter().collect();
     http.send(Method::GET, &gw.url(path), &headers, "").await
+}
+
+/// The status endpoint's answer on `key` with `query` (`route=…`, `answer=1`, …), asked as
+/// `who`.
+async fn status_of(
+    http: &Http,
+    gw: &Gateway,
+    key: &str,
+    query: &str,
+    who: Option<&str>,
+) -> common::Reply {
+    get(http, gw, &format!("/idem/status/{key}?{query}"), who).await
 }
 
 async fn post(http: &Http, gw: &Gateway, path: &str, key: &str, who: &str) -> common::Reply {
@@ -68,9 +83,7 @@ async fn post(http: &Http, gw: &Gateway, path: &str, key: &str, who: &str) -> co
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn off_by_default_the_path_is_an_upstream_path() {
-    let up = Upstream::start().await;
-    let gw = Gateway::start(&config(&up.url(), false), &[]);
-    let http = Http::new();
+    let (up, gw, http) = start(false).await;
     let r = get(&http, &gw, "/idem/status/k-1?route=charge", Some("alice")).await;
     assert_eq!(r.status, StatusCode::CREATED, "the upstream answered");
     assert_eq!(up.seen.count("/idem/status/k-1"), 1);
@@ -78,9 +91,7 @@ async fn off_by_default_the_path_is_an_upstream_path() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_key_reads_absent_then_completed_and_its_answer_replays() {
-    let up = Upstream::start().await;
-    let gw = Gateway::start(&config(&up.url(), true), &[]);
-    let http = Http::new();
+    let (up, gw, http) = start(true).await;
     let k = key();
     let at = format!("/idem/status/{k}?route=charge");
 
@@ -114,60 +125,32 @@ async fn a_key_reads_absent_then_completed_and_its_answer_replays() {
     let r = get(&http, &gw, &at, None).await;
     assert_eq!(r.status, StatusCode::UNAUTHORIZED);
     // Another namespace: absent.
-    let r = get(
-        &http,
-        &gw,
-        &format!("/idem/status/{k}?route=refund"),
-        Some("alice"),
-    )
-    .await;
+    let r = status_of(&http, &gw, &k, "route=refund", Some("alice")).await;
     assert_eq!(r.json()["state"], "absent");
-    let r = get(
-        &http,
-        &gw,
-        &format!("/idem/status/{k}?namespace=charge"),
-        Some("alice"),
-    )
-    .await;
+    let r = status_of(&http, &gw, &k, "namespace=charge", Some("alice")).await;
     assert_eq!(r.json()["state"], "completed");
     assert_eq!(up.seen.total(), 1, "no status query was proxied");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn in_flight_and_unknown_keys_say_so() {
-    let up = Upstream::start().await;
-    let gw = Gateway::start(&config(&up.url(), true), &[]);
-    let http = Http::new();
+    let (up, gw, http) = start(true).await;
 
     let k = key();
-    let pending = {
-        let arrived = up.seen.arrived.notified();
-        tokio::pin!(arrived);
-        arrived.as_mut().enable();
-        let (http, url, k) = (
-            http.clone(),
+    let pending = up
+        .in_flight_with(
+            &http,
             gw.url("/charge/slow?delay_ms=1500"),
-            k.clone(),
-        );
-        let pending = tokio::spawn(async move {
-            http.send(
-                Method::POST,
-                &url,
-                &[("idempotency-key", &k), ("x-api-key", "alice")],
-                "{}",
-            )
-            .await
-        });
-        arrived.await;
-        pending
-    };
+            &[("idempotency-key", &k), ("x-api-key", "alice")],
+        )
+        .await;
     let at = format!("/idem/status/{k}?route=charge&answer=1");
     let r = get(&http, &gw, &at, Some("alice")).await;
     assert_eq!(r.status, StatusCode::OK);
     assert_eq!(r.json()["state"], "processing");
     assert_eq!(r.header("retry-after"), Some("1"));
     assert!(r.json()["lease_until"].as_u64().is_some());
-    let first = pending.await.expect("join");
+    let first = pending.await.expect("join").expect("answered");
     let r = get(&http, &gw, &at, Some("alice")).await;
     assert_eq!(r.body, first.body, "once done, the stored answer");
 
@@ -175,34 +158,20 @@ async fn in_flight_and_unknown_keys_say_so() {
     let k = key();
     let r = post(&http, &gw, "/charge/reset", &k, "alice").await;
     assert_eq!(r.status, StatusCode::BAD_GATEWAY);
-    let r = get(
-        &http,
-        &gw,
-        &format!("/idem/status/{k}?route=charge&answer=1"),
-        Some("alice"),
-    )
-    .await;
+    let r = status_of(&http, &gw, &k, "route=charge&answer=1", Some("alice")).await;
     assert_eq!(r.status, StatusCode::OK);
     assert_eq!(r.json()["state"], "unknown");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nothing_under_the_path_is_ever_proxied() {
-    let up = Upstream::start().await;
-    let gw = Gateway::start(&config(&up.url(), true), &[]);
-    let http = Http::new();
+    let (up, gw, http) = start(true).await;
     let k = key();
     // Two protected routes with principals: the route must be named.
     let r = get(&http, &gw, &format!("/idem/status/{k}"), Some("alice")).await;
     assert_eq!(r.status, StatusCode::BAD_REQUEST);
     assert_eq!(r.problem_type(), "status-route");
-    let r = get(
-        &http,
-        &gw,
-        &format!("/idem/status/{k}?route=nope"),
-        Some("alice"),
-    )
-    .await;
+    let r = status_of(&http, &gw, &k, "route=nope", Some("alice")).await;
     assert_eq!(r.problem_type(), "status-route");
     // Other spellings, other methods and a missing key are answered, not forwarded.
     for (method, path) in [
@@ -244,31 +213,15 @@ async fn nothing_under_the_path_is_ever_proxied() {
     assert_eq!(up.seen.total(), 1, "only the charge reached the upstream");
     // The route without a principal answers everyone.
     let k = key();
-    let r = http
-        .send(
-            Method::POST,
-            &gw.url("/open/x"),
-            &[("idempotency-key", &k)],
-            "{}",
-        )
-        .await;
+    let r = http.post_keyed(&gw.url("/open/x"), &k).await;
     assert_eq!(r.status, StatusCode::CREATED);
-    let r = get(&http, &gw, &format!("/idem/status/{k}?route=open"), None).await;
+    let r = status_of(&http, &gw, &k, "route=open", None).await;
     assert_eq!(r.json()["state"], "completed");
 }
 
 #[test]
 fn check_config_shows_the_endpoint() {
-    let dir = TempDir::new("status-check");
-    let path = dir.0.join("idem.toml");
-    let run = |text: &str| {
-        std::fs::write(&path, text).expect("write");
-        Command::new(bin())
-            .args(["check-config", "--config"])
-            .arg(&path)
-            .output()
-            .expect("run")
-    };
+    let run = common::check_config;
     let out = run(&config("http://127.0.0.1:9", true));
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{text}");
@@ -378,13 +331,7 @@ async fn a_token_routes_request_is_asked_about_with_the_token() {
     assert_eq!(r.status, StatusCode::UNAUTHORIZED);
 
     // The record key itself, in the path, is a key like any other.
-    let r = ask(
-        &http,
-        &gw,
-        &format!("/idem/status/{record}?route=checkout"),
-        &[("x-api-key", "alice")],
-    )
-    .await;
+    let r = status_of(&http, &gw, &record, "route=checkout", Some("alice")).await;
     assert_eq!(r.json()["state"], "completed");
 
     // Refused: the token in the URL, a malformed token, a key and a token at once, a token
@@ -425,12 +372,6 @@ async fn a_token_routes_request_is_asked_about_with_the_token() {
     // The unguarded variant (last: it puts the token in a path, which the access log shows):
     // asking with the token as the key finds nothing, since the route keeps the record under
     // the token's digest.
-    let r = ask(
-        &http,
-        &gw,
-        &format!("/idem/status/{t}?route=checkout"),
-        &[("x-api-key", "alice")],
-    )
-    .await;
+    let r = status_of(&http, &gw, &t, "route=checkout", Some("alice")).await;
     assert_eq!(r.json()["state"], "absent");
 }

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{Gateway, Http, TempDir, Upstream, bin, key};
+use common::{Gateway, Http, TempDir, Upstream, key};
 use http::StatusCode;
 use idem_testkit::redis_server::{Cluster, Server, redis_server_available};
 
@@ -86,7 +86,7 @@ async fn runs_once(store: &str, extra: &str) {
     let http = Http::new();
     let k = key();
     let first = http.post(&gw.url("/pay/1"), Some(&k), "{}").await;
-    assert_eq!(first.status, StatusCode::CREATED, "{:?}", first.body);
+    first.assert_status(StatusCode::CREATED);
     let again = http.post(&gw.url("/pay/1"), Some(&k), "{}").await;
     assert!(again.replayed(), "{:?}", again.headers);
     assert_eq!(again.body, first.body);
@@ -113,15 +113,41 @@ async fn tls_as_the_url_says(
     serve_fails(&config("http://127.0.0.1:9", plain, ""))
 }
 
+/// A private database server that takes TLS connections only, on the test's PKI.
+trait TlsDatabase: Sized {
+    /// `None` (loudly, or a failure under CI) when its binaries are missing.
+    fn start(pki: &Pki) -> Option<Self>;
+    /// Its URL with `query`.
+    fn url(&self, query: &str) -> String;
+}
+
+/// [`tls_as_the_url_says`] on a private `D` started for the purpose: `verify(ca)` is the URL
+/// query that checks the server against `ca`, `require` the one that wants TLS unchecked and
+/// `disable` the one without TLS. `None` when `D` cannot be started.
+async fn database_over_tls<D: TlsDatabase>(
+    verify: fn(&str) -> String,
+    require: &str,
+    disable: &str,
+) -> Option<String> {
+    let pki = Pki::new();
+    // Blocks this test's thread while the server starts; nothing else runs yet.
+    let db = D::start(&pki)?;
+    let verified = |ca: &str| db.url(&verify(ca));
+    Some(
+        tls_as_the_url_says(
+            &verified(&pki.file("ca.pem")),
+            &db.url(require),
+            &verified(&pki.file("wrong-ca.pem")),
+            &db.url(disable),
+        )
+        .await,
+    )
+}
+
 /// `idem serve` on `config` exits without listening; returns what it printed.
 fn serve_fails(config: &str) -> String {
-    let dir = TempDir::new("store-tls-fail");
-    let path = dir.0.join("idem.toml");
-    std::fs::write(&path, config).expect("write");
-    let mut child = Command::new(bin())
-        .arg("serve")
-        .arg("--config")
-        .arg(&path)
+    let (dir, mut cmd) = common::command("serve", config);
+    let mut child = cmd
         .args(["--listen", "127.0.0.1:0"])
         .current_dir(&dir.0)
         .stdin(Stdio::null())
@@ -227,19 +253,15 @@ async fn rediss_with_a_private_ca_and_a_client_certificate() {
 /// refused with the reason.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_over_tls_as_the_url_says() {
-    let pki = Pki::new();
-    // Blocks this test's thread while the server starts; nothing else runs yet.
-    let Some(pg) = Postgres::start(&pki) else {
+    let Some(plain) = database_over_tls::<Postgres>(
+        |ca| format!("sslmode=verify-full&sslrootcert={ca}"),
+        "sslmode=require",
+        "sslmode=disable",
+    )
+    .await
+    else {
         return;
     };
-    let verified = |ca: &str| pg.url(&format!("sslmode=verify-full&sslrootcert={ca}"));
-    let plain = tls_as_the_url_says(
-        &verified(&pki.file("ca.pem")),
-        &pg.url("sslmode=require"),
-        &verified(&pki.file("wrong-ca.pem")),
-        &pg.url("sslmode=disable"),
-    )
-    .await;
     assert!(
         plain.contains("pg_hba.conf") || plain.contains("no encryption"),
         "the server refuses plain connections: {plain}"
@@ -271,15 +293,7 @@ fn store_tls_files_are_checked_before_start() {
             "sslrootcert",
         ),
     ] {
-        let dir = TempDir::new("store-tls-check");
-        let path = dir.0.join("idem.toml");
-        std::fs::write(&path, config("http://127.0.0.1:9", store, &extra)).expect("write");
-        let out = Command::new(bin())
-            .arg("check-config")
-            .arg("--config")
-            .arg(&path)
-            .output()
-            .expect("run idem");
+        let out = common::check_config(&config("http://127.0.0.1:9", store, &extra));
         let text = String::from_utf8_lossy(&out.stderr);
         assert!(!out.status.success(), "{store} {extra}");
         assert!(text.contains(want), "{store} {extra}: {text}");
@@ -296,8 +310,7 @@ struct Postgres {
 
 const PG_BIN: &str = "/usr/lib/postgresql/15/bin";
 
-impl Postgres {
-    /// `None` (loudly, or a failure under CI) when PostgreSQL's binaries are missing.
+impl TlsDatabase for Postgres {
     fn start(pki: &Pki) -> Option<Self> {
         if !Path::new(PG_BIN).join("postgres").exists() {
             assert!(!common::ci(), "CI: PostgreSQL binaries missing in {PG_BIN}");
@@ -412,8 +425,7 @@ struct Mariadb {
     child: std::process::Child,
 }
 
-impl Mariadb {
-    /// `None` (loudly, or a failure under CI) when MariaDB's binaries are missing.
+impl TlsDatabase for Mariadb {
     fn start(pki: &Pki) -> Option<Self> {
         let have = |b: &str| {
             Command::new(b)
@@ -491,19 +503,15 @@ impl Drop for Mariadb {
 /// refused with the reason.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mariadb_over_tls_as_the_url_says() {
-    let pki = Pki::new();
-    // Blocks this test's thread while the server starts; nothing else runs yet.
-    let Some(db) = Mariadb::start(&pki) else {
+    let Some(plain) = database_over_tls::<Mariadb>(
+        |ca| format!("ssl-mode=VERIFY_IDENTITY&ssl-ca={ca}"),
+        "ssl-mode=REQUIRED",
+        "ssl-mode=DISABLED",
+    )
+    .await
+    else {
         return;
     };
-    let verified = |ca: &str| db.url(&format!("ssl-mode=VERIFY_IDENTITY&ssl-ca={ca}"));
-    let plain = tls_as_the_url_says(
-        &verified(&pki.file("ca.pem")),
-        &db.url("ssl-mode=REQUIRED"),
-        &verified(&pki.file("wrong-ca.pem")),
-        &db.url("ssl-mode=DISABLED"),
-    )
-    .await;
     // The same user, refused without TLS: MariaDB 10.11 reports `require_secure_transport`
     // as "Access denied", other versions as "insecure transport".
     assert!(
@@ -552,7 +560,7 @@ async fn rediss_cluster_with_a_private_ca() {
     for i in 0..12 {
         let (path, k) = (format!("/pay/{i}"), format!("{run}-{i}"));
         let first = http.post(&gw.url(&path), Some(&k), "{}").await;
-        assert_eq!(first.status, StatusCode::CREATED, "{:?}", first.body);
+        first.assert_status(StatusCode::CREATED);
         let again = http.post(&gw.url(&path), Some(&k), "{}").await;
         assert!(again.replayed() && again.body == first.body);
         assert_eq!(up.seen.count(&path), 1);

@@ -10,21 +10,19 @@ use http::{Method, StatusCode};
 /// A gateway with one token route whose principal is the `x-api-key` header, on `store`,
 /// with `token_extra` added to the route's token table.
 fn config(up: &Upstream, store: &str, token_extra: &str) -> String {
-    format!(
-        r#"
-upstream = "{}"
-store = "{store}"
-
-[defaults]
-principal = {{ from = "header", header = "x-api-key" }}
-
-[[routes]]
+    common::configs::keyed(
+        &up.url(),
+        store,
+        "",
+        "",
+        &format!(
+            r#"[[routes]]
 name = "checkout"
 method = "POST"
 path = "/checkout/*"
 token = {{ issue = "/checkout/token", ttl = "15m"{token_extra} }}
-"#,
-        up.url()
+"#
+        ),
     )
 }
 
@@ -114,7 +112,7 @@ async fn a_full_token_store_refuses_issues_and_honours_live_tokens() {
                 "{}",
             )
             .await;
-        assert_eq!(res.status, StatusCode::CREATED, "{:?}", res.body);
+        res.assert_status(StatusCode::CREATED);
     }
     assert_eq!(up.seen.count("/checkout/pay"), 20);
 }

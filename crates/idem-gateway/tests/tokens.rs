@@ -10,40 +10,38 @@ use std::collections::HashSet;
 use std::time::{Duration, SystemTime};
 
 use cleanup::{Sql, sql_table};
-use common::{ADMIN_TOKEN, Gateway, Http, REDIS, Reply, Upstream, service_up};
+use common::{Gateway, Http, REDIS, Reply, Upstream, service_up};
 use http::{Method, StatusCode};
 
 fn config(upstream: &str, store: &str, extra: &str) -> String {
-    format!(
-        r#"
-upstream = "{upstream}"
-store = "{store}"
-{extra}
+    common::configs::keyed(
+        upstream,
+        store,
+        extra,
+        "",
+        &format!("{}\n{ROUTES}", common::configs::admin_table("")),
+    )
+}
 
-[admin]
-listen = "127.0.0.1:0"
-token = "{ADMIN_TOKEN}"
-
-[defaults]
-principal = {{ from = "header", header = "x-api-key" }}
-
+/// The routes of [`config`]: three token modes, and keys without tokens.
+const ROUTES: &str = r#"
 [[routes]]
 name = "checkout"
 method = "POST"
 path = "/checkout/*"
-token = {{ issue = "/checkout/token", ttl = "15m", rate = "1000/min" }}
+token = { issue = "/checkout/token", ttl = "15m", rate = "1000/min" }
 
 [[routes]]
 name = "quick"
 method = "POST"
 path = "/quick/*"
-token = {{ header = "x-form-token", issue = "/quick/token", ttl = "300ms", rate = "1000/min" }}
+token = { header = "x-form-token", issue = "/quick/token", ttl = "300ms", rate = "1000/min" }
 
 [[routes]]
 name = "limited"
 method = "POST"
 path = "/limited/*"
-token = {{ issue = "/limited/token", rate = "2/min" }}
+token = { issue = "/limited/token", rate = "2/min" }
 
 # No token mode, keys optional: the unguarded variant.
 [[routes]]
@@ -51,16 +49,14 @@ name = "keyed"
 method = "POST"
 path = "/keyed/*"
 key_required = false
-"#
-    )
-}
+"#;
 
 /// Issues a token at `path` for `principal`; checks the answer's shape.
 async fn issue(http: &Http, gw: &Gateway, path: &str, principal: &str) -> (String, Reply) {
     let r = http
         .send_as(Method::POST, &gw.url(path), principal, &[], "")
         .await;
-    assert_eq!(r.status, StatusCode::CREATED, "{:?}", r.body);
+    r.assert_status(StatusCode::CREATED);
     assert_eq!(r.header("cache-control"), Some("no-store"));
     let body = r.json();
     let token = body["token"].as_str().expect("token").to_owned();
@@ -107,14 +103,7 @@ fn assert_answered_or_in_flight(replies: &[Reply]) {
 
 /// The admin API's answer to `GET path`, with the admin token.
 async fn admin_get(http: &Http, gw: &Gateway, path: &str) -> Reply {
-    let auth = format!("Bearer {ADMIN_TOKEN}");
-    http.send(
-        Method::GET,
-        &gw.admin_url(path),
-        &[("authorization", &auth)],
-        "",
-    )
-    .await
+    http.admin(Method::GET, &gw.admin_url(path), "").await
 }
 
 /// Everything a token route promises, on one gateway over `store`.
@@ -323,15 +312,7 @@ async fn token_routes_on_mariadb() {
 
 /// Runs `idem check-config` on `toml`; returns (success, stderr).
 fn check_config(toml: &str) -> (bool, String) {
-    let dir = common::TempDir::new("tokcfg");
-    let path = dir.0.join("idem.toml");
-    std::fs::write(&path, toml).expect("write");
-    let out = std::process::Command::new(common::bin())
-        .arg("check-config")
-        .arg("--config")
-        .arg(&path)
-        .output()
-        .expect("run idem");
+    let out = common::check_config(toml);
     (
         out.status.success(),
         String::from_utf8_lossy(&out.stderr).into_owned() + &String::from_utf8_lossy(&out.stdout),

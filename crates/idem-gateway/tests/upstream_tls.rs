@@ -119,14 +119,7 @@ async fn https_upstream_with_a_client_certificate_runs_once_and_replays() {
     let cfg = config(up.addr, &pki.ca_file, Some(&pki));
 
     // check-config shows how the upstream is reached.
-    let cfg_path = dir.0.join("check.toml");
-    std::fs::write(&cfg_path, &cfg).expect("write");
-    let out = std::process::Command::new(bin())
-        .arg("check-config")
-        .arg("--config")
-        .arg(&cfg_path)
-        .output()
-        .expect("check-config");
+    let out = common::check_config(&cfg);
     let shown = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{shown}");
     assert!(
@@ -144,7 +137,7 @@ async fn https_upstream_with_a_client_certificate_runs_once_and_replays() {
     let first = http
         .post(&gw.url("/charge"), Some(&k), r#"{"amount":100}"#)
         .await;
-    assert_eq!(first.status, StatusCode::CREATED, "{:?}", first.body);
+    first.assert_status(StatusCode::CREATED);
     assert_eq!(first.json()["execution"], 1);
     let again = http
         .post(&gw.url("/charge"), Some(&k), r#"{"amount":100}"#)
@@ -196,7 +189,7 @@ async fn an_untrusted_upstream_is_a_clear_502_and_the_key_stays_free() {
     }
     let before = up.executions.load(Ordering::SeqCst);
     let retried = http.post(&gw.url("/charge"), Some(&k), "{}").await;
-    assert_eq!(retried.status, StatusCode::CREATED, "{:?}", retried.body);
+    retried.assert_status(StatusCode::CREATED);
     assert!(!retried.replayed());
     assert_eq!(up.executions.load(Ordering::SeqCst), before + 1);
 }
@@ -230,7 +223,7 @@ async fn reconciliation_reaches_an_https_webhook_with_the_upstreams_tls_settings
             "{}",
         )
         .await;
-    assert_eq!(lost.status, StatusCode::GATEWAY_TIMEOUT, "{:?}", lost.body);
+    lost.assert_status(StatusCode::GATEWAY_TIMEOUT);
     assert_eq!(up.executions.load(Ordering::SeqCst), 1, "it acted");
 
     let out = std::process::Command::new(bin())
@@ -255,7 +248,7 @@ async fn reconciliation_reaches_an_https_webhook_with_the_upstreams_tls_settings
     assert_eq!(item["applied"], true, "{item}");
 
     let retry = http.post(&gw.url("/charge"), Some(&k), "{}").await;
-    assert_eq!(retry.status, StatusCode::CREATED, "{:?}", retry.body);
+    retry.assert_status(StatusCode::CREATED);
     assert!(retry.replayed());
     assert_eq!(retry.json()["reconciled"], true);
     assert_eq!(up.executions.load(Ordering::SeqCst), 1, "never run twice");

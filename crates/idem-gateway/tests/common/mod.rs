@@ -9,6 +9,7 @@
 pub mod configs;
 pub mod in_process;
 pub mod pki;
+pub mod wire;
 
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader};
@@ -67,15 +68,8 @@ impl Gateway {
     }
 
     pub fn start_env(config: &str, args: &[&str], env: &[(&str, &str)]) -> Self {
-        let dir = TempDir::new("cfg");
-        let path = dir.0.join("idem.toml");
-        std::fs::write(&path, config).expect("write config");
-        let mut cmd = Command::new(bin());
-        cmd.arg("serve")
-            .arg("--config")
-            .arg(&path)
-            .args(["--listen", "127.0.0.1:0"])
-            .args(args);
+        let (dir, mut cmd) = command("serve", config);
+        cmd.args(["--listen", "127.0.0.1:0"]).args(args);
         cmd.env("RUST_LOG", "info");
         for (k, v) in env {
             cmd.env(k, v);
@@ -163,7 +157,8 @@ impl Gateway {
         self.signal("-HUP");
     }
 
-    fn signal(&self, sig: &str) {
+    /// Sends signal `sig` (`-STOP`, `-CONT`, …) to the process and asserts it was delivered.
+    pub fn signal(&self, sig: &str) {
         let ok = Command::new("kill")
             .args([sig, &self.pid().to_string()])
             .status()
@@ -324,13 +319,31 @@ impl Upstream {
         url: String,
         key: &str,
     ) -> tokio::task::JoinHandle<Result<Reply, String>> {
+        self.in_flight_with(http, url, &[("idempotency-key", key)])
+            .await
+    }
+
+    /// [`in_flight`](Self::in_flight) with `headers` in place of the key alone.
+    pub async fn in_flight_with(
+        &self,
+        http: &Http,
+        url: String,
+        headers: &[(&str, &str)],
+    ) -> tokio::task::JoinHandle<Result<Reply, String>> {
         let arrived = self.seen.arrived.notified();
         tokio::pin!(arrived);
         arrived.as_mut().enable();
-        let (http, key) = (http.clone(), key.to_owned());
+        let http = http.clone();
+        let headers: Vec<(String, String)> = headers
+            .iter()
+            .map(|(n, v)| ((*n).to_owned(), (*v).to_owned()))
+            .collect();
         let pending = tokio::spawn(async move {
-            http.try_send(Method::POST, &url, &[("idempotency-key", &key)], "{}")
-                .await
+            let headers: Vec<(&str, &str)> = headers
+                .iter()
+                .map(|(n, v)| (n.as_str(), v.as_str()))
+                .collect();
+            http.try_send(Method::POST, &url, &headers, "{}").await
         });
         tokio::time::timeout(Duration::from_secs(5), arrived)
             .await
@@ -532,6 +545,11 @@ impl Reply {
             .trim_start_matches("https://idem.dev/problems/")
             .to_owned()
     }
+    /// Asserts the answer's status is `want`, showing the body when it is not.
+    #[track_caller]
+    pub fn assert_status(&self, want: StatusCode) {
+        assert_eq!(self.status, want, "{}", String::from_utf8_lossy(&self.body));
+    }
     pub fn replayed(&self) -> bool {
         self.header("idempotent-replayed") == Some("true")
     }
@@ -610,6 +628,32 @@ impl Http {
         self.send(method, url, &headers, body).await
     }
 
+    /// A plain `GET` of `url`: no header, no body.
+    pub async fn get(&self, url: &str) -> Reply {
+        self.send(Method::GET, url, &[], "").await
+    }
+
+    /// `method` at `url` (an admin endpoint) with `body`, authorized by [`ADMIN_TOKEN`].
+    pub async fn admin(&self, method: Method, url: &str, body: &str) -> Reply {
+        let auth = format!("Bearer {ADMIN_TOKEN}");
+        self.send(method, url, &[("authorization", &auth)], body)
+            .await
+    }
+
+    /// POSTs `{}` to `url` under idempotency key `key` and no other header: the request
+    /// [`Upstream::in_flight`] sends, so a retry of one carries the same fingerprint.
+    pub async fn post_keyed(&self, url: &str, key: &str) -> Reply {
+        self.try_post_keyed(url, key)
+            .await
+            .unwrap_or_else(|e| panic!("{url}: {e}"))
+    }
+
+    /// [`post_keyed`](Self::post_keyed): the answer, or why there was none.
+    pub async fn try_post_keyed(&self, url: &str, key: &str) -> Result<Reply, String> {
+        self.try_send(Method::POST, url, &[("idempotency-key", key)], "{}")
+            .await
+    }
+
     pub async fn post(&self, url: &str, key: Option<&str>, body: &str) -> Reply {
         let mut headers = vec![("content-type", "application/json")];
         if let Some(k) = key {
@@ -617,6 +661,15 @@ impl Http {
         }
         self.send(Method::POST, url, &headers, body).await
     }
+}
+
+/// The `Idempotency-Key` a hand-made upstream was sent, or `""` without one.
+pub fn idempotency_key(headers: &HeaderMap) -> String {
+    headers
+        .get("idempotency-key")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+        .to_owned()
 }
 
 /// A fresh idempotency key.
@@ -653,6 +706,49 @@ pub async fn reachable(addr: &str) -> bool {
         tokio::time::timeout(Duration::from_secs(1), tokio::net::TcpStream::connect(addr)).await,
         Ok(Ok(_))
     )
+}
+
+/// `idem <subcommand> --config <file>`, `config` written to `idem.toml` in a fresh temp
+/// directory, which the caller keeps for as long as the command runs.
+pub fn command(subcommand: &str, config: &str) -> (TempDir, Command) {
+    let dir = TempDir::new(subcommand);
+    let path = dir.0.join("idem.toml");
+    std::fs::write(&path, config).expect("write config");
+    let mut cmd = Command::new(bin());
+    cmd.arg(subcommand).arg("--config").arg(path);
+    (dir, cmd)
+}
+
+/// Runs `idem check-config` on `config` (written to a fresh temp file); what it printed and
+/// how it exited.
+pub fn check_config(config: &str) -> std::process::Output {
+    let (_dir, mut cmd) = command("check-config", config);
+    cmd.output().expect("run idem check-config")
+}
+
+/// A fault proxy in front of `gw` that applies `plan`, in order, to the POSTs through it.
+pub async fn posts_proxy(
+    gw: &Gateway,
+    plan: impl IntoIterator<Item = idem_testkit::fault_proxy::Fault>,
+) -> idem_testkit::fault_proxy::FaultProxy {
+    idem_testkit::fault_proxy::FaultProxy::start_matching(
+        gw.addr,
+        idem_testkit::fault_proxy::posts,
+        plan,
+    )
+    .await
+    .expect("proxy")
+}
+
+/// Serves `app` (a hand-made upstream) on a spare loopback port for as long as the test's
+/// runtime lives; its address.
+pub async fn serve_router(app: axum::Router) -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    });
+    addr
 }
 
 /// A spare loopback port (bound, then released).

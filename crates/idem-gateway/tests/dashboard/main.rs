@@ -44,12 +44,7 @@ struct Admin<'a> {
 impl Admin<'_> {
     async fn get(&self, path: &str) -> common::Reply {
         self.http
-            .send(
-                Method::GET,
-                &self.gw.admin_url(path),
-                &[("authorization", &format!("Bearer {ADMIN_TOKEN}"))],
-                "",
-            )
+            .admin(Method::GET, &self.gw.admin_url(path), "")
             .await
     }
 
@@ -63,12 +58,20 @@ impl Admin<'_> {
 
     /// The sum of `idem_requests_total{outcome}` over every route.
     async fn requests(&self, outcome: &str) -> u64 {
+        self.requests_labelled(&format!("outcome=\"{outcome}\""))
+            .await
+    }
+
+    /// The sum of `idem_requests_total` over every route and outcome.
+    async fn all_requests(&self) -> u64 {
+        self.requests_labelled("").await
+    }
+
+    /// The sum of the `idem_requests_total` series whose labels contain `label`.
+    async fn requests_labelled(&self, label: &str) -> u64 {
         let text = String::from_utf8_lossy(&self.get("/metrics").await.body).into_owned();
         text.lines()
-            .filter(|l| {
-                l.starts_with("idem_requests_total{")
-                    && l.contains(&format!("outcome=\"{outcome}\""))
-            })
+            .filter(|l| l.starts_with("idem_requests_total{") && l.contains(label))
             .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
             .sum::<f64>() as u64
     }
@@ -155,10 +158,9 @@ async fn the_dashboard_shows_what_the_admin_api_says_and_settles_records() {
     page.goto(&gw.admin_url("/ui?refresh=1")).await;
 
     // Without a token the page shows nothing but the sign-in.
-    page.wait_for(
+    page.wait_until(
         "the sign-in prompt",
         "return document.getElementById('message').textContent.includes('Enter the admin token');",
-        json!([]),
     )
     .await;
     assert_eq!(
@@ -169,20 +171,18 @@ async fn the_dashboard_shows_what_the_admin_api_says_and_settles_records() {
     // A wrong token is refused by the API, and the page says so.
     page.type_into("#token", "not-the-admin-token-0000").await;
     page.click("#connect").await;
-    page.wait_for(
+    page.wait_until(
         "the refusal",
         "return document.getElementById('message').textContent.includes('refused') \
          && document.getElementById('board').hidden;",
-        json!([]),
     )
     .await;
 
     page.type_into("#token", ADMIN_TOKEN).await;
     page.click("#connect").await;
-    page.wait_for(
+    page.wait_until(
         "the first refresh",
         "return Number(document.body.dataset.loaded || 0) >= 1;",
-        json!([]),
     )
     .await;
     // More traffic between samples, so the chart has something to draw.
@@ -219,25 +219,7 @@ async fn the_dashboard_shows_what_the_admin_api_says_and_settles_records() {
         )
         .await;
     }
-    let total: u64 = {
-        let mut t = 0;
-        for o in [
-            "executed",
-            "replayed",
-            "in_flight",
-            "unknown",
-            "mismatch",
-            "refused",
-            "store_unavailable",
-            "fenced",
-            "passthrough",
-            "queried",
-        ] {
-            t += admin.requests(o).await;
-        }
-        t
-    };
-    figure_is(&page, "requests-total", total).await;
+    figure_is(&page, "requests-total", admin.all_requests().await).await;
     figure_is(&page, "cards-unknown", 2).await;
     assert_eq!(admin.count("unknown").await, 2);
     let rows = page
@@ -260,10 +242,9 @@ async fn the_dashboard_shows_what_the_admin_api_says_and_settles_records() {
     .await;
     save_screenshot(&page, "dashboard-settle.png").await;
     page.click("tr[data-key='order-2001'] .save").await;
-    page.wait_for(
+    page.wait_until(
         "order-2001 to leave the list",
         "return !document.querySelector(\"tr[data-key='order-2001']\");",
-        json!([]),
     )
     .await;
     let record = admin
@@ -297,10 +278,9 @@ async fn the_dashboard_shows_what_the_admin_api_says_and_settles_records() {
     );
     assert_eq!(admin.count("unknown").await, 1, "one click settles nothing");
     page.click("tr[data-key='order-2002'] .release").await;
-    page.wait_for(
+    page.wait_until(
         "order-2002 to leave the list",
         "return !document.querySelector(\"tr[data-key='order-2002']\");",
-        json!([]),
     )
     .await;
     let gone = admin
@@ -336,10 +316,9 @@ async fn the_dashboard_shows_what_the_admin_api_says_and_settles_records() {
         .await;
         // At the default level the note says the trail holds operator events only.
         assert_eq!(api.json()["level"], "operator");
-        page.wait_for(
+        page.wait_until(
             "the note on the audit level",
             "return document.getElementById('auditnote').textContent.includes('operator events only');",
-            json!([]),
         )
         .await;
         page.run(
@@ -350,10 +329,9 @@ async fn the_dashboard_shows_what_the_admin_api_says_and_settles_records() {
         save_screenshot(&page, "dashboard-audit.png").await;
     } else {
         assert_eq!(api.status, StatusCode::NOT_FOUND);
-        page.wait_for(
+        page.wait_until(
             "the note that there is no audit endpoint",
             "return document.getElementById('auditnote').textContent.includes('no audit trail endpoint');",
-            json!([]),
         )
         .await;
     }

@@ -164,6 +164,11 @@ impl Session<'_> {
         }
     }
 
+    /// [`wait_for`](Self::wait_for) a script that takes no arguments.
+    pub(crate) async fn wait_until(&self, what: &str, script: &str) -> Value {
+        self.wait_for(what, script, json!([])).await
+    }
+
     async fn element(&self, css: &str) -> String {
         let v = self
             .call(

@@ -27,6 +27,17 @@ pub fn unique(what: &str) -> String {
     idem_testkit::brokers::unique("relay", what)
 }
 
+/// `idem relay` on `config` (written to a fresh directory, which the caller keeps for as long
+/// as the process runs) with `args` after it, its output piped.
+fn command(config: &str, args: &[&str]) -> (TempDir, Command) {
+    let (dir, mut cmd) = crate::common::command("relay", config);
+    cmd.args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    (dir, cmd)
+}
+
 /// `idem relay` running `config`, its log (stderr) collected; killed on drop.
 pub struct Relay {
     child: Child,
@@ -50,19 +61,11 @@ impl Relay {
     /// Starts it with `args` after the configuration and waits until it says it runs;
     /// answers the address of its metrics listener too, when it printed one.
     pub fn start_with(config: &str, args: &[&str]) -> (Self, Option<SocketAddr>) {
-        let dir = TempDir::new("relay");
-        std::fs::write(dir.0.join("idem.toml"), config).unwrap();
-        let mut child = Command::new(bin())
-            .arg("relay")
-            .arg("--config")
-            .arg(dir.0.join("idem.toml"))
-            .args(args)
+        let (dir, mut cmd) = command(config, args);
+        let mut child = cmd
             .env("RUST_LOG", "info")
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
             .spawn()
-            .unwrap();
+            .expect("spawn idem relay");
         let stderr = Arc::new(Mutex::new(Vec::new()));
         let lines = Arc::clone(&stderr);
         let err = child.stderr.take().unwrap();
@@ -94,18 +97,8 @@ impl Relay {
     /// killed otherwise); answers its exit code (`None` when it had to be killed) and its
     /// output.
     pub fn refused(config: &str, args: &[&str]) -> (Option<i32>, String) {
-        let dir = TempDir::new("relay");
-        std::fs::write(dir.0.join("idem.toml"), config).unwrap();
-        let mut child = Command::new(bin())
-            .arg("relay")
-            .arg("--config")
-            .arg(dir.0.join("idem.toml"))
-            .args(args)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
+        let (_dir, mut cmd) = command(config, args);
+        let mut child = cmd.spawn().expect("spawn idem relay");
         let deadline = std::time::Instant::now() + Duration::from_secs(10);
         let code = loop {
             if let Some(status) = child.try_wait().unwrap() {
@@ -125,6 +118,19 @@ impl Relay {
             String::from_utf8_lossy(&out.stderr)
         );
         (code, text)
+    }
+
+    /// Waits (at most [`WAIT`]) until `done` holds; fails naming `what`, with the relay's log.
+    pub async fn until<F, Fut>(&self, what: &str, done: F)
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = bool>,
+    {
+        assert!(
+            idem_testkit::brokers::eventually(WAIT, done).await,
+            "not within {WAIT:?}: {what}\n{}",
+            self.log()
+        );
     }
 
     /// Log lines containing `needle`.
@@ -232,11 +238,7 @@ impl Orders {
         let app = Router::new()
             .route("/orders", post(create).get(status))
             .with_state(Arc::clone(&orders));
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr: SocketAddr = listener.local_addr().unwrap();
-        tokio::spawn(async move {
-            let _ = axum::serve(listener, app).await;
-        });
+        let addr = crate::common::serve_router(app).await;
         (format!("http://{addr}"), orders)
     }
 
@@ -257,11 +259,7 @@ impl Orders {
 }
 
 async fn create(State(o): State<Arc<Orders>>, headers: HeaderMap) -> (StatusCode, String) {
-    let key = headers
-        .get("idempotency-key")
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or("")
-        .to_owned();
+    let key = crate::common::idempotency_key(&headers);
     let call = {
         let mut calls = o.calls.lock();
         let n = calls.entry(key.clone()).or_default();

@@ -14,7 +14,7 @@ use idem_gateway::metrics::MeteredStore;
 use idem_gateway::tokens::GatewayTokens;
 use idem_gateway::upstream::Clients;
 
-use super::common::{Http, Upstream, in_process};
+use super::common::{Http, Reply, Upstream, in_process};
 use super::{config, problem};
 
 /// A token store whose consume fails on demand: before touching the token (`FAIL_BEFORE`), or
@@ -112,6 +112,13 @@ async fn a_failed_consume_forwards_nothing_and_a_retry_is_judged_by_the_token() 
             http.send(Method::POST, &u, &h, "{}").await
         }
     };
+    let store_unavailable = |r: &Reply| {
+        problem(
+            r,
+            StatusCode::SERVICE_UNAVAILABLE,
+            "token-store-unavailable",
+        )
+    };
     let token = || async {
         let r = http
             .send(
@@ -129,11 +136,7 @@ async fn a_failed_consume_forwards_nothing_and_a_retry_is_judged_by_the_token() 
     let t = token().await;
     mode.store(FAIL_BEFORE, Ordering::SeqCst);
     let r = send(t.clone()).await;
-    problem(
-        &r,
-        StatusCode::SERVICE_UNAVAILABLE,
-        "token-store-unavailable",
-    );
+    store_unavailable(&r);
     assert!(r.header("retry-after").is_some());
     assert_eq!(up.seen.total(), 0);
     mode.store(WORKS, Ordering::SeqCst);
@@ -146,11 +149,7 @@ async fn a_failed_consume_forwards_nothing_and_a_retry_is_judged_by_the_token() 
     let t = token().await;
     mode.store(FAIL_AFTER, Ordering::SeqCst);
     let r = send(t.clone()).await;
-    problem(
-        &r,
-        StatusCode::SERVICE_UNAVAILABLE,
-        "token-store-unavailable",
-    );
+    store_unavailable(&r);
     mode.store(WORKS, Ordering::SeqCst);
     let r = send(t).await;
     problem(&r, StatusCode::CONFLICT, "token-used");

@@ -2,7 +2,7 @@
 
 use http::{Method, StatusCode};
 
-use super::common::{ADMIN_TOKEN, Gateway, Http, Reply, Upstream};
+use super::common::{Gateway, Http, Reply, Upstream};
 use super::{REDIS, assert_answered_or_in_flight, config, issue, problem, service_up, submit};
 
 /// Token routes reload like any route: a reload can turn token mode on (the token store is
@@ -25,16 +25,8 @@ async fn token_mode_reloads_and_tokens_outlive_reloads() {
         let http = http.clone();
         let url = gw.admin_url("/admin/reload");
         async move {
-            let auth = format!("Bearer {ADMIN_TOKEN}");
-            let r = http
-                .send(Method::POST, &url, &[("authorization", &auth)], "")
-                .await;
-            assert_eq!(
-                r.status,
-                StatusCode::OK,
-                "{}",
-                String::from_utf8_lossy(&r.body)
-            );
+            let r = http.admin(Method::POST, &url, "").await;
+            r.assert_status(StatusCode::OK);
         }
     };
     // Without token mode the issue path is just a path of the route: a keyless POST is
@@ -57,12 +49,7 @@ async fn token_mode_reloads_and_tokens_outlive_reloads() {
     std::fs::write(gw.config_path(), slower).expect("write");
     reload(&gw).await;
     let r = submit(&http, &gw, "/checkout/pay", "alice", &t).await;
-    assert_eq!(
-        r.status,
-        StatusCode::CREATED,
-        "{}",
-        String::from_utf8_lossy(&r.body)
-    );
+    r.assert_status(StatusCode::CREATED);
     assert_eq!(up.seen.count("/checkout/pay"), 1);
 }
 
