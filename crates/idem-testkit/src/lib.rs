@@ -63,6 +63,7 @@ pub mod h2_fault;
 mod harness;
 pub mod model;
 pub mod redis_server;
+pub mod requests;
 pub mod rules;
 pub mod services;
 pub mod tokens;
