@@ -8,16 +8,19 @@ pub mod kill;
 pub mod outage;
 pub mod unguarded;
 
+use std::future::Future;
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use futures::future::BoxFuture;
-use idem_core::{Engine, Policy, Scope, Store};
+use idem_core::{Engine, Fingerprint, Policy, Scope, ScopedKey, Store};
 use idem_mq::nats::NatsConsumer;
 use idem_mq::rabbitmq::RabbitConsumer;
-use idem_mq::{ConsumerConfig, Handled, HandlerError, InTx, Message, Processor, Stats, Work};
+use idem_mq::{
+    ConsumerConfig, Handled, HandlerError, InTx, Message, Processor, RunResult, Stats, Work,
+};
 use idem_redis::{RedisConfig, RedisStore};
 use idem_sql::PgStore;
 #[allow(unused_imports)] // Each test file uses its broker's.
@@ -156,6 +159,34 @@ pub async fn start_nats<S: Store, W: Work<S>>(f: &JsStream, processor: Processor
 /// The sum of one counter over several consumers.
 pub fn sum(running: &[Running], f: impl Fn(&Stats) -> &AtomicU64) -> u64 {
     running.iter().map(|r| Stats::get(f(r.stats()))).sum()
+}
+
+/// Work that runs `W`, then hands what it answered to `A`, whose answer the processor sees:
+/// the kill tests hang there, the outage tests paper over store failures there.
+pub struct Then<W, A>(pub W, pub A);
+
+/// What [`Then`] does once its inner work `W` answered.
+pub trait After<W>: Send + Sync + 'static {
+    /// What the processor is told `message` came to, given that `inner` answered `result`.
+    fn after(
+        &self,
+        inner: &W,
+        result: RunResult,
+        message: &Message,
+    ) -> impl Future<Output = RunResult> + Send;
+}
+
+impl<S: Store, W: Work<S>, A: After<W>> Work<S> for Then<W, A> {
+    async fn run(
+        &self,
+        engine: &Engine<S>,
+        key: &ScopedKey,
+        fingerprint: &Fingerprint,
+        message: &Message,
+    ) -> RunResult {
+        let result = self.0.run(engine, key, fingerprint, message).await;
+        self.1.after(&self.0, result, message).await
+    }
 }
 
 /// A boxed message handler, as `Handled` takes it.
