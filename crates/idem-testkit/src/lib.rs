@@ -61,6 +61,7 @@ mod fault_plan;
 pub mod fault_proxy;
 pub mod h2_fault;
 mod harness;
+pub mod hits;
 pub mod model;
 pub mod redis_server;
 pub mod requests;
