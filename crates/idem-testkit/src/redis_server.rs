@@ -213,15 +213,7 @@ impl Server {
 
     /// Runs `redis-cli` against this server; `None` if it failed.
     pub fn cli(&self, args: &[&str]) -> Option<String> {
-        let out = Command::new("redis-cli")
-            .args(&self.cli_args)
-            .args(args)
-            .stderr(Stdio::null())
-            .output()
-            .ok()?;
-        out.status
-            .success()
-            .then(|| String::from_utf8_lossy(&out.stdout).trim().to_owned())
+        crate::services::output_of(Command::new("redis-cli").args(&self.cli_args).args(args))
     }
 
     /// Calls of `command` since the last `CONFIG RESETSTAT`, from `INFO commandstats`; 0 when
