@@ -127,6 +127,19 @@ async fn crash_then_take_over<P: idem_mq::outbox::Publish>(
     healthy.abort();
 }
 
+/// A fresh queue named after `what` and an outbox of 10 messages for it, taken through
+/// [`crash_then_take_over`]: every message has been published on the queue twice.
+async fn rabbit_republished(conn: &lapin::Connection, what: &str) -> (String, SqlOutbox<Postgres>) {
+    let q = unique(what);
+    declare_queue(conn, &q).await;
+    let outbox = outbox().await;
+    enqueue(&outbox, outbox.pool(), &q, 10).await;
+    let dying = rabbit_dispatcher(conn, DiesBeforeTheMark(outbox.clone())).await;
+    let healthy = rabbit_dispatcher(conn, outbox.clone()).await;
+    crash_then_take_over(&outbox, dying, healthy, 10).await;
+    (q, outbox)
+}
+
 /// 60 orders, three dispatchers at once, two idem consumers: each order takes effect once and
 /// every row is marked sent.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -170,13 +183,7 @@ async fn rabbitmq_three_dispatchers_every_message_once() {
 async fn rabbitmq_killed_before_the_mark_each_effect_once() {
     let conn = Arc::new(amqp().await);
 
-    let plain_q = unique("outbox_kill_plain");
-    declare_queue(&conn, &plain_q).await;
-    let plain_box = outbox().await;
-    enqueue(&plain_box, plain_box.pool(), &plain_q, 10).await;
-    let dying = rabbit_dispatcher(&conn, DiesBeforeTheMark(plain_box.clone())).await;
-    let healthy = rabbit_dispatcher(&conn, plain_box.clone()).await;
-    crash_then_take_over(&plain_box, dying, healthy, 10).await;
+    let (plain_q, plain_box) = rabbit_republished(&conn, "outbox_kill_plain").await;
     let plain = Arc::new(AtomicU64::new(0));
     let task = unguarded::rabbit_counting(&conn, &plain_q, 8, &plain, Duration::ZERO);
     assert!(eventually(WAIT, || async { plain.load(Ordering::SeqCst) == 20 }).await);
@@ -188,13 +195,7 @@ async fn rabbitmq_killed_before_the_mark_each_effect_once() {
     );
     plain_box.drop_table().await.unwrap();
 
-    let q = unique("outbox_kill");
-    declare_queue(&conn, &q).await;
-    let outbox = outbox().await;
-    enqueue(&outbox, outbox.pool(), &q, 10).await;
-    let dying = rabbit_dispatcher(&conn, DiesBeforeTheMark(outbox.clone())).await;
-    let healthy = rabbit_dispatcher(&conn, outbox.clone()).await;
-    crash_then_take_over(&outbox, dying, healthy, 10).await;
+    let (q, outbox) = rabbit_republished(&conn, "outbox_kill").await;
     let effects = Arc::new(AtomicU64::new(0));
     let engine = redis_engine(&q).await;
     let work = counting(Arc::clone(&effects), Duration::ZERO);
