@@ -196,14 +196,8 @@ async fn rabbitmq_killed_before_the_mark_each_effect_once() {
     plain_box.drop_table().await.unwrap();
 
     let (q, outbox) = rabbit_republished(&conn, "outbox_kill").await;
-    let effects = Arc::new(AtomicU64::new(0));
-    let engine = redis_engine(&q).await;
-    let work = counting(Arc::clone(&effects), Duration::ZERO);
-    let running = start_rabbit(
-        &conn,
-        processor(engine, default_keys(), fast(8, 8), work),
-        &q,
-    );
+    let (effects, running) =
+        counting_rabbit(&conn, &q, default_keys(), fast(8, 8), Duration::ZERO).await;
     assert!(eventually(WAIT, || async { Stats::get(&running.stats().acked) == 20 }).await);
     assert_eq!(effects.load(Ordering::SeqCst), 10);
     assert_eq!(Stats::get(&running.stats().replayed), 10);

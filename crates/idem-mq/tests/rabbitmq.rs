@@ -214,14 +214,8 @@ async fn poison_message_dead_lettered_others_flow() {
 async fn mismatch_and_missing_key_are_dead_lettered() {
     let conn = connect().await;
     let q = queue(&conn, "mismatch").await;
-    let effects = Arc::new(AtomicU64::new(0));
-    let engine = redis_engine(&q).await;
-    let work = counting(Arc::clone(&effects), Duration::ZERO);
-    let running = start_rabbit(
-        &conn,
-        processor(engine, default_keys(), fast(1, 1), work),
-        &q,
-    );
+    let (effects, running) =
+        counting_rabbit(&conn, &q, default_keys(), fast(1, 1), Duration::ZERO).await;
     publish_with_id(&conn, &q, "order-9", "amount=100", 1).await;
     publish_with_id(&conn, &q, "order-9", "amount=200", 1).await;
     let ch = conn.create_channel().await.unwrap();
@@ -248,11 +242,8 @@ async fn mismatch_and_missing_key_are_dead_lettered() {
 async fn key_from_payload_field() {
     let conn = connect().await;
     let q = queue(&conn, "payload_key").await;
-    let effects = Arc::new(AtomicU64::new(0));
-    let engine = redis_engine(&q).await;
     let keys = KeySources::parse(&["{json.order.id}:pay"]).unwrap();
-    let work = counting(Arc::clone(&effects), Duration::ZERO);
-    let running = start_rabbit(&conn, processor(engine, keys, fast(4, 4), work), &q);
+    let (effects, running) = counting_rabbit(&conn, &q, keys, fast(4, 4), Duration::ZERO).await;
     let body = r#"{"order":{"id":42},"amount":100}"#;
     publish_with_id(&conn, &q, "id-a", body, 1).await;
     publish_with_id(&conn, &q, "id-b", body, 1).await;
@@ -305,14 +296,14 @@ async fn store_down_no_effect_no_ack_then_once_each() {
 async fn shutdown_finishes_in_flight_and_acks() {
     let conn = connect().await;
     let q = queue(&conn, "shutdown").await;
-    let effects = Arc::new(AtomicU64::new(0));
-    let engine = redis_engine(&q).await;
-    let work = counting(Arc::clone(&effects), Duration::from_millis(500));
-    let running = start_rabbit(
+    let (effects, running) = counting_rabbit(
         &conn,
-        processor(engine, default_keys(), fast(1, 1), work),
         &q,
-    );
+        default_keys(),
+        fast(1, 1),
+        Duration::from_millis(500),
+    )
+    .await;
     publish_each(&conn, &q, &["s-1", "s-2"]).await;
     tokio::time::sleep(Duration::from_millis(200)).await;
     let stats = Arc::clone(running.stats());

@@ -137,6 +137,22 @@ pub fn start_rabbit<S: Store, W: Work<S>>(
     Running { stats, stop, task }
 }
 
+/// An idem consumer of `queue` with `keys` and `config`, on a Redis engine prefixed with the
+/// queue's name, whose handler counts each run after `pause`: the count and the consumer.
+pub async fn counting_rabbit(
+    conn: &Arc<lapin::Connection>,
+    queue: &str,
+    keys: idem_core::key_source::KeySources,
+    config: ConsumerConfig,
+    pause: Duration,
+) -> (Arc<AtomicU64>, Running) {
+    let effects = Arc::new(AtomicU64::new(0));
+    let engine = redis_engine(queue).await;
+    let work = counting(Arc::clone(&effects), pause);
+    let running = start_rabbit(conn, processor(engine, keys, config, work), queue);
+    (effects, running)
+}
+
 /// Runs `processor` on the stream's `work` consumer until stopped; dead letters go to the
 /// stream's dead subject.
 pub async fn start_nats<S: Store, W: Work<S>>(f: &JsStream, processor: Processor<S, W>) -> Running {
