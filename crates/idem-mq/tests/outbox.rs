@@ -154,18 +154,8 @@ async fn rabbitmq_three_dispatchers_every_message_once() {
     for _ in 0..3 {
         dispatchers.push(spawn(rabbit_dispatcher(&conn, outbox.clone()).await));
     }
-    let effects = Arc::new(AtomicU64::new(0));
-    let engine = redis_engine(&q).await;
-    let running: Vec<_> = (0..2)
-        .map(|_| {
-            let work = counting(Arc::clone(&effects), Duration::ZERO);
-            start_rabbit(
-                &conn,
-                processor(engine.clone(), default_keys(), fast(8, 8), work),
-                &q,
-            )
-        })
-        .collect();
+    let (effects, running) =
+        counting_rabbits(&conn, &q, 2, default_keys(), fast(8, 8), Duration::ZERO).await;
     assert!(eventually(WAIT, || async { effects.load(Ordering::SeqCst) >= 60 }).await);
     assert!(eventually(WAIT, || async { outbox.stats().await.unwrap().sent == 60 }).await);
     dispatchers.iter().for_each(JoinHandle::abort);
@@ -228,14 +218,15 @@ async fn jetstream_killed_before_the_mark_each_effect_once() {
         "the stream dropped the republished copies"
     );
 
-    let effects = Arc::new(AtomicU64::new(0));
-    let engine = redis_engine(&f.name).await;
-    let work = counting(Arc::clone(&effects), Duration::ZERO);
-    let running = start_nats(
+    let (effects, mut running) = counting_nats(
         &f,
-        processor(engine, idem_mq::nats::default_keys(), fast(8, 8), work),
+        1,
+        idem_mq::nats::default_keys(),
+        fast(8, 8),
+        Duration::ZERO,
     )
     .await;
+    let running = running.remove(0);
     assert!(eventually(WAIT, || async { Stats::get(&running.stats().acked) == 10 }).await);
     assert_eq!(effects.load(Ordering::SeqCst), 10);
     running.stop().await;

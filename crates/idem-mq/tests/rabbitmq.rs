@@ -65,18 +65,15 @@ async fn hundred_copies_four_consumers_one_effect() {
 
     let q = queue(&conn, "hundred").await;
     publish_with_id(&conn, &q, "order-1", "order-1", 100).await;
-    let effects = Arc::new(AtomicU64::new(0));
-    let engine = redis_engine(&q).await;
-    let running: Vec<_> = (0..4)
-        .map(|_| {
-            let work = counting(Arc::clone(&effects), Duration::from_millis(5));
-            start_rabbit(
-                &conn,
-                processor(engine.clone(), default_keys(), fast(8, 8), work),
-                &q,
-            )
-        })
-        .collect();
+    let (effects, running) = counting_rabbits(
+        &conn,
+        &q,
+        4,
+        default_keys(),
+        fast(8, 8),
+        Duration::from_millis(5),
+    )
+    .await;
     assert!(eventually(WAIT, || async { sum(&running, |s| &s.acked) == 100 }).await);
     assert_eq!(effects.load(Ordering::SeqCst), 1);
     assert_eq!(sum(&running, |s| &s.executed), 1);
@@ -104,18 +101,8 @@ async fn two_consumers_same_id_concurrently_one_effect() {
     tasks.iter().for_each(JoinHandle::abort);
 
     let q = queue(&conn, "concurrent").await;
-    let effects = Arc::new(AtomicU64::new(0));
-    let engine = redis_engine(&q).await;
-    let running: Vec<_> = (0..2)
-        .map(|_| {
-            let work = counting(Arc::clone(&effects), pause);
-            start_rabbit(
-                &conn,
-                processor(engine.clone(), default_keys(), fast(1, 1), work),
-                &q,
-            )
-        })
-        .collect();
+    let (effects, running) =
+        counting_rabbits(&conn, &q, 2, default_keys(), fast(1, 1), pause).await;
     publish_with_id(&conn, &q, "pay-7", "pay-7", 2).await;
     assert!(eventually(WAIT, || async { sum(&running, |s| &s.acked) == 2 }).await);
     assert_eq!(effects.load(Ordering::SeqCst), 1);

@@ -146,10 +146,50 @@ pub async fn counting_rabbit(
     config: ConsumerConfig,
     pause: Duration,
 ) -> (Arc<AtomicU64>, Running) {
+    let (effects, mut running) = counting_rabbits(conn, queue, 1, keys, config, pause).await;
+    (effects, running.remove(0))
+}
+
+/// `n` idem consumers of `queue` as [`counting_rabbit`] starts one, sharing one engine and
+/// one count.
+pub async fn counting_rabbits(
+    conn: &Arc<lapin::Connection>,
+    queue: &str,
+    n: usize,
+    keys: idem_core::key_source::KeySources,
+    config: ConsumerConfig,
+    pause: Duration,
+) -> (Arc<AtomicU64>, Vec<Running>) {
     let effects = Arc::new(AtomicU64::new(0));
     let engine = redis_engine(queue).await;
-    let work = counting(Arc::clone(&effects), pause);
-    let running = start_rabbit(conn, processor(engine, keys, config, work), queue);
+    let running = (0..n)
+        .map(|_| {
+            let work = counting(Arc::clone(&effects), pause);
+            let processor = processor(engine.clone(), keys.clone(), config.clone(), work);
+            start_rabbit(conn, processor, queue)
+        })
+        .collect();
+    (effects, running)
+}
+
+/// `n` idem consumers of the stream with `keys` and `config`, sharing a Redis engine
+/// prefixed with the stream's name, whose handlers count each run after `pause`: the count
+/// and the consumers.
+pub async fn counting_nats(
+    f: &JsStream,
+    n: usize,
+    keys: idem_core::key_source::KeySources,
+    config: ConsumerConfig,
+    pause: Duration,
+) -> (Arc<AtomicU64>, Vec<Running>) {
+    let effects = Arc::new(AtomicU64::new(0));
+    let engine = redis_engine(&f.name).await;
+    let mut running = Vec::with_capacity(n);
+    for _ in 0..n {
+        let work = counting(Arc::clone(&effects), pause);
+        let processor = processor(engine.clone(), keys.clone(), config.clone(), work);
+        running.push(start_nats(f, processor).await);
+    }
     (effects, running)
 }
 
