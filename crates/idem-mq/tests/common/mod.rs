@@ -160,16 +160,10 @@ pub async fn counting_rabbits(
     config: ConsumerConfig,
     pause: Duration,
 ) -> (Arc<AtomicU64>, Vec<Running>) {
-    let effects = Arc::new(AtomicU64::new(0));
-    let engine = redis_engine(queue).await;
-    let running = (0..n)
-        .map(|_| {
-            let work = counting(Arc::clone(&effects), pause);
-            let processor = processor(engine.clone(), keys.clone(), config.clone(), work);
-            start_rabbit(conn, processor, queue)
-        })
-        .collect();
-    (effects, running)
+    counting_consumers(queue, n, keys, config, pause, |p| {
+        std::future::ready(start_rabbit(conn, p, queue))
+    })
+    .await
 }
 
 /// `n` idem consumers of the stream with `keys` and `config`, sharing a Redis engine
@@ -182,13 +176,31 @@ pub async fn counting_nats(
     config: ConsumerConfig,
     pause: Duration,
 ) -> (Arc<AtomicU64>, Vec<Running>) {
+    counting_consumers(&f.name, n, keys, config, pause, |p| start_nats(f, p)).await
+}
+
+/// `n` processors with `keys` and `config` on one Redis engine prefixed with `prefix`, whose
+/// handlers count each run after `pause`, each handed to `start`: the count and the
+/// consumers.
+async fn counting_consumers<F, Fut>(
+    prefix: &str,
+    n: usize,
+    keys: idem_core::key_source::KeySources,
+    config: ConsumerConfig,
+    pause: Duration,
+    mut start: F,
+) -> (Arc<AtomicU64>, Vec<Running>)
+where
+    F: FnMut(Processor<RedisStore, Handled<BoxHandler>>) -> Fut,
+    Fut: Future<Output = Running>,
+{
     let effects = Arc::new(AtomicU64::new(0));
-    let engine = redis_engine(&f.name).await;
+    let engine = redis_engine(prefix).await;
     let mut running = Vec::with_capacity(n);
     for _ in 0..n {
         let work = counting(Arc::clone(&effects), pause);
         let processor = processor(engine.clone(), keys.clone(), config.clone(), work);
-        running.push(start_nats(f, processor).await);
+        running.push(start(processor).await);
     }
     (effects, running)
 }
