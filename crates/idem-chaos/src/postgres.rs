@@ -195,17 +195,13 @@ impl Pg {
 
     /// Runs one statement with `psql` and answers its unaligned output, or `None`.
     pub fn sql(&self, statement: &str) -> Option<String> {
-        let out = Command::new(format!("{PG_BIN}/psql"))
-            .args(["-h", "127.0.0.1", "-p", &self.port.to_string()])
-            .args(["-U", "postgres", "-d", "postgres", "-Atqc", statement])
-            .env("PGCONNECT_TIMEOUT", "2")
-            .stdin(Stdio::null())
-            .stderr(Stdio::null())
-            .output()
-            .ok()?;
-        out.status
-            .success()
-            .then(|| String::from_utf8_lossy(&out.stdout).trim().to_owned())
+        idem_testkit::services::output_of(
+            Command::new(format!("{PG_BIN}/psql"))
+                .args(["-h", "127.0.0.1", "-p", &self.port.to_string()])
+                .args(["-U", "postgres", "-d", "postgres", "-Atqc", statement])
+                .env("PGCONNECT_TIMEOUT", "2")
+                .stdin(Stdio::null()),
+        )
     }
 
     /// Makes commits wait for the standby (`synchronous_standby_names = '*'`).

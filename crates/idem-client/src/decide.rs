@@ -46,6 +46,18 @@ pub enum Attempt<T> {
     Final(T),
 }
 
+/// The kind of `attempt` in one word, as the unit tests compare it (a retryable one by why).
+#[cfg(test)]
+pub(crate) fn kind<T>(attempt: &Attempt<T>) -> &'static str {
+    match attempt {
+        Attempt::NotSent(_) => "not_sent",
+        Attempt::Ambiguous(_) => "ambiguous",
+        Attempt::Retryable { why, .. } => why.as_str(),
+        Attempt::OutcomeUnknown(_) => "unknown",
+        Attempt::Final(_) => "final",
+    }
+}
+
 /// Why a server asked to come back later.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]

@@ -336,6 +336,32 @@ impl<S, L: Clone> Layer<S> for GrpcRetryLayer<L> {
     }
 }
 
+/// A service [`GrpcRetry`] can wrap: it takes and answers tonic bodies, can be cloned for
+/// every attempt, and its futures can move between threads.
+pub trait GrpcInner:
+    Service<Request<Body>, Response = Response<Body>, Future: Send, Error: Into<BoxError>>
+    + Clone
+    + Send
+    + Sync
+    + 'static
+{
+}
+
+impl<S> GrpcInner for S where
+    S: Service<Request<Body>, Response = Response<Body>, Future: Send, Error: Into<BoxError>>
+        + Clone
+        + Send
+        + Sync
+        + 'static
+{
+}
+
+/// A request body [`GrpcRetry`] can send: bytes, owned, its errors boxable.
+pub trait CallBody: http_body::Body<Data = Bytes, Error: Into<BoxError>> + Send + 'static {}
+
+impl<B> CallBody for B where B: http_body::Body<Data = Bytes, Error: Into<BoxError>> + Send + 'static
+{}
+
 /// The service [`GrpcRetryLayer`] builds.
 #[derive(Debug, Clone)]
 pub struct GrpcRetry<S, L> {
@@ -346,12 +372,9 @@ pub struct GrpcRetry<S, L> {
 
 impl<S, L, B> Service<Request<B>> for GrpcRetry<S, L>
 where
-    S: Service<Request<Body>, Response = Response<Body>> + Clone + Send + Sync + 'static,
-    S::Future: Send,
-    S::Error: Into<BoxError>,
+    S: GrpcInner,
     L: StatusLookup,
-    B: http_body::Body<Data = Bytes> + Send + 'static,
-    B::Error: Into<BoxError>,
+    B: CallBody,
 {
     type Response = Response<Body>;
     type Error = BoxError;
@@ -382,12 +405,9 @@ async fn operation<S, L, B>(
     req: Request<B>,
 ) -> Result<Response<Body>, ClientError>
 where
-    S: Service<Request<Body>, Response = Response<Body>> + Clone + Send + Sync + 'static,
-    S::Future: Send,
-    S::Error: Into<BoxError>,
+    S: GrpcInner,
     L: StatusLookup,
-    B: http_body::Body<Data = Bytes> + Send + 'static,
-    B::Error: Into<BoxError>,
+    B: CallBody,
 {
     let (mut parts, body) = req.into_parts();
     // A deadline the caller set on the call (`Request::set_timeout`) bounds the whole

@@ -39,12 +39,7 @@ async fn scenario<St: Store>(engine: Engine<St>, ns: &str) {
             .with_credential(b"alice"),
         Key::new(k.clone()).expect("key"),
     );
-    let record = engine
-        .store()
-        .get(&scoped)
-        .await
-        .expect("store")
-        .expect("record");
+    let record = idem_testkit::requests::record_of(engine.store(), &scoped).await;
     let RecordState::Completed { response, .. } = record.state else {
         panic!("not completed: {:?}", record.state);
     };

@@ -48,6 +48,11 @@ fn app(sources: &[&str]) -> (Router, Arc<AtomicUsize>) {
     (Router::new().route("/orders/{id}/pay", handler), runs)
 }
 
+/// `pay` on order 42 without extra headers.
+async fn pay_order_42(app: &Router, body: &str) -> (StatusCode, String, bool) {
+    pay(app, "/orders/42/pay", &[], body).await
+}
+
 async fn pay(
     app: &Router,
     path: &str,
@@ -77,16 +82,10 @@ async fn pay(
 async fn the_same_order_paid_twice_without_a_header_runs_once() {
     let (app, runs) = app(&["header:idempotency-key", "{json.order.id}:pay"]);
     let body = r#"{"order": {"id": 42}, "amount": 100}"#;
-    let first = pay(&app, "/orders/42/pay", &[], body).await;
+    let first = pay_order_42(&app, body).await;
     assert_eq!((first.0, first.2), (StatusCode::CREATED, false));
     // Another client, another spelling of the same body: the same order, a replay.
-    let again = pay(
-        &app,
-        "/orders/42/pay",
-        &[],
-        r#"{ "amount": 100, "order": {"id": 42} }"#,
-    )
-    .await;
+    let again = pay_order_42(&app, r#"{ "amount": 100, "order": {"id": 42} }"#).await;
     assert_eq!(
         (again.0, again.1.as_str(), again.2),
         (StatusCode::CREATED, first.1.as_str(), true)
@@ -109,21 +108,9 @@ async fn the_same_order_paid_twice_without_a_header_runs_once() {
 #[tokio::test]
 async fn a_changed_amount_for_the_same_order_is_refused() {
     let (app, runs) = app(&["{json.order.id}:pay"]);
-    let first = pay(
-        &app,
-        "/orders/42/pay",
-        &[],
-        r#"{"order": {"id": 42}, "amount": 100}"#,
-    )
-    .await;
+    let first = pay_order_42(&app, r#"{"order": {"id": 42}, "amount": 100}"#).await;
     assert_eq!(first.0, StatusCode::CREATED);
-    let other = pay(
-        &app,
-        "/orders/42/pay",
-        &[],
-        r#"{"order": {"id": 42}, "amount": 200}"#,
-    )
-    .await;
+    let other = pay_order_42(&app, r#"{"order": {"id": 42}, "amount": 200}"#).await;
     assert_eq!(other.0, StatusCode::UNPROCESSABLE_ENTITY);
     assert!(other.1.contains("key-reused"), "{}", other.1);
     assert_eq!(runs.load(Ordering::SeqCst), 1);
@@ -132,8 +119,8 @@ async fn a_changed_amount_for_the_same_order_is_refused() {
 #[tokio::test]
 async fn keys_from_the_path_pay_each_order_once() {
     let (app, runs) = app(&["{path.id}:pay"]);
-    let a = pay(&app, "/orders/42/pay", &[], "{}").await;
-    let b = pay(&app, "/orders/42/pay", &[], "{}").await;
+    let a = pay_order_42(&app, "{}").await;
+    let b = pay_order_42(&app, "{}").await;
     let c = pay(&app, "/orders/43/pay", &[], "{}").await;
     assert_eq!((a.2, b.2, c.2), (false, true, false));
     assert_eq!(runs.load(Ordering::SeqCst), 2);
@@ -153,13 +140,13 @@ async fn bad_and_missing_fields_answer_400_and_nothing_runs() {
         (r#"{"order": {"id": null}}"#, "key-malformed", "order.id"),
         (r#"{"order": {"id": ""}}"#, "key-malformed", "order.id"),
     ] {
-        let (status, text, _) = pay(&app, "/orders/42/pay", &[], body).await;
+        let (status, text, _) = pay_order_42(&app, body).await;
         assert_eq!(status, StatusCode::BAD_REQUEST, "{body}: {text}");
         assert!(text.contains(slug), "{body}: {text}");
         assert!(text.contains(field), "the field is named: {text}");
     }
     let long = format!(r#"{{"order": {{"id": "{}"}}}}"#, "x".repeat(300));
-    let (status, text, _) = pay(&app, "/orders/42/pay", &[], &long).await;
+    let (status, text, _) = pay_order_42(&app, &long).await;
     assert_eq!(status, StatusCode::BAD_REQUEST);
     assert!(text.contains("255"), "{text}");
     assert_eq!(runs.load(Ordering::SeqCst), 0);
@@ -170,7 +157,7 @@ async fn bad_and_missing_fields_answer_400_and_nothing_runs() {
 #[tokio::test]
 async fn a_body_with_duplicate_members_is_refused() {
     let (app, runs) = app(&["{json.order.id}:pay"]);
-    let (status, text, _) = pay(&app, "/orders/42/pay", &[], r#"{"order":{"id":1,"id":2}}"#).await;
+    let (status, text, _) = pay_order_42(&app, r#"{"order":{"id":1,"id":2}}"#).await;
     assert_eq!(status, StatusCode::BAD_REQUEST, "{text}");
     assert!(text.contains("body-ambiguous"), "{text}");
     assert_eq!(runs.load(Ordering::SeqCst), 0);

@@ -10,7 +10,7 @@ use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, Request, Response};
 use http_body::Frame;
 use http_body_util::{BodyExt, Empty, StreamBody};
-use idem_core::{Engine, Key, MemoryStore, Policy, RecordState, Scope, ScopedKey, Store};
+use idem_core::{Engine, Key, MemoryStore, Policy, RecordState, Scope, ScopedKey};
 use idem_http::{
     IdempotencyConfig, IdempotencyLayer, RequestBody, ResponseBody, StreamingResponses,
 };
@@ -61,12 +61,7 @@ async fn stored_trailers(
     key: &str,
 ) -> Vec<(String, Bytes)> {
     let scoped = ScopedKey::new(Scope::new(ns).expect("scope"), Key::new(key).expect("key"));
-    let record = engine
-        .store()
-        .get(&scoped)
-        .await
-        .expect("store")
-        .expect("record");
+    let record = idem_testkit::requests::record_of(engine.store(), &scoped).await;
     match record.state {
         RecordState::Completed { response, .. } => response.trailers,
         other => panic!("not completed: {other:?}"),

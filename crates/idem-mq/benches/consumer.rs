@@ -47,6 +47,8 @@ use lapin::types::FieldTable;
 use lapin::{BasicProperties, Connection, ConnectionProperties};
 use sqlx::{PgPool, Postgres, Transaction};
 
+mod common;
+
 const AMQP: &str = "amqp://guest:guest@127.0.0.1:5672/%2f";
 const PG: &str = "postgres://postgres@127.0.0.1:5432/test";
 const REDIS: &str = "redis://127.0.0.1:6379";
@@ -306,15 +308,8 @@ fn report(label: &str, runs: &[Run], base: &[Run]) {
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
-    let n: usize = std::env::args()
-        .skip(1)
-        .find_map(|a| a.parse().ok())
-        .unwrap_or(2000);
-    let rounds: usize = std::env::var("IDEM_BENCH_ROUNDS")
-        .ok()
-        .and_then(|r| r.parse().ok())
-        .unwrap_or(3)
-        .max(1);
+    let (n, rounds) = common::messages_and_rounds();
+    let rounds = rounds.max(1);
     let conn = Arc::new(
         Connection::connect(AMQP, ConnectionProperties::default())
             .await

@@ -31,6 +31,8 @@ use lapin::types::FieldTable;
 use lapin::{Connection, ConnectionProperties};
 use sqlx::{PgPool, Postgres};
 
+mod common;
+
 const AMQP: &str = "amqp://guest:guest@127.0.0.1:5672/%2f";
 const PG: &str = "postgres://postgres@127.0.0.1:5432/test";
 const PAYLOAD: &str = "{\"type\":\"order-paid\",\"order_id\":\"order-000000\",\"amount\":100}";
@@ -157,14 +159,7 @@ fn median(mut v: Vec<f64>) -> f64 {
 }
 
 fn main() {
-    let n: usize = std::env::args()
-        .skip(1)
-        .find_map(|a| a.parse().ok())
-        .unwrap_or(2000);
-    let rounds: usize = std::env::var("IDEM_BENCH_ROUNDS")
-        .ok()
-        .and_then(|r| r.parse().ok())
-        .unwrap_or(3);
+    let (n, rounds) = common::messages_and_rounds();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

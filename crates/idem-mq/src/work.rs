@@ -41,6 +41,20 @@ impl HandlerError {
     }
 }
 
+/// What the engine records for a handler's outcome: `response` when it took effect, else a
+/// release of the kind its error calls for ([`HandlerError::release_kind`]).
+pub fn settle(
+    outcome: Result<StoredResponse, HandlerError>,
+) -> Settlement<Result<(), HandlerError>> {
+    match outcome {
+        Ok(response) => Settlement::complete(Ok(()), response),
+        Err(e) => {
+            let kind = e.release_kind();
+            Settlement::release(Err(e), kind)
+        }
+    }
+}
+
 /// What a run handed back: the engine's answer, the handler's error inside it.
 pub type RunResult = Result<Answer<Result<(), HandlerError>>, EngineError>;
 
@@ -86,13 +100,7 @@ where
         let message = message.clone();
         engine
             .run(key, fingerprint, |_lease| async move {
-                match (self.0)(message).await {
-                    Ok(()) => Settlement::complete(Ok(()), StoredResponse::new(0, "")),
-                    Err(e) => {
-                        let kind = e.release_kind();
-                        Settlement::release(Err(e), kind)
-                    }
-                }
+                settle((self.0)(message).await.map(|()| StoredResponse::new(0, "")))
             })
             .await
     }

@@ -62,14 +62,8 @@ async fn hundred_copies_four_consumers_one_effect() {
 
     let f = stream("n_hundred").await;
     publish_order(&f, "order-1", 100).await;
-    let effects = Arc::new(AtomicU64::new(0));
-    let engine = redis_engine(&f.name).await;
-    let mut running = Vec::new();
-    for _ in 0..4 {
-        let work = counting(Arc::clone(&effects), Duration::from_millis(5));
-        running
-            .push(start_nats(&f, processor(engine.clone(), order_id(), fast(16, 8), work)).await);
-    }
+    let (effects, running) =
+        counting_nats(&f, 4, order_id(), fast(16, 8), Duration::from_millis(5)).await;
     assert!(eventually(WAIT, || async { sum(&running, |s| &s.acked) == 100 }).await);
     assert_eq!(effects.load(Ordering::SeqCst), 1);
     assert_eq!(sum(&running, |s| &s.replayed), 99);
@@ -105,10 +99,9 @@ async fn publisher_window_then_consumer_dedup() {
         "after the window the server stores it again"
     );
 
-    let effects = Arc::new(AtomicU64::new(0));
-    let engine = redis_engine(&f.name).await;
-    let work = counting(Arc::clone(&effects), Duration::ZERO);
-    let running = start_nats(&f, processor(engine, default_keys(), fast(4, 4), work)).await;
+    let (effects, mut running) =
+        counting_nats(&f, 1, default_keys(), fast(4, 4), Duration::ZERO).await;
+    let running = running.remove(0);
     assert!(eventually(WAIT, || async { Stats::get(&running.stats().acked) == 2 }).await);
     assert_eq!(effects.load(Ordering::SeqCst), 1);
     assert_eq!(Stats::get(&running.stats().replayed), 1);
@@ -132,13 +125,8 @@ async fn two_consumers_same_id_concurrently_one_effect() {
     plain.cleanup().await;
 
     let f = stream("n_conc").await;
-    let effects = Arc::new(AtomicU64::new(0));
-    let engine = redis_engine(&f.name).await;
-    let mut running = Vec::new();
-    for _ in 0..2 {
-        let work = counting(Arc::clone(&effects), Duration::from_millis(300));
-        running.push(start_nats(&f, processor(engine.clone(), order_id(), fast(1, 1), work)).await);
-    }
+    let (effects, running) =
+        counting_nats(&f, 2, order_id(), fast(1, 1), Duration::from_millis(300)).await;
     publish_order(&f, "pay-7", 2).await;
     assert!(eventually(WAIT, || async { sum(&running, |s| &s.acked) == 2 }).await);
     assert_eq!(effects.load(Ordering::SeqCst), 1);

@@ -127,6 +127,19 @@ async fn crash_then_take_over<P: idem_mq::outbox::Publish>(
     healthy.abort();
 }
 
+/// A fresh queue named after `what` and an outbox of 10 messages for it, taken through
+/// [`crash_then_take_over`]: every message has been published on the queue twice.
+async fn rabbit_republished(conn: &lapin::Connection, what: &str) -> (String, SqlOutbox<Postgres>) {
+    let q = unique(what);
+    declare_queue(conn, &q).await;
+    let outbox = outbox().await;
+    enqueue(&outbox, outbox.pool(), &q, 10).await;
+    let dying = rabbit_dispatcher(conn, DiesBeforeTheMark(outbox.clone())).await;
+    let healthy = rabbit_dispatcher(conn, outbox.clone()).await;
+    crash_then_take_over(&outbox, dying, healthy, 10).await;
+    (q, outbox)
+}
+
 /// 60 orders, three dispatchers at once, two idem consumers: each order takes effect once and
 /// every row is marked sent.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -141,18 +154,8 @@ async fn rabbitmq_three_dispatchers_every_message_once() {
     for _ in 0..3 {
         dispatchers.push(spawn(rabbit_dispatcher(&conn, outbox.clone()).await));
     }
-    let effects = Arc::new(AtomicU64::new(0));
-    let engine = redis_engine(&q).await;
-    let running: Vec<_> = (0..2)
-        .map(|_| {
-            let work = counting(Arc::clone(&effects), Duration::ZERO);
-            start_rabbit(
-                &conn,
-                processor(engine.clone(), default_keys(), fast(8, 8), work),
-                &q,
-            )
-        })
-        .collect();
+    let (effects, running) =
+        counting_rabbits(&conn, &q, 2, default_keys(), fast(8, 8), Duration::ZERO).await;
     assert!(eventually(WAIT, || async { effects.load(Ordering::SeqCst) >= 60 }).await);
     assert!(eventually(WAIT, || async { outbox.stats().await.unwrap().sent == 60 }).await);
     dispatchers.iter().for_each(JoinHandle::abort);
@@ -170,13 +173,7 @@ async fn rabbitmq_three_dispatchers_every_message_once() {
 async fn rabbitmq_killed_before_the_mark_each_effect_once() {
     let conn = Arc::new(amqp().await);
 
-    let plain_q = unique("outbox_kill_plain");
-    declare_queue(&conn, &plain_q).await;
-    let plain_box = outbox().await;
-    enqueue(&plain_box, plain_box.pool(), &plain_q, 10).await;
-    let dying = rabbit_dispatcher(&conn, DiesBeforeTheMark(plain_box.clone())).await;
-    let healthy = rabbit_dispatcher(&conn, plain_box.clone()).await;
-    crash_then_take_over(&plain_box, dying, healthy, 10).await;
+    let (plain_q, plain_box) = rabbit_republished(&conn, "outbox_kill_plain").await;
     let plain = Arc::new(AtomicU64::new(0));
     let task = unguarded::rabbit_counting(&conn, &plain_q, 8, &plain, Duration::ZERO);
     assert!(eventually(WAIT, || async { plain.load(Ordering::SeqCst) == 20 }).await);
@@ -188,21 +185,9 @@ async fn rabbitmq_killed_before_the_mark_each_effect_once() {
     );
     plain_box.drop_table().await.unwrap();
 
-    let q = unique("outbox_kill");
-    declare_queue(&conn, &q).await;
-    let outbox = outbox().await;
-    enqueue(&outbox, outbox.pool(), &q, 10).await;
-    let dying = rabbit_dispatcher(&conn, DiesBeforeTheMark(outbox.clone())).await;
-    let healthy = rabbit_dispatcher(&conn, outbox.clone()).await;
-    crash_then_take_over(&outbox, dying, healthy, 10).await;
-    let effects = Arc::new(AtomicU64::new(0));
-    let engine = redis_engine(&q).await;
-    let work = counting(Arc::clone(&effects), Duration::ZERO);
-    let running = start_rabbit(
-        &conn,
-        processor(engine, default_keys(), fast(8, 8), work),
-        &q,
-    );
+    let (q, outbox) = rabbit_republished(&conn, "outbox_kill").await;
+    let (effects, running) =
+        counting_rabbit(&conn, &q, default_keys(), fast(8, 8), Duration::ZERO).await;
     assert!(eventually(WAIT, || async { Stats::get(&running.stats().acked) == 20 }).await);
     assert_eq!(effects.load(Ordering::SeqCst), 10);
     assert_eq!(Stats::get(&running.stats().replayed), 10);
@@ -233,14 +218,15 @@ async fn jetstream_killed_before_the_mark_each_effect_once() {
         "the stream dropped the republished copies"
     );
 
-    let effects = Arc::new(AtomicU64::new(0));
-    let engine = redis_engine(&f.name).await;
-    let work = counting(Arc::clone(&effects), Duration::ZERO);
-    let running = start_nats(
+    let (effects, mut running) = counting_nats(
         &f,
-        processor(engine, idem_mq::nats::default_keys(), fast(8, 8), work),
+        1,
+        idem_mq::nats::default_keys(),
+        fast(8, 8),
+        Duration::ZERO,
     )
     .await;
+    let running = running.remove(0);
     assert!(eventually(WAIT, || async { Stats::get(&running.stats().acked) == 10 }).await);
     assert_eq!(effects.load(Ordering::SeqCst), 10);
     running.stop().await;

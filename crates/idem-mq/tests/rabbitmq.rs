@@ -65,18 +65,15 @@ async fn hundred_copies_four_consumers_one_effect() {
 
     let q = queue(&conn, "hundred").await;
     publish_with_id(&conn, &q, "order-1", "order-1", 100).await;
-    let effects = Arc::new(AtomicU64::new(0));
-    let engine = redis_engine(&q).await;
-    let running: Vec<_> = (0..4)
-        .map(|_| {
-            let work = counting(Arc::clone(&effects), Duration::from_millis(5));
-            start_rabbit(
-                &conn,
-                processor(engine.clone(), default_keys(), fast(8, 8), work),
-                &q,
-            )
-        })
-        .collect();
+    let (effects, running) = counting_rabbits(
+        &conn,
+        &q,
+        4,
+        default_keys(),
+        fast(8, 8),
+        Duration::from_millis(5),
+    )
+    .await;
     assert!(eventually(WAIT, || async { sum(&running, |s| &s.acked) == 100 }).await);
     assert_eq!(effects.load(Ordering::SeqCst), 1);
     assert_eq!(sum(&running, |s| &s.executed), 1);
@@ -104,18 +101,8 @@ async fn two_consumers_same_id_concurrently_one_effect() {
     tasks.iter().for_each(JoinHandle::abort);
 
     let q = queue(&conn, "concurrent").await;
-    let effects = Arc::new(AtomicU64::new(0));
-    let engine = redis_engine(&q).await;
-    let running: Vec<_> = (0..2)
-        .map(|_| {
-            let work = counting(Arc::clone(&effects), pause);
-            start_rabbit(
-                &conn,
-                processor(engine.clone(), default_keys(), fast(1, 1), work),
-                &q,
-            )
-        })
-        .collect();
+    let (effects, running) =
+        counting_rabbits(&conn, &q, 2, default_keys(), fast(1, 1), pause).await;
     publish_with_id(&conn, &q, "pay-7", "pay-7", 2).await;
     assert!(eventually(WAIT, || async { sum(&running, |s| &s.acked) == 2 }).await);
     assert_eq!(effects.load(Ordering::SeqCst), 1);
@@ -214,14 +201,8 @@ async fn poison_message_dead_lettered_others_flow() {
 async fn mismatch_and_missing_key_are_dead_lettered() {
     let conn = connect().await;
     let q = queue(&conn, "mismatch").await;
-    let effects = Arc::new(AtomicU64::new(0));
-    let engine = redis_engine(&q).await;
-    let work = counting(Arc::clone(&effects), Duration::ZERO);
-    let running = start_rabbit(
-        &conn,
-        processor(engine, default_keys(), fast(1, 1), work),
-        &q,
-    );
+    let (effects, running) =
+        counting_rabbit(&conn, &q, default_keys(), fast(1, 1), Duration::ZERO).await;
     publish_with_id(&conn, &q, "order-9", "amount=100", 1).await;
     publish_with_id(&conn, &q, "order-9", "amount=200", 1).await;
     let ch = conn.create_channel().await.unwrap();
@@ -248,11 +229,8 @@ async fn mismatch_and_missing_key_are_dead_lettered() {
 async fn key_from_payload_field() {
     let conn = connect().await;
     let q = queue(&conn, "payload_key").await;
-    let effects = Arc::new(AtomicU64::new(0));
-    let engine = redis_engine(&q).await;
     let keys = KeySources::parse(&["{json.order.id}:pay"]).unwrap();
-    let work = counting(Arc::clone(&effects), Duration::ZERO);
-    let running = start_rabbit(&conn, processor(engine, keys, fast(4, 4), work), &q);
+    let (effects, running) = counting_rabbit(&conn, &q, keys, fast(4, 4), Duration::ZERO).await;
     let body = r#"{"order":{"id":42},"amount":100}"#;
     publish_with_id(&conn, &q, "id-a", body, 1).await;
     publish_with_id(&conn, &q, "id-b", body, 1).await;
@@ -305,14 +283,14 @@ async fn store_down_no_effect_no_ack_then_once_each() {
 async fn shutdown_finishes_in_flight_and_acks() {
     let conn = connect().await;
     let q = queue(&conn, "shutdown").await;
-    let effects = Arc::new(AtomicU64::new(0));
-    let engine = redis_engine(&q).await;
-    let work = counting(Arc::clone(&effects), Duration::from_millis(500));
-    let running = start_rabbit(
+    let (effects, running) = counting_rabbit(
         &conn,
-        processor(engine, default_keys(), fast(1, 1), work),
         &q,
-    );
+        default_keys(),
+        fast(1, 1),
+        Duration::from_millis(500),
+    )
+    .await;
     publish_each(&conn, &q, &["s-1", "s-2"]).await;
     tokio::time::sleep(Duration::from_millis(200)).await;
     let stats = Arc::clone(running.stats());

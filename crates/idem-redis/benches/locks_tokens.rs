@@ -23,7 +23,6 @@
 //! process (the client), from `/proc`.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use idem_core::Scope;
@@ -36,23 +35,12 @@ const CONCURRENCY: usize = 64;
 
 use idem_testkit::redis_server::Server;
 
+mod common;
+use common::{cpu_secs, run_workers};
+
 /// A private `redis-server` for the bench.
 fn start_server() -> Server {
     Server::start(&[])
-}
-
-/// CPU time (user + system) of process `pid` so far, in seconds.
-fn cpu_secs(pid: &str) -> f64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    // Fields after the parenthesised command name; utime and stime are the 12th and 13th.
-    let rest = stat.rsplit(')').next().unwrap_or_default();
-    let mut fields = rest.split_whitespace().skip(11);
-    let ticks: f64 = fields
-        .by_ref()
-        .take(2)
-        .filter_map(|f| f.parse::<f64>().ok())
-        .sum();
-    ticks / 100.0
 }
 
 /// One row's figures: pairs per second, and server and client CPU µs per pair.
@@ -69,30 +57,9 @@ where
     F: Fn(usize, u64) -> Fut + Send + Sync + 'static,
     Fut: std::future::Future<Output = ()> + Send,
 {
-    let op = Arc::new(op);
-    let stop = Arc::new(AtomicBool::new(false));
-    let done = Arc::new(AtomicU64::new(0));
     let (server0, client0) = (cpu_secs(server_pid), cpu_secs("self"));
     let started = Instant::now();
-    let tasks: Vec<_> = (0..CONCURRENCY)
-        .map(|w| {
-            let (op, stop, done) = (op.clone(), stop.clone(), done.clone());
-            tokio::spawn(async move {
-                let mut i = 0;
-                while !stop.load(Ordering::Relaxed) {
-                    op(w, i).await;
-                    i += 1;
-                    done.fetch_add(1, Ordering::Relaxed);
-                }
-            })
-        })
-        .collect();
-    tokio::time::sleep(secs).await;
-    stop.store(true, Ordering::Relaxed);
-    for t in tasks {
-        t.await.expect("task");
-    }
-    let pairs = done.load(Ordering::Relaxed) as f64;
+    let pairs = run_workers(CONCURRENCY, secs, op).await as f64;
     let per_pair = |cpu: f64| cpu * 1e6 / pairs.max(1.0);
     Row {
         rate: pairs / started.elapsed().as_secs_f64(),

@@ -16,8 +16,7 @@
 //! - `replay`: `Engine::run` on completed keys: one claim script that finds the response.
 
 use std::process::Command;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use idem_core::store::{ClaimOutcome, ClaimRequest};
@@ -30,6 +29,9 @@ use idem_redis::{RedisConfig, RedisStore};
 
 use idem_testkit::redis_server::Server;
 
+mod common;
+use common::{cpu_secs, cpu_split, run_workers};
+
 /// A private `redis-server` for the bench, its pid and port kept for [`server_stats`] and the
 /// CPU readings.
 fn start_server() -> Server {
@@ -39,66 +41,20 @@ fn start_server() -> Server {
     server
 }
 
-/// CPU seconds (user, system) a process has used so far, from /proc.
-fn cpu_split(pid: u32) -> (f64, f64) {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    let fields: Vec<&str> = stat
-        .rsplit(')')
-        .next()
-        .unwrap_or("")
-        .split_whitespace()
-        .collect();
-    let ticks = |i: usize| {
-        fields
-            .get(i)
-            .and_then(|f| f.parse::<f64>().ok())
-            .unwrap_or(0.0)
-            / 100.0
-    };
-    (ticks(11), ticks(12))
-}
-
-/// CPU seconds (user + system) a process has used so far, from /proc.
-fn cpu_secs(pid: u32) -> f64 {
-    let (user, system) = cpu_split(pid);
-    user + system
-}
-
 /// Runs `op(worker, i)` in `concurrency` tasks for `secs`; returns operations per second.
 async fn measure<F, Fut>(concurrency: usize, secs: Duration, op: F) -> f64
 where
     F: Fn(usize, u64) -> Fut + Send + Sync + 'static,
     Fut: std::future::Future<Output = ()> + Send,
 {
-    let op = Arc::new(op);
     server_stats(&["CONFIG", "RESETSTAT"]);
-    let stop = Arc::new(AtomicBool::new(false));
-    let done = Arc::new(AtomicU64::new(0));
     let started = Instant::now();
     let (me, server) = (
         std::process::id(),
         SERVER_PID.load(Ordering::Relaxed) as u32,
     );
     let (me0, server0) = (cpu_split(me), cpu_secs(server));
-    let tasks: Vec<_> = (0..concurrency)
-        .map(|w| {
-            let (op, stop, done) = (Arc::clone(&op), Arc::clone(&stop), Arc::clone(&done));
-            tokio::spawn(async move {
-                let mut i = 0;
-                while !stop.load(Ordering::Relaxed) {
-                    op(w, i).await;
-                    i += 1;
-                    done.fetch_add(1, Ordering::Relaxed);
-                }
-            })
-        })
-        .collect();
-    tokio::time::sleep(secs).await;
-    stop.store(true, Ordering::Relaxed);
-    for t in tasks {
-        t.await.expect("task");
-    }
-    let ops = done.load(Ordering::Relaxed) as f64;
+    let ops = run_workers(concurrency, secs, op).await as f64;
     let me1 = cpu_split(me);
     eprintln!(
         "  c={concurrency}: {ops} ops; CPU per op: client {:.1} µs (user {:.1}, system {:.1}), server {:.1} µs",

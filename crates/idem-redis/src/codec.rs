@@ -145,28 +145,25 @@ impl Header {
         let expires = number(next()?)?;
         let since = number(next()?)?;
         let meta_len = usize::try_from(number(next()?)?).map_err(|_| BAD)?;
-        if state == b't' {
-            let start = end + 1;
-            return Ok(Self {
-                state,
-                fence,
-                lease_until,
-                created,
-                expires,
-                since,
-                owner: 0,
-                fingerprint: None,
-                meta: start..start,
-            });
-        }
-        let owner_bytes: [u8; 16] = unhex(owner_raw)?;
-        let fingerprint =
-            Fingerprint::from_bytes(&unhex::<FINGERPRINT_LEN>(fp_raw)?).map_err(|_| BAD)?;
         let start = end + 1;
-        let stop = start
-            .checked_add(meta_len)
-            .filter(|&s| s <= value.len())
-            .ok_or(BAD)?;
+        // A tombstone keeps only its fence and times: its owner, fingerprint and metadata
+        // fields are not read.
+        let (owner, fingerprint, meta) = if state == b't' {
+            (0, None, start..start)
+        } else {
+            let owner_bytes: [u8; 16] = unhex(owner_raw)?;
+            let fingerprint =
+                Fingerprint::from_bytes(&unhex::<FINGERPRINT_LEN>(fp_raw)?).map_err(|_| BAD)?;
+            let stop = start
+                .checked_add(meta_len)
+                .filter(|&s| s <= value.len())
+                .ok_or(BAD)?;
+            (
+                u128::from_be_bytes(owner_bytes),
+                Some(fingerprint),
+                start..stop,
+            )
+        };
         Ok(Self {
             state,
             fence,
@@ -174,9 +171,9 @@ impl Header {
             created,
             expires,
             since,
-            owner: u128::from_be_bytes(owner_bytes),
-            fingerprint: Some(fingerprint),
-            meta: start..stop,
+            owner,
+            fingerprint,
+            meta,
         })
     }
 

@@ -108,11 +108,8 @@ pub struct RedisLock {
 }
 
 struct Shared {
-    conn: Connection,
-    /// Coalesces concurrent acquires and releases; `None` on a cluster or with batching off.
-    coalescer: Option<Arc<Coalescer>>,
-    prefix: String,
-    op_timeout: Duration,
+    /// Acquires and releases are coalesced on it.
+    scripts: Scripts,
     lease: Duration,
     /// The lease in milliseconds, as the scripts take it.
     lease_ms: String,
@@ -121,9 +118,9 @@ struct Shared {
 impl fmt::Debug for RedisLock {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RedisLock")
-            .field("prefix", &self.shared.prefix)
+            .field("prefix", &self.shared.scripts.prefix)
             .field("lease", &self.shared.lease)
-            .field("op_timeout", &self.shared.op_timeout)
+            .field("op_timeout", &self.shared.scripts.op_timeout)
             .finish()
     }
 }
@@ -136,30 +133,16 @@ impl RedisLock {
     /// [`StoreError::Unavailable`] for an unreachable server, [`StoreError::Timeout`] if
     /// connecting takes too long.
     pub async fn connect(config: RedisConfig, lease: Duration) -> Result<Self, StoreError> {
-        let timeouts = Timeouts {
-            connect: config.connect_timeout,
-            response: config.op_timeout,
-        };
-        let conn = match &config.target {
-            Target::Single(url) => Connection::single(url, timeouts, config.tls.as_ref()).await?,
-            Target::Cluster(nodes) => {
-                Connection::cluster(nodes, timeouts, config.tls.as_ref()).await?
-            }
-        };
+        let conn = Scripts::connect(&config).await?;
         Ok(Self::with_connection(conn, &config, lease))
     }
 
     /// A lock over an existing connection, with `config`'s prefix and operation timeout.
     pub fn with_connection(conn: Connection, config: &RedisConfig, lease: Duration) -> Self {
         let lease = lease.max(config.op_timeout * 3);
-        let coalescer = (config.batching && !conn.is_cluster())
-            .then(|| Arc::new(Coalescer::new(conn.clone(), config.op_timeout)));
         Self {
             shared: Arc::new(Shared {
-                conn,
-                coalescer,
-                prefix: config.prefix.clone(),
-                op_timeout: config.op_timeout,
+                scripts: Scripts::new(conn, config),
                 lease,
                 lease_ms: duration_ms(lease).to_string(),
             }),
@@ -182,7 +165,7 @@ impl RedisLock {
         if !ok {
             return Err(LockError::BadName);
         }
-        let prefix = &self.shared.prefix;
+        let prefix = &self.shared.scripts.prefix;
         let mut keys = String::with_capacity(prefix.len() + name.len() + 7 + FENCE_SUFFIX.len());
         keys.push_str(prefix);
         keys.push_str("lock:{");
@@ -195,36 +178,6 @@ impl RedisLock {
     /// The lock's key within [`RedisLock::keys`]'s text.
     fn lock_key(keys: &str) -> &[u8] {
         &keys.as_bytes()[..keys.len() - FENCE_SUFFIX.len()]
-    }
-
-    async fn script(
-        &self,
-        script: &NamedScript,
-        keys: &[&[u8]],
-        args: &[&[u8]],
-        limit: Duration,
-    ) -> Result<Value, StoreError> {
-        bounded(limit, async {
-            script
-                .run(&self.shared.conn, keys, args)
-                .await
-                .map_err(redis_err)
-        })
-        .await
-    }
-
-    /// Acquire or release: coalesced with concurrent ones on a single node, else alone.
-    async fn call(&self, code: Code, keys: &[&[u8]], args: &[&[u8]]) -> Result<Value, StoreError> {
-        let s = &self.shared;
-        coalesce::run(
-            &s.conn,
-            s.coalescer.as_ref(),
-            code,
-            keys,
-            args,
-            s.op_timeout,
-        )
-        .await
     }
 
     /// Acquires `name` if it is free.
@@ -240,6 +193,8 @@ impl RedisLock {
             .map_err(|_| malformed("owner id"))?;
         let sent = Instant::now();
         let reply = self
+            .shared
+            .scripts
             .call(
                 Code::Acquire,
                 &[Self::lock_key(&keys), keys.as_bytes()],
@@ -284,6 +239,8 @@ impl RedisLock {
         let keys = self.keys(&held.name).map_err(|_| malformed("lock name"))?;
         let sent = Instant::now();
         let reply = self
+            .shared
+            .scripts
             .script(
                 renew_script(),
                 &[Self::lock_key(&keys)],
@@ -304,7 +261,7 @@ impl RedisLock {
     /// [`StoreError`] when Redis failed or timed out: whether the lease was extended is
     /// unknown, so treat the lock as lost.
     pub async fn renew(&self, held: &mut Held) -> Result<bool, StoreError> {
-        let limit = self.shared.op_timeout;
+        let limit = self.shared.scripts.op_timeout;
         self.renew_within(held, limit).await
     }
 
@@ -316,6 +273,8 @@ impl RedisLock {
     pub async fn release(&self, held: Held) -> Result<bool, StoreError> {
         let keys = self.keys(&held.name).map_err(|_| malformed("lock name"))?;
         let reply = self
+            .shared
+            .scripts
             .call(Code::Release, &[Self::lock_key(&keys)], &[&held.owner])
             .await?;
         Ok(matches!(reply, Value::Int(1)))
@@ -352,7 +311,7 @@ impl RedisLock {
             loop {
                 tokio::time::sleep(every).await;
                 let left = mine.deadline.saturating_duration_since(Instant::now());
-                let limit = left.min(self.shared.op_timeout);
+                let limit = left.min(self.shared.scripts.op_timeout);
                 let renewed = !limit.is_zero()
                     && matches!(self.renew_within(&mut mine, limit).await, Ok(true));
                 if !renewed {
@@ -371,5 +330,82 @@ impl RedisLock {
                 Ok(out)
             }
         }
+    }
+}
+
+/// What the lock and the tokens ([`crate::tokens`]) run their scripts on: the connection,
+/// the coalescer of concurrent calls on a single node, the key prefix and the operation
+/// timeout.
+#[derive(Clone)]
+pub(crate) struct Scripts {
+    conn: Connection,
+    /// Coalesces concurrent calls; `None` on a cluster or with batching off.
+    coalescer: Option<Arc<Coalescer>>,
+    pub(crate) prefix: String,
+    pub(crate) op_timeout: Duration,
+}
+
+impl Scripts {
+    /// Connects to `config`'s target, waiting at most the operation timeout for any reply.
+    ///
+    /// # Errors
+    /// [`StoreError::Unavailable`] for an unreachable server, [`StoreError::Timeout`] if
+    /// connecting takes too long.
+    pub(crate) async fn connect(config: &RedisConfig) -> Result<Connection, StoreError> {
+        let timeouts = Timeouts {
+            connect: config.connect_timeout,
+            response: config.op_timeout,
+        };
+        match &config.target {
+            Target::Single(url) => Connection::single(url, timeouts, config.tls.as_ref()).await,
+            Target::Cluster(nodes) => {
+                Connection::cluster(nodes, timeouts, config.tls.as_ref()).await
+            }
+        }
+    }
+
+    /// Scripts on `conn` with `config`'s prefix, operation timeout and batching.
+    pub(crate) fn new(conn: Connection, config: &RedisConfig) -> Self {
+        let coalescer = (config.batching && !conn.is_cluster())
+            .then(|| Arc::new(Coalescer::new(conn.clone(), config.op_timeout)));
+        Self {
+            conn,
+            coalescer,
+            prefix: config.prefix.clone(),
+            op_timeout: config.op_timeout,
+        }
+    }
+
+    /// Runs `script` alone, bounded by `limit`.
+    pub(crate) async fn script(
+        &self,
+        script: &NamedScript,
+        keys: &[&[u8]],
+        args: &[&[u8]],
+        limit: Duration,
+    ) -> Result<Value, StoreError> {
+        bounded(limit, async {
+            script.run(&self.conn, keys, args).await.map_err(redis_err)
+        })
+        .await
+    }
+
+    /// Runs the batched operation `code`: coalesced with concurrent ones on a single node,
+    /// else alone; bounded by the operation timeout.
+    pub(crate) async fn call(
+        &self,
+        code: Code,
+        keys: &[&[u8]],
+        args: &[&[u8]],
+    ) -> Result<Value, StoreError> {
+        coalesce::run(
+            &self.conn,
+            self.coalescer.as_ref(),
+            code,
+            keys,
+            args,
+            self.op_timeout,
+        )
+        .await
     }
 }

@@ -37,10 +37,11 @@ use idem_core::token::{
 use idem_core::{Scope, StoreError, Timestamp};
 use redis::Value;
 
-use crate::batch::{malformed, redis_err};
-use crate::coalesce::{self, Coalescer, Code};
-use crate::config::{RedisConfig, Target};
-use crate::script::{Connection, NamedScript, Timeouts, bounded};
+use crate::batch::malformed;
+use crate::coalesce::Code;
+use crate::config::RedisConfig;
+use crate::lock::Scripts;
+use crate::script::{Connection, NamedScript};
 
 /// Longest retention accepted (a year).
 const MAX_RETENTION: Duration = Duration::from_secs(366 * 24 * 3600);
@@ -65,19 +66,16 @@ pub struct RedisTokens {
 }
 
 struct Shared {
-    conn: Connection,
-    /// Coalesces concurrent issues and consumes; `None` on a cluster or with batching off.
-    coalescer: Option<Arc<Coalescer>>,
-    prefix: String,
-    op_timeout: Duration,
+    /// Issues and consumes are coalesced on it.
+    scripts: Scripts,
     retention: Duration,
 }
 
 impl fmt::Debug for RedisTokens {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RedisTokens")
-            .field("prefix", &self.shared.prefix)
-            .field("op_timeout", &self.shared.op_timeout)
+            .field("prefix", &self.shared.scripts.prefix)
+            .field("op_timeout", &self.shared.scripts.op_timeout)
             .field("retention", &self.shared.retention)
             .finish()
     }
@@ -91,30 +89,16 @@ impl RedisTokens {
     /// [`StoreError::Unavailable`] for an unreachable server, [`StoreError::Timeout`] if
     /// connecting takes too long.
     pub async fn connect(config: RedisConfig) -> Result<Self, StoreError> {
-        let timeouts = Timeouts {
-            connect: config.connect_timeout,
-            response: config.op_timeout,
-        };
-        let conn = match &config.target {
-            Target::Single(url) => Connection::single(url, timeouts, config.tls.as_ref()).await?,
-            Target::Cluster(nodes) => {
-                Connection::cluster(nodes, timeouts, config.tls.as_ref()).await?
-            }
-        };
+        let conn = Scripts::connect(&config).await?;
         Ok(Self::with_connection(conn, &config))
     }
 
     /// Tokens over an existing connection (a record store's, see
     /// [`crate::RedisStore::connection`]), with `config`'s prefix and operation timeout.
     pub fn with_connection(conn: Connection, config: &RedisConfig) -> Self {
-        let coalescer = (config.batching && !conn.is_cluster())
-            .then(|| Arc::new(Coalescer::new(conn.clone(), config.op_timeout)));
         Self {
             shared: Arc::new(Shared {
-                conn,
-                coalescer,
-                prefix: config.prefix.clone(),
-                op_timeout: config.op_timeout,
+                scripts: Scripts::new(conn, config),
                 retention: DEFAULT_RETENTION,
             }),
         }
@@ -128,10 +112,7 @@ impl RedisTokens {
         let s = &self.shared;
         Self {
             shared: Arc::new(Shared {
-                conn: s.conn.clone(),
-                coalescer: s.coalescer.clone(),
-                prefix: s.prefix.clone(),
-                op_timeout: s.op_timeout,
+                scripts: s.scripts.clone(),
                 retention: retention.min(MAX_RETENTION),
             }),
         }
@@ -139,7 +120,7 @@ impl RedisTokens {
 
     /// The Redis key holding `token` in `scope`.
     pub fn token_key(&self, scope: &Scope, token: &Token) -> String {
-        let prefix = &self.shared.prefix;
+        let prefix = &self.shared.scripts.prefix;
         let mut digest = [0u8; 64];
         // 32 bytes always fit 64 hex digits.
         let _ = hex::encode_to_slice(token.digest(scope), &mut digest);
@@ -149,21 +130,6 @@ impl RedisTokens {
         key.extend(digest.iter().map(|&b| char::from(b)));
         key.push('}');
         key
-    }
-
-    async fn run(
-        &self,
-        script: &NamedScript,
-        key: &str,
-        args: &[&[u8]],
-    ) -> Result<Value, StoreError> {
-        bounded(self.shared.op_timeout, async {
-            script
-                .run(&self.shared.conn, &[key.as_bytes()], args)
-                .await
-                .map_err(redis_err)
-        })
-        .await
     }
 }
 
@@ -235,15 +201,11 @@ impl TokenStore for RedisTokens {
         let retention = duration_ms(self.shared.retention).max(1);
         let value = live_value(retention, req.payload.as_deref());
         let px = duration_ms(req.ttl).saturating_add(retention).to_string();
-        let reply = coalesce::run(
-            &self.shared.conn,
-            self.shared.coalescer.as_ref(),
-            Code::Issue,
-            &[key.as_bytes()],
-            &[&value, px.as_bytes()],
-            self.shared.op_timeout,
-        )
-        .await?;
+        let reply = self
+            .shared
+            .scripts
+            .call(Code::Issue, &[key.as_bytes()], &[&value, px.as_bytes()])
+            .await?;
         match reply {
             Value::Int(-1) => Err(StoreError::unavailable("token collision")),
             at => Ok(Issued {
@@ -265,15 +227,11 @@ impl TokenStore for RedisTokens {
             None => (b"0", b""),
         };
         Ok(
-            match coalesce::run(
-                &self.shared.conn,
-                self.shared.coalescer.as_ref(),
-                Code::Consume,
-                &[key.as_bytes()],
-                &[flag, body],
-                self.shared.op_timeout,
-            )
-            .await?
+            match self
+                .shared
+                .scripts
+                .call(Code::Consume, &[key.as_bytes()], &[flag, body])
+                .await?
             {
                 Value::BulkString(value) => match Stored::parse(value)? {
                     Stored::Live { payload, .. } => ConsumeOutcome::Consumed { payload },
@@ -290,7 +248,10 @@ impl TokenStore for RedisTokens {
 
     async fn inspect(&self, scope: &Scope, token: &Token) -> Result<TokenState, StoreError> {
         let key = self.token_key(scope, token);
-        let reply = self.run(inspect_script(), &key, &[]).await?;
+        let s = &self.shared.scripts;
+        let reply = s
+            .script(inspect_script(), &[key.as_bytes()], &[], s.op_timeout)
+            .await?;
         let (value, key_expiry, now) = match reply {
             Value::Int(0) => return Ok(TokenState::Unknown),
             Value::Array(items) => match <[Value; 3]>::try_from(items) {

@@ -15,11 +15,8 @@ idem_testkit::conformance_tests!(
 /// Records spread over the cluster's slots, and `list` finds them on every master.
 #[tokio::test]
 async fn records_spread_over_masters_and_list_sees_them_all() {
-    use idem_core::store::ClaimRequest;
-    use idem_core::{
-        Fingerprint, Key, ListFilter, OwnerId, Scope, ScopedKey, Store, TakeoverPolicy,
-    };
-    use std::time::Duration;
+    use idem_core::{Key, ListFilter, Scope, ScopedKey, Store};
+    use idem_testkit::requests::claim_request;
 
     let Some(h) = common::RedisHarness::cluster().await else {
         return;
@@ -27,15 +24,10 @@ async fn records_spread_over_masters_and_list_sees_them_all() {
     let store = idem_testkit::Harness::store(&h).await;
     let scope = Scope::new("cluster.spread").expect("ns");
     for i in 0..60 {
-        let req = ClaimRequest {
-            key: ScopedKey::new(scope.clone(), Key::new(format!("k{i}")).expect("key")),
-            fingerprint: Fingerprint::of_bytes(1, b"x"),
-            owner: OwnerId::random(),
-            lease: Duration::from_secs(30),
-            ttl: Duration::from_secs(60),
-            takeover: TakeoverPolicy::Reexecute,
-            request_id: None,
-        };
+        let req = claim_request(ScopedKey::new(
+            scope.clone(),
+            Key::new(format!("k{i}")).expect("key"),
+        ));
         store.claim(&req).await.expect("claim");
     }
     let cluster = common::shared_cluster();
@@ -63,10 +55,8 @@ async fn records_spread_over_masters_and_list_sees_them_all() {
 /// cluster has no replicas, so the claim is uncertain and given back.
 #[tokio::test]
 async fn durability_wait_runs_on_the_keys_master() {
-    use idem_core::store::ClaimRequest;
-    use idem_core::{
-        Fingerprint, Key, OwnerId, Scope, ScopedKey, Store, StoreError, TakeoverPolicy,
-    };
+    use idem_core::{Key, Scope, ScopedKey, Store, StoreError};
+    use idem_testkit::requests::claim_request;
     use std::time::Duration;
 
     if common::RedisHarness::cluster().await.is_none() {
@@ -84,15 +74,7 @@ async fn durability_wait_runs_on_the_keys_master() {
         Scope::new("cluster.durable").expect("ns"),
         Key::new("k").expect("key"),
     );
-    let req = ClaimRequest {
-        key: key.clone(),
-        fingerprint: Fingerprint::of_bytes(1, b"x"),
-        owner: OwnerId::random(),
-        lease: Duration::from_secs(30),
-        ttl: Duration::from_secs(60),
-        takeover: TakeoverPolicy::Reexecute,
-        request_id: None,
-    };
+    let req = claim_request(key.clone());
     let result = store.claim(&req).await;
     assert!(
         matches!(

@@ -40,6 +40,15 @@ where
     f
 }
 
+/// The effect under test: one row written into `ledger` on the transaction.
+async fn write_note(tx: &mut Tx, ledger: &str) -> Result<(), String> {
+    sqlx::query(&format!("INSERT INTO {ledger} (note) VALUES ('x')"))
+        .execute(&mut **tx)
+        .await
+        .map(drop)
+        .map_err(|e| e.to_string())
+}
+
 fn key(k: &str) -> ScopedKey {
     ScopedKey::new(
         Scope::new("tx.engine").expect("ns"),
@@ -59,10 +68,7 @@ async fn run_in_tx_commits_once_and_rolls_back_failures() {
     let write = |l: String, fail: bool| {
         work(move |tx, _lease| {
             Box::pin(async move {
-                sqlx::query(&format!("INSERT INTO {l} (note) VALUES ('x')"))
-                    .execute(&mut **tx)
-                    .await
-                    .map_err(|e| e.to_string())?;
+                write_note(tx, &l).await?;
                 if fail {
                     return Err("after the write".to_owned());
                 }
@@ -129,10 +135,7 @@ async fn run_in_tx_concurrent_duplicates_write_once() {
                     None,
                     work(move |tx, _lease| {
                         Box::pin(async move {
-                            sqlx::query(&format!("INSERT INTO {l} (note) VALUES ('x')"))
-                                .execute(&mut **tx)
-                                .await
-                                .map_err(|e| e.to_string())?;
+                            write_note(tx, &l).await?;
                             tokio::time::sleep(Duration::from_millis(50)).await;
                             Ok(((), StoredResponse::new(0, "credited")))
                         })

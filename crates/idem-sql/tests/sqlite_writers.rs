@@ -8,12 +8,10 @@
 mod common;
 
 use std::sync::Arc;
-use std::time::Duration;
 
-use idem_core::{
-    ClaimOutcome, ClaimRequest, Fingerprint, Key, OwnerId, Scope, ScopedKey, Store, TakeoverPolicy,
-};
+use idem_core::{ClaimOutcome, Key, Scope, ScopedKey, Store};
 use idem_sql::SqliteStore;
+use idem_testkit::requests::claim_request;
 use tokio::sync::Barrier;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -32,15 +30,7 @@ async fn four_stores_on_one_file_race_64_claims_one_wins() {
         .map(|i| {
             let (store, key, barrier) = (stores[i % 4].clone(), key.clone(), barrier.clone());
             tokio::spawn(async move {
-                let req = ClaimRequest {
-                    key,
-                    fingerprint: Fingerprint::of_bytes(1, b"x"),
-                    owner: OwnerId::random(),
-                    lease: Duration::from_secs(30),
-                    ttl: Duration::from_secs(60),
-                    takeover: TakeoverPolicy::Reexecute,
-                    request_id: None,
-                };
+                let req = claim_request(key);
                 barrier.wait().await;
                 store.claim(&req).await
             })

@@ -1,11 +1,13 @@
 //! What the two fault proxies ([`fault_proxy`](crate::fault_proxy) for bytes,
 //! [`h2_fault`](crate::h2_fault) for HTTP/2 calls) share: the plan of faults handed out in
 //! turn, the record of those applied, and the count of requests still being forwarded that
-//! `settled` waits on; and the accept loop they run on a loopback port.
+//! `settled` waits on; the accept loop they run on a loopback port; and the running proxy,
+//! [`Proxy`], both are kinds of.
 
 use std::collections::VecDeque;
 use std::io;
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
@@ -108,5 +110,100 @@ impl Listening {
 impl Drop for Listening {
     fn drop(&mut self) {
         self.task.abort();
+    }
+}
+
+/// A kind of fault proxy: what its faults are, what picks the connections or requests that
+/// take one, and what else its connections share.
+pub trait ProxyKind: Send + Sync + 'static {
+    /// One fault of the plan.
+    type Fault: Copy + Send + Sync + 'static;
+    /// Decides what takes a fault from the plan (the rest pass).
+    type Matcher: Send + Sync + 'static;
+    /// What else the proxy's connections share.
+    type State: Send + Sync + 'static;
+    /// The proxy's name in `Debug` output.
+    const NAME: &'static str;
+}
+
+/// What the connections of a running proxy of kind `K` share.
+pub struct Shared<K: ProxyKind> {
+    pub(crate) target: SocketAddr,
+    pub(crate) plan: FaultPlan<K::Fault>,
+    pub(crate) matcher: K::Matcher,
+    pub(crate) state: K::State,
+}
+
+impl<K: ProxyKind> std::fmt::Debug for Shared<K> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Shared")
+            .field("target", &self.target)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A running fault proxy of kind `K`
+/// ([`FaultProxy`](crate::fault_proxy::FaultProxy) or
+/// [`H2FaultProxy`](crate::h2_fault::H2FaultProxy)); stops accepting when dropped.
+pub struct Proxy<K: ProxyKind> {
+    listening: Listening,
+    pub(crate) shared: Arc<Shared<K>>,
+}
+
+impl<K: ProxyKind> std::fmt::Debug for Proxy<K> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct(K::NAME)
+            .field("addr", &self.listening.addr)
+            .field("target", &self.shared.target)
+            .finish()
+    }
+}
+
+impl<K: ProxyKind> Proxy<K> {
+    /// A proxy on a spare loopback port in front of `target`, serving its clients with
+    /// `accept` and handing out `plan` to what `matcher` accepts.
+    pub(crate) async fn start_with<A>(
+        target: SocketAddr,
+        matcher: K::Matcher,
+        state: K::State,
+        plan: impl IntoIterator<Item = K::Fault>,
+        accept: fn(TcpListener, Arc<Shared<K>>) -> A,
+    ) -> io::Result<Self>
+    where
+        A: Future<Output = ()> + Send + 'static,
+    {
+        let shared = Arc::new(Shared {
+            target,
+            plan: FaultPlan::new(plan),
+            matcher,
+            state,
+        });
+        let listening = {
+            let shared = Arc::clone(&shared);
+            Listening::start(|listener| accept(listener, shared)).await?
+        };
+        Ok(Self { listening, shared })
+    }
+
+    /// The address clients connect to.
+    pub fn addr(&self) -> SocketAddr {
+        self.listening.addr
+    }
+
+    /// Appends faults to the plan.
+    pub async fn push(&self, faults: impl IntoIterator<Item = K::Fault>) {
+        self.shared.plan.push(faults).await;
+    }
+
+    /// The faults applied so far to the connections or requests that matched, in order
+    /// (the kind's `Pass` for those past the plan).
+    pub async fn applied(&self) -> Vec<K::Fault> {
+        self.shared.plan.applied().await
+    }
+
+    /// Waits until every request the proxy holds or forwards has got its answer under way
+    /// (see the kind's `settled`), at most `limit`; returns whether it got there.
+    pub async fn settled(&self, limit: Duration) -> bool {
+        self.shared.plan.settled(limit).await
     }
 }

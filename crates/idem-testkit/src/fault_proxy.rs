@@ -27,7 +27,7 @@ use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
-use crate::fault_plan::{FaultPlan, Listening};
+pub use crate::fault_plan::{Proxy, ProxyKind, Shared};
 
 /// What happens to one connection.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -60,28 +60,22 @@ pub fn posts(head: &[u8]) -> bool {
     head.starts_with(b"POST ")
 }
 
-struct Shared {
-    target: SocketAddr,
-    plan: FaultPlan<Fault>,
-    matcher: Matcher,
+/// The byte-level kind of [`Proxy`]: one fault per connection.
+#[derive(Debug)]
+pub enum Tcp {}
+
+impl ProxyKind for Tcp {
+    type Fault = Fault;
+    type Matcher = Matcher;
+    type State = ();
+    const NAME: &'static str = "FaultProxy";
 }
 
-/// The running proxy; stops when dropped.
-pub struct FaultProxy {
-    listening: Listening,
-    shared: Arc<Shared>,
-}
+/// The running byte-level proxy; stops when dropped. Its [`Proxy::settled`] waits until
+/// every delayed request has been forwarded and the server has started answering it.
+pub type FaultProxy = Proxy<Tcp>;
 
-impl std::fmt::Debug for FaultProxy {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("FaultProxy")
-            .field("addr", &self.listening.addr)
-            .field("target", &self.shared.target)
-            .finish()
-    }
-}
-
-impl FaultProxy {
+impl Proxy<Tcp> {
     /// A proxy on a spare loopback port in front of `target`, applying `plan` to every
     /// connection in turn.
     ///
@@ -104,41 +98,11 @@ impl FaultProxy {
         matcher: Matcher,
         plan: impl IntoIterator<Item = Fault>,
     ) -> io::Result<Self> {
-        let shared = Arc::new(Shared {
-            target,
-            plan: FaultPlan::new(plan),
-            matcher,
-        });
-        let listening = {
-            let shared = Arc::clone(&shared);
-            Listening::start(|listener| accept(listener, shared)).await?
-        };
-        Ok(Self { listening, shared })
-    }
-
-    /// The address clients connect to.
-    pub fn addr(&self) -> SocketAddr {
-        self.listening.addr
-    }
-
-    /// Appends faults to the plan.
-    pub async fn push(&self, faults: impl IntoIterator<Item = Fault>) {
-        self.shared.plan.push(faults).await;
-    }
-
-    /// The faults applied so far, in order (`Pass` for matching connections past the plan).
-    pub async fn applied(&self) -> Vec<Fault> {
-        self.shared.plan.applied().await
-    }
-
-    /// Waits until every delayed request has been forwarded and the server has started
-    /// answering it, at most `limit`; returns whether it got there.
-    pub async fn settled(&self, limit: Duration) -> bool {
-        self.shared.plan.settled(limit).await
+        Self::start_with(target, matcher, (), plan, accept).await
     }
 }
 
-async fn accept(listener: TcpListener, shared: Arc<Shared>) {
+async fn accept(listener: TcpListener, shared: Arc<Shared<Tcp>>) {
     loop {
         let Ok((client, _)) = listener.accept().await else {
             continue;
@@ -150,7 +114,7 @@ async fn accept(listener: TcpListener, shared: Arc<Shared>) {
     }
 }
 
-async fn handle(mut client: TcpStream, shared: &Shared) -> io::Result<()> {
+async fn handle(mut client: TcpStream, shared: &Shared<Tcp>) -> io::Result<()> {
     let _ = client.set_nodelay(true);
     let mut first = read_request(&mut client).await?;
     if first.is_empty() {

@@ -36,7 +36,7 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Notify;
 
-use crate::fault_plan::{FaultPlan, Listening};
+use crate::fault_plan::{Proxy, ProxyKind, Shared};
 
 /// What happens to one request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -90,29 +90,24 @@ impl std::fmt::Display for Refused {
 
 impl std::error::Error for Refused {}
 
-struct Shared {
-    target: SocketAddr,
-    plan: FaultPlan<H2Fault>,
-    matcher: Matcher,
-    forwarded: AtomicUsize,
+/// The HTTP/2 kind of [`Proxy`]: one fault per request; counts the requests it forwards.
+#[derive(Debug)]
+pub enum H2 {}
+
+impl ProxyKind for H2 {
+    type Fault = H2Fault;
+    type Matcher = Matcher;
+    /// How many requests (matching or not) have been sent on to the server.
+    type State = AtomicUsize;
+    const NAME: &'static str = "H2FaultProxy";
 }
 
-/// The running proxy; stops accepting when dropped.
-pub struct H2FaultProxy {
-    listening: Listening,
-    shared: Arc<Shared>,
-}
+/// The running HTTP/2 proxy; stops accepting when dropped. Its clients connect with h2c
+/// (prior knowledge); its [`Proxy::settled`] waits until the server has answered every
+/// request the proxy forwarded or holds (the delayed ones included).
+pub type H2FaultProxy = Proxy<H2>;
 
-impl std::fmt::Debug for H2FaultProxy {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("H2FaultProxy")
-            .field("addr", &self.listening.addr)
-            .field("target", &self.shared.target)
-            .finish()
-    }
-}
-
-impl H2FaultProxy {
+impl Proxy<H2> {
     /// A proxy on a spare loopback port in front of the h2c server at `target`, applying
     /// `plan` to every request in turn.
     ///
@@ -135,47 +130,16 @@ impl H2FaultProxy {
         matcher: Matcher,
         plan: impl IntoIterator<Item = H2Fault>,
     ) -> io::Result<Self> {
-        let shared = Arc::new(Shared {
-            target,
-            plan: FaultPlan::new(plan),
-            matcher,
-            forwarded: AtomicUsize::new(0),
-        });
-        let listening = {
-            let shared = Arc::clone(&shared);
-            Listening::start(|listener| accept(listener, shared)).await?
-        };
-        Ok(Self { listening, shared })
-    }
-
-    /// The address clients connect to (h2c, prior knowledge).
-    pub fn addr(&self) -> SocketAddr {
-        self.listening.addr
-    }
-
-    /// Appends faults to the plan.
-    pub async fn push(&self, faults: impl IntoIterator<Item = H2Fault>) {
-        self.shared.plan.push(faults).await;
-    }
-
-    /// The faults applied to matching requests so far, in order (`Pass` past the plan).
-    pub async fn applied(&self) -> Vec<H2Fault> {
-        self.shared.plan.applied().await
+        Self::start_with(target, matcher, AtomicUsize::new(0), plan, accept).await
     }
 
     /// How many requests (matching or not) have been sent on to the server.
     pub fn forwarded(&self) -> usize {
-        self.shared.forwarded.load(Ordering::SeqCst)
-    }
-
-    /// Waits until the server has answered every request the proxy forwarded or holds (the
-    /// delayed ones included), at most `limit`; returns whether it got there.
-    pub async fn settled(&self, limit: Duration) -> bool {
-        self.shared.plan.settled(limit).await
+        self.shared.state.load(Ordering::SeqCst)
     }
 }
 
-async fn accept(listener: TcpListener, shared: Arc<Shared>) {
+async fn accept(listener: TcpListener, shared: Arc<Shared<H2>>) {
     loop {
         let Ok((stream, _)) = listener.accept().await else {
             continue;
@@ -203,7 +167,7 @@ async fn accept(listener: TcpListener, shared: Arc<Shared>) {
 
 async fn handle(
     req: Request<Incoming>,
-    shared: Arc<Shared>,
+    shared: Arc<Shared<H2>>,
     kill: Arc<Notify>,
 ) -> Result<Response<Whole>, Refused> {
     let (parts, body) = req.into_parts();
@@ -232,7 +196,7 @@ async fn handle(
         let shared = Arc::clone(&shared);
         tokio::spawn(async move {
             tokio::time::sleep(hold).await;
-            shared.forwarded.fetch_add(1, Ordering::SeqCst);
+            shared.state.fetch_add(1, Ordering::SeqCst);
             let answer = forward(shared.target, parts, data, trailers).await;
             shared.plan.end();
             answer

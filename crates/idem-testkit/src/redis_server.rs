@@ -213,26 +213,24 @@ impl Server {
 
     /// Runs `redis-cli` against this server; `None` if it failed.
     pub fn cli(&self, args: &[&str]) -> Option<String> {
-        let out = Command::new("redis-cli")
-            .args(&self.cli_args)
-            .args(args)
-            .stderr(Stdio::null())
-            .output()
-            .ok()?;
-        out.status
-            .success()
-            .then(|| String::from_utf8_lossy(&out.stdout).trim().to_owned())
+        crate::services::output_of(Command::new("redis-cli").args(&self.cli_args).args(args))
     }
 
-    /// Calls of `command` since the last `CONFIG RESETSTAT`, from `INFO commandstats`.
+    /// Calls of `command` since the last `CONFIG RESETSTAT`, from `INFO commandstats`; 0 when
+    /// the server does not list it.
     pub fn calls(&self, command: &str) -> u64 {
+        self.listed_calls(command).unwrap_or(0)
+    }
+
+    /// As [`calls`](Self::calls), but `None` when `INFO commandstats` does not list `command`
+    /// (never called since the last reset, or the server did not answer).
+    pub fn listed_calls(&self, command: &str) -> Option<u64> {
         let info = self.cli(&["INFO", "commandstats"]).unwrap_or_default();
         let needle = format!("cmdstat_{command}:calls=");
         info.lines()
             .find_map(|l| l.strip_prefix(&needle))
             .and_then(|rest| rest.split(',').next())
             .and_then(|n| n.parse().ok())
-            .unwrap_or(0)
     }
 
     /// Every command's calls, for reports.

@@ -5,6 +5,7 @@ use idem_wire::Reason;
 use tonic_types::{ErrorDetails, StatusExt as _};
 
 use super::*;
+use crate::decide::kind;
 
 fn answer(status: Status, replayed: bool) -> GrpcAnswer {
     let mut head = Response::new(()).into_parts().0;
@@ -19,16 +20,6 @@ fn answer(status: Status, replayed: bool) -> GrpcAnswer {
 
 fn with(code: Code, details: ErrorDetails) -> Status {
     Status::with_error_details(code, "m", details)
-}
-
-fn kind(a: &Attempt<GrpcAnswer>) -> &'static str {
-    match a {
-        Attempt::NotSent(_) => "not_sent",
-        Attempt::Ambiguous(_) => "ambiguous",
-        Attempt::Retryable { why, .. } => why.as_str(),
-        Attempt::OutcomeUnknown(_) => "unknown",
-        Attempt::Final(_) => "final",
-    }
 }
 
 #[test]

@@ -415,6 +415,7 @@ fn problem_reason(headers: &HeaderMap, body: &[u8]) -> Option<Reason> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::decide::kind;
 
     /// Callers spawn operations: the future must be `Send`.
     #[allow(dead_code)]
@@ -434,16 +435,6 @@ mod tests {
             status: StatusCode::from_u16(status).expect("status"),
             headers: map,
             body: Bytes::from(body.to_owned()),
-        }
-    }
-
-    fn kind(a: &Attempt<Answer>) -> &'static str {
-        match a {
-            Attempt::NotSent(_) => "not_sent",
-            Attempt::Ambiguous(_) => "ambiguous",
-            Attempt::Retryable { why, .. } => why.as_str(),
-            Attempt::OutcomeUnknown(_) => "unknown",
-            Attempt::Final(_) => "final",
         }
     }
 

@@ -6,9 +6,9 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::{Request, Uri};
 use http_body_util::BodyExt;
-use idem_core::{Engine, Fingerprint, ScopedKey, Settlement, Store, StoredResponse};
+use idem_core::{Engine, Fingerprint, ScopedKey, Store, StoredResponse};
 use idem_http::RequestBody;
-use idem_mq::{HandlerError, Message, RunResult, Work};
+use idem_mq::{HandlerError, Message, RunResult, Work, settle};
 
 use crate::config::UpstreamFailure;
 use crate::proxy::HttpClient;
@@ -60,19 +60,12 @@ impl<S: Store> Work<S> for Post {
     ) -> RunResult {
         engine
             .run(key, fingerprint, |lease| async move {
-                match self.post(key, message, lease.fence).await {
-                    Ok(response) => match judge(response.status, self.failure) {
-                        Ok(()) => Settlement::complete(Ok(()), response),
-                        Err(e) => {
-                            let kind = e.release_kind();
-                            Settlement::release(Err(e), kind)
-                        }
-                    },
-                    Err(e) => {
-                        let kind = e.release_kind();
-                        Settlement::release(Err(e), kind)
-                    }
-                }
+                // An answer the failure table refuses is settled as that refusal.
+                let answered = self
+                    .post(key, message, lease.fence)
+                    .await
+                    .and_then(|response| judge(response.status, self.failure).map(|()| response));
+                settle(answered)
             })
             .await
     }

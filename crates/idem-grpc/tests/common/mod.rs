@@ -4,12 +4,12 @@
 
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use idem_core::{Engine, MemoryStore, Policy, Store};
 use idem_grpc::{GrpcIdempotencyConfig, GrpcIdempotencyLayer, MethodConfig};
-use tokio::sync::{Notify, oneshot};
+use tokio::sync::oneshot;
 use tonic::transport::{Channel, Server};
 use tonic::{Code, Request, Response, Status};
 use tonic_types::{ErrorDetails, StatusExt};
@@ -30,27 +30,7 @@ pub const CHARGE: &str = "/idem.test.v1.Payments/Charge";
 pub const WATCH: &str = "/idem.test.v1.Payments/Watch";
 pub const ECHO: &str = "/idem.test.v1.Payments/Echo";
 
-/// Counters and gates shared with the handler.
-#[derive(Default)]
-pub struct Hits {
-    /// Handler executions started.
-    pub started: AtomicUsize,
-    /// Handler executions that ran to their end (not cancelled).
-    pub finished: AtomicUsize,
-    /// Signalled whenever a handler starts.
-    pub on_start: Notify,
-    /// Gated handlers wait for this.
-    pub gate: Notify,
-}
-
-impl Hits {
-    pub fn started(&self) -> usize {
-        self.started.load(Ordering::SeqCst)
-    }
-    pub fn finished(&self) -> usize {
-        self.finished.load(Ordering::SeqCst)
-    }
-}
+pub use idem_testkit::hits::Hits;
 
 pub struct App(pub Arc<Hits>);
 

@@ -2,7 +2,7 @@
 #![allow(dead_code, unreachable_pub)]
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 
 use axum::Router;
 use axum::body::Body;
@@ -14,29 +14,9 @@ use bytes::Bytes;
 use http_body_util::BodyExt;
 use idem_core::{Engine, Policy, Store};
 use idem_http::{HeaderPrincipal, IdempotencyConfig, IdempotencyLayer};
-use tokio::sync::Notify;
 use tower::ServiceExt;
 
-/// Shared counters and gates.
-#[derive(Default)]
-pub struct Hits {
-    /// Handler executions started.
-    pub started: AtomicUsize,
-    /// Handler executions finished.
-    pub finished: AtomicUsize,
-    /// Signalled whenever a handler starts.
-    pub on_start: Notify,
-    /// Gated handlers wait for this.
-    pub gate: Notify,
-    /// Signalled when a gated handler finished.
-    pub on_finish: Notify,
-}
-
-impl Hits {
-    pub fn started(&self) -> usize {
-        self.started.load(Ordering::SeqCst)
-    }
-}
+pub use idem_testkit::hits::Hits;
 
 /// `/respond`: answers with the status named in the JSON body (`{"status": 201}`), a body
 /// naming the execution number, the principal's header and the request body; sets

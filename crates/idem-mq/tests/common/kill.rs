@@ -6,12 +6,12 @@
 use std::time::Duration;
 
 use idem_core::key_source::KeySources;
-use idem_core::{Engine, Fingerprint, Policy, ScopedKey, Store};
+use idem_core::{Engine, Policy};
 use idem_mq::{InTx, Message, Processor, RunResult, Work};
 use idem_sql::PgStore;
 use tokio::io::AsyncBufReadExt;
 
-use super::{Ledger, WAIT, credit, fast, processor, tx_handler};
+use super::{After, Ledger, Then, WAIT, credit, fast, processor, tx_handler};
 
 const MODE: &str = "IDEM_MQ_CHILD";
 const SOURCE: &str = "IDEM_MQ_SOURCE";
@@ -62,12 +62,15 @@ impl ChildArgs {
 
     /// Credits the ledger in the inbox's transaction, then (the commit done) hangs before
     /// the ack.
-    pub fn after_commit(&self) -> HangAfter<InTx<PgStore>> {
+    pub fn after_commit(&self) -> Then<InTx<PgStore>, Hang> {
         let l = self.ledger.clone();
-        HangAfter(InTx::new(tx_handler(move |tx, m| {
-            let l = l.clone();
-            Box::pin(async move { credit(tx, &l, m).await })
-        })))
+        Then(
+            InTx::new(tx_handler(move |tx, m| {
+                let l = l.clone();
+                Box::pin(async move { credit(tx, &l, m).await })
+            })),
+            Hang,
+        )
     }
 
     /// Credits the ledger in the inbox's transaction and hangs before the commit.
@@ -101,19 +104,12 @@ pub async fn hang_here<T>() -> T {
     futures::future::pending().await
 }
 
-/// Runs the inner work (the effect and, for idem, its commit), then reports the kill point
-/// and never returns: the delivery is never acknowledged.
-pub struct HangAfter<W>(pub W);
+/// After the inner work (the effect and, for idem, its commit): reports the kill point and
+/// never returns, so the delivery is never acknowledged.
+pub struct Hang;
 
-impl<S: Store, W: Work<S>> Work<S> for HangAfter<W> {
-    async fn run(
-        &self,
-        engine: &Engine<S>,
-        key: &ScopedKey,
-        fingerprint: &Fingerprint,
-        message: &Message,
-    ) -> RunResult {
-        let _ = self.0.run(engine, key, fingerprint, message).await;
+impl<W: Send + Sync> After<W> for Hang {
+    async fn after(&self, _: &W, _: RunResult, _: &Message) -> RunResult {
         hang_here().await
     }
 }

@@ -8,16 +8,19 @@ pub mod kill;
 pub mod outage;
 pub mod unguarded;
 
+use std::future::Future;
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use futures::future::BoxFuture;
-use idem_core::{Engine, Policy, Scope, Store};
+use idem_core::{Engine, Fingerprint, Policy, Scope, ScopedKey, Store};
 use idem_mq::nats::NatsConsumer;
 use idem_mq::rabbitmq::RabbitConsumer;
-use idem_mq::{ConsumerConfig, Handled, HandlerError, InTx, Message, Processor, Stats, Work};
+use idem_mq::{
+    ConsumerConfig, Handled, HandlerError, InTx, Message, Processor, RunResult, Stats, Work,
+};
 use idem_redis::{RedisConfig, RedisStore};
 use idem_sql::PgStore;
 #[allow(unused_imports)] // Each test file uses its broker's.
@@ -134,6 +137,74 @@ pub fn start_rabbit<S: Store, W: Work<S>>(
     Running { stats, stop, task }
 }
 
+/// An idem consumer of `queue` with `keys` and `config`, on a Redis engine prefixed with the
+/// queue's name, whose handler counts each run after `pause`: the count and the consumer.
+pub async fn counting_rabbit(
+    conn: &Arc<lapin::Connection>,
+    queue: &str,
+    keys: idem_core::key_source::KeySources,
+    config: ConsumerConfig,
+    pause: Duration,
+) -> (Arc<AtomicU64>, Running) {
+    let (effects, mut running) = counting_rabbits(conn, queue, 1, keys, config, pause).await;
+    (effects, running.remove(0))
+}
+
+/// `n` idem consumers of `queue` as [`counting_rabbit`] starts one, sharing one engine and
+/// one count.
+pub async fn counting_rabbits(
+    conn: &Arc<lapin::Connection>,
+    queue: &str,
+    n: usize,
+    keys: idem_core::key_source::KeySources,
+    config: ConsumerConfig,
+    pause: Duration,
+) -> (Arc<AtomicU64>, Vec<Running>) {
+    counting_consumers(queue, n, keys, config, pause, |p| {
+        std::future::ready(start_rabbit(conn, p, queue))
+    })
+    .await
+}
+
+/// `n` idem consumers of the stream with `keys` and `config`, sharing a Redis engine
+/// prefixed with the stream's name, whose handlers count each run after `pause`: the count
+/// and the consumers.
+pub async fn counting_nats(
+    f: &JsStream,
+    n: usize,
+    keys: idem_core::key_source::KeySources,
+    config: ConsumerConfig,
+    pause: Duration,
+) -> (Arc<AtomicU64>, Vec<Running>) {
+    counting_consumers(&f.name, n, keys, config, pause, |p| start_nats(f, p)).await
+}
+
+/// `n` processors with `keys` and `config` on one Redis engine prefixed with `prefix`, whose
+/// handlers count each run after `pause`, each handed to `start`: the count and the
+/// consumers.
+async fn counting_consumers<F, Fut>(
+    prefix: &str,
+    n: usize,
+    keys: idem_core::key_source::KeySources,
+    config: ConsumerConfig,
+    pause: Duration,
+    mut start: F,
+) -> (Arc<AtomicU64>, Vec<Running>)
+where
+    F: FnMut(Processor<RedisStore, Handled<BoxHandler>>) -> Fut,
+    Fut: Future<Output = Running>,
+{
+    let effects = Arc::new(AtomicU64::new(0));
+    let engine = redis_engine(prefix).await;
+    let mut running = Vec::with_capacity(n);
+    for _ in 0..n {
+        let work = counting(Arc::clone(&effects), pause);
+        let processor = processor(engine.clone(), keys.clone(), config.clone(), work);
+        running.push(start(processor).await);
+    }
+    (effects, running)
+}
+
 /// Runs `processor` on the stream's `work` consumer until stopped; dead letters go to the
 /// stream's dead subject.
 pub async fn start_nats<S: Store, W: Work<S>>(f: &JsStream, processor: Processor<S, W>) -> Running {
@@ -156,6 +227,34 @@ pub async fn start_nats<S: Store, W: Work<S>>(f: &JsStream, processor: Processor
 /// The sum of one counter over several consumers.
 pub fn sum(running: &[Running], f: impl Fn(&Stats) -> &AtomicU64) -> u64 {
     running.iter().map(|r| Stats::get(f(r.stats()))).sum()
+}
+
+/// Work that runs `W`, then hands what it answered to `A`, whose answer the processor sees:
+/// the kill tests hang there, the outage tests paper over store failures there.
+pub struct Then<W, A>(pub W, pub A);
+
+/// What [`Then`] does once its inner work `W` answered.
+pub trait After<W>: Send + Sync + 'static {
+    /// What the processor is told `message` came to, given that `inner` answered `result`.
+    fn after(
+        &self,
+        inner: &W,
+        result: RunResult,
+        message: &Message,
+    ) -> impl Future<Output = RunResult> + Send;
+}
+
+impl<S: Store, W: Work<S>, A: After<W>> Work<S> for Then<W, A> {
+    async fn run(
+        &self,
+        engine: &Engine<S>,
+        key: &ScopedKey,
+        fingerprint: &Fingerprint,
+        message: &Message,
+    ) -> RunResult {
+        let result = self.0.run(engine, key, fingerprint, message).await;
+        self.1.after(&self.0, result, message).await
+    }
 }
 
 /// A boxed message handler, as `Handled` takes it.

@@ -10,7 +10,8 @@ use idem_core::key_source::KeySources;
 use idem_mq::{Processor, Stats, Work};
 use idem_redis::RedisStore;
 
-use super::unguarded::{OnStoreError, PaperedOver};
+use super::Then;
+use super::unguarded::OnStoreError;
 use super::{
     PerKey, PrivateRedis, Running, WAIT, eventually, fast, per_payload, processor,
     redis_engine_with,
@@ -59,7 +60,7 @@ pub async fn store_outage<B: Broker>(broker: &B) {
     ] = <[_; 3]>::try_from(setups).ok().unwrap();
     redis.kill();
 
-    let work = PaperedOver(per_payload(&anyway), OnStoreError::RunAnyway);
+    let work = Then(per_payload(&anyway), OnStoreError::RunAnyway);
     let r = broker
         .start(
             &anyway_s,
@@ -76,7 +77,7 @@ pub async fn store_outage<B: Broker>(broker: &B) {
     );
     broker.cleanup(anyway_s).await;
 
-    let work = PaperedOver(per_payload(&unrun), OnStoreError::AckUnrun);
+    let work = Then(per_payload(&unrun), OnStoreError::AckUnrun);
     let r = broker
         .start(
             &unrun_s,

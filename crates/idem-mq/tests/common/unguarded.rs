@@ -7,14 +7,14 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use async_nats::jetstream::consumer::PullConsumer;
 use futures::StreamExt;
-use idem_core::{Answer, Engine, EngineError, Fingerprint, ScopedKey, Store, StoredResponse};
-use idem_mq::{Handled, Message, RunResult, Work};
+use idem_core::{Answer, EngineError, StoredResponse};
+use idem_mq::{Handled, Message, RunResult};
 use lapin::Connection;
 use lapin::options::{BasicAckOptions, BasicConsumeOptions, BasicQosOptions};
 use lapin::types::FieldTable;
 use tokio::task::JoinHandle;
 
-use super::BoxHandler;
+use super::{After, BoxHandler};
 
 /// A RabbitMQ consumer without idem: runs `effect` per delivery and acks after it, or before
 /// it when `ack_first`.
@@ -84,22 +84,19 @@ pub enum OnStoreError {
     AckUnrun,
 }
 
-/// The idem handler with the store's failures papered over as `OnStoreError` says; the
-/// processor acknowledges what it answers as a replay.
-pub struct PaperedOver(pub Handled<BoxHandler>, pub OnStoreError);
-
-impl<S: Store> Work<S> for PaperedOver {
-    async fn run(
+/// Papers over the store's failures of the idem handler it follows (in [`Then`](super::Then)) as it
+/// says; the processor acknowledges what it answers as a replay.
+impl After<Handled<BoxHandler>> for OnStoreError {
+    async fn after(
         &self,
-        engine: &Engine<S>,
-        key: &ScopedKey,
-        fingerprint: &Fingerprint,
+        inner: &Handled<BoxHandler>,
+        result: RunResult,
         message: &Message,
     ) -> RunResult {
-        match self.0.run(engine, key, fingerprint, message).await {
+        match result {
             Err(EngineError::Store(_)) => {
-                if let OnStoreError::RunAnyway = self.1 {
-                    let _ = (self.0.0)(message.clone()).await;
+                if let OnStoreError::RunAnyway = self {
+                    let _ = (inner.0)(message.clone()).await;
                 }
                 Ok(Answer::Replayed(StoredResponse::new(0, "")))
             }
