@@ -36,6 +36,8 @@ pub use config::{
     IdempotencyConfig, NEVER_REPLAYED, Protection, RouteConfigError, StreamingResponses,
 };
 pub use guard::RunGuard;
+#[doc(hidden)]
+pub use idempotency::take_ready;
 pub use idempotency::{
     Idempotency, IdempotencyLayer, InTransaction, IncomingBody, ResponseFuture, Separate,
     ServiceBody, TxIdempotency, TxIdempotencyLayer, Wrapped,

@@ -28,7 +28,6 @@ mod layer;
 use std::collections::HashMap;
 use std::fmt;
 use std::sync::Arc;
-use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -120,18 +119,10 @@ where
     St: Store,
     ResB: ServiceBody,
 {
-    type Response = Response<ResponseBody<ResB>>;
-    type Error = S::Error;
-    type Future = ResponseFuture<ResB, S::Error>;
-
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        self.inner.poll_ready(cx)
-    }
+    idem_http::__layer_service_items!(ResB);
 
     fn call(&mut self, req: Request<GrpcBody>) -> Self::Future {
-        // Take the service that was driven to readiness; leave a clone for the next call.
-        let clone = self.inner.clone();
-        let mut inner = std::mem::replace(&mut self.inner, clone);
+        let mut inner = idem_http::take_ready(&mut self.inner);
         let Some(method) = self.shared.methods.get(req.uri().path()).cloned() else {
             return ResponseFuture::passthrough(inner.call(req));
         };

@@ -39,3 +39,31 @@ pub trait ServiceBody: Body<Data = Bytes, Error: Into<BoxError>> + Send + Unpin 
 
 impl<B> ServiceBody for B where B: Body<Data = Bytes, Error: Into<BoxError>> + Send + Unpin + 'static
 {}
+
+/// The part of a layer's `Service` impl that every layer writes the same: its answers are the
+/// wrapped service's (`S`, in a field `inner`) behind [`ResponseBody`](crate::ResponseBody),
+/// its errors are `S`'s, and it is ready when `S` is.
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __layer_service_items {
+    ($res_body:ty) => {
+        type Response = ::http::Response<$crate::ResponseBody<$res_body>>;
+        type Error = S::Error;
+        type Future = $crate::ResponseFuture<$res_body, S::Error>;
+
+        fn poll_ready(
+            &mut self,
+            cx: &mut ::std::task::Context<'_>,
+        ) -> ::std::task::Poll<::std::result::Result<(), Self::Error>> {
+            ::tower::Service::poll_ready(&mut self.inner, cx)
+        }
+    };
+}
+
+/// Takes the service that was driven to readiness out of `slot` and leaves a clone for the
+/// next call (tower's rule: the clone may not be ready yet).
+#[doc(hidden)]
+pub fn take_ready<S: Clone>(slot: &mut S) -> S {
+    let clone = slot.clone();
+    std::mem::replace(slot, clone)
+}

@@ -32,7 +32,6 @@
 //! ```
 
 use std::sync::Arc;
-use std::task::{Context, Poll};
 
 use http::{Request, Response};
 
@@ -40,9 +39,8 @@ use idem_core::{Action, Answer, EngineError, Outcome, Settled, Settlement, Share
 use tower::Service;
 
 use super::{
-    Handled, IncomingBody, Prepared, ResponseFuture, RunGuard, ServiceBody, Shared, Step, Wrapped,
-    admit, answer, body_refused, examine, prepare_or_answer, read_body, route, settle,
-    with_outcome,
+    Handled, IncomingBody, Prepared, RunGuard, ServiceBody, Shared, Step, Wrapped, admit, answer,
+    body_refused, examine, prepare_or_answer, read_body, route, settle, take_ready, with_outcome,
 };
 use crate::body::ResponseBody;
 use crate::policy::FoundKey;
@@ -69,17 +67,10 @@ where
     ReqB: IncomingBody,
     ResB: ServiceBody,
 {
-    type Response = Response<ResponseBody<ResB>>;
-    type Error = S::Error;
-    type Future = ResponseFuture<ResB, S::Error>;
-
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        self.inner.poll_ready(cx)
-    }
+    crate::__layer_service_items!(ResB);
 
     fn call(&mut self, req: Request<ReqB>) -> Self::Future {
-        let clone = self.inner.clone();
-        let inner = std::mem::replace(&mut self.inner, clone);
+        let inner = take_ready(&mut self.inner);
         route(Arc::clone(&self.shared), inner, req, protect_in_tx)
     }
 }

@@ -43,7 +43,6 @@ use std::fmt;
 use std::future::Future;
 use std::marker::PhantomData;
 use std::sync::Arc;
-use std::task::{Context, Poll};
 
 use bytes::Bytes;
 use http::{HeaderValue, Request, Response, StatusCode, header};
@@ -54,7 +53,7 @@ use idem_core::{
 };
 use tower::Service;
 
-pub use bounds::{IncomingBody, ServiceBody, Wrapped};
+pub use bounds::{IncomingBody, ServiceBody, Wrapped, take_ready};
 pub(crate) use error::{Refused, key_rejection as key_problem, principal_refused};
 pub use future::ResponseFuture;
 pub use in_tx::{InTransaction, TxIdempotency, TxIdempotencyLayer};
@@ -113,18 +112,10 @@ where
     ReqB: IncomingBody,
     ResB: ServiceBody,
 {
-    type Response = Response<ResponseBody<ResB>>;
-    type Error = S::Error;
-    type Future = ResponseFuture<ResB, S::Error>;
-
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        self.inner.poll_ready(cx)
-    }
+    crate::__layer_service_items!(ResB);
 
     fn call(&mut self, req: Request<ReqB>) -> Self::Future {
-        // Take the service that was driven to readiness; leave a clone for the next call.
-        let clone = self.inner.clone();
-        let inner = std::mem::replace(&mut self.inner, clone);
+        let inner = take_ready(&mut self.inner);
         route(Arc::clone(&self.shared), inner, req, protect)
     }
 }
