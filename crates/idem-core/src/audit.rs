@@ -657,6 +657,28 @@ mod tests {
         );
     }
 
+    /// Every completion and release `owner` may make under `fence`, settled and fenced.
+    fn settle_steps<'a>(owner: OwnerId, fence: u64) -> Vec<Step<'a>> {
+        let mut steps = Vec::new();
+        for outcome in [SettleOutcome::Settled, SettleOutcome::Fenced] {
+            steps.push(Step::Complete {
+                owner,
+                fence,
+                status: 200,
+                outcome,
+            });
+            for kind in [ReleaseKind::Retryable, ReleaseKind::Unknown] {
+                steps.push(Step::Release {
+                    owner,
+                    fence,
+                    kind,
+                    outcome,
+                });
+            }
+        }
+        steps
+    }
+
     // `event_at` decides some steps before building their event; what it returns must be
     // exactly what filtering the built event gives, for every step, level and previous state.
     #[test]
@@ -724,24 +746,8 @@ mod tests {
             Step::Delete { existed: true },
             Step::Delete { existed: false },
         ];
-        for outcome in [SettleOutcome::Settled, SettleOutcome::Fenced] {
-            steps.push(Step::Complete {
-                owner,
-                fence: 2,
-                status: 200,
-                outcome,
-            });
-            for kind in [ReleaseKind::Retryable, ReleaseKind::Unknown] {
-                steps.push(Step::Release {
-                    owner,
-                    fence: 2,
-                    kind,
-                    outcome,
-                });
-            }
-        }
-        let now = Timestamp(1_000);
-        let mut kept = [0usize; 2];
+        steps.extend(settle_steps(owner, 2));
+        let (now, mut kept) = (Timestamp(1_000), [0usize; 2]);
         for (i, level) in AuditLevel::ALL.into_iter().enumerate() {
             for previous in [None, Some(&processing), Some(&unknown)] {
                 for step in &steps {

@@ -104,27 +104,15 @@ fn protected_operation(method: &str) -> Value {
 }
 
 fn paths() -> Value {
+    merge(data_plane_paths(), &admin_paths())
+}
+
+/// What the data listener answers: protected routes, token issue and the status endpoint.
+fn data_plane_paths() -> Value {
     let protected: Map<String, Value> = ["post", "put", "patch", "delete"]
         .iter()
         .map(|m| ((*m).to_owned(), protected_operation(&m.to_uppercase())))
         .collect();
-    let admin_server = json!([{"url": "http://127.0.0.1:9091", "description": "the admin listener (`admin.listen`)"}]);
-    let bearer = json!([{"adminToken": []}]);
-    let scrape = json!([{"adminToken": []}, {"metricsToken": []}]);
-    let record_query = json!([
-        {"name": "namespace", "in": "query", "required": true, "schema": {"type": "string"}},
-        {"name": "key", "in": "query", "required": true, "schema": {"type": "string"}},
-        {"name": "principal", "in": "query", "required": false, "schema": {"type": "string"},
-         "description": "The stored principal (`h:…` for a header credential); omit for routes without one."},
-        {"name": "credential", "in": "query", "required": false, "schema": {"type": "string"},
-         "description": "A caller's credential, from which the principal is derived as the data plane derives it."}
-    ]);
-    let admin_errors = json!({
-        "401": {"$ref": "#/components/responses/AdminUnauthorized"},
-        "503": {"$ref": "#/components/responses/AdminError"}
-    });
-    let mut with_404 = admin_errors.clone();
-    with_404["404"] = json!({"$ref": "#/components/responses/AdminError"});
     json!({
         "/{route}": protected,
         "/{route}/token": {
@@ -169,7 +157,30 @@ fn paths() -> Value {
                     "503": problem_ref(503)
                 }
             }
-        },
+        }
+    })
+}
+
+/// What the admin listener answers.
+fn admin_paths() -> Value {
+    let admin_server = json!([{"url": "http://127.0.0.1:9091", "description": "the admin listener (`admin.listen`)"}]);
+    let bearer = json!([{"adminToken": []}]);
+    let scrape = json!([{"adminToken": []}, {"metricsToken": []}]);
+    let record_query = json!([
+        {"name": "namespace", "in": "query", "required": true, "schema": {"type": "string"}},
+        {"name": "key", "in": "query", "required": true, "schema": {"type": "string"}},
+        {"name": "principal", "in": "query", "required": false, "schema": {"type": "string"},
+         "description": "The stored principal (`h:…` for a header credential); omit for routes without one."},
+        {"name": "credential", "in": "query", "required": false, "schema": {"type": "string"},
+         "description": "A caller's credential, from which the principal is derived as the data plane derives it."}
+    ]);
+    let admin_errors = json!({
+        "401": {"$ref": "#/components/responses/AdminUnauthorized"},
+        "503": {"$ref": "#/components/responses/AdminError"}
+    });
+    let mut with_404 = admin_errors.clone();
+    with_404["404"] = json!({"$ref": "#/components/responses/AdminError"});
+    json!({
         "/healthz": {"servers": admin_server, "get": {"summary": "Liveness", "operationId": "healthz", "security": [],
             "responses": {"200": {"description": "The process runs.", "content": {"text/plain": {"schema": {"type": "string"}}}}}}},
         "/readyz": {"servers": admin_server, "get": {"summary": "Readiness", "operationId": "readyz", "security": [],

@@ -114,7 +114,25 @@ pub(super) struct ClaimGuard<'a, S: Store> {
     pub(super) armed: bool,
 }
 
-impl<S: Store> ClaimGuard<'_, S> {
+impl<'a, S: Store> ClaimGuard<'a, S> {
+    /// A guard on `lease` of `key` that releases it as `policy` says of an interrupted run
+    /// unless disarmed.
+    pub(super) fn armed(
+        store: &'a Arc<S>,
+        key: &'a ScopedKey,
+        lease: Lease,
+        policy: &Policy,
+    ) -> Self {
+        Self {
+            store,
+            key,
+            lease,
+            kind: policy.interrupted_release(),
+            store_timeout: policy.store_timeout,
+            armed: true,
+        }
+    }
+
     pub(super) async fn settle_now(&mut self, kind: ReleaseKind) {
         self.armed = false;
         let hold = Hold::of(self.key, &self.lease);

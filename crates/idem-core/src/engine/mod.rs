@@ -214,14 +214,7 @@ impl<S: Store> Engine<S> {
         };
         span.record(SPAN_FENCE, lease.fence);
         tracing::debug!(key = %key, fence = lease.fence, takeover, "claimed");
-        let mut guard = ClaimGuard {
-            store: &self.store,
-            key,
-            lease,
-            kind: policy.interrupted_release(),
-            store_timeout: policy.store_timeout,
-            armed: true,
-        };
+        let mut guard = ClaimGuard::armed(&self.store, key, lease, policy);
 
         // The attempt's time counts from before the claim was sent, so on the store's clock it
         // ends no later than the record's age says (a probe's "not done" is believed past it).
