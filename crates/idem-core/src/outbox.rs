@@ -190,6 +190,22 @@ pub struct OutboxStats {
     pub sent: u64,
 }
 
+/// A failed publish of one claimed row: the row is due again after `delay`, or parked for an
+/// operator when `park`, with `reason` kept.
+#[derive(Clone, Copy, Debug)]
+pub struct Failure<'a> {
+    /// The dispatcher that holds the row; a row it no longer holds is left alone.
+    pub owner: OwnerId,
+    /// The row.
+    pub seq: i64,
+    /// How long until it is due again.
+    pub delay: Duration,
+    /// Whether to park it instead.
+    pub park: bool,
+    /// Why the publish failed.
+    pub reason: &'a str,
+}
+
 /// Where a dispatcher finds pending messages. Every method is one short transaction on the
 /// database clock; any number of dispatchers may share one outbox.
 pub trait OutboxStore: Send + Sync + 'static {
@@ -219,19 +235,11 @@ pub trait OutboxStore: Send + Sync + 'static {
         seqs: &[i64],
     ) -> impl Future<Output = Result<u64, StoreError>> + Send;
 
-    /// Gives a row back after a failed publish: due again after `delay`, or parked for an
-    /// operator when `park`, with `reason` kept.
+    /// Gives a row back after a failed publish, as `failure` says.
     ///
     /// # Errors
     /// [`StoreError`] when the database failed; the row is due again after its lease.
-    fn failed(
-        &self,
-        owner: OwnerId,
-        seq: i64,
-        delay: Duration,
-        park: bool,
-        reason: &str,
-    ) -> impl Future<Output = Result<(), StoreError>> + Send;
+    fn failed(&self, failure: &Failure<'_>) -> impl Future<Output = Result<(), StoreError>> + Send;
 
     /// Deletes up to `limit` rows sent more than `retention` ago; returns how many.
     ///

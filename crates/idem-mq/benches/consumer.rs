@@ -33,12 +33,10 @@ use std::time::{Duration, Instant};
 
 use futures::future::BoxFuture;
 use idem_core::key_source::KeySources;
-use idem_core::{
-    Answer, Engine, EngineError, Fingerprint, Policy, Scope, ScopedKey, Store, StoredResponse,
-};
+use idem_core::{Answer, Engine, EngineError, Policy, Scope, Store, StoredResponse};
 use idem_mq::rabbitmq::RabbitConsumer;
 use idem_mq::{
-    ConsumerConfig, Handled, HandlerError, InTx, Message, Processor, RunResult, Stats, Work,
+    ConsumerConfig, Handled, HandlerError, InTx, Job, Message, Processor, RunResult, Stats, Work,
 };
 use idem_redis::{RedisConfig, RedisStore};
 use idem_sql::PgStore;
@@ -60,8 +58,8 @@ impl<S: Store, F> Work<S> for NoDedup<F>
 where
     F: Fn(Message) -> BoxFuture<'static, Result<(), HandlerError>> + Send + Sync + 'static,
 {
-    async fn run(&self, _: &Engine<S>, _: &ScopedKey, _: &Fingerprint, m: &Message) -> RunResult {
-        match (self.0)(m.clone()).await {
+    async fn run(&self, _: &Engine<S>, job: &Job<'_>) -> RunResult {
+        match (self.0)(job.message.clone()).await {
             // `Replayed` is the answer the processor acknowledges without counting an execution.
             Ok(()) => Ok(Answer::Replayed(StoredResponse::new(0, ""))),
             Err(_) => Err(EngineError::HandlerPanicked),
@@ -74,14 +72,8 @@ where
 struct Floor(RedisStore, String);
 
 impl Work<RedisStore> for Floor {
-    async fn run(
-        &self,
-        _: &Engine<RedisStore>,
-        key: &ScopedKey,
-        _: &Fingerprint,
-        _: &Message,
-    ) -> RunResult {
-        let k = format!("{}{}", self.1, key.key.as_str());
+    async fn run(&self, _: &Engine<RedisStore>, job: &Job<'_>) -> RunResult {
+        let k = format!("{}{}", self.1, job.key.key.as_str());
         let conn = self.0.connection();
         let claim = redis::cmd("SET")
             .arg(&k)

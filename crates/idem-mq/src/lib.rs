@@ -57,7 +57,7 @@ pub mod rabbitmq;
 pub use config::ConsumerConfig;
 pub use message::Message;
 pub use process::{DeadReason, Delivered, Disposition, Observer, Processor, Stats};
-pub use work::{Handled, HandlerError, InTx, RunResult, TxHandler, Work, settle};
+pub use work::{Handled, HandlerError, InTx, Job, RunResult, TxHandler, Work, settle};
 
 /// Headers the consumer adds to a message it sends back or dead-letters (idem's wire
 /// contract, [`idem_wire::message`]).

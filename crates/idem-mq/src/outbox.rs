@@ -18,7 +18,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use idem_core::OwnerId;
-use idem_core::outbox::{OutboxMessage, OutboxStore, Pending};
+use idem_core::outbox::{Failure, OutboxMessage, OutboxStore, Pending};
 
 /// A broker the dispatcher publishes to. Implemented for RabbitMQ (publisher confirms,
 /// `message-id`) and JetStream (`Nats-Msg-Id`) behind their features.
@@ -176,11 +176,14 @@ impl<O: OutboxStore, P: Publish> Dispatcher<O, P> {
                         id = %pending.message.id, attempts = pending.attempts, park, %reason,
                         "outbox publish failed"
                     );
-                    if let Err(e) = self
-                        .outbox
-                        .failed(owner, pending.seq, delay, park, &reason)
-                        .await
-                    {
+                    let failure = Failure {
+                        owner,
+                        seq: pending.seq,
+                        delay,
+                        park,
+                        reason: &reason,
+                    };
+                    if let Err(e) = self.outbox.failed(&failure).await {
                         // The row is due again when its lease ends.
                         tracing::warn!(id = %pending.message.id, error = %e, "outbox give-back failed");
                     }

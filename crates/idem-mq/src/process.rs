@@ -14,7 +14,7 @@ use idem_wire::message::DeadLetter;
 
 use crate::config::ConsumerConfig;
 use crate::message::Message;
-use crate::work::{HandlerError, RunResult, Work};
+use crate::work::{HandlerError, Job, RunResult, Work};
 
 /// Fingerprint version of a message: the payload's bytes.
 const FINGERPRINT_VERSION: u16 = 1;
@@ -251,10 +251,12 @@ impl<S: Store, W: Work<S>> Processor<S, W> {
         };
         let scoped = ScopedKey::new(self.scope.clone(), key.clone());
         let fingerprint = Fingerprint::of_bytes(FINGERPRINT_VERSION, message.payload());
-        let result = self
-            .work
-            .run(&self.engine, &scoped, &fingerprint, message)
-            .await;
+        let job = Job {
+            key: &scoped,
+            fingerprint: &fingerprint,
+            message,
+        };
+        let result = self.work.run(&self.engine, &job).await;
         let (outcome, disposition) = self.dispose(result, message.attempt());
         let disposition = match disposition {
             Park(reason) => self.park(&scoped, &fingerprint, reason).await,

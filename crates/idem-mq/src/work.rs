@@ -58,16 +58,22 @@ pub fn settle(
 /// What a run handed back: the engine's answer, the handler's error inside it.
 pub type RunResult = Result<Answer<Result<(), HandlerError>>, EngineError>;
 
+/// One message to run: the key the consumer derived for it, the fingerprint of its payload,
+/// and the message.
+#[derive(Clone, Copy, Debug)]
+pub struct Job<'a> {
+    /// The key, in the consumer's scope.
+    pub key: &'a ScopedKey,
+    /// The fingerprint of the payload.
+    pub fingerprint: &'a Fingerprint,
+    /// The message.
+    pub message: &'a Message,
+}
+
 /// Runs one message through the engine.
 pub trait Work<S: Store>: Send + Sync + 'static {
-    /// Claims `key`, runs, settles; answers what the engine decided.
-    fn run(
-        &self,
-        engine: &Engine<S>,
-        key: &ScopedKey,
-        fingerprint: &Fingerprint,
-        message: &Message,
-    ) -> impl Future<Output = RunResult> + Send;
+    /// Claims the job's key, runs, settles; answers what the engine decided.
+    fn run(&self, engine: &Engine<S>, job: &Job<'_>) -> impl Future<Output = RunResult> + Send;
 }
 
 /// A handler run under the store's claim: the answer is recorded in the store after the
@@ -90,13 +96,12 @@ where
     H: Fn(Message) -> Fut + Send + Sync + 'static,
     Fut: Future<Output = Result<(), HandlerError>> + Send,
 {
-    async fn run(
-        &self,
-        engine: &Engine<S>,
-        key: &ScopedKey,
-        fingerprint: &Fingerprint,
-        message: &Message,
-    ) -> RunResult {
+    async fn run(&self, engine: &Engine<S>, job: &Job<'_>) -> RunResult {
+        let &Job {
+            key,
+            fingerprint,
+            message,
+        } = job;
         let message = message.clone();
         engine
             .run(key, fingerprint, |_lease| async move {
@@ -140,13 +145,12 @@ impl<S: TxStore> InTx<S> {
 }
 
 impl<S: TxStore> Work<S> for InTx<S> {
-    async fn run(
-        &self,
-        engine: &Engine<S>,
-        key: &ScopedKey,
-        fingerprint: &Fingerprint,
-        message: &Message,
-    ) -> RunResult {
+    async fn run(&self, engine: &Engine<S>, job: &Job<'_>) -> RunResult {
+        let &Job {
+            key,
+            fingerprint,
+            message,
+        } = job;
         let handler = Arc::clone(&self.handler);
         let message = message.clone();
         engine

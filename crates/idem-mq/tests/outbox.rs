@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use common::unguarded;
 use common::*;
-use idem_core::outbox::{Claimed, OutboxMessage, OutboxStats, OutboxStore};
+use idem_core::outbox::{Claimed, Failure, OutboxMessage, OutboxStats, OutboxStore};
 use idem_core::{Key, OwnerId, StoreError};
 use idem_mq::Stats;
 use idem_mq::nats::NatsPublisher;
@@ -72,15 +72,8 @@ impl<O: OutboxStore> OutboxStore for DiesBeforeTheMark<O> {
     async fn sent(&self, _owner: OwnerId, _seqs: &[i64]) -> Result<u64, StoreError> {
         Err(StoreError::unavailable("killed before the mark"))
     }
-    async fn failed(
-        &self,
-        owner: OwnerId,
-        seq: i64,
-        delay: Duration,
-        park: bool,
-        reason: &str,
-    ) -> Result<(), StoreError> {
-        self.0.failed(owner, seq, delay, park, reason).await
+    async fn failed(&self, failure: &Failure<'_>) -> Result<(), StoreError> {
+        self.0.failed(failure).await
     }
     async fn purge(&self, retention: Duration, limit: u32) -> Result<u64, StoreError> {
         self.0.purge(retention, limit).await

@@ -32,7 +32,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use idem_core::outbox::{Claimed, OutboxMessage, OutboxStats, OutboxStore, Pending, Unreadable};
+use idem_core::outbox::{
+    Claimed, Failure, OutboxMessage, OutboxStats, OutboxStore, Pending, Unreadable,
+};
 use idem_core::record::duration_ms;
 use idem_core::{Key, OwnerId, StoreError};
 use sqlx::Pool;
@@ -508,14 +510,14 @@ impl<D: OutboxDialect> OutboxStore for SqlOutbox<D> {
         .map_err(unavailable)
     }
 
-    async fn failed(
-        &self,
-        owner: OwnerId,
-        seq: i64,
-        delay: Duration,
-        park: bool,
-        reason: &str,
-    ) -> Result<(), StoreError> {
+    async fn failed(&self, failure: &Failure<'_>) -> Result<(), StoreError> {
+        let Failure {
+            owner,
+            seq,
+            delay,
+            park,
+            reason,
+        } = *failure;
         let owner = owner.to_bytes();
         let args = [
             (Param::Owner, Value::Bytes(&owner)),

@@ -8,7 +8,7 @@ mod common;
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use idem_core::outbox::{OutboxMessage, OutboxStore};
+use idem_core::outbox::{Failure, OutboxMessage, OutboxStore};
 use idem_core::{Key, OwnerId};
 use idem_sql::{OutboxDialect, SqlOutbox};
 use sqlx::Pool;
@@ -110,7 +110,13 @@ async fn scenarios<D: OutboxDialect>(
 
     // A failure gives the row back after its delay, counting the attempt.
     outbox
-        .failed(a, seqs[1], Duration::from_millis(300), false, "nacked")
+        .failed(&Failure {
+            owner: a,
+            seq: seqs[1],
+            delay: Duration::from_millis(300),
+            park: false,
+            reason: "nacked",
+        })
         .await
         .expect("failed");
     assert!(nothing_due(&outbox, a).await, "not yet due");
@@ -122,7 +128,13 @@ async fn scenarios<D: OutboxDialect>(
     // A lease that runs out hands the row to the next claim; the old holder can no longer
     // mark it.
     outbox
-        .failed(a, seqs[1], Duration::ZERO, false, "retry")
+        .failed(&Failure {
+            owner: a,
+            seq: seqs[1],
+            delay: Duration::ZERO,
+            park: false,
+            reason: "retry",
+        })
         .await
         .expect("failed");
     let b = OwnerId::random();
@@ -138,7 +150,13 @@ async fn scenarios<D: OutboxDialect>(
     assert_eq!(outbox.sent(b, &seqs[1..]).await.expect("sent"), 0);
     // Parked: kept for an operator, never handed out.
     outbox
-        .failed(c, seqs[1], Duration::ZERO, true, "too many attempts")
+        .failed(&Failure {
+            owner: c,
+            seq: seqs[1],
+            delay: Duration::ZERO,
+            park: true,
+            reason: "too many attempts",
+        })
         .await
         .expect("park");
     let stats = outbox.stats().await.expect("stats");
@@ -180,7 +198,13 @@ async fn scenarios<D: OutboxDialect>(
     let p = outbox.claim(d, 10, LEASE).await.expect("claim");
     assert_eq!(ids(&p), ["p-1"]);
     outbox
-        .failed(d, p.pending[0].seq, Duration::ZERO, true, "poison")
+        .failed(&Failure {
+            owner: d,
+            seq: p.pending[0].seq,
+            delay: Duration::ZERO,
+            park: true,
+            reason: "poison",
+        })
         .await
         .expect("park");
     assert!(nothing_due(&outbox, d).await, "p-2 waits behind p-1");

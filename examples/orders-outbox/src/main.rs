@@ -39,11 +39,11 @@ use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use futures::future::BoxFuture;
 use idem_core::outbox::OutboxMessage;
-use idem_core::{Engine, Fingerprint, Kept, Key, Outcome, Policy, Scope, ScopedKey, SharedTx};
+use idem_core::{Engine, Kept, Key, Outcome, Policy, Scope, ScopedKey, SharedTx};
 use idem_http::{IdempotencyConfig, IdempotencyLayer};
 use idem_mq::outbox::{Dispatcher, DispatcherConfig, Publish, RabbitOutbox};
 use idem_mq::rabbitmq::{RabbitConsumer, RabbitPublisher};
-use idem_mq::{ConsumerConfig, HandlerError, InTx, Message, Processor, RunResult, Work};
+use idem_mq::{ConsumerConfig, HandlerError, InTx, Job, Message, Processor, RunResult, Work};
 use idem_sql::{PgStore, SqlOutbox};
 use lapin::types::FieldTable;
 use lapin::{Connection, ConnectionProperties};
@@ -383,14 +383,8 @@ fn ship<'c>(
 struct KillAfterCommit<W>(W);
 
 impl<W: Work<PgStore>> Work<PgStore> for KillAfterCommit<W> {
-    async fn run(
-        &self,
-        engine: &Engine<PgStore>,
-        key: &ScopedKey,
-        fingerprint: &Fingerprint,
-        message: &Message,
-    ) -> RunResult {
-        let _ = self.0.run(engine, key, fingerprint, message).await;
+    async fn run(&self, engine: &Engine<PgStore>, job: &Job<'_>) -> RunResult {
+        let _ = self.0.run(engine, job).await;
         hang_here().await
     }
 }

@@ -6,9 +6,9 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::{Request, Uri};
 use http_body_util::BodyExt;
-use idem_core::{Engine, Fingerprint, ScopedKey, Store, StoredResponse};
+use idem_core::{Engine, ScopedKey, Store, StoredResponse};
 use idem_http::RequestBody;
-use idem_mq::{HandlerError, Message, RunResult, Work, settle};
+use idem_mq::{HandlerError, Job, Message, RunResult, Work, settle};
 
 use crate::config::UpstreamFailure;
 use crate::proxy::HttpClient;
@@ -51,13 +51,12 @@ fn ambiguous(failure: UpstreamFailure, why: String) -> HandlerError {
 }
 
 impl<S: Store> Work<S> for Post {
-    async fn run(
-        &self,
-        engine: &Engine<S>,
-        key: &ScopedKey,
-        fingerprint: &Fingerprint,
-        message: &Message,
-    ) -> RunResult {
+    async fn run(&self, engine: &Engine<S>, job: &Job<'_>) -> RunResult {
+        let &Job {
+            key,
+            fingerprint,
+            message,
+        } = job;
         engine
             .run(key, fingerprint, |lease| async move {
                 // An answer the failure table refuses is settled as that refusal.

@@ -15,11 +15,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use futures::future::BoxFuture;
-use idem_core::{Engine, Fingerprint, Policy, Scope, ScopedKey, Store};
+use idem_core::{Engine, Policy, Scope, Store};
 use idem_mq::nats::NatsConsumer;
 use idem_mq::rabbitmq::RabbitConsumer;
 use idem_mq::{
-    ConsumerConfig, Handled, HandlerError, InTx, Message, Processor, RunResult, Stats, Work,
+    ConsumerConfig, Handled, HandlerError, InTx, Job, Message, Processor, RunResult, Stats, Work,
 };
 use idem_redis::{RedisConfig, RedisStore};
 use idem_sql::PgStore;
@@ -245,15 +245,9 @@ pub trait After<W>: Send + Sync + 'static {
 }
 
 impl<S: Store, W: Work<S>, A: After<W>> Work<S> for Then<W, A> {
-    async fn run(
-        &self,
-        engine: &Engine<S>,
-        key: &ScopedKey,
-        fingerprint: &Fingerprint,
-        message: &Message,
-    ) -> RunResult {
-        let result = self.0.run(engine, key, fingerprint, message).await;
-        self.1.after(&self.0, result, message).await
+    async fn run(&self, engine: &Engine<S>, job: &Job<'_>) -> RunResult {
+        let result = self.0.run(engine, job).await;
+        self.1.after(&self.0, result, job.message).await
     }
 }
 
