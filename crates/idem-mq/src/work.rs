@@ -97,11 +97,7 @@ where
     Fut: Future<Output = Result<(), HandlerError>> + Send,
 {
     async fn run(&self, engine: &Engine<S>, job: &Job<'_>) -> RunResult {
-        let &Job {
-            key,
-            fingerprint,
-            message,
-        } = job;
+        let (key, fingerprint, message) = (job.key, job.fingerprint, job.message);
         let message = message.clone();
         engine
             .run(key, fingerprint, |_lease| async move {
@@ -146,11 +142,7 @@ impl<S: TxStore> InTx<S> {
 
 impl<S: TxStore> Work<S> for InTx<S> {
     async fn run(&self, engine: &Engine<S>, job: &Job<'_>) -> RunResult {
-        let &Job {
-            key,
-            fingerprint,
-            message,
-        } = job;
+        let (key, fingerprint, message) = (job.key, job.fingerprint, job.message);
         let handler = Arc::clone(&self.handler);
         let message = message.clone();
         engine

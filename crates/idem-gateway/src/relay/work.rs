@@ -52,11 +52,7 @@ fn ambiguous(failure: UpstreamFailure, why: String) -> HandlerError {
 
 impl<S: Store> Work<S> for Post {
     async fn run(&self, engine: &Engine<S>, job: &Job<'_>) -> RunResult {
-        let &Job {
-            key,
-            fingerprint,
-            message,
-        } = job;
+        let (key, fingerprint, message) = (job.key, job.fingerprint, job.message);
         engine
             .run(key, fingerprint, |lease| async move {
                 // An answer the failure table refuses is settled as that refusal.
