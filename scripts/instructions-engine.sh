@@ -5,9 +5,10 @@
 #
 #   scripts/instructions-engine.sh REV         (N=4000 M=1000 by default)
 #
-# REV is built in a worktree (with this tree's driver copied in when REV has none: it uses only
-# `Engine::run`, whose signature both sides share; before `Answer` it was called `Outcome`). Each side runs N and M operations of each
-# kind; the per-operation figure is (total(N) - total(M)) / (N - M), so start-up cancels.
+# REV is built in a worktree, with this tree's driver copied in when REV has none: it uses only
+# `Engine::new` and `Engine::run`, adjusted to REV's forms where they differed (the answer was
+# called `Outcome`, and `Engine::new` returned a `Result`). Each side runs N and M operations of
+# each kind; the per-operation figure is (total(N) - total(M)) / (N - M), so start-up cancels.
 # Prints a markdown table; B/A above 1 means the current tree runs more instructions.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -33,6 +34,9 @@ fi
 # Before the carriers' typed outcome, `Engine::run` answered with `Outcome` (same variants).
 if ! grep -qw Answer "$TREE_A/crates/idem-core/src/lib.rs"; then
   sed -i 's/\bAnswer\b/Outcome/g' "$TREE_A/$DRIVER"
+fi
+if grep -q 'pub fn new(store: S, policy: Policy) -> Result<Self' "$TREE_A/crates/idem-core/src/engine/mod.rs"; then
+  sed -i 's/Engine::new(store, Policy::default());/Engine::new(store, Policy::default()).expect("engine");/' "$TREE_A/$DRIVER"
 fi
 
 # Builds the driver in tree $1 with target dir $2 and prints the binary's path.
