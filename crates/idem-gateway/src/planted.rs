@@ -14,11 +14,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use idem_core::store::StoreError;
-use idem_core::store::{Completion, Hold};
+use idem_core::store::{Completion, Hold, StoreError};
 use idem_core::{
-    BoxStore, ClaimOutcome, ClaimRequest, Lease, OwnerId, ScopedKey, SettleOutcome, Store,
-    StoredResponse, Timestamp,
+    BoxStore, ClaimOutcome, ClaimRequest, Lease, OwnerId, SettleOutcome, Store, Timestamp,
 };
 
 /// The variable that names the planted bug.
