@@ -113,6 +113,18 @@ mod tests {
         }
     }
 
+    /// Gateway g1 killed at 1000 ms, back at 2000 ms.
+    fn g1_killed_at_1000() -> FaultRecord {
+        FaultRecord {
+            kind: FaultKind::KillGateway,
+            target: "g1".into(),
+            start_ms: 1000,
+            end_ms: 2000,
+            detail: String::new(),
+            in_force: None,
+        }
+    }
+
     #[test]
     fn a_key_in_flight_at_a_killed_gateway_settles_at_its_first_upstream_answer() {
         let history = History {
@@ -128,14 +140,7 @@ mod tests {
                 // At g1 but finished before the fault: not hit.
                 attempt(3, 1, 100, 200, true),
             ],
-            faults: vec![FaultRecord {
-                kind: FaultKind::KillGateway,
-                target: "g1".into(),
-                start_ms: 1000,
-                end_ms: 2000,
-                detail: String::new(),
-                in_force: None,
-            }],
+            faults: vec![g1_killed_at_1000()],
             ..History::default()
         };
         let times = measure(&history);
@@ -178,14 +183,7 @@ mod tests {
                 attempt(1, 1, 950, 1001, false),
                 refused(1, 0, 1100, 1150),
             ],
-            faults: vec![FaultRecord {
-                kind: FaultKind::KillGateway,
-                target: "g1".into(),
-                start_ms: 1000,
-                end_ms: 2000,
-                detail: String::new(),
-                in_force: None,
-            }],
+            faults: vec![g1_killed_at_1000()],
             ..History::default()
         };
         let times = measure(&history);
